@@ -1,0 +1,42 @@
+// `hmla bench ...`: the benchmarks users read (side by side with their baselines, one run).
+#include <iostream>
+
+#include "attention_bench.h"
+#include "commands.h"
+#include "hmla/core/error.h"
+
+namespace hmla::app {
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each side by side with its baseline");
+  bench->require_subcommand(1);
+  auto o = std::make_shared<bench::AttentionBenchOptions>();
+  CLI::App* att = bench->add_subcommand(
+      "attention",
+      "Dense per-document causal attention, fwd and fwd+bwd, against the naive materialised\n"
+      "arm and OpenBLAS sgemm 2048^3 at the same thread count (OMP_NUM_THREADS).");
+  att->add_flag("--json", o->json, "one JSON object per line instead of a table");
+  att->add_option("--s", o->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
+  att->add_option("--doc-len", o->doc_lens,
+                  "document lengths of the packed layouts; 0 = one document per row")
+      ->delimiter(',')->capture_default_str();
+  att->add_option("--batch", o->batch, "rows per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  att->add_option("--heads", o->heads, "query heads H")->capture_default_str()->check(CLI::PositiveNumber);
+  att->add_option("--kv-heads", o->kv_heads, "key/value heads (divides H)")->capture_default_str()->check(CLI::PositiveNumber);
+  att->add_option("--dqk", o->dqk, "query/key head width")->capture_default_str()->check(CLI::PositiveNumber);
+  att->add_option("--dv", o->dv, "value head width")->capture_default_str()->check(CLI::PositiveNumber);
+  att->add_option("--reps", o->reps, "timed repetitions (0: 5 up to s=2048, 3 at 4096, 2 above)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  att->add_option("--naive-max-s", o->naive_max_s, "omit the naive arm above this s")->capture_default_str();
+  att->callback([o] {
+    for (int64_t s : o->seq_lens)
+      HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
+    for (int64_t d : o->doc_lens)
+      HMLA_CHECK(d >= 0, ConfigError, "--doc-len: must be >= 0, got ", d);
+    HMLA_CHECK(o->heads % o->kv_heads == 0, ConfigError, "--kv-heads ", o->kv_heads,
+               " must divide --heads ", o->heads);
+    bench::run_attention_bench(*o, std::cout);
+  });
+}
+
+}  // namespace hmla::app

@@ -1,0 +1,8 @@
+// Subcommands of the hmla CLI; each adds itself to the app with its options and callback.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace hmla::app {
+void add_bench_command(CLI::App& app);
+void add_attention_command(CLI::App& app);
+}  // namespace hmla::app

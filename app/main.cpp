@@ -1,0 +1,27 @@
+// hmla: hybrid-MLA training through the DeepSeek Sparse Attention programme. One binary with
+// subcommands; errors print one line to stderr and exit non-zero.
+#include <iostream>
+
+#include "commands.h"
+#include "hmla/core/cuda.h"
+#include "hmla/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"hmla: hybrid multi-head latent attention training (DeepSeek Sparse Attention)"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "hmla 0.1.0");
+  hmla::app::add_bench_command(app);
+  hmla::app::add_attention_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const hmla::Error& e) {
+    std::cerr << "hmla: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hmla: internal error: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}

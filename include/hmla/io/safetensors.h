@@ -1,0 +1,28 @@
+// safetensors read and write (f32, bf16, i32, i64). Reading validates everything before it
+// touches the data: header length, JSON, dtypes, shapes, offsets within the file, overlaps; any
+// defect is an IoError naming the file and the tensor. Writing goes to a temporary file in the
+// same directory that is renamed into place, so a failed save leaves the old file intact.
+#pragma once
+#include <map>
+#include <string>
+
+#include "hmla/core/tensor.h"
+
+namespace hmla::io {
+
+using TensorMap = std::map<std::string, Tensor>;  // name -> CPU tensor
+
+TensorMap load_safetensors(const std::string& path);
+// Parses an in-memory file; `what` names it in error messages.
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what);
+
+void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+std::string serialize_safetensors(const TensorMap& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+
+// Writes bytes to path atomically (temporary file in the same directory, then rename).
+void write_file_atomic(const std::string& path, const std::string& bytes);
+std::string read_file(const std::string& path);
+
+}  // namespace hmla::io

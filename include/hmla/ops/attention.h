@@ -1,0 +1,79 @@
+// Dense per-document causal attention (DESIGN.md section 4): the op entry points every backend
+// implements, and the plain params struct they share. Letters: b batch, s rows, H query heads,
+// Hkv key/value heads (Hkv divides H), Dqk query/key width, Dv value width.
+//
+// Forward: out[t, h] = sum_{j in A(t)} P_h(t, j) v[j, h / (H / Hkv)],
+//          P_h(t, .) = softmax_j(scale * q[t, h] . k[j, h / (H / Hkv)]) (+ exp(sink[h]) in the
+//          denominator when a sink is given); lse[h, t] is the log of that denominator.
+// Empty rows (A(t) empty): out = 0, lse = +inf, zero gradients.
+// Backward overwrites dq, dk, dv and dsink (never accumulates into them).
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/layout.h"
+#include "hmla/core/tensor.h"
+
+namespace hmla {
+
+// Pointers with their strides in elements; the last dimension of every tensor is contiguous.
+// v may alias k (latent MQA: the value is the first Dv channels of the key).
+struct AttnDenseParams {
+  DType dtype = DType::f32;  // of q, k, v, out, dout, dq, dk, dv
+  int64_t b = 0, s = 0, H = 0, Hkv = 0, Dqk = 0, Dv = 0;
+  float scale = 0.f;
+  const void* q = nullptr;  // [b, s, H, Dqk]
+  int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
+  const void* k = nullptr;  // [b, s, Hkv, Dqk]
+  int64_t k_bstride = 0, k_rstride = 0, k_hstride = 0;
+  const void* v = nullptr;  // [b, s, Hkv, Dv]
+  int64_t v_bstride = 0, v_rstride = 0, v_hstride = 0;
+  const int32_t* doc_start = nullptr;  // [b, s]
+  const float* sink = nullptr;         // [H] or null
+  void* out = nullptr;                 // [b, s, H, Dv] contiguous
+  float* lse = nullptr;                // [b, H, s] contiguous, f32
+  // Backward only.
+  const void* dout = nullptr;  // [b, s, H, Dv] contiguous
+  void* dq = nullptr;          // [b, s, H, Dqk] contiguous
+  void* dk = nullptr;          // [b, s, Hkv, Dqk] contiguous
+  void* dv = nullptr;          // [b, s, Hkv, Dv] contiguous
+  float* dsink = nullptr;      // [H] or null
+};
+
+struct AttnDenseInputs {
+  Tensor q;                         // [b, s, H, Dqk]
+  Tensor k;                         // [b, s, Hkv, Dqk]
+  Tensor v;                         // [b, s, Hkv, Dv]
+  const DocLayout* layout = nullptr;
+  Tensor sink;                      // [H] f32, optional
+  float scale = 0.f;                // explicit: m^2 / sqrt(Dn + Dr) for MLA
+};
+
+struct AttnDenseSaved {
+  Tensor out;  // [b, s, H, Dv]
+  Tensor lse;  // [b, H, s] f32
+};
+
+struct AttnDenseGrads {
+  Tensor dq, dk, dv;  // shapes of q, k, v
+  Tensor dsink;       // [H] f32, defined iff the inputs have a sink
+};
+
+// Whether a backend implements the op for these inputs (dtype and device).
+bool attn_dense_supports(const AttnDenseInputs& in);
+
+// Into preallocated tensors (validated) ...
+void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved);
+void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, const Tensor& dout,
+                    AttnDenseGrads& grads);
+// ... or allocating them on the inputs' device.
+AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in);
+AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,
+                              const Tensor& dout);
+
+// Backend kernels (same params struct); called by the entry points after validation.
+namespace cpu {
+void attn_dense_fwd(const AttnDenseParams& p);
+void attn_dense_bwd(const AttnDenseParams& p);
+}  // namespace cpu
+
+}  // namespace hmla

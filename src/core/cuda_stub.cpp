@@ -1,0 +1,11 @@
+// The CPU-only build's answers about CUDA (src/cuda/device.cu replaces this file when built).
+#include <string>
+
+#include "hmla/core/cuda.h"
+#include "hmla/core/error.h"
+
+namespace hmla {
+bool cuda_built() { return false; }
+int cuda_device_count() { return 0; }
+std::string cuda_device_name(int) { throw Error("this build of hmla has no CUDA backend"); }
+}  // namespace hmla

@@ -1,0 +1,184 @@
+// safetensors: 8-byte little-endian header length, a JSON header {name: {dtype, shape,
+// data_offsets}, "__metadata__": {str: str}}, then the data block. Header lengths are bounded
+// (100 MiB) and every offset is checked against the data block before any copy.
+#include "hmla/io/safetensors.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <unistd.h>
+#include <vector>
+
+namespace hmla::io {
+
+namespace {
+
+using nlohmann::json;
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType& t) {
+  if (s == "F32") t = DType::f32;
+  else if (s == "BF16") t = DType::bf16;
+  else if (s == "I32") t = DType::i32;
+  else if (s == "I64") t = DType::i64;
+  else return false;
+  return true;
+}
+
+constexpr uint64_t kMaxHeader = 100ull << 20;
+
+}  // namespace
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  HMLA_CHECK(f.good(), IoError, path, ": cannot open for reading");
+  std::ostringstream os;
+  os << f.rdbuf();
+  HMLA_CHECK(!f.bad(), IoError, path, ": read error");
+  return os.str();
+}
+
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
+  HMLA_CHECK(bytes.size() >= 8, IoError, what, ": truncated safetensors file (", bytes.size(),
+             " bytes, the header length alone needs 8)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  HMLA_CHECK(n <= kMaxHeader, IoError, what, ": header length ", n, " exceeds 100 MiB");
+  HMLA_CHECK(n <= bytes.size() - 8, IoError, what, ": header length ", n, " runs past the end of the ",
+             bytes.size(), "-byte file (truncated?)");
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
+  } catch (const json::exception& e) {
+    throw IoError(what + ": malformed JSON header: " + e.what());
+  }
+  HMLA_CHECK(header.is_object(), IoError, what, ": the header must be a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - n;
+  const char* data = bytes.data() + 8 + n;
+
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
+  std::vector<Span> spans;
+  TensorMap out;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    if (name == "__metadata__") {
+      HMLA_CHECK(it->is_object(), IoError, what, ": __metadata__ must be an object");
+      continue;
+    }
+    const json& e = *it;
+    HMLA_CHECK(e.is_object() && e.contains("dtype") && e.contains("shape") &&
+                   e.contains("data_offsets"),
+               IoError, what, ": tensor '", name, "' needs dtype, shape and data_offsets");
+    HMLA_CHECK(e["dtype"].is_string(), IoError, what, ": tensor '", name, "': dtype is not a string");
+    DType dt;
+    HMLA_CHECK(parse_dtype(e["dtype"].get<std::string>(), dt), IoError, what, ": tensor '", name,
+               "' has unsupported dtype ", e["dtype"].dump(), " (hmla reads F32, BF16, I32, I64)");
+    HMLA_CHECK(e["shape"].is_array() && e["shape"].size() <= 8, IoError, what, ": tensor '", name,
+               "': shape must be an array of at most 8 dimensions");
+    Shape shape;
+    uint64_t numel = 1;
+    for (const json& d : e["shape"]) {
+      HMLA_CHECK(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0), IoError,
+                 what, ": tensor '", name, "': dimensions must be non-negative integers");
+      uint64_t v = d.get<uint64_t>();
+      HMLA_CHECK(v <= data_size && (v == 0 || numel <= data_size / v), IoError, what, ": tensor '",
+                 name, "': shape ", e["shape"].dump(), " is larger than the file's data");
+      numel *= v;
+      shape.push_back(static_cast<int64_t>(v));
+    }
+    const json& off = e["data_offsets"];
+    HMLA_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                   off[1].is_number_unsigned(),
+               IoError, what, ": tensor '", name, "': data_offsets must be two non-negative integers");
+    uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+    HMLA_CHECK(b <= en && en <= data_size, IoError, what, ": tensor '", name, "': data_offsets [", b,
+               ", ", en, "] outside the ", data_size, "-byte data block (truncated file?)");
+    HMLA_CHECK(en - b == numel * dtype_size(dt), IoError, what, ": tensor '", name, "': ", en - b,
+               " bytes of data for shape ", shape_str(shape), " of ", dtype_name(dt), " (needs ",
+               numel * dtype_size(dt), ")");
+    spans.push_back({b, en, name});
+    Tensor t = Tensor::empty(shape, dt);
+    if (en > b) std::memcpy(t.raw_data(), data + b, en - b);
+    out.emplace(name, std::move(t));
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& x, const Span& y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < spans.size(); ++i)
+    HMLA_CHECK(spans[i].begin >= spans[i - 1].end, IoError, what, ": tensors '", spans[i - 1].name,
+               "' and '", spans[i].name, "' overlap in the data block");
+  return out;
+}
+
+TensorMap load_safetensors(const std::string& path) { return parse_safetensors(read_file(path), path); }
+
+std::string serialize_safetensors(const TensorMap& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    HMLA_CHECK(t.defined(), IoError, "safetensors: tensor '", name, "' is undefined");
+    header[name] = {{"dtype", st_dtype(t.dtype())},
+                    {"shape", t.shape()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data block to 8 bytes
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((uint64_t(h.size()) >> (8 * i)) & 0xff);
+  out += h;
+  out.reserve(out.size() + offset);
+  for (const auto& [name, t] : tensors) {
+    Tensor c = (t.is_contiguous() && t.device() == Device::cpu) ? t : t.to(Device::cpu);
+    out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
+  }
+  return out;
+}
+
+void write_file_atomic(const std::string& path, const std::string& bytes) {
+  namespace fs = std::filesystem;
+  fs::path target(path);
+  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  HMLA_CHECK(fs::is_directory(dir), IoError, path, ": directory ", dir.string(), " does not exist");
+  fs::path tmp = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    HMLA_CHECK(f.good(), IoError, tmp.string(), ": cannot open for writing");
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    f.flush();
+    if (!f.good()) {
+      f.close();
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw IoError(tmp.string() + ": write failed (disk full?); " + path + " is unchanged");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, target, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw IoError(path + ": cannot rename the temporary file into place; the old file is unchanged");
+  }
+}
+
+void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  write_file_atomic(path, serialize_safetensors(tensors, metadata));
+}
+
+}  // namespace hmla::io

@@ -1,0 +1,145 @@
+// Entry points of the dense attention op: validate shapes, dtypes and layouts once, build the
+// params struct, and dispatch to the backend of the inputs' device.
+#include "hmla/ops/attention.h"
+
+#include <cmath>
+
+#include "hmla/core/error.h"
+
+namespace hmla {
+
+namespace {
+
+void check_rows(const Tensor& t, const char* name, int64_t b, int64_t s, int64_t heads,
+                int64_t width) {
+  HMLA_CHECK(t.defined(), ShapeError, "attention: ", name, " is missing");
+  HMLA_CHECK(t.dim() == 4, ShapeError, "attention: ", name, " must be [b, s, heads, dim], got ",
+             shape_str(t.shape()));
+  Shape want{b, s, heads, width};
+  HMLA_CHECK(t.shape() == want, ShapeError, "attention: ", name, " has shape ",
+             shape_str(t.shape()), ", expected ", shape_str(want));
+  HMLA_CHECK(t.stride(3) == 1, ShapeError, "attention: the last dimension of ", name,
+             " must be contiguous");
+}
+
+void check_out(const Tensor& t, const char* name, const Shape& want, DType dtype, Device dev) {
+  HMLA_CHECK(t.defined() && t.shape() == want && t.dtype() == dtype && t.device() == dev &&
+                 t.is_contiguous(),
+             ShapeError, "attention: ", name, " must be a contiguous ", dtype_name(dtype),
+             shape_str(want), " tensor on ", device_name(dev), ", got ",
+             t.defined() ? dtype_name(t.dtype()) : "undefined",
+             t.defined() ? shape_str(t.shape()) : "");
+}
+
+AttnDenseParams make_params(const AttnDenseInputs& in) {
+  HMLA_CHECK(in.q.defined() && in.k.defined() && in.v.defined(), ShapeError,
+             "attention: q, k and v are required");
+  HMLA_CHECK(in.q.dim() == 4 && in.k.dim() == 4 && in.v.dim() == 4, ShapeError,
+             "attention: q, k, v must be 4-D [b, s, heads, dim]; got q ", shape_str(in.q.shape()),
+             ", k ", shape_str(in.k.shape()), ", v ", shape_str(in.v.shape()));
+  AttnDenseParams p;
+  p.b = in.q.size(0);
+  p.s = in.q.size(1);
+  p.H = in.q.size(2);
+  p.Dqk = in.q.size(3);
+  p.Hkv = in.k.size(2);
+  p.Dv = in.v.size(3);
+  HMLA_CHECK(p.H >= 1 && p.Hkv >= 1 && p.H % p.Hkv == 0, ShapeError, "attention: Hkv = ", p.Hkv,
+             " must divide H = ", p.H);
+  HMLA_CHECK(p.Dqk >= 1 && p.Dv >= 1, ShapeError, "attention: head widths must be positive");
+  check_rows(in.q, "q", p.b, p.s, p.H, p.Dqk);
+  check_rows(in.k, "k", p.b, p.s, p.Hkv, p.Dqk);
+  check_rows(in.v, "v", p.b, p.s, p.Hkv, p.Dv);
+  DType dt = in.q.dtype();
+  Device dev = in.q.device();
+  HMLA_CHECK(in.k.dtype() == dt && in.v.dtype() == dt, ShapeError,
+             "attention: q, k and v must share one dtype");
+  HMLA_CHECK(in.k.device() == dev && in.v.device() == dev, ShapeError,
+             "attention: q, k and v must be on one device");
+  HMLA_CHECK(in.layout != nullptr, LayoutError, "attention: a document layout is required");
+  HMLA_CHECK(in.layout->b == p.b && in.layout->s == p.s, LayoutError, "attention: the layout covers b = ",
+             in.layout->b, ", s = ", in.layout->s, " but q has b = ", p.b, ", s = ", p.s);
+  HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ShapeError,
+             "attention: scale must be a positive finite number, got ", in.scale);
+  if (in.sink.defined())
+    check_out(in.sink, "sink", {p.H}, DType::f32, dev);
+  p.dtype = dt;
+  p.scale = in.scale;
+  p.q = in.q.raw_data();
+  p.q_bstride = in.q.stride(0), p.q_rstride = in.q.stride(1), p.q_hstride = in.q.stride(2);
+  p.k = in.k.raw_data();
+  p.k_bstride = in.k.stride(0), p.k_rstride = in.k.stride(1), p.k_hstride = in.k.stride(2);
+  p.v = in.v.raw_data();
+  p.v_bstride = in.v.stride(0), p.v_rstride = in.v.stride(1), p.v_hstride = in.v.stride(2);
+  p.doc_start = in.layout->doc_start.data<int32_t>();
+  p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
+  return p;
+}
+
+void dispatch_fwd(const AttnDenseInputs& in, const AttnDenseParams& p) {
+  HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ",
+             dtype_name(in.q.dtype()), " on ", device_name(in.q.device()));
+  cpu::attn_dense_fwd(p);
+}
+
+}  // namespace
+
+bool attn_dense_supports(const AttnDenseInputs& in) {
+  return in.q.device() == Device::cpu && in.q.dtype() == DType::f32;
+}
+
+void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
+  AttnDenseParams p = make_params(in);
+  check_out(saved.out, "out", {p.b, p.s, p.H, p.Dv}, p.dtype, in.q.device());
+  check_out(saved.lse, "lse", {p.b, p.H, p.s}, DType::f32, in.q.device());
+  p.out = saved.out.raw_data();
+  p.lse = saved.lse.data<float>();
+  dispatch_fwd(in, p);
+}
+
+AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in) {
+  AttnDenseParams p = make_params(in);
+  Device dev = in.q.device();
+  AttnDenseSaved saved{Tensor::empty({p.b, p.s, p.H, p.Dv}, p.dtype, dev),
+                       Tensor::empty({p.b, p.H, p.s}, DType::f32, dev)};
+  attn_dense_fwd(in, saved);
+  return saved;
+}
+
+void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, const Tensor& dout,
+                    AttnDenseGrads& g) {
+  AttnDenseParams p = make_params(in);
+  Device dev = in.q.device();
+  check_out(saved.out, "out", {p.b, p.s, p.H, p.Dv}, p.dtype, dev);
+  check_out(saved.lse, "lse", {p.b, p.H, p.s}, DType::f32, dev);
+  check_out(dout, "dout", {p.b, p.s, p.H, p.Dv}, p.dtype, dev);
+  check_out(g.dq, "dq", {p.b, p.s, p.H, p.Dqk}, p.dtype, dev);
+  check_out(g.dk, "dk", {p.b, p.s, p.Hkv, p.Dqk}, p.dtype, dev);
+  check_out(g.dv, "dv", {p.b, p.s, p.Hkv, p.Dv}, p.dtype, dev);
+  HMLA_CHECK(!g.dk.shares_storage(g.dv) && !g.dq.shares_storage(g.dk), ShapeError,
+             "attention: dq, dk and dv must not overlap");
+  if (in.sink.defined()) check_out(g.dsink, "dsink", {p.H}, DType::f32, dev);
+  p.out = saved.out.raw_data();
+  p.lse = saved.lse.data<float>();
+  p.dout = dout.raw_data();
+  p.dq = g.dq.raw_data();
+  p.dk = g.dk.raw_data();
+  p.dv = g.dv.raw_data();
+  p.dsink = in.sink.defined() ? g.dsink.data<float>() : nullptr;
+  HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ",
+             dtype_name(in.q.dtype()), " on ", device_name(dev));
+  cpu::attn_dense_bwd(p);
+}
+
+AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,
+                              const Tensor& dout) {
+  Device dev = in.q.device();
+  AttnDenseGrads g{Tensor::empty(in.q.shape(), in.q.dtype(), dev),
+                   Tensor::empty(in.k.shape(), in.k.dtype(), dev),
+                   Tensor::empty(in.v.shape(), in.v.dtype(), dev),
+                   in.sink.defined() ? Tensor::empty({in.q.size(2)}, DType::f32, dev) : Tensor()};
+  attn_dense_bwd(in, saved, dout, g);
+  return g;
+}
+
+}  // namespace hmla

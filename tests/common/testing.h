@@ -1,0 +1,60 @@
+// Shared test helpers: seeded random tensors, f32 <-> f64 vectors, and the STYLE.md tolerance
+// rule: a kernel's max error against the float64 oracle may be at most 2x the max error of the
+// naive f32 implementation plus a rounding term of 8 f32 ulps of the largest reference value.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hmla/core/tensor.h"
+
+namespace hmla::testing {
+
+inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+inline std::vector<double> to_f64(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+struct ErrStats {
+  double max_err = 0, max_ref = 0;
+};
+
+// Max |x - ref| over entries; inf entries must match exactly (lse of empty rows).
+template <class A>
+ErrStats max_abs_err(const std::vector<A>& x, const std::vector<double>& ref) {
+  ErrStats e;
+  EXPECT_EQ(x.size(), ref.size());
+  for (size_t i = 0; i < std::min(x.size(), ref.size()); ++i) {
+    double xi = static_cast<double>(x[i]);
+    if (std::isinf(ref[i]) || std::isinf(xi)) {
+      if (xi != ref[i]) e.max_err = INFINITY;
+      continue;
+    }
+    if (std::isnan(xi)) e.max_err = INFINITY;
+    e.max_err = std::max(e.max_err, std::abs(xi - ref[i]));
+    e.max_ref = std::max(e.max_ref, std::abs(ref[i]));
+  }
+  return e;
+}
+
+// Asserts the tolerance rule for one tensor; returns the kernel's max error.
+inline double expect_within_rule(const std::string& what, const std::vector<float>& kernel,
+                                 const std::vector<float>& naive32,
+                                 const std::vector<double>& oracle) {
+  ErrStats k = max_abs_err(kernel, oracle), n = max_abs_err(naive32, oracle);
+  const double bound = 2.0 * n.max_err + 8.0 * FLT_EPSILON * n.max_ref;
+  EXPECT_LE(k.max_err, bound) << what << ": kernel error " << k.max_err << " vs naive f32 error "
+                              << n.max_err << " (max |ref| " << n.max_ref << ")";
+  return k.max_err;
+}
+
+}  // namespace hmla::testing

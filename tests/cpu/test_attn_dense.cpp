@@ -1,0 +1,270 @@
+// Dense attention on the CPU against the float64 oracle (tolerance rule of STYLE.md), central
+// finite differences of the oracle itself, empty rows, determinism, memory and bad input.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+
+#include "attn_dense_ref.h"
+#include "hmla/ops/attention.h"
+#include "testing.h"
+
+namespace hmla {
+namespace {
+
+using testing::randn;
+using testing::to_f64;
+
+enum class Lay { causal, cu, end_rows };
+
+struct Case {
+  std::string name;
+  int64_t b, s, H, Hkv, Dqk, Dv;
+  Lay lay;
+  std::vector<std::vector<int64_t>> cu;  // Lay::cu, per row
+  std::vector<int64_t> end_rows;          // Lay::end_rows, [b, s]
+  bool sink = false;
+  bool v_from_k = false;  // v = first Dv channels of k (latent MQA)
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+DocLayout make_layout(const Case& c) {
+  switch (c.lay) {
+    case Lay::causal: return layout_causal(c.b, c.s);
+    case Lay::cu: return layout_from_cu_seqlens(c.s, c.cu);
+    case Lay::end_rows: return layout_from_end_rows(c.b, c.s, c.end_rows);
+  }
+  return {};
+}
+
+std::vector<Case> cases() {
+  std::vector<int64_t> mid_pad(40);  // docs [0,10), pad 10..14, [15,40)
+  for (int64_t t = 0; t < 40; ++t) mid_pad[t] = t < 10 ? 10 : t < 15 ? 0 : 40;
+  std::vector<int64_t> ones;
+  for (int64_t i = 0; i <= 20; ++i) ones.push_back(i);
+  return {
+      {"one_doc", 1, 37, 2, 2, 16, 8, Lay::causal, {}, {}},
+      {"many_docs_tail_pad", 1, 300, 2, 2, 24, 16, Lay::cu, {{0, 50, 51, 180, 260}}, {}},
+      {"one_token_docs", 1, 20, 2, 2, 8, 8, Lay::cu, {ones}, {}},
+      {"padding_rows", 1, 40, 2, 2, 8, 8, Lay::end_rows, {}, mid_pad},
+      {"s_not_tile_multiple", 1, 333, 2, 2, 16, 16, Lay::causal, {}, {}},
+      {"long_docs_across_tiles", 1, 1100, 2, 2, 16, 8, Lay::cu, {{0, 300, 301, 900, 1090}}, {}},
+      {"h1", 1, 50, 1, 1, 12, 12, Lay::causal, {}, {}},
+      {"gqa", 2, 70, 4, 2, 16, 8, Lay::cu, {{0, 30, 70}, {0, 1, 65}}, {}},
+      {"mqa", 1, 90, 4, 1, 16, 8, Lay::cu, {{0, 45, 80}}, {}},
+      {"dqk192_dv128", 1, 80, 2, 2, 192, 128, Lay::cu, {{0, 33, 80}}, {}},
+      {"latent_576_512", 1, 70, 2, 1, 576, 512, Lay::cu, {{0, 40, 64}}, {}, false, true},
+      {"sink_one_doc", 1, 37, 2, 2, 16, 8, Lay::causal, {}, {}, true},
+      {"sink_docs_pad", 1, 300, 3, 1, 24, 16, Lay::cu, {{0, 1, 100, 260}}, {}, true},
+      {"sink_latent", 1, 70, 2, 1, 576, 512, Lay::cu, {{0, 40, 64}}, {}, true, true},
+  };
+}
+
+struct Inputs {
+  std::vector<float> q, k, v, sink, dout;
+};
+
+Inputs make_inputs(const Case& c, uint64_t seed) {
+  Inputs x;
+  x.q = randn(c.b * c.s * c.H * c.Dqk, seed);
+  x.k = randn(c.b * c.s * c.Hkv * c.Dqk, seed + 1);
+  if (c.v_from_k) {
+    for (int64_t r = 0; r < c.b * c.s * c.Hkv; ++r)
+      x.v.insert(x.v.end(), x.k.begin() + r * c.Dqk, x.k.begin() + r * c.Dqk + c.Dv);
+  } else {
+    x.v = randn(c.b * c.s * c.Hkv * c.Dv, seed + 2);
+  }
+  if (c.sink) x.sink = randn(c.H, seed + 3);
+  x.dout = randn(c.b * c.s * c.H * c.Dv, seed + 4);
+  return x;
+}
+
+struct KernelResult {
+  std::vector<float> out, lse, dq, dk, dv, dsink;
+};
+
+KernelResult run_kernel(const Case& c, const Inputs& x, const DocLayout& layout, float scale) {
+  AttnDenseInputs in;
+  in.q = Tensor::from_vector<float>({c.b, c.s, c.H, c.Dqk}, x.q);
+  in.k = Tensor::from_vector<float>({c.b, c.s, c.Hkv, c.Dqk}, x.k);
+  in.v = c.v_from_k ? in.k.slice(3, 0, c.Dv) : Tensor::from_vector<float>({c.b, c.s, c.Hkv, c.Dv}, x.v);
+  if (c.sink) in.sink = Tensor::from_vector<float>({c.H}, x.sink);
+  in.layout = &layout;
+  in.scale = scale;
+  AttnDenseSaved sv = attn_dense_fwd(in);
+  AttnDenseGrads g = attn_dense_bwd(in, sv, Tensor::from_vector<float>({c.b, c.s, c.H, c.Dv}, x.dout));
+  KernelResult r{sv.out.to_vector<float>(), sv.lse.to_vector<float>(), g.dq.to_vector<float>(),
+                 g.dk.to_vector<float>(), g.dv.to_vector<float>(), {}};
+  if (c.sink) r.dsink = g.dsink.to_vector<float>();
+  return r;
+}
+
+class AttnDenseCases : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttnDenseCases, MatchesFloat64OracleByTheRule) {
+  const Case& c = GetParam();
+  Inputs x = make_inputs(c, 42);
+  DocLayout layout = make_layout(c);
+  const float scale = 1.f / std::sqrt(float(c.Dqk));
+  KernelResult k = run_kernel(c, x, layout, scale);
+  ref::AttnDims d{c.b, c.s, c.H, c.Hkv, c.Dqk, c.Dv};
+  std::vector<int32_t> ds = layout.doc_start.to_vector<int32_t>();
+  auto o64 = ref::attn_dense_ref<double>(d, to_f64(x.q), to_f64(x.k), to_f64(x.v), ds,
+                                         to_f64(x.sink), double(scale), to_f64(x.dout));
+  auto o32 = ref::attn_dense_ref<float>(d, x.q, x.k, x.v, ds, x.sink, scale, x.dout);
+  testing::expect_within_rule("out", k.out, o32.out, o64.out);
+  testing::expect_within_rule("lse", k.lse, o32.lse, o64.lse);
+  testing::expect_within_rule("dq", k.dq, o32.dq, o64.dq);
+  testing::expect_within_rule("dk", k.dk, o32.dk, o64.dk);
+  testing::expect_within_rule("dv", k.dv, o32.dv, o64.dv);
+  if (c.sink) testing::expect_within_rule("dsink", k.dsink, o32.dsink, o64.dsink);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, AttnDenseCases, ::testing::ValuesIn(cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The oracle's own gradients against central finite differences of L = sum(out * dout).
+TEST(AttnDenseOracle, GradientsMatchFiniteDifferences) {
+  ref::AttnDims d{1, 7, 2, 1, 4, 3};
+  std::vector<int32_t> ds{0, 0, 0, 3, 3, 6, 7};  // docs [0,3), [3,5), [5,6)? no: 5 and 6 below
+  ds = {0, 0, 0, 3, 3, 5, 7};                     // docs [0,3), [3,5), [5,6), row 6 padding
+  auto q = to_f64(randn(7 * 2 * 4, 1)), k = to_f64(randn(7 * 4, 2)), v = to_f64(randn(7 * 3, 3));
+  auto sink = to_f64(randn(2, 4)), dout = to_f64(randn(7 * 2 * 3, 5));
+  const double scale = 0.7;
+  auto base = ref::attn_dense_ref<double>(d, q, k, v, ds, sink, scale, dout);
+  auto loss = [&](const auto& qq, const auto& kk, const auto& vv, const auto& ss) {
+    auto r = ref::attn_dense_ref<double>(d, qq, kk, vv, ds, ss, scale, {});
+    double L = 0;
+    for (size_t i = 0; i < r.out.size(); ++i) L += r.out[i] * dout[i];
+    return L;
+  };
+  const double h = 1e-6;
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i];
+      x[i] = x0 + h;
+      double lp = loss(q, k, v, sink);
+      x[i] = x0 - h;
+      double lm = loss(q, k, v, sink);
+      x[i] = x0;
+      EXPECT_NEAR(grad[i], (lp - lm) / (2 * h), 1e-7) << name << "[" << i << "]";
+    }
+  };
+  check(q, base.dq, "dq");
+  check(k, base.dk, "dk");
+  check(v, base.dv, "dv");
+  check(sink, base.dsink, "dsink");
+}
+
+TEST(AttnDense, EmptyRowsAreZeroWithInfiniteLse) {
+  Case c{"all_padding", 1, 9, 2, 1, 8, 8, Lay::end_rows, {}, std::vector<int64_t>(9, 0), true};
+  Inputs x = make_inputs(c, 7);
+  DocLayout layout = make_layout(c);
+  KernelResult k = run_kernel(c, x, layout, 0.3f);
+  for (float v : k.out) EXPECT_EQ(v, 0.f);
+  for (float v : k.lse) EXPECT_EQ(v, INFINITY);
+  for (const auto* g : {&k.dq, &k.dk, &k.dv, &k.dsink})
+    for (float v : *g) EXPECT_EQ(v, 0.f);
+}
+
+std::vector<uint32_t> bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 4);
+  return b;
+}
+
+TEST(AttnDense, DeterministicAcrossRunsAndThreadCounts) {
+  Case c{"det", 2, 200, 4, 4, 32, 16, Lay::cu, {{0, 70, 200}, {0, 130, 190}}, {}, true};
+  Inputs x = make_inputs(c, 11);
+  DocLayout layout = make_layout(c);
+  KernelResult a = run_kernel(c, x, layout, 0.2f), b = run_kernel(c, x, layout, 0.2f);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  KernelResult one = run_kernel(c, x, layout, 0.2f);
+  omp_set_num_threads(threads);
+  for (const auto& r : {b, one}) {  // MHA: no slicing, so even the thread count cannot matter
+    EXPECT_EQ(bits(a.out), bits(r.out));
+    EXPECT_EQ(bits(a.lse), bits(r.lse));
+    EXPECT_EQ(bits(a.dq), bits(r.dq));
+    EXPECT_EQ(bits(a.dk), bits(r.dk));
+    EXPECT_EQ(bits(a.dv), bits(r.dv));
+    EXPECT_EQ(bits(a.dsink), bits(r.dsink));
+  }
+  Case m = c;  // MQA: bit-identical run to run at a fixed thread count
+  m.Hkv = 1;
+  Inputs y = make_inputs(m, 12);
+  KernelResult p = run_kernel(m, y, layout, 0.2f), q = run_kernel(m, y, layout, 0.2f);
+  EXPECT_EQ(bits(p.dk), bits(q.dk));
+  EXPECT_EQ(bits(p.dv), bits(q.dv));
+  EXPECT_EQ(bits(p.dq), bits(q.dq));
+}
+
+// Peak bytes of one forward + backward above the inputs: outputs plus O(threads) tiles, linear
+// in s. An [s, s] f32 matrix would be 16 MiB at s = 2048.
+size_t peak_above_inputs(int64_t s) {
+  Case c{"mem", 1, s, 1, 1, 16, 16, Lay::causal, {}, {}};
+  Inputs x = make_inputs(c, 3);
+  DocLayout layout = make_layout(c);
+  AttnDenseInputs in;
+  in.q = Tensor::from_vector<float>({1, s, 1, 16}, x.q);
+  in.k = Tensor::from_vector<float>({1, s, 1, 16}, x.k);
+  in.v = Tensor::from_vector<float>({1, s, 1, 16}, x.v);
+  in.layout = &layout;
+  in.scale = 0.25f;
+  Tensor dout = Tensor::from_vector<float>({1, s, 1, 16}, x.dout);
+  Allocator& a = allocator(Device::cpu);
+  const size_t live = a.live_bytes();
+  a.reset_peak();
+  {
+    AttnDenseSaved sv = attn_dense_fwd(in);
+    AttnDenseGrads g = attn_dense_bwd(in, sv, dout);
+  }
+  return a.peak_bytes() - live;
+}
+
+TEST(AttnDense, PeakMemoryIsLinearInS) {
+  const size_t p1 = peak_above_inputs(2048), p2 = peak_above_inputs(4096);
+  EXPECT_LT(p1, size_t(2048) * 2048 * 4 / 8);
+  EXPECT_LE(double(p2), 2.1 * double(p1)) << p1 << " -> " << p2;
+}
+
+TEST(AttnDense, BadInputIsAClearError) {
+  DocLayout l = layout_causal(1, 8);
+  auto mk = [](Shape s) { return Tensor::zeros(s, DType::f32); };
+  AttnDenseInputs in{mk({1, 8, 4, 16}), mk({1, 8, 3, 16}), mk({1, 8, 3, 8}), &l, {}, 0.25f};
+  EXPECT_THROW(attn_dense_fwd(in), ShapeError);  // Hkv = 3 does not divide H = 4
+  in.k = mk({1, 8, 2, 16});
+  EXPECT_THROW(attn_dense_fwd(in), ShapeError);  // v has 3 heads, k 2
+  in.v = mk({1, 8, 2, 8});
+  in.k = mk({1, 8, 2, 12});
+  EXPECT_THROW(attn_dense_fwd(in), ShapeError);  // q and k widths differ
+  in.k = mk({1, 8, 2, 16});
+  EXPECT_NO_THROW(attn_dense_fwd(in));
+  DocLayout l2 = layout_causal(1, 9);
+  in.layout = &l2;
+  EXPECT_THROW(attn_dense_fwd(in), LayoutError);  // layout does not cover s
+  in.layout = nullptr;
+  EXPECT_THROW(attn_dense_fwd(in), LayoutError);
+  in.layout = &l;
+  in.scale = 0.f;
+  EXPECT_THROW(attn_dense_fwd(in), ShapeError);
+  in.scale = 0.25f;
+  in.sink = mk({3});
+  EXPECT_THROW(attn_dense_fwd(in), ShapeError);  // sink must be [H]
+  in.sink = Tensor();
+  AttnDenseSaved bad{mk({1, 8, 4, 8}), mk({1, 8, 4})};  // lse must be [b, H, s]
+  EXPECT_THROW(attn_dense_fwd(in, bad), ShapeError);
+  AttnDenseInputs bf = in;
+  bf.q = Tensor::zeros({1, 8, 4, 16}, DType::bf16);
+  EXPECT_THROW(attn_dense_fwd(bf), ShapeError);  // q, k, v dtypes differ
+  try {
+    in.k = mk({1, 8, 3, 16});
+    attn_dense_fwd(in);
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("must divide"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hmla
