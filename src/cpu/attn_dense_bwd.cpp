@@ -17,7 +17,7 @@
 #include "attn_dense_tile.h"
 #include "gemm.h"
 #include "hmla/ops/attention.h"
-#include "vexp.h"
+#include "softmax_tile.h"
 
 namespace hmla::cpu {
 
@@ -69,23 +69,12 @@ float bwd_tile(const AttnDenseParams& p, int64_t b, int64_t h, const QueryTile& 
     sgemm(Trans::no, Trans::yes, nq, nk, Dqk, p.scale, Q, p.q_rstride, K + j0 * p.k_rstride,
           p.k_rstride, 0.f, w.P, nk);
     if (!qt.full(j0, nk)) qt.mask(w.P, j0, nk);
-    for (int64_t r = 0; r < nq; ++r) {
-      float* row = w.P + r * nk;
-      const float l = lse[r];  // +inf on empty rows: P = 0
-#pragma omp simd
-      for (int64_t c = 0; c < nk; ++c) row[c] = exp_approx(row[c] - l);
-    }
+    probs_from_lse_tile(w.P, nq, nk, lse);  // +inf on empty rows: P = 0
     sgemm(Trans::yes, Trans::no, nk, Dv, nq, 1.f, w.P, nk, dO, ld_o, 1.f, acc.dv + j0 * acc.ldv,
           acc.ldv);
     sgemm(Trans::no, Trans::yes, nq, nk, Dv, 1.f, dO, ld_o, V + j0 * p.v_rstride, p.v_rstride, 0.f,
           w.dS, nk);
-    for (int64_t r = 0; r < nq; ++r) {
-      const float* pr = w.P + r * nk;
-      float* ds = w.dS + r * nk;
-      const float d = w.D[r];
-#pragma omp simd
-      for (int64_t c = 0; c < nk; ++c) ds[c] = pr[c] * (ds[c] - d) * p.scale;
-    }
+    dscores_tile(w.dS, w.P, nq, nk, w.D, p.scale);
     sgemm(Trans::no, Trans::no, nq, Dqk, nk, 1.f, w.dS, nk, K + j0 * p.k_rstride, p.k_rstride, 1.f,
           dQ, ld_q);
     sgemm(Trans::yes, Trans::no, nk, Dqk, nq, 1.f, w.dS, nk, Q, p.q_rstride, 1.f,

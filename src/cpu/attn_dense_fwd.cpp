@@ -10,7 +10,7 @@
 #include "attn_dense_tile.h"
 #include "gemm.h"
 #include "hmla/ops/attention.h"
-#include "vexp.h"
+#include "softmax_tile.h"
 
 namespace hmla::cpu {
 
@@ -41,22 +41,7 @@ void fwd_tile(const AttnDenseParams& p, int64_t b, int64_t h, const QueryTile& q
     sgemm(Trans::no, Trans::yes, nq, nk, p.Dqk, p.scale, Q, p.q_rstride, K + j0 * p.k_rstride,
           p.k_rstride, 0.f, w.S, nk);
     if (!qt.full(j0, nk)) qt.mask(w.S, j0, nk);
-    for (int64_t r = 0; r < nq; ++r) {
-      float* row = w.S + r * nk;
-      const float m_new = std::max(w.m[r], row_max(row, nk));
-      if (m_new == -INFINITY) {  // nothing allowed yet in this row
-        std::fill(row, row + nk, 0.f);
-        continue;
-      }
-      const float alpha = exp_approx(w.m[r] - m_new);
-      w.l[r] = w.l[r] * alpha + exp_shift_sum(row, nk, m_new);
-      w.m[r] = m_new;
-      if (alpha != 1.f) {
-        float* o = w.O + r * Dv;
-#pragma omp simd
-        for (int64_t d = 0; d < Dv; ++d) o[d] *= alpha;
-      }
-    }
+    softmax_online_tile(w.S, nq, nk, w.m, w.l, w.O, Dv);
     sgemm(Trans::no, Trans::no, nq, Dv, nk, 1.f, w.S, nk, V + j0 * p.v_rstride, p.v_rstride, 1.f,
           w.O, Dv);
   }

@@ -11,11 +11,13 @@
 namespace hmla::cpu {
 
 struct AttnCpuTraits {
-  // kBq x kBk score tiles: 64 x 256 f32 = 64 KiB, with Q (64 x Dqk), one K tile (256 x Dqk) and
-  // one V tile in L2 (2 MiB on the machines we measure). Measured with `hmla bench attention`:
-  // larger kBk amortises the per-product overhead of the BLAS; larger kBq wastes more of the
-  // diagonal tile under causal masks.
-  static constexpr int64_t kBq = 64;
+  // kBq x kBk score tiles: 128 x 256 f32 = 128 KiB, with Q (128 x Dqk), one K tile (256 x Dqk)
+  // and one V tile in L2 (2 MiB on the machines we measure). Measured with `hmla bench
+  // attention` (s = 2048, H = 16, 192/128, 2 threads, OpenBLAS SkylakeX kernels): 64x256 114,
+  // 128x256 131, 128x512 126, 192x256 122, 256x256 105 GFLOP/s for one document; larger kBq
+  // wastes more of the diagonal tile under causal masks, smaller ones pay the BLAS's per-call
+  // packing more often.
+  static constexpr int64_t kBq = 128;
   static constexpr int64_t kBk = 256;
   static_assert(kBq % 16 == 0 && kBk % 16 == 0, "tiles are whole AVX-512 vectors");
 };

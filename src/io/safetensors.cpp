@@ -155,7 +155,10 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   HMLA_CHECK(fs::is_directory(dir), IoError, path, ": directory ", dir.string(), " does not exist");
-  fs::path tmp = dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
+  std::string name = target.filename().string();
+  name.insert(0, 1, '.');
+  name.append(".tmp.").append(std::to_string(::getpid()));
+  fs::path tmp = dir / name;
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     HMLA_CHECK(f.good(), IoError, tmp.string(), ": cannot open for writing");

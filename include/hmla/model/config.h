@@ -1,0 +1,75 @@
+// Model configuration: a Hugging Face DeepSeek-V3.2 config.json plus hmla's own keys (DESIGN.md
+// section 2), validated when loaded. Fields transformers writes that hmla does not use (MoE
+// routing, token ids, ...) are kept verbatim and written back.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace hmla {
+
+enum class LayerMode { mha, mqa_full_causal, dsa_warmup, dsa_sparse };
+const char* mode_name(LayerMode m);
+// Throws ConfigError naming `field` for an unknown mode.
+LayerMode parse_mode(const std::string& s, const std::string& field);
+inline bool is_dsa(LayerMode m) { return m == LayerMode::dsa_warmup || m == LayerMode::dsa_sparse; }
+
+struct RopeConfig {
+  double theta = 10000.0;
+  std::string type = "default";  // "default" or "yarn"
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;  // 0: max_position_embeddings
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;  // 0: not set
+  std::optional<double> attention_factor;      // explicit value wins over mscale rules
+  bool truncate = true;
+};
+
+struct ModelConfig {
+  int64_t hidden_size = 0, num_attention_heads = 0, num_hidden_layers = 0;
+  int64_t vocab_size = 0, intermediate_size = 0, max_position_embeddings = 0;
+  int64_t q_lora_rank = 0;  // 0: q_proj, no q LoRA
+  int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0, index_window = 0;
+  int64_t pad_token_id = 0;
+  int64_t first_k_dense_replace = 0;
+  std::vector<std::string> mlp_layer_types;  // empty: derived from first_k_dense_replace
+  double rms_norm_eps = 1e-6, initializer_range = 0.02;
+  bool tie_word_embeddings = false;
+  RopeConfig rope;
+  std::vector<LayerMode> layer_modes;  // hmla_layer_modes, one per layer
+  double indexer_loss_coeff = 0.01;
+  bool attention_sink = false;
+  nlohmann::json source;  // the file as read: unknown fields ride along on write
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  bool has_indexer_fields() const { return index_n_heads > 0 && index_head_dim > 0 && index_topk > 0; }
+};
+
+// Parses and validates (ConfigError with the field's name on any problem); `what` names the
+// source in messages.
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& what);
+ModelConfig load_model_config(const std::string& path);
+// The HF config.json hmla writes: DeepSeek-V3.2 names, no MoE, pad_token_id explicit.
+nlohmann::json model_config_to_json(const ModelConfig& c);
+void save_model_config(const std::string& path, const ModelConfig& c);
+
+// Sets every layer's mode (as `hmla layer --mode` does) and validates again.
+void set_all_modes(ModelConfig& c, LayerMode m);
+
+// The one dispatch predicate (DESIGN.md section 1): does `layer` build the latent MQA backend?
+bool latent_mqa_enabled(const ModelConfig& c, int64_t layer);
+
+// RoPE for MLA and the indexer alike: inverse frequencies [Dr / 2] and the factor cos/sin are
+// multiplied by (YaRN's attention factor, 1 otherwise); `softmax_scale` = m^2 / sqrt(Dn + Dr).
+struct RopeTables {
+  std::vector<double> inv_freq;
+  double attention_factor = 1.0;
+};
+RopeTables rope_tables(const ModelConfig& c);
+double softmax_scale(const ModelConfig& c);
+
+}  // namespace hmla

@@ -1,0 +1,306 @@
+// config.json parsing, validation and writing (DESIGN.md section 2), and the RoPE/YaRN tables
+// and softmax scale (section 4), computed as transformers' _compute_yarn_parameters does.
+#include "hmla/model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <numbers>
+
+#include "hmla/core/error.h"
+#include "hmla/io/safetensors.h"
+
+namespace hmla {
+
+using nlohmann::json;
+
+const char* mode_name(LayerMode m) {
+  switch (m) {
+    case LayerMode::mha: return "mha";
+    case LayerMode::mqa_full_causal: return "mqa_full_causal";
+    case LayerMode::dsa_warmup: return "dsa_warmup";
+    case LayerMode::dsa_sparse: return "dsa_sparse";
+  }
+  return "?";
+}
+
+LayerMode parse_mode(const std::string& s, const std::string& field) {
+  for (LayerMode m : {LayerMode::mha, LayerMode::mqa_full_causal, LayerMode::dsa_warmup, LayerMode::dsa_sparse})
+    if (s == mode_name(m)) return m;
+  throw ConfigError(field + ": unknown mode '" + s +
+                    "'; use one of mha, mqa_full_causal, dsa_warmup, dsa_sparse");
+}
+
+namespace {
+
+// Reads an optional integer field; null counts as absent.
+int64_t get_int(const json& j, const char* key, int64_t def, const std::string& what) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  HMLA_CHECK(j[key].is_number_integer(), ConfigError, what, ": ", key, " must be an integer, got ",
+             j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+double get_num(const json& j, const char* key, double def, const std::string& what) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  HMLA_CHECK(j[key].is_number(), ConfigError, what, ": ", key, " must be a number, got ", j[key].dump());
+  return j[key].get<double>();
+}
+
+bool get_bool(const json& j, const char* key, bool def, const std::string& what) {
+  if (!j.contains(key) || j[key].is_null()) return def;
+  HMLA_CHECK(j[key].is_boolean(), ConfigError, what, ": ", key, " must be true or false, got ",
+             j[key].dump());
+  return j[key].get<bool>();
+}
+
+int64_t need_positive(const json& j, const char* key, const std::string& what) {
+  HMLA_CHECK(j.contains(key) && !j[key].is_null(), ConfigError, what, ": ", key,
+             " is required");
+  int64_t v = get_int(j, key, 0, what);
+  HMLA_CHECK(v > 0, ConfigError, what, ": ", key, " = ", v, ": it must be at least 1");
+  return v;
+}
+
+RopeConfig parse_rope(const json& j, const std::string& what) {
+  RopeConfig r;
+  r.theta = get_num(j, "rope_theta", 10000.0, what);
+  const json* p = nullptr;
+  const char* field = "rope_parameters";
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    p = &j["rope_parameters"];
+  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    p = &j["rope_scaling"];
+    field = "rope_scaling";
+  }
+  if (p) {
+    const std::string f = what + ": " + field;
+    HMLA_CHECK(p->is_object(), ConfigError, f, " must be an object");
+    r.theta = get_num(*p, "rope_theta", r.theta, f);
+    std::string type = "default";
+    if (p->contains("rope_type")) type = (*p)["rope_type"].get<std::string>();
+    else if (p->contains("type")) type = (*p)["type"].get<std::string>();
+    HMLA_CHECK(type == "default" || type == "yarn", ConfigError, f, ".rope_type = '", type,
+               "': hmla supports 'default' and 'yarn'");
+    r.type = type;
+    r.factor = get_num(*p, "factor", 1.0, f);
+    r.original_max_position_embeddings = get_int(*p, "original_max_position_embeddings", 0, f);
+    r.beta_fast = get_num(*p, "beta_fast", 32.0, f);
+    r.beta_slow = get_num(*p, "beta_slow", 1.0, f);
+    r.mscale = get_num(*p, "mscale", 0.0, f);
+    r.mscale_all_dim = get_num(*p, "mscale_all_dim", 0.0, f);
+    if (p->contains("attention_factor") && !(*p)["attention_factor"].is_null())
+      r.attention_factor = get_num(*p, "attention_factor", 1.0, f);
+    r.truncate = get_bool(*p, "truncate", true, f);
+    if (type == "yarn")
+      HMLA_CHECK(r.factor > 0, ConfigError, f, ".factor = ", r.factor, ": it must be positive");
+  }
+  HMLA_CHECK(r.theta > 0, ConfigError, what, ": rope_theta = ", r.theta, ": it must be positive");
+  return r;
+}
+
+void validate(const ModelConfig& c, const std::string& what) {
+  HMLA_CHECK(c.qk_rope_head_dim % 2 == 0, ConfigError, what, ": qk_rope_head_dim = ",
+             c.qk_rope_head_dim, " is odd; RoPE rotates pairs, so it must be even");
+  HMLA_CHECK(c.q_lora_rank >= 0, ConfigError, what, ": q_lora_rank = ", c.q_lora_rank,
+             ": use 0 (or null) for no q LoRA, or a positive rank");
+  HMLA_CHECK(c.pad_token_id >= 0, ConfigError, what, ": pad_token_id = ", c.pad_token_id,
+             " is negative");
+  HMLA_CHECK(static_cast<int64_t>(c.layer_modes.size()) == c.num_hidden_layers, ConfigError, what,
+             ": hmla_layer_modes has ", c.layer_modes.size(), " entries for num_hidden_layers = ",
+             c.num_hidden_layers);
+  HMLA_CHECK(c.index_window >= 0, ConfigError, what, ": index_window = ", c.index_window,
+             ": it must be >= 0");
+  HMLA_CHECK(c.indexer_loss_coeff >= 0, ConfigError, what, ": indexer_loss_coeff must be >= 0");
+  for (size_t L = 0; L < c.layer_modes.size(); ++L) {
+    if (!is_dsa(c.layer_modes[L])) continue;
+    const std::string m = std::string("layer ") + std::to_string(L) + " runs " + mode_name(c.layer_modes[L]);
+    HMLA_CHECK(c.index_n_heads > 0 && c.index_head_dim > 0 && c.index_topk > 0, ConfigError, what,
+               ": ", m, ", which needs index_n_heads, index_head_dim and index_topk (each >= 1)");
+    HMLA_CHECK(c.q_lora_rank > 0, ConfigError, what, ": ", m,
+               " with q_lora_rank 0; the indexer reads the q latent, so set q_lora_rank >= 1");
+    HMLA_CHECK(c.index_head_dim >= c.qk_rope_head_dim, ConfigError, what, ": index_head_dim = ",
+               c.index_head_dim, " is smaller than qk_rope_head_dim = ", c.qk_rope_head_dim,
+               "; the indexer ropes its first qk_rope_head_dim channels");
+    HMLA_CHECK(c.index_head_dim % 2 == 0, ConfigError, what, ": index_head_dim must be even");
+  }
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& j, const std::string& what) {
+  HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
+  ModelConfig c;
+  c.source = j;
+  c.hidden_size = need_positive(j, "hidden_size", what);
+  c.num_attention_heads = need_positive(j, "num_attention_heads", what);
+  c.num_hidden_layers = need_positive(j, "num_hidden_layers", what);
+  c.kv_lora_rank = need_positive(j, "kv_lora_rank", what);
+  c.qk_nope_head_dim = need_positive(j, "qk_nope_head_dim", what);
+  c.qk_rope_head_dim = need_positive(j, "qk_rope_head_dim", what);
+  c.v_head_dim = need_positive(j, "v_head_dim", what);
+  c.q_lora_rank = get_int(j, "q_lora_rank", 0, what);
+  c.vocab_size = get_int(j, "vocab_size", 0, what);
+  c.intermediate_size = get_int(j, "intermediate_size", 0, what);
+  c.max_position_embeddings = get_int(j, "max_position_embeddings", 4096, what);
+  c.index_n_heads = get_int(j, "index_n_heads", 0, what);
+  c.index_head_dim = get_int(j, "index_head_dim", 0, what);
+  c.index_topk = get_int(j, "index_topk", 0, what);
+  c.index_window = get_int(j, "index_window", 0, what);
+  c.pad_token_id = get_int(j, "pad_token_id", 0, what);  // null means 0, never an error
+  c.first_k_dense_replace = get_int(j, "first_k_dense_replace", 3, what);
+  if (j.contains("mlp_layer_types") && !j["mlp_layer_types"].is_null())
+    c.mlp_layer_types = j["mlp_layer_types"].get<std::vector<std::string>>();
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
+  c.initializer_range = get_num(j, "initializer_range", 0.02, what);
+  c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
+  c.indexer_loss_coeff = get_num(j, "indexer_loss_coeff", 0.01, what);
+  c.attention_sink = get_bool(j, "attention_sink", false, what);
+  c.rope = parse_rope(j, what);
+  for (const char* k : {"index_n_heads", "index_head_dim", "index_topk"})
+    HMLA_CHECK(get_int(j, k, 0, what) >= 0, ConfigError, what, ": ", k, " must be >= 0");
+  if (j.contains("hmla_layer_modes") && !j["hmla_layer_modes"].is_null()) {
+    HMLA_CHECK(j["hmla_layer_modes"].is_array(), ConfigError, what,
+               ": hmla_layer_modes must be a list of mode names");
+    size_t L = 0;
+    for (const json& m : j["hmla_layer_modes"]) {
+      HMLA_CHECK(m.is_string(), ConfigError, what, ": hmla_layer_modes[", L, "] must be a string");
+      c.layer_modes.push_back(parse_mode(m.get<std::string>(), what + ": hmla_layer_modes[" + std::to_string(L) + "]"));
+      ++L;
+    }
+  } else {  // as transformers runs it: sparse when the indexer is configured
+    LayerMode m = c.has_indexer_fields() ? LayerMode::dsa_sparse : LayerMode::mha;
+    c.layer_modes.assign(c.num_hidden_layers, m);
+  }
+  validate(c, what);
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(io::read_file(path));
+  } catch (const json::exception& e) {
+    throw ConfigError(path + ": not valid JSON: " + e.what());
+  }
+  return parse_model_config(j, path);
+}
+
+void set_all_modes(ModelConfig& c, LayerMode m) {
+  c.layer_modes.assign(c.num_hidden_layers, m);
+  validate(c, "config");
+}
+
+bool latent_mqa_enabled(const ModelConfig& c, int64_t layer) {
+  HMLA_CHECK(layer >= 0 && layer < static_cast<int64_t>(c.layer_modes.size()), ConfigError,
+             "layer ", layer, " out of range (num_hidden_layers = ", c.layer_modes.size(), ")");
+  LayerMode m = c.layer_modes[layer];
+  return m == LayerMode::mqa_full_causal || m == LayerMode::dsa_sparse;
+}
+
+json model_config_to_json(const ModelConfig& c) {
+  json j = c.source.is_object() ? c.source : json::object();
+  if (!j.contains("model_type")) j["model_type"] = "deepseek_v32";
+  j["hidden_size"] = c.hidden_size;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  if (c.vocab_size > 0) j["vocab_size"] = c.vocab_size;
+  if (c.intermediate_size > 0) j["intermediate_size"] = c.intermediate_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json();
+  j["kv_lora_rank"] = c.kv_lora_rank;
+  j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+  j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+  j["v_head_dim"] = c.v_head_dim;
+  if (c.has_indexer_fields()) {
+    j["index_n_heads"] = c.index_n_heads;
+    j["index_head_dim"] = c.index_head_dim;
+    j["index_topk"] = c.index_topk;
+  }
+  j["pad_token_id"] = c.pad_token_id;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["initializer_range"] = c.initializer_range;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["first_k_dense_replace"] = c.num_hidden_layers;  // hmla never builds MoE layers
+  j["mlp_layer_types"] = std::vector<std::string>(c.num_hidden_layers, "dense");
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.type == "yarn") {
+    json r = {{"rope_type", "yarn"}, {"rope_theta", c.rope.theta}, {"factor", c.rope.factor},
+              {"beta_fast", c.rope.beta_fast}, {"beta_slow", c.rope.beta_slow}};
+    if (c.rope.original_max_position_embeddings > 0)
+      r["original_max_position_embeddings"] = c.rope.original_max_position_embeddings;
+    if (c.rope.mscale != 0) r["mscale"] = c.rope.mscale;
+    if (c.rope.mscale_all_dim != 0) r["mscale_all_dim"] = c.rope.mscale_all_dim;
+    if (c.rope.attention_factor) r["attention_factor"] = *c.rope.attention_factor;
+    if (!c.rope.truncate) r["truncate"] = false;
+    j["rope_parameters"] = r;
+  } else {
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope.theta}};
+  }
+  j.erase("rope_scaling");
+  std::vector<std::string> modes;
+  for (LayerMode m : c.layer_modes) modes.push_back(mode_name(m));
+  j["hmla_layer_modes"] = modes;
+  j["indexer_loss_coeff"] = c.indexer_loss_coeff;
+  j["index_window"] = c.index_window;
+  j["attention_sink"] = c.attention_sink;
+  return j;
+}
+
+void save_model_config(const std::string& path, const ModelConfig& c) {
+  io::write_file_atomic(path, model_config_to_json(c).dump(2) + "\n");
+}
+
+namespace {
+double yarn_get_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+}  // namespace
+
+RopeTables rope_tables(const ModelConfig& c) {
+  const int64_t dim = c.qk_rope_head_dim;
+  const double base = c.rope.theta;
+  RopeTables t;
+  t.inv_freq.resize(dim / 2);
+  for (int64_t i = 0; i < dim / 2; ++i) t.inv_freq[i] = 1.0 / std::pow(base, double(2 * i) / dim);
+  if (c.rope.type != "yarn") return t;
+
+  const RopeConfig& r = c.rope;
+  const double factor = r.factor;
+  if (r.attention_factor) {
+    t.attention_factor = *r.attention_factor;
+  } else if (r.mscale != 0 && r.mscale_all_dim != 0) {
+    t.attention_factor = yarn_get_mscale(factor, r.mscale) / yarn_get_mscale(factor, r.mscale_all_dim);
+  } else {
+    t.attention_factor = yarn_get_mscale(factor, 1.0);
+  }
+  const double max_pos = double(r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
+                                                                        : c.max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return (dim * std::log(max_pos / (rotations * 2 * std::numbers::pi))) / (2 * std::log(base));
+  };
+  double low = correction_dim(r.beta_fast), high = correction_dim(r.beta_slow);
+  if (r.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(dim - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    const double extrapolation_factor = 1.0 - ramp;
+    const double pos_freq = std::pow(base, double(2 * i) / dim);
+    const double extra = 1.0 / pos_freq, inter = 1.0 / (factor * pos_freq);
+    t.inv_freq[i] = inter * (1.0 - extrapolation_factor) + extra * extrapolation_factor;
+  }
+  return t;
+}
+
+double softmax_scale(const ModelConfig& c) {
+  double m = 1.0;
+  if (c.rope.type == "yarn" && c.rope.mscale_all_dim != 0 && c.rope.factor > 1.0)
+    m = 0.1 * c.rope.mscale_all_dim * std::log(c.rope.factor) + 1.0;
+  return m * m / std::sqrt(double(c.qk_head_dim()));
+}
+
+}  // namespace hmla
