@@ -5,4 +5,5 @@
 namespace hmla::app {
 void add_bench_command(CLI::App& app);
 void add_attention_command(CLI::App& app);
+void add_layer_command(CLI::App& app);
 }  // namespace hmla::app

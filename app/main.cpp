@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "hmla 0.1.0");
   hmla::app::add_bench_command(app);
   hmla::app::add_attention_command(app);
+  hmla::app::add_layer_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

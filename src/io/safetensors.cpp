@@ -125,6 +125,45 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
 
 TensorMap load_safetensors(const std::string& path) { return parse_safetensors(read_file(path), path); }
 
+TensorMap load_checkpoint_tensors(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p(path);
+  if (fs::is_directory(p)) {
+    if (fs::exists(p / "model.safetensors.index.json")) return load_checkpoint_tensors((p / "model.safetensors.index.json").string());
+    HMLA_CHECK(fs::exists(p / "model.safetensors"), IoError, path,
+               ": neither model.safetensors nor model.safetensors.index.json is there");
+    return load_safetensors((p / "model.safetensors").string());
+  }
+  if (p.extension() != ".json") return load_safetensors(path);
+  json index;
+  try {
+    index = json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    throw IoError(path + ": malformed index: " + e.what());
+  }
+  HMLA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), IoError,
+             path, ": a sharded index needs a \"weight_map\" object");
+  std::map<std::string, std::vector<std::string>> by_shard;
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+    HMLA_CHECK(it->is_string(), IoError, path, ": weight_map entry '", it.key(), "' must name a file");
+    const std::string shard = it->get<std::string>();
+    HMLA_CHECK(shard.find('/') == std::string::npos && shard != ".." && !shard.empty(), IoError, path,
+               ": shard '", shard, "' must be a file name in the index's directory");
+    by_shard[shard].push_back(it.key());
+  }
+  TensorMap out;
+  for (const auto& [shard, names] : by_shard) {
+    const std::string shard_path = (p.parent_path() / shard).string();
+    TensorMap m = load_safetensors(shard_path);
+    for (const std::string& name : names) {
+      auto it = m.find(name);
+      HMLA_CHECK(it != m.end(), IoError, path, ": tensor '", name, "' is listed in ", shard, " but not stored there");
+      out[name] = it->second;
+    }
+  }
+  return out;
+}
+
 std::string serialize_safetensors(const TensorMap& tensors,
                                   const std::map<std::string, std::string>& metadata) {
   json header = json::object();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "hmla/io/safetensors.h"
@@ -112,6 +113,33 @@ TEST(Safetensors, AtomicWriteKeepsOldFileOnFailure) {
   EXPECT_THROW(save_safetensors((dir / "adir").string(), sample()), IoError);
   for (const auto& e : fs::directory_iterator(dir))  // no temporary files left behind
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, ShardedCheckpointsReadThroughTheIndex) {
+  fs::path dir = fs::temp_directory_path() / ("hmla_shard_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  TensorMap all = sample(), a, b;
+  for (const auto& [name, t] : all) (a.size() < 2 ? a : b)[name] = t;
+  save_safetensors((dir / "model-00001-of-00002.safetensors").string(), a);
+  save_safetensors((dir / "model-00002-of-00002.safetensors").string(), b);
+  nlohmann::json index{{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  for (const auto& [name, t] : a) index["weight_map"][name] = "model-00001-of-00002.safetensors";
+  for (const auto& [name, t] : b) index["weight_map"][name] = "model-00002-of-00002.safetensors";
+  write_file_atomic((dir / "model.safetensors.index.json").string(), index.dump());
+  TensorMap r = load_checkpoint_tensors(dir.string());
+  ASSERT_EQ(r.size(), all.size());
+  for (const auto& [name, t] : all) EXPECT_EQ(0, std::memcmp(r.at(name).raw_data(), t.raw_data(), t.nbytes()));
+  index["weight_map"]["ghost"] = "model-00001-of-00002.safetensors";  // listed, not stored
+  write_file_atomic((dir / "model.safetensors.index.json").string(), index.dump());
+  EXPECT_THROW(load_checkpoint_tensors(dir.string()), IoError);
+  index["weight_map"]["ghost"] = "../elsewhere.safetensors";
+  write_file_atomic((dir / "model.safetensors.index.json").string(), index.dump());
+  EXPECT_THROW(load_checkpoint_tensors(dir.string()), IoError);
+  index["weight_map"].erase("ghost");
+  index["weight_map"]["c"] = "missing.safetensors";
+  write_file_atomic((dir / "model.safetensors.index.json").string(), index.dump());
+  EXPECT_THROW(load_checkpoint_tensors(dir.string()), IoError);
   fs::remove_all(dir);
 }
 

@@ -16,6 +16,10 @@ TensorMap load_safetensors(const std::string& path);
 // Parses an in-memory file; `what` names it in error messages.
 TensorMap parse_safetensors(const std::string& bytes, const std::string& what);
 
+// A checkpoint's tensors: `path` is a .safetensors file, an index (model.safetensors.index.json,
+// the sharded form: {"weight_map": {name: shard file}}), or a directory holding either.
+TensorMap load_checkpoint_tensors(const std::string& path);
+
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 std::string serialize_safetensors(const TensorMap& tensors,

@@ -1,0 +1,92 @@
+// `hmla layer`: one MLA attention layer forward and backward on tensors from files, for
+// checking hmla against another implementation (README: "Checking a layer").
+#include <iostream>
+
+#include "commands.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/mla_layer.h"
+#include "hmla/train/settings.h"
+
+namespace hmla::app {
+
+namespace {
+
+std::vector<int64_t> index_values(const Tensor& t, const std::string& what) {
+  if (t.dtype() == DType::i64) return t.to_vector<int64_t>();
+  HMLA_CHECK(t.dtype() == DType::i32, IoError, what, " must be i32 or i64, got ", dtype_name(t.dtype()));
+  std::vector<int64_t> v;
+  for (int32_t x : t.to_vector<int32_t>()) v.push_back(x);
+  return v;
+}
+
+}  // namespace
+
+void add_layer_command(CLI::App& app) {
+  struct Opts {
+    std::string config, mode, weights, inputs, out, settings;
+    int64_t layer = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "layer",
+      "One MLA attention layer, forward and backward (L = sum(output * grad_output)).\n"
+      "W holds the layer's tensors without the 'model.layers.{L}.self_attn.' prefix; I holds\n"
+      "hidden_states [b,s,hidden], grad_output [b,s,hidden], optionally input_ids [b,s] and\n"
+      "cu_seqlens (b = 1). OUT gets output, grad.hidden_states and grad.<name> for every tensor of W.");
+  cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")->required();
+  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal");
+  cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str();
+  cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)");
+  cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")->required();
+  cmd->add_option("--inputs", o->inputs, "safetensors with hidden_states, grad_output, ...")->required();
+  cmd->add_option("--out", o->out, "safetensors to write")->required();
+  cmd->callback([o] {
+    ModelConfig cfg = load_model_config(o->config);
+    if (!o->mode.empty()) set_all_modes(cfg, parse_mode(o->mode, "--mode"));
+    HMLA_CHECK(o->layer >= 0 && o->layer < cfg.num_hidden_layers, ConfigError, "--layer ", o->layer,
+               ": the config has ", cfg.num_hidden_layers, " layers");
+    const LayerMode mode = cfg.layer_modes[o->layer];
+    HMLA_CHECK(!is_dsa(mode), ConfigError, "mode ", mode_name(mode),
+               " is not available in this build yet (the indexer lands with the dsa modes)");
+    TrainSettings settings;
+    if (!o->settings.empty()) settings = load_train_settings(o->settings);
+    validate_settings(cfg, settings, o->settings.empty() ? "settings" : o->settings);
+
+    MlaLayer L;
+    L.cfg = &cfg;
+    L.layer = o->layer;
+    L.weights = io::load_checkpoint_tensors(o->weights);
+    check_mla_weights(L.weights, cfg, false, o->weights);
+    if (settings.mqa_split_kv_b_proj) {
+      split_kv_b_proj(L.weights, cfg);
+      L.split_kv_b_proj = true;
+    }
+
+    io::TensorMap in = io::load_safetensors(o->inputs);
+    for (const char* name : {"hidden_states", "grad_output"})
+      HMLA_CHECK(in.count(name), IoError, o->inputs, ": tensor '", name, "' is missing");
+    const Tensor& x = in.at("hidden_states");
+    HMLA_CHECK(x.dim() == 3 && x.dtype() == DType::f32, IoError, o->inputs,
+               ": hidden_states must be f32 [b, s, hidden], got ", dtype_name(x.dtype()), shape_str(x.shape()));
+    const int64_t b = x.size(0), s = x.size(1);
+    if (in.count("input_ids"))
+      HMLA_CHECK(in.at("input_ids").shape() == Shape({b, s}), IoError, o->inputs, ": input_ids must be [b, s] = ",
+                 shape_str({b, s}));
+    DocLayout layout = layout_causal(b, s);
+    if (in.count("cu_seqlens")) {
+      const Tensor& cu = in.at("cu_seqlens");
+      HMLA_CHECK(cu.dim() == 1 && b == 1, IoError, o->inputs, ": cu_seqlens must be 1-D and needs b = 1");
+      layout = layout_from_cu_seqlens(s, {index_values(cu, "cu_seqlens")});
+    }
+
+    MlaSaved saved;
+    Tensor y = mla_forward(L, x, layout, saved);
+    MlaGrads g = mla_backward(L, x, layout, saved, in.at("grad_output"));
+    if (L.split_kv_b_proj) fold_kv_b_proj(g.dweights, cfg);
+    io::TensorMap out{{"output", y}, {"grad.hidden_states", g.dx}};
+    for (auto& [name, t] : g.dweights) out["grad." + name] = t;
+    io::save_safetensors(o->out, out);
+  });
+}
+
+}  // namespace hmla::app

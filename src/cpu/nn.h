@@ -1,0 +1,31 @@
+// CPU building blocks of the MLA layer, on row-major f32 rows: linear, RMSNorm, interleaved
+// RoPE. Backward functions overwrite their outputs unless the name says `acc`.
+#pragma once
+#include <cstdint>
+
+namespace hmla::cpu {
+
+// y[N, out] = x[N, in] W^T, W [out, in]; ldx/ldy are row strides of x and y.
+void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t N,
+                int64_t in, int64_t out);
+// dW [out, in] = dy^T x (overwrite); dx [N, in] (+)= dy W: `beta` 0 overwrites, 1 accumulates;
+// dx may be null.
+void linear_bwd(float* dx, int64_t lddx, float beta, float* dW, const float* dy, int64_t lddy,
+                const float* x, int64_t ldx, const float* W, int64_t N, int64_t in, int64_t out);
+
+// y = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps) saved [N]. x, y have row stride ld*.
+void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx, const float* w,
+                 int64_t N, int64_t D, float eps);
+// dx (overwrite, stride lddx), dw [D] (overwrite).
+void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy, const float* x,
+                 int64_t ldx, const float* w, const float* rstd, int64_t N, int64_t D);
+
+// Interleaved RoPE in place on `heads` slices of width Dr per row: pairs (x0,x1),(x2,x3),...
+// rotated by angle pos(t) * inv_freq[i]. cos/sin are [s, Dr/2] tables (already multiplied by the
+// attention factor); row n of the N = b * s rows sits at position n % s. x + n * ld + h * hstride
+// is the slice of head h. `transpose` applies the transposed map (the backward; with the
+// attention factor folded into cos/sin the map is a scaled rotation, not orthogonal).
+void rope_interleaved(float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
+                      int64_t Dr, const float* cos, const float* sin, bool transpose);
+
+}  // namespace hmla::cpu

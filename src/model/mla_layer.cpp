@@ -1,0 +1,370 @@
+// MLA layer forward/backward on the CPU. Rows are N = b * s, all activations contiguous.
+// Letters: H heads, Dn/Dr nope/rope widths (Dqk = Dn + Dr), Dv value width, Rq/Rkv LoRA ranks.
+// The mqa path absorbs W_kb into q and de-absorbs W_vb after attention; docs/mla_layer.md has
+// the derivation of its backward.
+#include "hmla/model/mla_layer.h"
+
+#include <cstring>
+
+#include "gemm.h"
+#include "nn.h"
+
+namespace hmla {
+
+using cpu::sgemm;
+using cpu::Trans;
+
+namespace {
+
+struct Dims {
+  int64_t b, s, N, hid, H, Dn, Dr, Dv, Dqk, Rq, Rkv;
+};
+
+Dims dims(const ModelConfig& c, const Tensor& x) {
+  return {x.size(0), x.size(1), x.size(0) * x.size(1), c.hidden_size, c.num_attention_heads,
+          c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.qk_head_dim(), c.q_lora_rank,
+          c.kv_lora_rank};
+}
+
+const float* W(const MlaLayer& L, const char* name) { return L.weights.at(name).data<float>(); }
+
+Tensor f32(const Shape& s) { return Tensor::empty(s, DType::f32); }
+
+// Per-head absorption matrices. W_kb_h is [Dn, Rkv] (k half of kv_b_proj's head h); stored as
+// such in kv_b_proj, transposed in k_b_proj [H, Rkv, Dn]. W_vb_h is [Dv, Rkv] in both forms.
+struct HeadMat {
+  float* p;
+  int64_t ld;
+  bool transposed;  // the buffer holds the matrix's transpose
+};
+
+HeadMat w_kb(float* kvb, float* kb, const Dims& d, int64_t h, bool split) {
+  if (split) return {kb + h * d.Rkv * d.Dn, d.Dn, true};
+  return {kvb + h * (d.Dn + d.Dv) * d.Rkv, d.Rkv, false};
+}
+
+HeadMat w_vb(float* kvb, float* vb, const Dims& d, int64_t h, bool split) {
+  if (split) return {vb + h * d.Dv * d.Rkv, d.Rkv, false};
+  return {kvb + (h * (d.Dn + d.Dv) + d.Dn) * d.Rkv, d.Rkv, false};
+}
+
+struct RopeCache {
+  std::vector<float> cos, sin;  // [s, Dr / 2]
+};
+
+RopeCache rope_cache(const ModelConfig& c, int64_t s) {
+  RopeTables t = rope_tables(c);
+  const int64_t half = c.qk_rope_head_dim / 2;
+  RopeCache r;
+  r.cos.resize(s * half);
+  r.sin.resize(s * half);
+  for (int64_t pos = 0; pos < s; ++pos)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = double(pos) * t.inv_freq[i];
+      r.cos[pos * half + i] = float(std::cos(a) * t.attention_factor);
+      r.sin[pos * half + i] = float(std::sin(a) * t.attention_factor);
+    }
+  return r;
+}
+
+void rope(float* x, int64_t ld, int64_t hstride, int64_t heads, const Dims& d, const RopeCache& rc,
+          bool transpose) {
+  cpu::rope_interleaved(x, ld, hstride, heads, d.N, d.s, d.Dr, rc.cos.data(), rc.sin.data(), transpose);
+}
+
+AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d,
+                            const DocLayout& layout) {
+  AttnDenseInputs in;
+  in.layout = &layout;
+  in.scale = static_cast<float>(softmax_scale(*L.cfg));
+  if (L.cfg->attention_sink) in.sink = L.weights.at("softmax_offset");
+  if (L.latent()) {
+    in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
+    in.k = sv.ka.view({d.b, d.s, 1, d.Rkv + d.Dr});
+    in.v = in.k.slice(3, 0, d.Rkv);  // the value is the latent: the key's first Rkv channels
+  } else {
+    in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
+    in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
+    in.v = sv.v.view({d.b, d.s, d.H, d.Dn + d.Dv}).slice(3, d.Dn, d.Dn + d.Dv);
+  }
+  return in;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split) {
+  const int64_t H = c.num_attention_heads, hid = c.hidden_size, Dqk = c.qk_head_dim();
+  const int64_t Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim,
+                Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
+  std::vector<ParamSpec> t;
+  if (Rq > 0) {
+    t.push_back({"q_a_proj.weight", {Rq, hid}});
+    t.push_back({"q_a_layernorm.weight", {Rq}});
+    t.push_back({"q_b_proj.weight", {H * Dqk, Rq}});
+  } else {
+    t.push_back({"q_proj.weight", {H * Dqk, hid}});
+  }
+  t.push_back({"kv_a_proj_with_mqa.weight", {Rkv + Dr, hid}});
+  t.push_back({"kv_a_layernorm.weight", {Rkv}});
+  if (split) {
+    t.push_back({"k_b_proj.weight", {H, Rkv, Dn}});
+    t.push_back({"v_b_proj.weight", {H, Dv, Rkv}});
+  } else {
+    t.push_back({"kv_b_proj.weight", {H * (Dn + Dv), Rkv}});
+  }
+  t.push_back({"o_proj.weight", {hid, H * Dv}});
+  if (c.attention_sink) t.push_back({"softmax_offset", {H}});
+  return t;
+}
+
+void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split, const std::string& what) {
+  auto table = mla_param_table(c, split);
+  for (const ParamSpec& p : table) {
+    auto it = w.find(p.name);
+    HMLA_CHECK(it != w.end(), ConfigError, what, ": tensor '", p.name, "' is missing");
+    HMLA_CHECK(it->second.shape() == p.shape && it->second.dtype() == DType::f32, ConfigError, what,
+               ": tensor '", p.name, "' is ", dtype_name(it->second.dtype()), shape_str(it->second.shape()),
+               ", expected f32", shape_str(p.shape));
+  }
+  for (const auto& [name, t] : w) {
+    bool known = false;
+    for (const ParamSpec& p : table) known |= p.name == name;
+    HMLA_CHECK(known, ConfigError, what, ": unexpected tensor '", name, "' for this config",
+               c.attention_sink ? "" : " (softmax_offset needs attention_sink: true)");
+  }
+}
+
+void split_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
+  const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
+  auto it = w.find("kv_b_proj.weight");
+  HMLA_CHECK(it != w.end(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
+  const float* kvb = it->second.data<float>();
+  Tensor kb = f32({H, Rkv, Dn}), vb = f32({H, Dv, Rkv});
+  for (int64_t h = 0; h < H; ++h) {
+    const float* rows = kvb + h * (Dn + Dv) * Rkv;
+    for (int64_t i = 0; i < Dn; ++i)
+      for (int64_t r = 0; r < Rkv; ++r) kb.data<float>()[(h * Rkv + r) * Dn + i] = rows[i * Rkv + r];
+    std::memcpy(vb.data<float>() + h * Dv * Rkv, rows + Dn * Rkv, Dv * Rkv * sizeof(float));
+  }
+  w.erase(it);
+  w["k_b_proj.weight"] = kb;
+  w["v_b_proj.weight"] = vb;
+}
+
+void fold_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
+  const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
+  HMLA_CHECK(w.count("k_b_proj.weight") && w.count("v_b_proj.weight"), ConfigError,
+             "fold_kv_b_proj: k_b_proj.weight and v_b_proj.weight are required");
+  const float* kb = w.at("k_b_proj.weight").data<float>();
+  const float* vb = w.at("v_b_proj.weight").data<float>();
+  Tensor kvb = f32({H * (Dn + Dv), Rkv});
+  for (int64_t h = 0; h < H; ++h) {
+    float* rows = kvb.data<float>() + h * (Dn + Dv) * Rkv;
+    for (int64_t i = 0; i < Dn; ++i)
+      for (int64_t r = 0; r < Rkv; ++r) rows[i * Rkv + r] = kb[(h * Rkv + r) * Dn + i];
+    std::memcpy(rows + Dn * Rkv, vb + h * Dv * Rkv, Dv * Rkv * sizeof(float));
+  }
+  w.erase("k_b_proj.weight");
+  w.erase("v_b_proj.weight");
+  w["kv_b_proj.weight"] = kvb;
+}
+
+Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv) {
+  const ModelConfig& cfg = *L.cfg;
+  HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() && x.dtype() == DType::f32,
+             ShapeError, "mla layer: hidden_states must be contiguous f32 [b, s, ", cfg.hidden_size,
+             "], got ", shape_str(x.shape()));
+  HMLA_CHECK(!L.split_kv_b_proj || L.latent(), ConfigError, "layer ", L.layer, ": mqa_split_kv_b_proj needs a latent MQA mode, not ",
+             mode_name(cfg.layer_modes[L.layer]));
+  const Dims d = dims(cfg, x);
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+  const float* X = x.data<float>();
+  const RopeCache rc = rope_cache(cfg, d.s);
+
+  sv.q = f32({d.N, d.H, d.Dqk});
+  if (d.Rq > 0) {
+    sv.qa = f32({d.N, d.Rq});
+    sv.rstd_q = f32({d.N});
+    sv.cq = f32({d.N, d.Rq});
+    cpu::linear_fwd(sv.qa.data<float>(), d.Rq, X, d.hid, W(L, "q_a_proj.weight"), d.N, d.hid, d.Rq);
+    cpu::rmsnorm_fwd(sv.cq.data<float>(), d.Rq, sv.rstd_q.data<float>(), sv.qa.data<float>(), d.Rq,
+                     W(L, "q_a_layernorm.weight"), d.N, d.Rq, eps);
+    cpu::linear_fwd(sv.q.data<float>(), d.H * d.Dqk, sv.cq.data<float>(), d.Rq, W(L, "q_b_proj.weight"),
+                    d.N, d.Rq, d.H * d.Dqk);
+  } else {
+    cpu::linear_fwd(sv.q.data<float>(), d.H * d.Dqk, X, d.hid, W(L, "q_proj.weight"), d.N, d.hid, d.H * d.Dqk);
+  }
+  rope(sv.q.data<float>() + d.Dn, d.H * d.Dqk, d.Dqk, d.H, d, rc, false);
+
+  const int64_t Wkv = d.Rkv + d.Dr;
+  sv.kva = f32({d.N, Wkv});
+  sv.rstd_kv = f32({d.N});
+  sv.c = f32({d.N, d.Rkv});
+  sv.kpe = f32({d.N, d.Dr});
+  cpu::linear_fwd(sv.kva.data<float>(), Wkv, X, d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wkv);
+  cpu::rmsnorm_fwd(sv.c.data<float>(), d.Rkv, sv.rstd_kv.data<float>(), sv.kva.data<float>(), Wkv,
+                   W(L, "kv_a_layernorm.weight"), d.N, d.Rkv, eps);
+  for (int64_t n = 0; n < d.N; ++n)
+    std::memcpy(sv.kpe.data<float>() + n * d.Dr, sv.kva.data<float>() + n * Wkv + d.Rkv, d.Dr * sizeof(float));
+  rope(sv.kpe.data<float>(), d.Dr, 0, 1, d, rc, false);
+
+  const float* C = sv.c.data<float>();
+  const float* KPE = sv.kpe.data<float>();
+  float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
+  float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
+  float* vb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "v_b_proj.weight")) : nullptr;
+  sv.o = f32({d.N, d.H, d.Dv});
+  if (!L.latent()) {
+    // Per-head keys [k_nope_h ; k_pe] and values, expanded through kv_b_proj; v stays a strided
+    // view of kv_b_proj's output.
+    sv.v = f32({d.N, d.H * (d.Dn + d.Dv)});
+    cpu::linear_fwd(sv.v.data<float>(), d.H * (d.Dn + d.Dv), C, d.Rkv, kvb_w, d.N, d.Rkv, d.H * (d.Dn + d.Dv));
+    sv.k = f32({d.N, d.H, d.Dqk});
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t h = 0; h < d.H; ++h) {
+        float* k = sv.k.data<float>() + (n * d.H + h) * d.Dqk;
+        std::memcpy(k, sv.v.data<float>() + (n * d.H + h) * (d.Dn + d.Dv), d.Dn * sizeof(float));
+        std::memcpy(k + d.Dn, KPE + n * d.Dr, d.Dr * sizeof(float));
+      }
+    sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+    std::memcpy(sv.o.data<float>(), sv.att.out.data<float>(), sv.o.nbytes());
+  } else {
+    // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h], one shared key [c ; k_pe].
+    const int64_t Wa = d.Rkv + d.Dr;
+    sv.qabs = f32({d.N, d.H, Wa});
+    sv.ka = f32({d.N, 1, Wa});
+    for (int64_t h = 0; h < d.H; ++h) {
+      HeadMat m = w_kb(kvb_w, kb_w, d, h, L.split_kv_b_proj);
+      sgemm(Trans::no, m.transposed ? Trans::yes : Trans::no, d.N, d.Rkv, d.Dn, 1.f,
+            sv.q.data<float>() + h * d.Dqk, d.H * d.Dqk, m.p, m.ld, 0.f, sv.qabs.data<float>() + h * Wa, d.H * Wa);
+    }
+    for (int64_t n = 0; n < d.N; ++n) {
+      for (int64_t h = 0; h < d.H; ++h)
+        std::memcpy(sv.qabs.data<float>() + (n * d.H + h) * Wa + d.Rkv,
+                    sv.q.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, d.Dr * sizeof(float));
+      std::memcpy(sv.ka.data<float>() + n * Wa, C + n * d.Rkv, d.Rkv * sizeof(float));
+      std::memcpy(sv.ka.data<float>() + n * Wa + d.Rkv, KPE + n * d.Dr, d.Dr * sizeof(float));
+    }
+    sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+    for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
+      HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
+      sgemm(Trans::no, Trans::yes, d.N, d.Dv, d.Rkv, 1.f, sv.att.out.data<float>() + h * d.Rkv, d.H * d.Rkv,
+            m.p, m.ld, 0.f, sv.o.data<float>() + h * d.Dv, d.H * d.Dv);
+    }
+  }
+  Tensor y = f32({d.b, d.s, d.hid});
+  cpu::linear_fwd(y.data<float>(), d.hid, sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N,
+                  d.H * d.Dv, d.hid);
+  return y;
+}
+
+MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, const MlaSaved& sv,
+                      const Tensor& dy) {
+  const ModelConfig& cfg = *L.cfg;
+  const Dims d = dims(cfg, x);
+  HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
+             "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",
+             shape_str(dy.shape()));
+  const RopeCache rc = rope_cache(cfg, d.s);
+  const float* X = x.data<float>();
+  MlaGrads g;
+  for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj)) g.dweights[p.name] = f32(p.shape);
+  auto dW = [&](const char* name) { return g.dweights.at(name).data<float>(); };
+
+  // o_proj
+  Tensor dO = f32({d.N, d.H, d.Dv});
+  cpu::linear_bwd(dO.data<float>(), d.H * d.Dv, 0.f, dW("o_proj.weight"), dy.data<float>(), d.hid,
+                  sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N, d.H * d.Dv, d.hid);
+
+  Tensor dq = f32({d.N, d.H, d.Dqk});
+  Tensor dc = f32({d.N, d.Rkv});
+  Tensor dkpe = Tensor::zeros({d.N, d.Dr}, DType::f32);
+  AttnDenseInputs in = core_inputs(L, sv, d, layout);
+  float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
+  float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
+  float* vb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "v_b_proj.weight")) : nullptr;
+  float* dkvb_w = L.split_kv_b_proj ? nullptr : dW("kv_b_proj.weight");
+  float* dkb_w = L.split_kv_b_proj ? dW("k_b_proj.weight") : nullptr;
+  float* dvb_w = L.split_kv_b_proj ? dW("v_b_proj.weight") : nullptr;
+  AttnDenseGrads ga;
+  if (!L.latent()) {
+    ga = attn_dense_bwd(in, sv.att, dO.view({d.b, d.s, d.H, d.Dv}));
+    Tensor dkvb = f32({d.N, d.H * (d.Dn + d.Dv)});
+    for (int64_t n = 0; n < d.N; ++n)
+      for (int64_t h = 0; h < d.H; ++h) {
+        const float* dk = ga.dk.data<float>() + (n * d.H + h) * d.Dqk;
+        float* row = dkvb.data<float>() + (n * d.H + h) * (d.Dn + d.Dv);
+        std::memcpy(row, dk, d.Dn * sizeof(float));
+        std::memcpy(row + d.Dn, ga.dv.data<float>() + (n * d.H + h) * d.Dv, d.Dv * sizeof(float));
+        float* kp = dkpe.data<float>() + n * d.Dr;
+        for (int64_t i = 0; i < d.Dr; ++i) kp[i] += dk[d.Dn + i];
+      }
+    std::memcpy(dq.data<float>(), ga.dq.data<float>(), dq.nbytes());
+    cpu::linear_bwd(dc.data<float>(), d.Rkv, 0.f, dkvb_w, dkvb.data<float>(), d.H * (d.Dn + d.Dv),
+                    sv.c.data<float>(), d.Rkv, kvb_w, d.N, d.Rkv, d.H * (d.Dn + d.Dv));
+  } else {
+    const int64_t Wa = d.Rkv + d.Dr;
+    Tensor doa = f32({d.N, d.H, d.Rkv});
+    for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
+      HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
+      HeadMat dm = w_vb(dkvb_w, dvb_w, d, h, L.split_kv_b_proj);
+      const float* do_h = dO.data<float>() + h * d.Dv;
+      sgemm(Trans::no, Trans::no, d.N, d.Rkv, d.Dv, 1.f, do_h, d.H * d.Dv, m.p, m.ld, 0.f,
+            doa.data<float>() + h * d.Rkv, d.H * d.Rkv);
+      sgemm(Trans::yes, Trans::no, d.Dv, d.Rkv, d.N, 1.f, do_h, d.H * d.Dv, sv.att.out.data<float>() + h * d.Rkv,
+            d.H * d.Rkv, 0.f, dm.p, dm.ld);
+    }
+    ga = attn_dense_bwd(in, sv.att, doa.view({d.b, d.s, d.H, d.Rkv}));
+    const float* dqa = ga.dq.data<float>();
+    for (int64_t h = 0; h < d.H; ++h) {  // qabs_h = q_nope_h W_kb_h
+      HeadMat m = w_kb(kvb_w, kb_w, d, h, L.split_kv_b_proj);
+      HeadMat dm = w_kb(dkvb_w, dkb_w, d, h, L.split_kv_b_proj);
+      const float* dqa_h = dqa + h * Wa;
+      const float* qn_h = sv.q.data<float>() + h * d.Dqk;
+      sgemm(Trans::no, m.transposed ? Trans::no : Trans::yes, d.N, d.Dn, d.Rkv, 1.f, dqa_h, d.H * Wa, m.p,
+            m.ld, 0.f, dq.data<float>() + h * d.Dqk, d.H * d.Dqk);
+      if (dm.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
+        sgemm(Trans::yes, Trans::no, d.Rkv, d.Dn, d.N, 1.f, dqa_h, d.H * Wa, qn_h, d.H * d.Dqk, 0.f, dm.p, dm.ld);
+      else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
+        sgemm(Trans::yes, Trans::no, d.Dn, d.Rkv, d.N, 1.f, qn_h, d.H * d.Dqk, dqa_h, d.H * Wa, 0.f, dm.p, dm.ld);
+    }
+    for (int64_t n = 0; n < d.N; ++n) {
+      for (int64_t h = 0; h < d.H; ++h)
+        std::memcpy(dq.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, dqa + (n * d.H + h) * Wa + d.Rkv,
+                    d.Dr * sizeof(float));
+      const float* dka = ga.dk.data<float>() + n * Wa;
+      const float* dva = ga.dv.data<float>() + n * d.Rkv;
+      for (int64_t r = 0; r < d.Rkv; ++r) dc.data<float>()[n * d.Rkv + r] = dka[r] + dva[r];
+      std::memcpy(dkpe.data<float>() + n * d.Dr, dka + d.Rkv, d.Dr * sizeof(float));
+    }
+  }
+  if (cfg.attention_sink) std::memcpy(dW("softmax_offset"), ga.dsink.data<float>(), d.H * sizeof(float));
+
+  // RoPE backward, then the kv_a and q projections; dx accumulates in a fixed order.
+  rope(dq.data<float>() + d.Dn, d.H * d.Dqk, d.Dqk, d.H, d, rc, true);
+  rope(dkpe.data<float>(), d.Dr, 0, 1, d, rc, true);
+  const int64_t Wkv = d.Rkv + d.Dr;
+  Tensor dkva = f32({d.N, Wkv});
+  cpu::rmsnorm_bwd(dkva.data<float>(), Wkv, dW("kv_a_layernorm.weight"), dc.data<float>(), d.Rkv,
+                   sv.kva.data<float>(), Wkv, W(L, "kv_a_layernorm.weight"), sv.rstd_kv.data<float>(), d.N, d.Rkv);
+  for (int64_t n = 0; n < d.N; ++n)
+    std::memcpy(dkva.data<float>() + n * Wkv + d.Rkv, dkpe.data<float>() + n * d.Dr, d.Dr * sizeof(float));
+  g.dx = f32({d.b, d.s, d.hid});
+  cpu::linear_bwd(g.dx.data<float>(), d.hid, 0.f, dW("kv_a_proj_with_mqa.weight"), dkva.data<float>(), Wkv, X,
+                  d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wkv);
+  if (d.Rq > 0) {
+    Tensor dcq = f32({d.N, d.Rq}), dqa = f32({d.N, d.Rq});
+    cpu::linear_bwd(dcq.data<float>(), d.Rq, 0.f, dW("q_b_proj.weight"), dq.data<float>(), d.H * d.Dqk,
+                    sv.cq.data<float>(), d.Rq, W(L, "q_b_proj.weight"), d.N, d.Rq, d.H * d.Dqk);
+    cpu::rmsnorm_bwd(dqa.data<float>(), d.Rq, dW("q_a_layernorm.weight"), dcq.data<float>(), d.Rq,
+                     sv.qa.data<float>(), d.Rq, W(L, "q_a_layernorm.weight"), sv.rstd_q.data<float>(), d.N, d.Rq);
+    cpu::linear_bwd(g.dx.data<float>(), d.hid, 1.f, dW("q_a_proj.weight"), dqa.data<float>(), d.Rq, X, d.hid,
+                    W(L, "q_a_proj.weight"), d.N, d.hid, d.Rq);
+  } else {
+    cpu::linear_bwd(g.dx.data<float>(), d.hid, 1.f, dW("q_proj.weight"), dq.data<float>(), d.H * d.Dqk, X, d.hid,
+                    W(L, "q_proj.weight"), d.N, d.hid, d.H * d.Dqk);
+  }
+  return g;
+}
+
+}  // namespace hmla

@@ -1,0 +1,144 @@
+// The MLA layer: mha vs mqa_full_causal equivalence (forward and every gradient), the
+// kv_b_proj split round trip, and weight-table checks. The PyTorch twin (tests/reference/
+// mla_twin.py) checks each mode against autograd.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "hmla/model/mla_layer.h"
+#include "testing.h"
+
+namespace hmla {
+namespace {
+
+ModelConfig config(bool q_lora, bool yarn, bool sink) {
+  nlohmann::json j{{"hidden_size", 48},       {"num_attention_heads", 4}, {"num_hidden_layers", 1},
+                   {"q_lora_rank", q_lora ? 20 : 0}, {"kv_lora_rank", 24},   {"qk_nope_head_dim", 12},
+                   {"qk_rope_head_dim", 8},   {"v_head_dim", 10},         {"max_position_embeddings", 64},
+                   {"attention_sink", sink}};
+  if (yarn) j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
+                                 {"mscale", 1.0}, {"mscale_all_dim", 0.7}};
+  return parse_model_config(j, "test");
+}
+
+io::TensorMap random_weights(const ModelConfig& c, uint64_t seed) {
+  io::TensorMap w;
+  for (const ParamSpec& p : mla_param_table(c, false)) {
+    const float sd = p.shape.size() == 2 ? 1.f / std::sqrt(float(p.shape[1])) : 0.3f;
+    auto v = testing::randn(shape_numel(p.shape), seed++, sd);
+    if (p.name.find("layernorm") != std::string::npos)
+      for (auto& x : v) x += 1.f;
+    w[p.name] = Tensor::from_vector<float>(p.shape, v);
+  }
+  return w;
+}
+
+struct LayerRun {
+  Tensor y;
+  MlaGrads g;
+};
+
+LayerRun run(const ModelConfig& c, const io::TensorMap& w, bool split, const Tensor& x, const Tensor& dy,
+        const DocLayout& layout) {
+  MlaLayer L{&c, 0, split, w};
+  if (split) split_kv_b_proj(L.weights, c);
+  MlaSaved sv;
+  LayerRun r;
+  r.y = mla_forward(L, x, layout, sv);
+  r.g = mla_backward(L, x, layout, sv, dy);
+  if (split) fold_kv_b_proj(r.g.dweights, c);
+  return r;
+}
+
+double max_rel(const Tensor& a, const Tensor& b) {
+  auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num = std::max(num, std::abs(double(x[i]) - y[i]));
+    den = std::max(den, std::abs(double(y[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+// DESIGN.md section 1: mqa_full_causal equals mha up to reassociation, output and gradients.
+// The bound is the programme's f32 equivalence_rtol (1e-4) on max|diff| / max|mha|.
+TEST(MlaLayer, MqaFullCausalEqualsMha) {
+  for (bool q_lora : {true, false})
+    for (bool yarn_sink : {false, true}) {
+      ModelConfig mha = config(q_lora, yarn_sink, yarn_sink), mqa = mha;
+      set_all_modes(mqa, LayerMode::mqa_full_causal);
+      io::TensorMap w = random_weights(mha, 10);
+      const int64_t b = 2, s = 33;
+      Tensor x = Tensor::from_vector<float>({b, s, 48}, testing::randn(b * s * 48, 1));
+      Tensor dy = Tensor::from_vector<float>({b, s, 48}, testing::randn(b * s * 48, 2));
+      DocLayout layout = layout_from_end_rows(b, s, [&] {
+        std::vector<int64_t> e(b * s);
+        for (int64_t t = 0; t < s; ++t) e[t] = t < 12 ? 12 : t == 12 ? 13 : t < 30 ? 30 : 0;  // 1-token doc, pad
+        for (int64_t t = 0; t < s; ++t) e[s + t] = s;
+        return e;
+      }());
+      LayerRun a = run(mha, w, false, x, dy, layout), m = run(mqa, w, false, x, dy, layout);
+      const double r_out = max_rel(m.y, a.y), r_dx = max_rel(m.g.dx, a.g.dx);
+      EXPECT_LE(r_out, 1e-4);
+      EXPECT_LE(r_dx, 1e-4);
+      std::printf("q_lora=%d yarn+sink=%d  output %.2e  grad.hidden_states %.2e\n", q_lora, yarn_sink, r_out, r_dx);
+      for (const auto& [name, t] : a.g.dweights) {
+        const double r = max_rel(m.g.dweights.at(name), t);
+        EXPECT_LE(r, 1e-4) << name;
+        std::printf("  grad.%-28s %.2e\n", name.c_str(), r);
+      }
+    }
+}
+
+TEST(MlaLayer, SplitKvBProjRoundTripIsBitExact) {
+  ModelConfig c = config(true, false, false);
+  io::TensorMap w = random_weights(c, 3), s = w;
+  split_kv_b_proj(s, c);
+  EXPECT_FALSE(s.count("kv_b_proj.weight"));
+  EXPECT_EQ(s.at("k_b_proj.weight").shape(), Shape({4, 24, 12}));
+  EXPECT_EQ(s.at("v_b_proj.weight").shape(), Shape({4, 10, 24}));
+  // k_b_proj[h] is W_kb_h^T: entry (r, i) is kv_b_proj row h(Dn+Dv)+i, column r.
+  EXPECT_EQ(s.at("k_b_proj.weight").data<float>()[(1 * 24 + 5) * 12 + 3],
+            w.at("kv_b_proj.weight").data<float>()[(1 * 22 + 3) * 24 + 5]);
+  fold_kv_b_proj(s, c);
+  const Tensor &a = s.at("kv_b_proj.weight"), &b = w.at("kv_b_proj.weight");
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()));
+}
+
+TEST(MlaLayer, SplitFormComputesTheSameLayer) {
+  ModelConfig c = config(true, false, true);
+  set_all_modes(c, LayerMode::mqa_full_causal);
+  io::TensorMap w = random_weights(c, 5);
+  Tensor x = Tensor::from_vector<float>({1, 20, 48}, testing::randn(20 * 48, 8));
+  Tensor dy = Tensor::from_vector<float>({1, 20, 48}, testing::randn(20 * 48, 9));
+  DocLayout layout = layout_causal(1, 20);
+  LayerRun a = run(c, w, false, x, dy, layout), b = run(c, w, true, x, dy, layout);
+  EXPECT_LE(max_rel(b.y, a.y), 1e-6);
+  for (const auto& [name, t] : a.g.dweights) EXPECT_LE(max_rel(b.g.dweights.at(name), t), 1e-6) << name;
+}
+
+TEST(MlaLayer, WeightTableAndModeChecks) {
+  ModelConfig c = config(true, false, false);
+  io::TensorMap w = random_weights(c, 1);
+  EXPECT_NO_THROW(check_mla_weights(w, c, false, "w"));
+  io::TensorMap missing = w;
+  missing.erase("o_proj.weight");
+  EXPECT_THROW(check_mla_weights(missing, c, false, "w"), ConfigError);
+  io::TensorMap extra = w;
+  extra["softmax_offset"] = Tensor::zeros({4}, DType::f32);
+  EXPECT_THROW(check_mla_weights(extra, c, false, "w"), ConfigError);  // no attention_sink
+  io::TensorMap bad = w;
+  bad["q_b_proj.weight"] = Tensor::zeros({4, 4}, DType::f32);
+  EXPECT_THROW(check_mla_weights(bad, c, false, "w"), ConfigError);
+  // The split form is only for latent modes.
+  MlaLayer L{&c, 0, true, w};
+  split_kv_b_proj(L.weights, c);
+  MlaSaved sv;
+  Tensor x = Tensor::zeros({1, 4, 48}, DType::f32);
+  DocLayout layout = layout_causal(1, 4);
+  EXPECT_THROW(mla_forward(L, x, layout, sv), ConfigError);
+}
+
+}  // namespace
+}  // namespace hmla

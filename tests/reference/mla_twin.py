@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""PyTorch twin of hmla's MLA attention layer (modes mha and mqa_full_causal; DESIGN.md sections
+2 and 4): q path with or without q LoRA, kv_a split into the RMSNorm'd latent and the shared rope
+key, interleaved RoPE with YaRN, the dense per-document core, o_proj. Written from the
+definitions, independently of hmla's C++. For each case it writes a config, weights and inputs,
+runs `hmla layer`, and compares the output and every gradient by the STYLE.md rule (float64
+reference; twice the float32 twin's error plus 8 ulps). Exit status 1 on any mismatch."""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_lite as st  # noqa: E402
+from attn_twin import F32_EPS, layout_doc_start, max_err, torch_attention  # noqa: E402
+
+
+def yarn_mscale(scale, mscale):
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def rope_freqs(cfg):
+    """inv_freq [Dr/2] and the factor on cos/sin, as transformers' YaRN computes them."""
+    dim, base = cfg["qk_rope_head_dim"], cfg.get("rope_theta", 10000.0)
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    base = rp.get("rope_theta", base)
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if rp.get("rope_type", rp.get("type", "default")) != "yarn":
+        return 1.0 / pos_freqs, 1.0
+    factor = rp["factor"]
+    mscale, mscale_all = rp.get("mscale"), rp.get("mscale_all_dim")
+    if rp.get("attention_factor") is not None:
+        af = rp["attention_factor"]
+    elif mscale and mscale_all:
+        af = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+    else:
+        af = yarn_mscale(factor, 1.0)
+    max_pos = rp.get("original_max_position_embeddings") or cfg["max_position_embeddings"]
+    beta_fast, beta_slow = rp.get("beta_fast", 32), rp.get("beta_slow", 1)
+
+    def corr_dim(rot):
+        return (dim * math.log(max_pos / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    extra_factor = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extra_factor) + (1.0 / pos_freqs) * extra_factor
+    return inv, af
+
+
+def softmax_scale(cfg):
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    m = 1.0
+    if rp.get("rope_type", rp.get("type")) == "yarn" and rp.get("mscale_all_dim") and rp["factor"] > 1:
+        m = 0.1 * rp["mscale_all_dim"] * math.log(rp["factor"]) + 1.0
+    return m * m / math.sqrt(cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope_interleaved(x, cos, sin):
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2)
+
+
+def mla_layer(cfg, w, x, doc_start, mode):
+    b, s, _ = x.shape
+    H, Dn, Dr, Dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    Rkv, eps = cfg["kv_lora_rank"], cfg["rms_norm_eps"]
+    if cfg.get("q_lora_rank"):
+        q = rms(x @ w["q_a_proj.weight"].T, w["q_a_layernorm.weight"], eps) @ w["q_b_proj.weight"].T
+    else:
+        q = x @ w["q_proj.weight"].T
+    q = q.view(b, s, H, Dn + Dr)
+    q_nope, q_pe = q[..., :Dn], q[..., Dn:]
+    kva = x @ w["kv_a_proj_with_mqa.weight"].T
+    c = rms(kva[..., :Rkv], w["kv_a_layernorm.weight"], eps)
+    inv, af = rope_freqs(cfg)
+    ang = torch.from_numpy(np.arange(s, dtype=np.float64)[:, None] * inv[None, :])
+    cos, sin = (torch.cos(ang) * af).to(x.dtype), (torch.sin(ang) * af).to(x.dtype)
+    q_pe = rope_interleaved(q_pe, cos[:, None, :], sin[:, None, :])
+    k_pe = rope_interleaved(kva[..., Rkv:], cos, sin)
+    scale = softmax_scale(cfg)
+    sink = w.get("softmax_offset")
+    if mode == "mha":
+        kv = (c @ w["kv_b_proj.weight"].T).view(b, s, H, Dn + Dv)
+        k = torch.cat([kv[..., :Dn], k_pe[:, :, None, :].expand(b, s, H, Dr)], dim=-1)
+        o, _ = torch_attention(torch.cat([q_nope, q_pe], -1), k, kv[..., Dn:], doc_start, sink, scale)
+    else:
+        kvb = w["kv_b_proj.weight"].view(H, Dn + Dv, Rkv)
+        qa = torch.cat([torch.einsum("bshd,hdr->bshr", q_nope, kvb[:, :Dn]), q_pe], dim=-1)
+        ka = torch.cat([c, k_pe], dim=-1)[:, :, None, :]
+        oa, _ = torch_attention(qa, ka, c[:, :, None, :], doc_start, sink, scale)
+        o = torch.einsum("bshr,hvr->bshv", oa, kvb[:, Dn:])
+    return o.reshape(b, s, H * Dv) @ w["o_proj.weight"].T
+
+
+def reference(cfg, weights, inp, doc_start, mode, dtype):
+    w = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in weights.items()}
+    x = torch.tensor(inp["hidden_states"], dtype=dtype, requires_grad=True)
+    y = mla_layer(cfg, w, x, doc_start, mode)
+    (y * torch.tensor(inp["grad_output"], dtype=dtype)).sum().backward()
+    res = {"output": y.detach(), "grad.hidden_states": x.grad}
+    res.update({"grad." + n: t.grad for n, t in w.items()})
+    return {n: t.double().numpy() for n, t in res.items()}
+
+
+def base_config(q_lora, yarn, sink):
+    cfg = {
+        "model_type": "deepseek_v32", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
+        "q_lora_rank": 24 if q_lora else None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8, "v_head_dim": 12, "rms_norm_eps": 1e-6, "max_position_embeddings": 64,
+        "rope_theta": 10000.0, "pad_token_id": None, "attention_sink": sink,
+        # MoE routing fields transformers writes: accepted and ignored.
+        "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 3,
+    }
+    if yarn:
+        cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
+    return cfg
+
+
+def make_weights(cfg, rng):
+    H, Dn, Dr, Dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    hid, Rq, Rkv = cfg["hidden_size"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    shapes = {"kv_a_proj_with_mqa.weight": (Rkv + Dr, hid), "kv_b_proj.weight": (H * (Dn + Dv), Rkv),
+              "o_proj.weight": (hid, H * Dv)}
+    if Rq:
+        shapes.update({"q_a_proj.weight": (Rq, hid), "q_b_proj.weight": (H * (Dn + Dr), Rq)})
+    else:
+        shapes["q_proj.weight"] = (H * (Dn + Dr), hid)
+    w = {n: (rng.standard_normal(sh) / math.sqrt(sh[1])).astype(np.float32) for n, sh in shapes.items()}
+    w["kv_a_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(Rkv)).astype(np.float32)
+    if Rq:
+        w["q_a_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(Rq)).astype(np.float32)
+    if cfg["attention_sink"]:
+        w["softmax_offset"] = rng.standard_normal(H).astype(np.float32)
+    return w
+
+
+CASES = [
+    # name, mode, q_lora, yarn, sink, split (settings), layout
+    ("mha_docs", "mha", True, False, False, False, [0, 17, 18, 33]),
+    ("mqa_docs", "mqa_full_causal", True, False, False, False, [0, 17, 18, 33]),
+    ("mha_yarn_qproj", "mha", False, True, False, False, None),
+    ("mqa_yarn_sink_split", "mqa_full_causal", True, True, True, True, [0, 1, 25, 36]),
+]
+
+
+def run_case(case, hmla, workdir, rng):
+    name, mode, q_lora, yarn, sink, split, cu = case
+    cfg = base_config(q_lora, yarn, sink)
+    b, s = 1, 40
+    weights = make_weights(cfg, rng)
+    inp = {"hidden_states": rng.standard_normal((b, s, cfg["hidden_size"])).astype(np.float32),
+           "grad_output": rng.standard_normal((b, s, cfg["hidden_size"])).astype(np.float32),
+           "input_ids": rng.integers(1, 100, (b, s)).astype(np.int64)}
+    if cu is not None:
+        inp["cu_seqlens"] = np.array(cu, dtype=np.int32)
+    paths = {k: os.path.join(workdir, f"{name}.{k}") for k in ("config.json", "w.safetensors", "in.safetensors",
+                                                              "out.safetensors", "settings.yaml")}
+    with open(paths["config.json"], "w") as f:
+        json.dump(cfg, f)
+    st.save(paths["w.safetensors"], weights)
+    st.save(paths["in.safetensors"], inp)
+    cmd = [hmla, "layer", "--config", paths["config.json"], "--mode", mode, "--weights", paths["w.safetensors"],
+           "--inputs", paths["in.safetensors"], "--out", paths["out.safetensors"]]
+    if split:
+        with open(paths["settings.yaml"], "w") as f:
+            f.write("mqa_split_kv_b_proj: true\n")
+        cmd += ["--settings", paths["settings.yaml"]]
+    subprocess.run(cmd, check=True)
+    got = st.load(paths["out.safetensors"])
+    doc_start = layout_doc_start(b, s, cu, None)
+    ref64 = reference(cfg, weights, inp, doc_start, mode, torch.float64)
+    ref32 = reference(cfg, weights, inp, doc_start, mode, torch.float32)
+    if set(got) != set(ref64):
+        print(f"FAIL {name}: hmla wrote {sorted(got)}, expected {sorted(ref64)}")
+        return False
+    ok = True
+    for key in sorted(ref64):
+        e_h, mref = max_err(got[key], ref64[key])
+        e_t, _ = max_err(ref32[key], ref64[key])
+        bound = 2 * e_t + 8 * F32_EPS * mref
+        good = e_h <= bound
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} {name:20s} {key:36s} hmla {e_h:.3e}  torch-f32 {e_t:.3e}  bound {bound:.3e}")
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hmla", required=True)
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    rng = np.random.default_rng(7)
+    ok = all([run_case(c, args.hmla, args.workdir, rng) for c in CASES])
+    print("twin mla layer:", "PASSED" if ok else "FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
