@@ -1,0 +1,55 @@
+// The lightning indexer's scores, top-k selection and KL losses (DESIGN.md sections 5 and 6).
+// Letters: b batch, s rows, HI index heads, DI index head width, H attention heads, K index_topk,
+// W index_window.
+//
+//   I(t, j) = sum_h w[t, h] * relu(qI[t, h] . kI[j])     for j in A(t)
+//   selection: S(t) = the K keys of R(t) = A(t) minus its last W keys with the largest I (ties to
+//   the smaller j); idx[t] = S(t) by descending I (equal I by ascending j), then the window keys
+//   ascending, then -1.
+//   KL: P = mean_h softmax_C(l_h), Q = softmax_C(I) over the candidates C(t) (A(t) for the dense
+//   KL, S(t) for the sparse one); kl(t) = sum_j P (log P - log Q); dI = coeff * rw[t] * (Q - P)
+//   with rw[t] = mask[t] / valid_rows, chained into dqI, dkI and dw.
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/layout.h"
+#include "hmla/core/tensor.h"
+
+namespace hmla {
+
+struct IndexerScores {
+  Tensor qI;  // [b, s, HI, DI] contiguous, rope applied
+  Tensor kI;  // [b, s, DI] contiguous, rope applied
+  Tensor w;   // [b, s, HI] contiguous, head weights (scales folded in)
+  const DocLayout* layout = nullptr;
+};
+
+// The [b, s, K + W] i32 selection table. Costs O(s * |A|) time, O(threads * s) scratch.
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
+
+struct IndexerKlInputs {
+  IndexerScores sc;
+  Tensor q;          // [b, s, H, Dqk] attention queries (detached; last dim contiguous)
+  Tensor k;          // [b, s, Hkv, Dqk] attention keys (detached)
+  float scale = 0;   // the attention's scale
+  Tensor lse_c;      // [b, H, s] optional: logsumexp of the logits over the candidates, when the
+                     // attention already has it (its lse without sink or window); else computed
+  Tensor row_weight; // [b, s] f32: mask[t] / valid_rows (0 drops a row)
+  float coeff = 0.01f;
+  Tensor topk;       // sparse KL only: [b, s, K + W] i32 table; slots < K are the candidates
+  int64_t K = 0;
+};
+
+struct IndexerKlResult {
+  double kl_sum = 0;  // sum_t rw[t] * kl(t), without coeff (logged as indexer_kl)
+  double loss = 0;    // coeff * kl_sum
+  Tensor dqI, dkI, dw;  // gradients of loss, shapes of qI, kI, w
+};
+
+// Dense KL over A(t), fused: lseI (and lseC when absent) in a first pass over key tiles, then
+// P, Q, the loss and dI tile by tile, straight into dqI/dkI/dw. Nothing of size s*s.
+IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in);
+// Sparse KL over the candidates S(t) listed in `topk`.
+IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in);
+
+}  // namespace hmla

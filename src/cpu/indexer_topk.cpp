@@ -1,0 +1,80 @@
+// Top-k selection on the CPU: per query tile, the rows' scores over the tile's key range are
+// built tile by tile into a row buffer; each row then keeps its K best keys of R(t) with
+// nth_element (O(|R|)) and sorts only those K. Items own their rows: no thread races, and the
+// result does not depend on the thread count.
+#include <omp.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "attn_dense_tile.h"
+#include "hmla/ops/indexer.h"
+#include "indexer_tile.h"
+
+namespace hmla::cpu {
+
+namespace {
+
+void select_row(const float* I, int64_t jbase, int64_t lo, int64_t t, int64_t K, int64_t W, int32_t* out,
+                std::vector<int32_t>& cand) {
+  std::fill(out, out + K + W, -1);
+  if (lo > t) return;
+  const int64_t r_end = std::max(lo, t + 1 - W);  // R(t) = [lo, r_end)
+  cand.resize(r_end - lo);
+  std::iota(cand.begin(), cand.end(), static_cast<int32_t>(lo));
+  auto better = [&](int32_t x, int32_t y) {
+    const float a = I[x - jbase], b = I[y - jbase];
+    return a != b ? a > b : x < y;
+  };
+  if (static_cast<int64_t>(cand.size()) > K) {
+    std::nth_element(cand.begin(), cand.begin() + K, cand.end(), better);
+    cand.resize(K);
+  }
+  std::sort(cand.begin(), cand.end(), better);
+  std::copy(cand.begin(), cand.end(), out);
+  for (int64_t j = r_end; j <= t; ++j) out[K + (j - r_end)] = static_cast<int32_t>(j);
+}
+
+}  // namespace
+
+Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W) {
+  using T = IndexerCpuTraits;
+  const int64_t b = sc.qI.size(0), s = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3);
+  Tensor out = Tensor::empty({b, s, K + W}, DType::i32);
+  const int64_t ntiles = (s + T::kBq - 1) / T::kBq;
+  const int nthreads = omp_get_max_threads();
+  const int64_t per_thread = T::kBq * s + T::kBq * HI * T::kBk + T::kBq * T::kBk;
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
+  const float* qI = sc.qI.data<float>();
+  const float* kI = sc.kI.data<float>();
+  const float* w = sc.w.data<float>();
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* rows = scratch.data<float>() + omp_get_thread_num() * per_thread;  // [kBq, range]
+    float* S = rows + T::kBq * s;
+    float* I = S + T::kBq * HI * T::kBk;
+    std::vector<int32_t> cand;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < b * ntiles; ++item) {
+      const int64_t bb = item / ntiles, tile = ntiles - 1 - item % ntiles;
+      QueryTile qt = make_query_tile(sc.layout->doc_start.data<int32_t>() + bb * s, s, tile * T::kBq, T::kBq);
+      const int64_t range = qt.jmax - qt.jmin + 1;
+      for (int64_t j0 = qt.jmin; j0 <= qt.jmax; j0 += T::kBk) {
+        const int64_t nk = std::min(T::kBk, qt.jmax + 1 - j0);
+        indexer_score_tile(qI + (bb * s + qt.t0) * HI * DI, kI + (bb * s + j0) * DI, w + (bb * s + qt.t0) * HI,
+                           qt.nq, nk, HI, DI, S, I);
+        for (int64_t r = 0; r < qt.nq; ++r)
+          std::copy(I + r * nk, I + (r + 1) * nk, rows + r * range + (j0 - qt.jmin));
+      }
+      for (int64_t r = 0; r < qt.nq; ++r) {
+        const int64_t t = qt.t0 + r;
+        select_row(rows + r * std::max<int64_t>(range, 0), qt.jmin, qt.doc_start[t], t, K, W,
+                   out.data<int32_t>() + (bb * s + t) * (K + W), cand);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace hmla::cpu

@@ -1,0 +1,100 @@
+// Entry points of the indexer ops: validation (shapes, layouts, the selection table's contract)
+// and dispatch to the CPU kernels.
+#include "hmla/ops/indexer.h"
+
+#include <unordered_set>
+
+#include "hmla/core/error.h"
+
+namespace hmla {
+
+namespace cpu {
+Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W);
+void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res);
+void indexer_kl_sparse_cpu(const IndexerKlInputs& in, IndexerKlResult& res);
+}  // namespace cpu
+
+namespace {
+
+void check_f32(const Tensor& t, const char* name, const Shape& want) {
+  HMLA_CHECK(t.defined() && t.dtype() == DType::f32 && t.device() == Device::cpu && t.is_contiguous() &&
+                 t.shape() == want,
+             ShapeError, "indexer: ", name, " must be a contiguous f32 CPU tensor ", shape_str(want), ", got ",
+             t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? shape_str(t.shape()) : "");
+}
+
+void check_scores(const IndexerScores& sc) {
+  HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4, ShapeError, "indexer: qI must be [b, s, HI, DI]");
+  const int64_t b = sc.qI.size(0), s = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3);
+  check_f32(sc.qI, "qI", {b, s, HI, DI});
+  check_f32(sc.kI, "kI", {b, s, DI});
+  check_f32(sc.w, "w", {b, s, HI});
+  HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
+             "indexer: the layout must cover b = ", b, ", s = ", s);
+}
+
+void check_kl(const IndexerKlInputs& in) {
+  check_scores(in.sc);
+  const int64_t b = in.sc.qI.size(0), s = in.sc.qI.size(1);
+  HMLA_CHECK(in.q.defined() && in.k.defined() && in.q.dim() == 4 && in.k.dim() == 4, ShapeError,
+             "indexer KL: attention q [b, s, H, Dqk] and k [b, s, Hkv, Dqk] are required");
+  const int64_t H = in.q.size(2), Hkv = in.k.size(2);
+  HMLA_CHECK(in.q.size(0) == b && in.q.size(1) == s && in.k.size(0) == b && in.k.size(1) == s &&
+                 in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 && in.q.stride(3) == 1 &&
+                 in.k.stride(3) == 1 && in.q.dtype() == DType::f32 && in.k.dtype() == DType::f32,
+             ShapeError, "indexer KL: q ", shape_str(in.q.shape()), " and k ", shape_str(in.k.shape()),
+             " do not fit [b, s, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H");
+  if (in.lse_c.defined()) check_f32(in.lse_c, "lse_c", {b, H, s});
+  check_f32(in.row_weight, "row_weight", {b, s});
+  HMLA_CHECK(in.scale > 0 && in.coeff >= 0, ShapeError, "indexer KL: scale must be > 0 and coeff >= 0");
+}
+
+IndexerKlResult alloc(const IndexerKlInputs& in) {
+  return {0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32), Tensor::empty(in.sc.kI.shape(), DType::f32),
+          Tensor::empty(in.sc.w.shape(), DType::f32)};
+}
+
+}  // namespace
+
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
+  check_scores(sc);
+  HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
+  HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
+  return cpu::indexer_topk_cpu(sc, K, W);
+}
+
+IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
+  check_kl(in);
+  IndexerKlResult r = alloc(in);
+  cpu::indexer_kl_dense_cpu(in, r);
+  return r;
+}
+
+IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
+  check_kl(in);
+  const int64_t b = in.sc.qI.size(0), s = in.sc.qI.size(1);
+  HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
+                 in.topk.size(1) == s && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K,
+             ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, s, K + W] table with K >= 1");
+  // The table's contract: keys inside A(t), no duplicates in a row.
+  const int32_t* idx = in.topk.data<int32_t>();
+  const int32_t* ds = in.sc.layout->doc_start.data<int32_t>();
+  const int64_t KW = in.topk.size(2);
+  std::unordered_set<int32_t> seen;
+  for (int64_t row = 0; row < b * s; ++row) {
+    seen.clear();
+    const int64_t t = row % s;
+    for (int64_t i = 0; i < KW; ++i) {
+      const int32_t j = idx[row * KW + i];
+      if (j < 0) continue;
+      HMLA_CHECK(j >= ds[row] && j <= t, ShapeError, "indexer sparse KL: row ", row, " lists key ", j,
+                 " outside its allowed set [", ds[row], ", ", t, "]");
+      HMLA_CHECK(seen.insert(j).second, ShapeError, "indexer sparse KL: row ", row, " lists key ", j, " twice");
+    }
+  }
+  IndexerKlResult r = alloc(in);
+  cpu::indexer_kl_sparse_cpu(in, r);
+  return r;
+}
+
+}  // namespace hmla

@@ -1,0 +1,268 @@
+// Indexer ops on the CPU: scores through top-k against brute-force selection (exact ties, short
+// rows, windows, padding), dense and sparse KL against the float64 oracle by the STYLE.md rule,
+// finite differences of the oracle, and cross-document isolation.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "attn_dense_ref.h"
+#include "hmla/ops/attention.h"
+#include "hmla/ops/indexer.h"
+#include "indexer_ref.h"
+#include "testing.h"
+
+namespace hmla {
+namespace {
+
+using testing::randn;
+using testing::to_f64;
+
+struct Problem {
+  int64_t b, s, HI, DI, H, Hkv, Dqk;
+  DocLayout layout;
+  std::vector<float> qI, kI, w, q, k, rw;
+  IndexerScores scores() const {
+    return {Tensor::from_vector<float>({b, s, HI, DI}, qI), Tensor::from_vector<float>({b, s, DI}, kI),
+            Tensor::from_vector<float>({b, s, HI}, w), &layout};
+  }
+  ref::IndexerDims dims() const { return {b, s, HI, DI}; }
+  std::vector<int32_t> ds() const { return layout.doc_start.to_vector<int32_t>(); }
+};
+
+Problem make(int64_t b, int64_t s, int64_t HI, int64_t DI, int64_t H, int64_t Hkv, int64_t Dqk, DocLayout layout,
+             uint64_t seed) {
+  Problem p{b, s, HI, DI, H, Hkv, Dqk, std::move(layout), {}, {}, {}, {}, {}, {}};
+  p.qI = randn(b * s * HI * DI, seed, 0.5f);
+  p.kI = randn(b * s * DI, seed + 1, 0.5f);
+  p.w = randn(b * s * HI, seed + 2);
+  p.q = randn(b * s * H * Dqk, seed + 3);
+  p.k = randn(b * s * Hkv * Dqk, seed + 4);
+  p.rw.assign(b * s, 0.f);
+  const int64_t valid = std::max<int64_t>(p.layout.valid_rows(), 1);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t < s; ++t)
+      p.rw[r * s + t] = p.layout.is_padding(r, t) ? 0.f : 1.f / float(valid);
+  return p;
+}
+
+DocLayout docs_layout() { return layout_from_cu_seqlens(150, {{0, 40, 41, 42, 130}, {0, 150}}); }
+
+// ---- top-k ---------------------------------------------------------------------------------
+
+std::vector<int32_t> kernel_topk(const Problem& p, int64_t K, int64_t W) {
+  return indexer_topk(p.scores(), K, W).to_vector<int32_t>();
+}
+
+TEST(IndexerTopk, ExactTiesGoToTheSmallerKey) {
+  // qI . kI < 0 everywhere: every relu is 0, so I = 0 exactly and the tie rule alone decides.
+  Problem p = make(2, 150, 4, 8, 1, 1, 4, docs_layout(), 1);
+  for (auto& x : p.qI) x = -std::abs(x) - 0.1f;
+  for (auto& x : p.kI) x = std::abs(x) + 0.1f;
+  for (int64_t W : {0, 3}) {
+    std::vector<double> zeros = ref::indexer_scores_ref<double>(p.dims(), to_f64(p.qI), to_f64(p.kI), to_f64(p.w), p.ds());
+    for (double v : zeros) ASSERT_TRUE(v == 0.0 || std::isinf(v));
+    EXPECT_EQ(kernel_topk(p, 16, W), ref::indexer_topk_ref(p.dims(), zeros, p.ds(), 16, W)) << "W = " << W;
+  }
+}
+
+TEST(IndexerTopk, MatchesBruteForceWhereGapsExceedRounding) {
+  Problem p = make(2, 150, 4, 16, 1, 1, 4, docs_layout(), 2);
+  const auto I = ref::indexer_scores_ref<double>(p.dims(), to_f64(p.qI), to_f64(p.kI), to_f64(p.w), p.ds());
+  for (int64_t K : {1, 8, 60, 200})
+    for (int64_t W : {0, 5}) {
+      auto got = kernel_topk(p, K, W), want = ref::indexer_topk_ref(p.dims(), I, p.ds(), K, W);
+      int compared = 0;
+      for (int64_t row = 0; row < p.b * p.s; ++row) {
+        const int32_t* g = &got[row * (K + W)];
+        const int32_t* e = &want[row * (K + W)];
+        // The window part and the -1 padding are exact.
+        EXPECT_TRUE(std::equal(g + K, g + K + W, e + K)) << "row " << row;
+        const int64_t n = std::count_if(e, e + K, [](int32_t x) { return x >= 0; });
+        ASSERT_EQ(std::count_if(g, g + K, [](int32_t x) { return x >= 0; }), n) << "row " << row;
+        if (n == 0) continue;
+        // Sets agree where the K-th and (K+1)-th scores are apart by more than f32 rounding.
+        const double* Ir = &I[row * p.s];
+        std::vector<double> sorted;
+        for (int64_t j = 0; j < p.s; ++j)
+          if (!std::isinf(Ir[j])) sorted.push_back(Ir[j]);
+        const int64_t t = row % p.s, r_len = int64_t(sorted.size()) - std::min<int64_t>(W, sorted.size());
+        if (n < r_len) {
+          std::vector<double> r_scores;
+          for (int64_t j = t - int64_t(sorted.size()) + 1; j <= t - W; ++j) r_scores.push_back(Ir[j]);
+          std::sort(r_scores.rbegin(), r_scores.rend());
+          if (r_scores[n - 1] - r_scores[n] < 1e-4) continue;
+        }
+        std::vector<int32_t> a(g, g + n), b(e, e + n);
+        for (int64_t i = 1; i < n; ++i) EXPECT_GE(Ir[a[i - 1]] + 1e-5, Ir[a[i]]) << "row " << row << ": not descending";
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        EXPECT_EQ(a, b) << "row " << row << " K " << K << " W " << W;
+        ++compared;
+      }
+      EXPECT_GT(compared, p.b * p.s / 2);
+    }
+}
+
+TEST(IndexerTopk, ShortRowsWindowsAndPadding) {
+  DocLayout l = layout_from_cu_seqlens(12, {{0, 5, 6, 10}});  // rows 10, 11 padding
+  Problem p = make(1, 12, 2, 8, 1, 1, 4, std::move(l), 3);
+  auto got = kernel_topk(p, 4, 2);
+  auto row = [&](int t) { return std::vector<int32_t>(got.begin() + t * 6, got.begin() + t * 6 + 6); };
+  EXPECT_EQ(row(0), (std::vector<int32_t>{-1, -1, -1, -1, 0, -1}));  // |R| = 0: only the window
+  EXPECT_EQ(row(5), (std::vector<int32_t>{-1, -1, -1, -1, 5, -1}));  // 1-token document
+  EXPECT_EQ(row(10), std::vector<int32_t>(6, -1));                   // padding
+  auto r3 = row(3);  // R = {0, 1}: both kept, then window {2, 3}
+  EXPECT_EQ(std::vector<int32_t>(r3.begin() + 4, r3.end()), (std::vector<int32_t>{2, 3}));
+  std::vector<int32_t> kept(r3.begin(), r3.begin() + 2);
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(r3[2], -1);
+  EXPECT_THROW(indexer_topk(p.scores(), 0, 0), ShapeError);
+}
+
+// ---- KL --------------------------------------------------------------------------------------
+
+struct KlCase {
+  std::string name;
+  bool sparse, give_lse;
+  int64_t Hkv;
+};
+
+void PrintTo(const KlCase& c, std::ostream* os) { *os << c.name; }
+
+class IndexerKl : public ::testing::TestWithParam<KlCase> {};
+
+TEST_P(IndexerKl, MatchesFloat64OracleByTheRule) {
+  const KlCase& c = GetParam();
+  Problem p = make(2, 150, 4, 16, 4, c.Hkv, 12, docs_layout(), 11);
+  const float scale = 0.3f, coeff = 0.5f;
+  IndexerKlInputs in;
+  in.sc = p.scores();
+  in.q = Tensor::from_vector<float>({p.b, p.s, p.H, p.Dqk}, p.q);
+  in.k = Tensor::from_vector<float>({p.b, p.s, p.Hkv, p.Dqk}, p.k);
+  in.scale = scale;
+  in.coeff = coeff;
+  p.rw[7] = 0.f;  // a masked row (pad token) inside a document
+  in.row_weight = Tensor::from_vector<float>({p.b, p.s}, p.rw);
+  if (c.give_lse) {
+    AttnDenseInputs a{in.q, in.k, in.k, &p.layout, {}, scale};
+    in.lse_c = attn_dense_fwd(a).lse;
+  }
+  std::vector<int32_t> topk;
+  const int64_t K = 20;
+  if (c.sparse) {
+    in.topk = indexer_topk(in.sc, K, 4);
+    in.K = K;
+    topk = in.topk.to_vector<int32_t>();
+  }
+  IndexerKlResult r = c.sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
+  ref::KlAttn att{p.H, p.Hkv, p.Dqk, scale};
+  auto o64 = ref::indexer_kl_ref<double>(p.dims(), att, to_f64(p.q), to_f64(p.k), to_f64(p.qI), to_f64(p.kI),
+                                         to_f64(p.w), p.ds(), to_f64(p.rw), double(coeff), topk, K);
+  auto o32 = ref::indexer_kl_ref<float>(p.dims(), att, p.q, p.k, p.qI, p.kI, p.w, p.ds(), p.rw, coeff, topk, K);
+  testing::expect_within_rule("dqI", r.dqI.to_vector<float>(), o32.dqI, o64.dqI);
+  testing::expect_within_rule("dkI", r.dkI.to_vector<float>(), o32.dkI, o64.dkI);
+  testing::expect_within_rule("dw", r.dw.to_vector<float>(), o32.dw, o64.dw);
+  testing::expect_within_rule("kl_sum", std::vector<float>{float(r.kl_sum)}, std::vector<float>{float(o32.kl_sum)},
+                              std::vector<double>{o64.kl_sum});
+  EXPECT_NEAR(r.loss, coeff * r.kl_sum, 1e-12);
+  EXPECT_GT(o64.kl_sum, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, IndexerKl,
+                         ::testing::Values(KlCase{"dense_lse_given", false, true, 4},
+                                           KlCase{"dense_lse_computed_gqa", false, false, 2},
+                                           KlCase{"sparse_mqa", true, false, 1},
+                                           KlCase{"sparse_mha", true, false, 4}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(IndexerKlOracle, GradientsMatchFiniteDifferences) {
+  DocLayout l = layout_from_cu_seqlens(6, {{0, 4, 5}});
+  Problem p = make(1, 6, 2, 4, 2, 1, 3, std::move(l), 21);
+  ref::KlAttn att{2, 1, 3, 0.8};
+  auto qI = to_f64(p.qI), kI = to_f64(p.kI), w = to_f64(p.w), rw = to_f64(p.rw);
+  auto loss = [&] {
+    return ref::indexer_kl_ref<double>(p.dims(), att, to_f64(p.q), to_f64(p.k), qI, kI, w, p.ds(), rw, 0.7, {}, 0).loss;
+  };
+  auto base = ref::indexer_kl_ref<double>(p.dims(), att, to_f64(p.q), to_f64(p.k), qI, kI, w, p.ds(), rw, 0.7, {}, 0);
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i], h = 1e-6;
+      x[i] = x0 + h;
+      const double lp = loss();
+      x[i] = x0 - h;
+      const double lm = loss();
+      x[i] = x0;
+      EXPECT_NEAR(grad[i], (lp - lm) / (2 * h), 1e-7) << name << "[" << i << "]";
+    }
+  };
+  check(qI, base.dqI, "dqI");
+  check(kI, base.dkI, "dkI");
+  check(w, base.dw, "dw");
+}
+
+// Noise in one document changes nothing in another: selection, gradients and loss, bit for bit.
+TEST(IndexerKl, DocumentsAreIsolated) {
+  DocLayout l = layout_from_cu_seqlens(100, {{0, 37, 100}});
+  Problem a = make(1, 100, 4, 16, 2, 2, 8, layout_from_cu_seqlens(100, {{0, 37, 100}}), 31);
+  Problem b = make(1, 100, 4, 16, 2, 2, 8, std::move(l), 31);
+  for (int64_t t = 37; t < 100; ++t) {  // perturb the second document; weight only the first
+    for (int64_t c = 0; c < b.DI; ++c) b.kI[t * b.DI + c] += 0.3f;
+    for (int64_t c = 0; c < b.HI * b.DI; ++c) b.qI[t * b.HI * b.DI + c] -= 0.2f;
+    for (int64_t c = 0; c < b.Dqk * b.Hkv; ++c) b.k[t * b.Dqk * b.Hkv + c] *= 1.5f;
+    a.rw[t] = b.rw[t] = 0.f;
+  }
+  auto run = [](const Problem& p, bool sparse) {
+    IndexerKlInputs in;
+    in.sc = p.scores();
+    in.q = Tensor::from_vector<float>({p.b, p.s, p.H, p.Dqk}, p.q);
+    in.k = Tensor::from_vector<float>({p.b, p.s, p.Hkv, p.Dqk}, p.k);
+    in.scale = 0.4f;
+    in.row_weight = Tensor::from_vector<float>({p.b, p.s}, p.rw);
+    if (sparse) {
+      in.topk = indexer_topk(in.sc, 8, 2);
+      in.K = 8;
+    }
+    return std::make_pair(sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in), indexer_topk(in.sc, 8, 2));
+  };
+  for (bool sparse : {false, true}) {
+    auto [ra, ta] = run(a, sparse);
+    auto [rb, tb] = run(b, sparse);
+    EXPECT_EQ(ra.kl_sum, rb.kl_sum);
+    auto first = [](const Tensor& t, int64_t per_row) {
+      auto v = t.to_vector<float>();
+      return std::vector<float>(v.begin(), v.begin() + 37 * per_row);
+    };
+    EXPECT_EQ(first(ra.dqI, a.HI * a.DI), first(rb.dqI, b.HI * b.DI));
+    EXPECT_EQ(first(ra.dkI, a.DI), first(rb.dkI, b.DI));
+    EXPECT_EQ(first(ra.dw, a.HI), first(rb.dw, b.HI));
+    auto ia = ta.to_vector<int32_t>(), ib = tb.to_vector<int32_t>();
+    EXPECT_TRUE(std::equal(ia.begin(), ia.begin() + 37 * 10, ib.begin()));
+  }
+}
+
+TEST(IndexerKl, SparseTableContractIsChecked) {
+  Problem p = make(1, 10, 2, 8, 2, 1, 4, layout_causal(1, 10), 41);
+  IndexerKlInputs in;
+  in.sc = p.scores();
+  in.q = Tensor::from_vector<float>({1, 10, 2, 4}, p.q);
+  in.k = Tensor::from_vector<float>({1, 10, 1, 4}, p.k);
+  in.scale = 0.5f;
+  in.row_weight = Tensor::from_vector<float>({1, 10}, p.rw);
+  in.K = 2;
+  std::vector<int32_t> t(10 * 2, -1);
+  t[5 * 2] = 3;
+  t[5 * 2 + 1] = 3;  // duplicate
+  in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t);
+  EXPECT_THROW(indexer_kl_sparse(in), ShapeError);
+  t[5 * 2 + 1] = 7;  // a future key
+  in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t);
+  EXPECT_THROW(indexer_kl_sparse(in), ShapeError);
+  t[5 * 2 + 1] = 4;
+  in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t);
+  EXPECT_NO_THROW(indexer_kl_sparse(in));
+}
+
+}  // namespace
+}  // namespace hmla
