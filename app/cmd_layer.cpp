@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
 #include "hmla/train/settings.h"
 
@@ -25,6 +26,7 @@ void add_layer_command(CLI::App& app) {
   struct Opts {
     std::string config, mode, weights, inputs, out, settings;
     int64_t layer = 0;
+    bool train_indexer_only = false;
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -32,31 +34,35 @@ void add_layer_command(CLI::App& app) {
       "One MLA attention layer, forward and backward (L = sum(output * grad_output)).\n"
       "W holds the layer's tensors without the 'model.layers.{L}.self_attn.' prefix; I holds\n"
       "hidden_states [b,s,hidden], grad_output [b,s,hidden], optionally input_ids [b,s] and\n"
-      "cu_seqlens (b = 1). OUT gets output, grad.hidden_states and grad.<name> for every tensor of W.");
+      "cu_seqlens (b = 1). OUT gets output, grad.hidden_states and grad.<name> for every tensor of W;\n"
+      "dsa modes add indexer_loss [1] and topk_indices [b,s,K+W] (L then includes the indexer loss).");
   cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")->required();
-  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal");
+  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup");
   cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str();
   cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)");
   cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")->required();
   cmd->add_option("--inputs", o->inputs, "safetensors with hidden_states, grad_output, ...")->required();
   cmd->add_option("--out", o->out, "safetensors to write")->required();
+  cmd->add_flag("--train-indexer-only", o->train_indexer_only,
+                "dsa modes: compute only the indexer's gradients; the backbone's backward is not run");
   cmd->callback([o] {
     ModelConfig cfg = load_model_config(o->config);
     if (!o->mode.empty()) set_all_modes(cfg, parse_mode(o->mode, "--mode"));
     HMLA_CHECK(o->layer >= 0 && o->layer < cfg.num_hidden_layers, ConfigError, "--layer ", o->layer,
                ": the config has ", cfg.num_hidden_layers, " layers");
     const LayerMode mode = cfg.layer_modes[o->layer];
-    HMLA_CHECK(!is_dsa(mode), ConfigError, "mode ", mode_name(mode),
-               " is not available in this build yet (the indexer lands with the dsa modes)");
     TrainSettings settings;
     if (!o->settings.empty()) settings = load_train_settings(o->settings);
+    settings.train_indexer_only |= o->train_indexer_only;
+    HMLA_CHECK(!settings.train_indexer_only || is_dsa(mode), ConfigError,
+               "--train-indexer-only needs a dsa mode; layer ", o->layer, " runs ", mode_name(mode));
     validate_settings(cfg, settings, o->settings.empty() ? "settings" : o->settings);
 
     MlaLayer L;
     L.cfg = &cfg;
     L.layer = o->layer;
     L.weights = io::load_checkpoint_tensors(o->weights);
-    check_mla_weights(L.weights, cfg, false, o->weights);
+    check_mla_weights(L.weights, cfg, false, is_dsa(mode), o->weights);
     if (settings.mqa_split_kv_b_proj) {
       split_kv_b_proj(L.weights, cfg);
       L.split_kv_b_proj = true;
@@ -81,10 +87,19 @@ void add_layer_command(CLI::App& app) {
 
     MlaSaved saved;
     Tensor y = mla_forward(L, x, layout, saved);
-    MlaGrads g = mla_backward(L, x, layout, saved, in.at("grad_output"));
+    MlaBackwardOptions opt;
+    opt.backbone = !settings.train_indexer_only;
+    if (is_dsa(mode))
+      opt.row_weight = loss_row_weights(layout, in.count("input_ids") ? &in.at("input_ids") : nullptr, cfg.pad_token_id);
+    MlaGrads g = mla_backward(L, x, layout, saved, in.at("grad_output"), opt);
     if (L.split_kv_b_proj) fold_kv_b_proj(g.dweights, cfg);
-    io::TensorMap out{{"output", y}, {"grad.hidden_states", g.dx}};
+    io::TensorMap out{{"output", y}};
+    if (g.dx.defined()) out["grad.hidden_states"] = g.dx;
     for (auto& [name, t] : g.dweights) out["grad." + name] = t;
+    if (is_dsa(mode)) {
+      out["indexer_loss"] = Tensor::from_vector<float>({1}, {static_cast<float>(g.indexer_loss)});
+      out["topk_indices"] = saved.topk;
+    }
     io::save_safetensors(o->out, out);
   });
 }

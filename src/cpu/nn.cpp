@@ -53,9 +53,55 @@ void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t ld
   }
 }
 
-void rope_interleaved(float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
-                      int64_t Dr, const float* cos, const float* sin, bool transpose) {
+void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                   int64_t N, int64_t D, float eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x + n * D;
+    float mu = 0.f;
+    for (int64_t d = 0; d < D; ++d) mu += xr[d];
+    mu /= float(D);
+    float var = 0.f;
+    for (int64_t d = 0; d < D; ++d) var += (xr[d] - mu) * (xr[d] - mu);
+    const float r = 1.f / std::sqrt(var / float(D) + eps);
+    mean[n] = mu;
+    rstd[n] = r;
+    for (int64_t d = 0; d < D; ++d) y[n * D + d] = (xr[d] - mu) * r * w[d] + b[d];
+  }
+}
+
+void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                   const float* mean, const float* rstd, int64_t N, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) dw[d] = db[d] = 0.f;
+  for (int64_t n = 0; n < N; ++n)  // rows in order: bits independent of threads
+    for (int64_t d = 0; d < D; ++d) {
+      dw[d] += dy[n * D + d] * (x[n * D + d] - mean[n]) * rstd[n];
+      db[d] += dy[n * D + d];
+    }
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float r = rstd[n];
+    float m1 = 0.f, m2 = 0.f;  // means of dxhat and dxhat * xhat
+    for (int64_t d = 0; d < D; ++d) {
+      const float g = dy[n * D + d] * w[d], xh = (x[n * D + d] - mean[n]) * r;
+      m1 += g;
+      m2 += g * xh;
+    }
+    m1 /= float(D);
+    m2 /= float(D);
+    for (int64_t d = 0; d < D; ++d) {
+      const float g = dy[n * D + d] * w[d], xh = (x[n * D + d] - mean[n]) * r;
+      dx[n * D + d] = r * (g - m1 - xh * m2);
+    }
+  }
+}
+
+void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
+          int64_t Dr, const float* cos, const float* sin, bool transpose) {
   const int64_t half = Dr / 2;
+  // Pair i is (p[i * step], p[i * step + off]).
+  const int64_t step = layout == RopeLayout::interleaved ? 2 : 1;
+  const int64_t off = layout == RopeLayout::interleaved ? 1 : half;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* c = cos + (n % s) * half;
@@ -63,10 +109,10 @@ void rope_interleaved(float* x, int64_t ld, int64_t hstride, int64_t heads, int6
     for (int64_t h = 0; h < heads; ++h) {
       float* p = x + n * ld + h * hstride;
       for (int64_t i = 0; i < half; ++i) {
-        const float a = p[2 * i], b = p[2 * i + 1];
+        const float a = p[i * step], b = p[i * step + off];
         const float si = transpose ? -sn[i] : sn[i];
-        p[2 * i] = a * c[i] - b * si;
-        p[2 * i + 1] = b * c[i] + a * si;
+        p[i * step] = a * c[i] - b * si;
+        p[i * step + off] = b * c[i] + a * si;
       }
     }
   }

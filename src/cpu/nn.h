@@ -20,12 +20,22 @@ void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx
 void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy, const float* x,
                  int64_t ldx, const float* w, const float* rstd, int64_t N, int64_t D);
 
-// Interleaved RoPE in place on `heads` slices of width Dr per row: pairs (x0,x1),(x2,x3),...
-// rotated by angle pos(t) * inv_freq[i]. cos/sin are [s, Dr/2] tables (already multiplied by the
+// y = (x - mean) * rstd * w + b per row (LayerNorm); mean and rstd saved [N].
+void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
+                   int64_t N, int64_t D, float eps);
+// dx (overwrite), dw and db [D] (overwrite). Rows contiguous.
+void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                   const float* mean, const float* rstd, int64_t N, int64_t D);
+
+// The two RoPE layouts (DESIGN.md section 4): MLA rotates interleaved pairs (x0,x1),(x2,x3),...;
+// the indexer rotates halves (x_i, x_{i + Dr/2}) of its first Dr channels.
+enum class RopeLayout { interleaved, half };
+
+// RoPE in place on `heads` slices of width Dr per row, pair i rotated by pos(t) * inv_freq[i]. cos/sin are [s, Dr/2] tables (already multiplied by the
 // attention factor); row n of the N = b * s rows sits at position n % s. x + n * ld + h * hstride
 // is the slice of head h. `transpose` applies the transposed map (the backward; with the
 // attention factor folded into cos/sin the map is a scaled rotation, not orthogonal).
-void rope_interleaved(float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
-                      int64_t Dr, const float* cos, const float* sin, bool transpose);
+void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
+          int64_t Dr, const float* cos, const float* sin, bool transpose);
 
 }  // namespace hmla::cpu

@@ -4,10 +4,13 @@
 // the derivation of its backward.
 #include "hmla/model/mla_layer.h"
 
+#include "hmla/model/indexer.h"
+
 #include <cstring>
 
 #include "gemm.h"
 #include "nn.h"
+#include "rope_cache.h"
 
 namespace hmla {
 
@@ -48,28 +51,10 @@ HeadMat w_vb(float* kvb, float* vb, const Dims& d, int64_t h, bool split) {
   return {kvb + (h * (d.Dn + d.Dv) + d.Dn) * d.Rkv, d.Rkv, false};
 }
 
-struct RopeCache {
-  std::vector<float> cos, sin;  // [s, Dr / 2]
-};
-
-RopeCache rope_cache(const ModelConfig& c, int64_t s) {
-  RopeTables t = rope_tables(c);
-  const int64_t half = c.qk_rope_head_dim / 2;
-  RopeCache r;
-  r.cos.resize(s * half);
-  r.sin.resize(s * half);
-  for (int64_t pos = 0; pos < s; ++pos)
-    for (int64_t i = 0; i < half; ++i) {
-      const double a = double(pos) * t.inv_freq[i];
-      r.cos[pos * half + i] = float(std::cos(a) * t.attention_factor);
-      r.sin[pos * half + i] = float(std::sin(a) * t.attention_factor);
-    }
-  return r;
-}
-
 void rope(float* x, int64_t ld, int64_t hstride, int64_t heads, const Dims& d, const RopeCache& rc,
           bool transpose) {
-  cpu::rope_interleaved(x, ld, hstride, heads, d.N, d.s, d.Dr, rc.cos.data(), rc.sin.data(), transpose);
+  cpu::rope(cpu::RopeLayout::interleaved, x, ld, hstride, heads, d.N, d.s, d.Dr, rc.cos.data(), rc.sin.data(),
+            transpose);
 }
 
 AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d,
@@ -92,7 +77,7 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d
 
 }  // namespace
 
-std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split) {
+std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split, bool indexer) {
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, Dqk = c.qk_head_dim();
   const int64_t Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim,
                 Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
@@ -114,11 +99,14 @@ std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split) {
   }
   t.push_back({"o_proj.weight", {hid, H * Dv}});
   if (c.attention_sink) t.push_back({"softmax_offset", {H}});
+  if (indexer)
+    for (ParamSpec& p : indexer_param_table(c)) t.push_back(std::move(p));
   return t;
 }
 
-void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split, const std::string& what) {
-  auto table = mla_param_table(c, split);
+void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split, bool indexer,
+                       const std::string& what) {
+  auto table = mla_param_table(c, split, indexer);
   for (const ParamSpec& p : table) {
     auto it = w.find(p.name);
     HMLA_CHECK(it != w.end(), ConfigError, what, ": tensor '", p.name, "' is missing");
@@ -130,7 +118,8 @@ void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split,
     bool known = false;
     for (const ParamSpec& p : table) known |= p.name == name;
     HMLA_CHECK(known, ConfigError, what, ": unexpected tensor '", name, "' for this config",
-               c.attention_sink ? "" : " (softmax_offset needs attention_sink: true)");
+               name == "softmax_offset" ? " (softmax_offset needs attention_sink: true)"
+               : name.rfind("indexer.", 0) == 0 ? " (indexer tensors belong to the dsa modes)" : "");
   }
 }
 
@@ -174,6 +163,8 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() && x.dtype() == DType::f32,
              ShapeError, "mla layer: hidden_states must be contiguous f32 [b, s, ", cfg.hidden_size,
              "], got ", shape_str(x.shape()));
+  HMLA_CHECK(L.mode() != LayerMode::dsa_sparse, ConfigError, "layer ", L.layer,
+             ": dsa_sparse needs the sparse attention core, which this build does not have yet");
   HMLA_CHECK(!L.split_kv_b_proj || L.latent(), ConfigError, "layer ", L.layer, ": mqa_split_kv_b_proj needs a latent MQA mode, not ",
              mode_name(cfg.layer_modes[L.layer]));
   const Dims d = dims(cfg, x);
@@ -255,19 +246,50 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   Tensor y = f32({d.b, d.s, d.hid});
   cpu::linear_fwd(y.data<float>(), d.hid, sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N,
                   d.H * d.Dv, d.hid);
+  if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone never sees its outputs
+    indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind);
+    sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
+  }
   return y;
 }
 
+namespace {
+
+// dsa_warmup: the dense KL against the MHA core's detached q/k; its lse is lseC unless a sink
+// is in the denominator.
+void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const Dims& d,
+                   const MlaBackwardOptions& opt, MlaGrads& g) {
+  const ModelConfig& cfg = *L.cfg;
+  HMLA_CHECK(opt.row_weight.defined(), ShapeError, "layer ", L.layer, " (", mode_name(L.mode()),
+             "): the indexer's KL needs loss-row weights (loss_row_weights)");
+  IndexerKlInputs in;
+  in.sc = sv.ind.sc;
+  in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
+  in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
+  in.scale = static_cast<float>(softmax_scale(cfg));
+  if (!cfg.attention_sink) in.lse_c = sv.att.lse;
+  in.row_weight = opt.row_weight;
+  in.coeff = static_cast<float>(cfg.indexer_loss_coeff);
+  IndexerKlResult kl = indexer_kl_dense(in);
+  indexer_backward(cfg, L.weights, x, sv.cq, sv.ind, kl, g.dweights);
+  g.indexer_loss = kl.loss;
+  g.indexer_kl = kl.kl_sum;
+}
+
+}  // namespace
+
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, const MlaSaved& sv,
-                      const Tensor& dy) {
+                      const Tensor& dy, const MlaBackwardOptions& opt) {
   const ModelConfig& cfg = *L.cfg;
   const Dims d = dims(cfg, x);
+  MlaGrads g;
+  if (is_dsa(L.mode())) indexer_grads(L, x, sv, d, opt, g);
+  if (!opt.backbone) return g;
   HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
              "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",
              shape_str(dy.shape()));
   const RopeCache rc = rope_cache(cfg, d.s);
   const float* X = x.data<float>();
-  MlaGrads g;
   for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj)) g.dweights[p.name] = f32(p.shape);
   auto dW = [&](const char* name) { return g.dweights.at(name).data<float>(); };
 

@@ -5,17 +5,25 @@
 
 #include <cstring>
 
+#include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
 #include "testing.h"
 
 namespace hmla {
 namespace {
 
-ModelConfig config(bool q_lora, bool yarn, bool sink) {
+ModelConfig config(bool q_lora, bool yarn, bool sink, bool indexer = false) {
   nlohmann::json j{{"hidden_size", 48},       {"num_attention_heads", 4}, {"num_hidden_layers", 1},
                    {"q_lora_rank", q_lora ? 20 : 0}, {"kv_lora_rank", 24},   {"qk_nope_head_dim", 12},
                    {"qk_rope_head_dim", 8},   {"v_head_dim", 10},         {"max_position_embeddings", 64},
                    {"attention_sink", sink}};
+  if (indexer) {
+    j["index_n_heads"] = 4;
+    j["index_head_dim"] = 16;
+    j["index_topk"] = 6;
+    j["index_window"] = 2;
+    j["hmla_layer_modes"] = {"mha"};
+  }
   if (yarn) j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
                                  {"mscale", 1.0}, {"mscale_all_dim", 0.7}};
   return parse_model_config(j, "test");
@@ -121,16 +129,16 @@ TEST(MlaLayer, SplitFormComputesTheSameLayer) {
 TEST(MlaLayer, WeightTableAndModeChecks) {
   ModelConfig c = config(true, false, false);
   io::TensorMap w = random_weights(c, 1);
-  EXPECT_NO_THROW(check_mla_weights(w, c, false, "w"));
+  EXPECT_NO_THROW(check_mla_weights(w, c, false, false, "w"));
   io::TensorMap missing = w;
   missing.erase("o_proj.weight");
-  EXPECT_THROW(check_mla_weights(missing, c, false, "w"), ConfigError);
+  EXPECT_THROW(check_mla_weights(missing, c, false, false, "w"), ConfigError);
   io::TensorMap extra = w;
   extra["softmax_offset"] = Tensor::zeros({4}, DType::f32);
-  EXPECT_THROW(check_mla_weights(extra, c, false, "w"), ConfigError);  // no attention_sink
+  EXPECT_THROW(check_mla_weights(extra, c, false, false, "w"), ConfigError);  // no attention_sink
   io::TensorMap bad = w;
   bad["q_b_proj.weight"] = Tensor::zeros({4, 4}, DType::f32);
-  EXPECT_THROW(check_mla_weights(bad, c, false, "w"), ConfigError);
+  EXPECT_THROW(check_mla_weights(bad, c, false, false, "w"), ConfigError);
   // The split form is only for latent modes.
   MlaLayer L{&c, 0, true, w};
   split_kv_b_proj(L.weights, c);
@@ -138,6 +146,60 @@ TEST(MlaLayer, WeightTableAndModeChecks) {
   Tensor x = Tensor::zeros({1, 4, 48}, DType::f32);
   DocLayout layout = layout_causal(1, 4);
   EXPECT_THROW(mla_forward(L, x, layout, sv), ConfigError);
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// DESIGN.md section 1: dsa_warmup's output and main-path gradients are mha's, bit for bit; the
+// indexer adds its own gradients (from the KL only) and nothing else.
+TEST(MlaLayer, DsaWarmupMainPathIsBitIdenticalToMha) {
+  for (bool sink : {false, true}) {
+    ModelConfig mha = config(true, true, sink, true), warm = mha;
+    set_all_modes(warm, LayerMode::dsa_warmup);
+    io::TensorMap w = random_weights(mha, 20), wi = w;
+    EXPECT_EQ(indexer_init_missing(wi, warm, 5), 5);
+    EXPECT_EQ(indexer_init_missing(wi, warm, 6), 0);  // a present indexer is never re-initialised
+    const int64_t b = 1, s = 40;
+    Tensor x = Tensor::from_vector<float>({b, s, 48}, testing::randn(b * s * 48, 3));
+    Tensor dy = Tensor::from_vector<float>({b, s, 48}, testing::randn(b * s * 48, 4));
+    DocLayout layout = layout_from_cu_seqlens(s, {{0, 15, 16, 37}});
+    LayerRun a = run(mha, w, false, x, dy, layout);
+    MlaLayer L{&warm, 0, false, wi};
+    MlaSaved sv;
+    Tensor y = mla_forward(L, x, layout, sv);
+    MlaBackwardOptions opt;
+    opt.row_weight = loss_row_weights(layout, nullptr, 0);
+    MlaGrads g = mla_backward(L, x, layout, sv, dy, opt);
+    EXPECT_TRUE(same_bytes(y, a.y));
+    EXPECT_TRUE(same_bytes(g.dx, a.g.dx));
+    for (const auto& [name, t] : a.g.dweights) EXPECT_TRUE(same_bytes(g.dweights.at(name), t)) << name;
+    EXPECT_EQ(g.dweights.size(), a.g.dweights.size() + 5);
+    EXPECT_GT(g.indexer_loss, 0.0);
+    EXPECT_EQ(sv.topk.shape(), Shape({b, s, 6 + 2}));
+
+    // train_indexer_only: the same indexer gradients, no backbone backward at all.
+    opt.backbone = false;
+    MlaGrads gi = mla_backward(L, x, layout, sv, dy, opt);
+    EXPECT_FALSE(gi.dx.defined());
+    EXPECT_EQ(gi.dweights.size(), 5u);
+    for (const auto& [name, t] : gi.dweights) EXPECT_TRUE(same_bytes(t, g.dweights.at(name))) << name;
+    EXPECT_EQ(gi.indexer_loss, g.indexer_loss);
+  }
+}
+
+TEST(LossRows, MaskAndValidRows) {
+  DocLayout l = layout_from_cu_seqlens(6, {{0, 2, 5}});  // row 5 padding
+  Tensor ids = Tensor::from_vector<int64_t>({1, 6}, {4, 0, 7, 8, 9, 0});
+  auto w = loss_row_weights(l, &ids, 0).to_vector<float>();
+  EXPECT_EQ(w, (std::vector<float>{0.25f, 0.f, 0.25f, 0.25f, 0.25f, 0.f}));
+  auto all = loss_row_weights(l, nullptr, 0).to_vector<float>();  // every row, global count
+  for (float v : all) EXPECT_EQ(v, 1.f / 6.f);
+  auto global = loss_row_weights(l, &ids, 0, 10).to_vector<float>();
+  EXPECT_EQ(global[0], 0.1f);
+  Tensor pads = Tensor::from_vector<int64_t>({1, 6}, std::vector<int64_t>(6, 0));
+  EXPECT_EQ(loss_row_weights(l, &pads, 0).to_vector<float>(), std::vector<float>(6, 0.f));  // max(0, 1)
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""PyTorch twin of hmla's MLA attention layer (modes mha and mqa_full_causal; DESIGN.md sections
-2 and 4): q path with or without q LoRA, kv_a split into the RMSNorm'd latent and the shared rope
-key, interleaved RoPE with YaRN, the dense per-document core, o_proj. Written from the
+"""PyTorch twin of hmla's MLA attention layer (modes mha, mqa_full_causal and dsa_warmup; DESIGN.md
+sections 2-6): q path with or without q LoRA, kv_a split into the RMSNorm'd latent and the shared
+rope key, interleaved RoPE with YaRN, the dense per-document core, o_proj; in dsa_warmup also the
+lightning indexer (rotate-half RoPE, LayerNorm'd key) on detached inputs, its top-k selection,
+and the dense KL against the detached attention, by autograd through materialised tensors. Written from the
 definitions, independently of hmla's C++. For each case it writes a config, weights and inputs,
 runs `hmla layer`, and compares the output and every gradient by the STYLE.md rule (float64
 reference; twice the float32 twin's error plus 8 ulps). Exit status 1 on any mismatch."""
@@ -75,12 +77,72 @@ def rope_interleaved(x, cos, sin):
     return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2)
 
 
-def mla_layer(cfg, w, x, doc_start, mode):
+def rope_half(x, cos, sin, dr):
+    x1, x2, rest = x[..., : dr // 2], x[..., dr // 2 : dr], x[..., dr:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1)
+
+
+def allowed_mask(doc_start, s):
+    t = torch.arange(s).view(1, s, 1)
+    j = torch.arange(s).view(1, 1, s)
+    return (j <= t) & (j >= doc_start.view(-1, s, 1))  # [b, t, j]
+
+
+def indexer_scores(cfg, w, x, cq, cos, sin):
+    b, s, _ = x.shape
+    HI, DI, Dr = cfg["index_n_heads"], cfg["index_head_dim"], cfg["qk_rope_head_dim"]
+    qI = rope_half((cq @ w["indexer.wq_b.weight"].T).view(b, s, HI, DI), cos[:, None, :], sin[:, None, :], Dr)
+    kI = torch.nn.functional.layer_norm(x @ w["indexer.wk.weight"].T, (DI,), w["indexer.k_norm.weight"],
+                                        w["indexer.k_norm.bias"], eps=1e-6)
+    kI = rope_half(kI, cos, sin, Dr)
+    wts = (x @ w["indexer.weights_proj.weight"].T) * HI ** -0.5 * DI ** -0.5
+    return (torch.einsum("bthd,bjd->bthj", qI, kI).relu() * wts[..., None]).sum(2)  # [b, t, j]
+
+
+def dense_kl(cfg, I, q, k, doc_start, scale, row_weight):
+    """coeff * sum_t rw[t] kl(t) with P from the detached attention logits, over A(t)."""
+    b, s = I.shape[:2]
+    allowed = allowed_mask(doc_start, s)
+    row_ok = allowed.any(-1)
+    neg = torch.tensor(-float("inf"), dtype=I.dtype)
+    logits = torch.einsum("bthd,bjhd->bhtj", q, k) * scale
+    logits = torch.where(allowed[:, None] & row_ok[:, None, :, None], logits, neg)
+    logits = torch.where(row_ok[:, None, :, None], logits, torch.zeros_like(logits))
+    P = torch.softmax(logits, dim=-1).mean(1) * row_ok[..., None]
+    Im = torch.where(allowed, I, neg)
+    Im = torch.where(row_ok[..., None], Im, torch.zeros_like(Im))
+    logQ = torch.log_softmax(Im, dim=-1)
+    terms = torch.where(P > 0, P * (torch.log(torch.where(P > 0, P, torch.ones_like(P))) - logQ), torch.zeros_like(P))
+    kl = terms.sum(-1)
+    return cfg.get("indexer_loss_coeff", 0.01) * (kl * row_weight).sum()
+
+
+def topk_table(I, doc_start, K, W):
+    b, s = I.shape[:2]
+    out = -np.ones((b, s, K + W), dtype=np.int64)
+    gaps_ok = np.ones((b, s), dtype=bool)
+    for r in range(b):
+        for t in range(s):
+            lo = int(doc_start[r, t])
+            if lo > t:
+                continue
+            r_end = max(lo, t + 1 - W)
+            js = sorted(range(lo, r_end), key=lambda j: (-I[r, t, j], j))
+            n = min(K, len(js))
+            out[r, t, :n] = js[:n]
+            if len(js) > K and I[r, t, js[K - 1]] - I[r, t, js[K]] < 1e-4:
+                gaps_ok[r, t] = False
+            out[r, t, K : K + (t + 1 - r_end)] = range(r_end, t + 1)
+    return out, gaps_ok
+
+
+def mla_layer(cfg, w, x, doc_start, mode, extras=None):
     b, s, _ = x.shape
     H, Dn, Dr, Dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     Rkv, eps = cfg["kv_lora_rank"], cfg["rms_norm_eps"]
     if cfg.get("q_lora_rank"):
-        q = rms(x @ w["q_a_proj.weight"].T, w["q_a_layernorm.weight"], eps) @ w["q_b_proj.weight"].T
+        cq = rms(x @ w["q_a_proj.weight"].T, w["q_a_layernorm.weight"], eps)
+        q = cq @ w["q_b_proj.weight"].T
     else:
         q = x @ w["q_proj.weight"].T
     q = q.view(b, s, H, Dn + Dr)
@@ -94,10 +156,14 @@ def mla_layer(cfg, w, x, doc_start, mode):
     k_pe = rope_interleaved(kva[..., Rkv:], cos, sin)
     scale = softmax_scale(cfg)
     sink = w.get("softmax_offset")
-    if mode == "mha":
+    if mode in ("mha", "dsa_warmup"):
         kv = (c @ w["kv_b_proj.weight"].T).view(b, s, H, Dn + Dv)
         k = torch.cat([kv[..., :Dn], k_pe[:, :, None, :].expand(b, s, H, Dr)], dim=-1)
-        o, _ = torch_attention(torch.cat([q_nope, q_pe], -1), k, kv[..., Dn:], doc_start, sink, scale)
+        qq = torch.cat([q_nope, q_pe], -1)
+        o, _ = torch_attention(qq, k, kv[..., Dn:], doc_start, sink, scale)
+        if mode == "dsa_warmup":  # the indexer on detached inputs, the KL on detached q/k
+            extras["I"] = indexer_scores(cfg, w, x.detach(), cq.detach(), cos, sin)
+            extras["loss"] = dense_kl(cfg, extras["I"], qq.detach(), k.detach(), doc_start, scale, extras["rw"])
     else:
         kvb = w["kv_b_proj.weight"].view(H, Dn + Dv, Rkv)
         qa = torch.cat([torch.einsum("bshd,hdr->bshr", q_nope, kvb[:, :Dn]), q_pe], dim=-1)
@@ -107,17 +173,33 @@ def mla_layer(cfg, w, x, doc_start, mode):
     return o.reshape(b, s, H * Dv) @ w["o_proj.weight"].T
 
 
-def reference(cfg, weights, inp, doc_start, mode, dtype):
+def row_weights(cfg, inp, doc_start):
+    b, s = inp["hidden_states"].shape[:2]
+    nonempty = (doc_start <= torch.arange(s)).numpy()
+    mask = (inp["input_ids"] != (cfg.get("pad_token_id") or 0)) & nonempty
+    return torch.from_numpy(mask / max(mask.sum(), 1))
+
+
+def reference(cfg, weights, inp, doc_start, mode, dtype, indexer_only=False):
     w = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in weights.items()}
     x = torch.tensor(inp["hidden_states"], dtype=dtype, requires_grad=True)
-    y = mla_layer(cfg, w, x, doc_start, mode)
-    (y * torch.tensor(inp["grad_output"], dtype=dtype)).sum().backward()
-    res = {"output": y.detach(), "grad.hidden_states": x.grad}
-    res.update({"grad." + n: t.grad for n, t in w.items()})
+    extras = {"rw": row_weights(cfg, inp, doc_start).to(dtype)}
+    y = mla_layer(cfg, w, x, doc_start, mode, extras)
+    L = (y * torch.tensor(inp["grad_output"], dtype=dtype)).sum()
+    if mode == "dsa_warmup":
+        L = extras["loss"] if indexer_only else L + extras["loss"]
+    L.backward()
+    res = {"output": y.detach()}
+    if not indexer_only:
+        res["grad.hidden_states"] = x.grad
+    res.update({"grad." + n: t.grad for n, t in w.items() if not indexer_only or n.startswith("indexer.")})
+    if mode == "dsa_warmup":
+        res["indexer_loss"] = extras["loss"].detach().reshape(1)
+        res["I"] = extras["I"].detach()
     return {n: t.double().numpy() for n, t in res.items()}
 
 
-def base_config(q_lora, yarn, sink):
+def base_config(q_lora, yarn, sink, indexer=False):
     cfg = {
         "model_type": "deepseek_v32", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
         "q_lora_rank": 24 if q_lora else None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
@@ -126,6 +208,9 @@ def base_config(q_lora, yarn, sink):
         # MoE routing fields transformers writes: accepted and ignored.
         "n_routed_experts": 8, "num_experts_per_tok": 2, "first_k_dense_replace": 3,
     }
+    if indexer:
+        cfg.update({"index_n_heads": 4, "index_head_dim": 16, "index_topk": 6, "index_window": 2,
+                    "indexer_loss_coeff": 0.3})
     if yarn:
         cfg["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}
@@ -147,26 +232,35 @@ def make_weights(cfg, rng):
         w["q_a_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(Rq)).astype(np.float32)
     if cfg["attention_sink"]:
         w["softmax_offset"] = rng.standard_normal(H).astype(np.float32)
+    if cfg.get("index_n_heads"):
+        HI, DI = cfg["index_n_heads"], cfg["index_head_dim"]
+        w["indexer.wq_b.weight"] = (rng.standard_normal((HI * DI, Rq)) / math.sqrt(Rq)).astype(np.float32)
+        w["indexer.wk.weight"] = (rng.standard_normal((DI, hid)) / math.sqrt(hid)).astype(np.float32)
+        w["indexer.k_norm.weight"] = (1 + 0.1 * rng.standard_normal(DI)).astype(np.float32)
+        w["indexer.k_norm.bias"] = (0.1 * rng.standard_normal(DI)).astype(np.float32)
+        w["indexer.weights_proj.weight"] = (rng.standard_normal((HI, hid)) / math.sqrt(hid)).astype(np.float32)
     return w
 
 
 CASES = [
-    # name, mode, q_lora, yarn, sink, split (settings), layout
-    ("mha_docs", "mha", True, False, False, False, [0, 17, 18, 33]),
-    ("mqa_docs", "mqa_full_causal", True, False, False, False, [0, 17, 18, 33]),
-    ("mha_yarn_qproj", "mha", False, True, False, False, None),
-    ("mqa_yarn_sink_split", "mqa_full_causal", True, True, True, True, [0, 1, 25, 36]),
+    # name, mode, q_lora, yarn, sink, split (settings), layout, train_indexer_only
+    ("mha_docs", "mha", True, False, False, False, [0, 17, 18, 33], False),
+    ("mqa_docs", "mqa_full_causal", True, False, False, False, [0, 17, 18, 33], False),
+    ("mha_yarn_qproj", "mha", False, True, False, False, None, False),
+    ("mqa_yarn_sink_split", "mqa_full_causal", True, True, True, True, [0, 1, 25, 36], False),
+    ("warmup_docs", "dsa_warmup", True, True, False, False, [0, 17, 18, 33], False),
+    ("warmup_sink_indexer_only", "dsa_warmup", True, False, True, False, [0, 1, 25, 36], True),
 ]
 
 
 def run_case(case, hmla, workdir, rng):
-    name, mode, q_lora, yarn, sink, split, cu = case
-    cfg = base_config(q_lora, yarn, sink)
+    name, mode, q_lora, yarn, sink, split, cu, indexer_only = case
+    cfg = base_config(q_lora, yarn, sink, indexer=mode.startswith("dsa"))
     b, s = 1, 40
     weights = make_weights(cfg, rng)
     inp = {"hidden_states": rng.standard_normal((b, s, cfg["hidden_size"])).astype(np.float32),
            "grad_output": rng.standard_normal((b, s, cfg["hidden_size"])).astype(np.float32),
-           "input_ids": rng.integers(1, 100, (b, s)).astype(np.int64)}
+           "input_ids": rng.integers(0, 6, (b, s)).astype(np.int64)}  # some pad tokens (id 0)
     if cu is not None:
         inp["cu_seqlens"] = np.array(cu, dtype=np.int32)
     paths = {k: os.path.join(workdir, f"{name}.{k}") for k in ("config.json", "w.safetensors", "in.safetensors",
@@ -181,15 +275,28 @@ def run_case(case, hmla, workdir, rng):
         with open(paths["settings.yaml"], "w") as f:
             f.write("mqa_split_kv_b_proj: true\n")
         cmd += ["--settings", paths["settings.yaml"]]
+    if indexer_only:
+        cmd += ["--train-indexer-only"]
     subprocess.run(cmd, check=True)
     got = st.load(paths["out.safetensors"])
     doc_start = layout_doc_start(b, s, cu, None)
-    ref64 = reference(cfg, weights, inp, doc_start, mode, torch.float64)
-    ref32 = reference(cfg, weights, inp, doc_start, mode, torch.float32)
+    ref64 = reference(cfg, weights, inp, doc_start, mode, torch.float64, indexer_only)
+    ref32 = reference(cfg, weights, inp, doc_start, mode, torch.float32, indexer_only)
+    ok = True
+    if "I" in ref64:  # the selection: window exact, top-k as sets where the K-th gap is clear
+        I = ref64.pop("I")
+        ref32.pop("I")
+        K, W = cfg["index_topk"], cfg["index_window"]
+        want, gaps_ok = topk_table(I, doc_start.numpy(), K, W)
+        have = got.pop("topk_indices")
+        good = np.array_equal(have[..., K:], want[..., K:])
+        for r, t in zip(*np.nonzero(gaps_ok)):
+            good &= set(have[r, t, :K].tolist()) == set(want[r, t, :K].tolist())
+        print(f"{'ok  ' if good else 'FAIL'} {name:20s} topk_indices ({int(gaps_ok.sum())} rows compared as sets)")
+        ok &= bool(good)
     if set(got) != set(ref64):
         print(f"FAIL {name}: hmla wrote {sorted(got)}, expected {sorted(ref64)}")
         return False
-    ok = True
     for key in sorted(ref64):
         e_h, mref = max_err(got[key], ref64[key])
         e_t, _ = max_err(ref32[key], ref64[key])

@@ -10,6 +10,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/indexer.h"
 
 namespace hmla {
 
@@ -18,15 +19,16 @@ struct ParamSpec {
   Shape shape;
 };
 
-// The layer's tensors, in checkpoint form (kv_b_proj) or split (k_b_proj/v_b_proj) form.
-std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split_kv_b_proj);
+// The attention's own tensors, in checkpoint form (kv_b_proj) or split (k_b_proj/v_b_proj) form;
+// with `indexer`, followed by the five indexer tensors (indexer_param_table).
+std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split_kv_b_proj, bool indexer = false);
 
 // kv_b_proj [H(Dn+Dv), Rkv] <-> k_b_proj [H, Rkv, Dn] + v_b_proj [H, Dv, Rkv]; bit-exact copies.
 void split_kv_b_proj(io::TensorMap& w, const ModelConfig& c);
 void fold_kv_b_proj(io::TensorMap& w, const ModelConfig& c);
 
 // Checks that `w` holds exactly the table's tensors with their shapes (clear error otherwise).
-void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split_kv_b_proj,
+void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split_kv_b_proj, bool indexer,
                        const std::string& what);
 
 struct MlaLayer {
@@ -34,7 +36,14 @@ struct MlaLayer {
   int64_t layer = 0;
   bool split_kv_b_proj = false;  // weights hold k_b_proj/v_b_proj instead of kv_b_proj
   io::TensorMap weights;
+  LayerMode mode() const { return cfg->layer_modes[layer]; }
   bool latent() const { return latent_mqa_enabled(*cfg, layer); }
+};
+
+// The indexer's forward state (DESIGN.md section 5), kept by a dsa-mode layer.
+struct IndexerState {
+  Tensor kpre, k_mean, k_rstd;  // wk x before LayerNorm [N, DI] and its statistics [N]
+  IndexerScores sc;             // qI [b,s,HI,DI], kI [b,s,DI] (rope applied), w [b,s,HI]
 };
 
 // What the backward needs, named (STYLE.md: no hidden tape). N = b * s rows.
@@ -47,15 +56,24 @@ struct MlaSaved {
   Tensor qabs, ka;         // mqa: [N, H, Rkv + Dr], [N, 1, Rkv + Dr]
   AttnDenseSaved att;      // core output [b, s, H, Dv or Rkv] and lse
   Tensor o;                // [N, H, Dv] input of o_proj
+  IndexerState ind;        // dsa modes
+  Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table
+};
+
+struct MlaBackwardOptions {
+  Tensor row_weight;     // [b, s] loss-row weights for the indexer's KL (loss_row_weights)
+  bool backbone = true;  // false: skip the backbone's backward (train_indexer_only)
 };
 
 struct MlaGrads {
-  Tensor dx;               // [b, s, hidden]
-  io::TensorMap dweights;  // same names and shapes as the layer's weights
+  Tensor dx;               // [b, s, hidden]; undefined without the backbone's backward
+  io::TensorMap dweights;  // names and shapes of the layer's weights (indexer.* from the KL only)
+  double indexer_loss = 0; // coeff * sum_t rw kl (dsa modes)
+  double indexer_kl = 0;   // sum_t rw kl, for logging
 };
 
 Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved);
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
-                      const MlaSaved& saved, const Tensor& dy);
+                      const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {});
 
 }  // namespace hmla

@@ -1,0 +1,16 @@
+// cos/sin tables [s, Dr / 2] for positions 0..s-1 (the token's index in its packed row), with
+// the attention factor folded in; shared by the MLA layer and the indexer.
+#pragma once
+#include <vector>
+
+#include "hmla/model/config.h"
+
+namespace hmla {
+
+struct RopeCache {
+  std::vector<float> cos, sin;
+};
+
+RopeCache rope_cache(const ModelConfig& c, int64_t s);
+
+}  // namespace hmla
