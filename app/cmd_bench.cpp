@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "attention_bench.h"
+#include "indexer_bench.h"
 #include "commands.h"
 #include "hmla/core/error.h"
 
@@ -36,6 +37,24 @@ void add_bench_command(CLI::App& app) {
     HMLA_CHECK(o->heads % o->kv_heads == 0, ConfigError, "--kv-heads ", o->kv_heads,
                " must divide --heads ", o->heads);
     bench::run_attention_bench(*o, std::cout);
+  });
+
+  auto io = std::make_shared<bench::IndexerBenchOptions>();
+  CLI::App* ind = bench->add_subcommand(
+      "indexer",
+      "Lightning indexer on one causal document: scores + top-k, and the fused dense KL (time and\n"
+      "workspace) against the materialised [s, s] arm.");
+  ind->add_flag("--json", io->json, "one JSON object per line");
+  ind->add_option("--s", io->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
+  ind->add_option("--heads", io->heads, "attention heads H (the KL target)")->capture_default_str()->check(CLI::PositiveNumber);
+  ind->add_option("--dqk", io->dqk, "attention q/k width")->capture_default_str()->check(CLI::PositiveNumber);
+  ind->add_option("--index-heads", io->index_heads, "HI")->capture_default_str()->check(CLI::PositiveNumber);
+  ind->add_option("--index-dim", io->index_dim, "DI")->capture_default_str()->check(CLI::PositiveNumber);
+  ind->add_option("--topk", io->topk, "K")->capture_default_str()->check(CLI::PositiveNumber);
+  ind->add_flag("!--no-materialized", io->materialized, "skip the materialised arm");
+  ind->callback([io] {
+    for (int64_t s : io->seq_lens) HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
+    bench::run_indexer_bench(*io, std::cout);
   });
 }
 

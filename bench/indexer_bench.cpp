@@ -1,0 +1,111 @@
+// One causal document per s. Inputs (not counted): qI, kI, w, the attention's q, k and lse.
+// Workspace = allocator peak above the inputs, minus the gradient outputs dqI, dkI, dw that
+// every implementation returns alike.
+#include "indexer_bench.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "hmla/ops/attention.h"
+#include "indexer_materialized.h"
+
+namespace hmla::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Tensor randn(const Shape& shape, std::mt19937_64& rng, float sd) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  std::normal_distribution<float> nd(0.f, sd);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = nd(rng);
+  return t;
+}
+
+struct Timed {
+  double ms = 0;
+  size_t workspace = 0;
+  double kl = 0;
+};
+
+template <class F>
+Timed measure(F f) {
+  Allocator& a = allocator(Device::cpu);
+  const size_t live = a.live_bytes();
+  a.reset_peak();
+  auto t0 = Clock::now();
+  IndexerKlResult r = f();
+  Timed out;
+  out.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  const size_t grads = r.dqI.nbytes() + r.dkI.nbytes() + r.dw.nbytes();
+  out.workspace = a.peak_bytes() - live - grads;
+  out.kl = r.kl_sum;
+  return out;
+}
+
+}  // namespace
+
+void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
+  const int threads = omp_get_max_threads();
+  std::mt19937_64 rng(7);
+  if (!o.json)
+    os << std::left << std::setw(7) << "s" << std::right << std::setw(16) << "scores_topk_ms" << std::setw(14)
+       << "dense_kl_ms" << std::setw(14) << "kl_ws_MiB" << std::setw(16) << "material_ms" << std::setw(16)
+       << "material_MiB" << std::setw(10) << "ws_ratio" << "\n";
+  for (int64_t s : o.seq_lens) {
+    DocLayout layout = layout_causal(1, s);
+    IndexerKlInputs in;
+    in.sc = {randn({1, s, o.index_heads, o.index_dim}, rng, 0.3f), randn({1, s, o.index_dim}, rng, 0.3f),
+             randn({1, s, o.index_heads}, rng, 0.1f), &layout};
+    in.q = randn({1, s, o.heads, o.dqk}, rng, 1.f);
+    in.k = randn({1, s, o.heads, o.dqk}, rng, 1.f);
+    in.scale = 1.f / std::sqrt(float(o.dqk));
+    in.coeff = 0.01f;
+    in.row_weight = Tensor::empty({1, s}, DType::f32);
+    for (int64_t t = 0; t < s; ++t) in.row_weight.data<float>()[t] = 1.f / float(s);
+    {  // the attention's lse: an input, computed once and not timed
+      AttnDenseInputs a{in.q, in.k, in.k.slice(3, 0, 8), &layout, {}, in.scale};
+      in.lse_c = attn_dense_fwd(a).lse;
+    }
+    auto t0 = Clock::now();
+    { Tensor idx = indexer_topk(in.sc, o.topk, 0); }
+    const double topk_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    Timed fused = measure([&] { return indexer_kl_dense(in); });
+    Timed mat;
+    if (o.materialized) mat = measure([&] { return indexer_kl_materialized(in); });
+    if (o.json) {
+      nlohmann::ordered_json j;
+      j["bench"] = "indexer";
+      j["s"] = s;
+      j["H"] = o.heads;
+      j["dqk"] = o.dqk;
+      j["HI"] = o.index_heads;
+      j["DI"] = o.index_dim;
+      j["K"] = o.topk;
+      j["threads"] = threads;
+      j["scores_topk_ms"] = topk_ms;
+      j["dense_kl_ms"] = fused.ms;
+      j["dense_kl_workspace_bytes"] = fused.workspace;
+      if (o.materialized) {
+        j["materialized_kl_ms"] = mat.ms;
+        j["materialized_kl_workspace_bytes"] = mat.workspace;
+        j["kl_rel_diff"] = std::abs(fused.kl - mat.kl) / std::max(std::abs(mat.kl), 1e-30);
+      }
+      os << j.dump() << std::endl;
+    } else {
+      os << std::left << std::setw(7) << s << std::right << std::fixed << std::setprecision(1) << std::setw(16)
+         << topk_ms << std::setw(14) << fused.ms << std::setw(14) << fused.workspace / 1048576.0;
+      if (o.materialized)
+        os << std::setw(16) << mat.ms << std::setw(16) << mat.workspace / 1048576.0 << std::setw(10)
+           << double(mat.workspace) / double(fused.workspace);
+      os << std::endl;
+    }
+  }
+}
+
+}  // namespace hmla::bench

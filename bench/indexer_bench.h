@@ -1,0 +1,18 @@
+// `hmla bench indexer`: scores + top-k, and the fused dense KL against the materialised arm.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <vector>
+
+namespace hmla::bench {
+
+struct IndexerBenchOptions {
+  std::vector<int64_t> seq_lens{2048, 4096, 8192, 16384};
+  int64_t heads = 16, dqk = 192, index_heads = 64, index_dim = 128, topk = 2048;
+  bool materialized = true;
+  bool json = false;
+};
+
+void run_indexer_bench(const IndexerBenchOptions& opt, std::ostream& os);
+
+}  // namespace hmla::bench
