@@ -1,0 +1,43 @@
+// Sparse latent MQA attention (DESIGN.md section 4, FlashMLA conventions): each query row t
+// attends over the keys listed in idx[t, 0..K+W) (-1 = no key; duplicates rejected), all H
+// heads sharing one (Rkv + Dr)-wide key per position whose first Dv = Rkv channels are the value.
+//   l_h(t, j) = scale * q_h(t) . kv(j);  P_h = softmax over the listed j (+ exp(sink_h) in the
+//   denominator);  out_h(t) = sum_j P_h(t, j) kv(j)[:Dv];  lse_h(t) saved.
+// With K > 0 the forward also saves lse_c: the logsumexp over the first K slots only, without the
+// sink (the indexer KL's lseC when a window or a sink makes it differ from lse).
+// Rows without a listed key: out = 0, lse = lse_c = +inf, zero gradients.
+// Cost O(s * (K + W) * H * (Rkv + Dr)); -1 slots cost nothing. The backward overwrites dq, dkv
+// (the key's and the value's gradient in one tensor) and dsink.
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/tensor.h"
+
+namespace hmla {
+
+struct AttnSparseInputs {
+  Tensor q;      // [b, s, H, Dqk], last dim contiguous
+  Tensor kv;     // [b, s, Dqk] contiguous: the shared key; value = its first Dv channels
+  int64_t Dv = 0;
+  Tensor idx;    // [b, s, KW] i32 contiguous
+  int64_t K = 0; // slots [0, K) are the top-k candidates (lse_c); 0: no lse_c
+  Tensor sink;   // [H] f32, optional
+  float scale = 0.f;
+};
+
+struct AttnSparseSaved {
+  Tensor out;    // [b, s, H, Dv]
+  Tensor lse;    // [b, H, s]
+  Tensor lse_c;  // [b, H, s], only with K > 0
+};
+
+struct AttnSparseGrads {
+  Tensor dq;     // [b, s, H, Dqk]
+  Tensor dkv;    // [b, s, Dqk]
+  Tensor dsink;  // [H], with a sink
+};
+
+AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in);
+AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& saved, const Tensor& dout);
+
+}  // namespace hmla

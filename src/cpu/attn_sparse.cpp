@@ -1,0 +1,175 @@
+// Sparse latent MQA attention on the CPU. Work item = one query row: its listed keys are
+// gathered once (candidates first, then window keys) and shared by all H heads, so each row is
+// two products forward ([H, n] logits, [H, Dv] output) and four backward. dkv sums over rows:
+// each thread accumulates into its own partial, added in thread order at the end; rows are
+// statically assigned, so the bits are fixed for a thread count.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "gemm.h"
+#include "hmla/ops/sparse_attention.h"
+#include "softmax_tile.h"
+
+namespace hmla::cpu {
+
+namespace {
+
+struct Geo {
+  int64_t b, s, H, Dqk, Dv, KW, K;
+  int64_t qb, qr, qh;
+};
+
+Geo geo(const AttnSparseInputs& in) {
+  return {in.q.size(0), in.q.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2), in.K,
+          in.q.stride(0), in.q.stride(1), in.q.stride(2)};
+}
+
+// Gathers row `row`'s keys into Kg [n, Dqk] (slots < K first); returns n, sets nc (candidates).
+int64_t gather(const Geo& g, const int32_t* idx, const float* kv, int64_t row, float* Kg, int32_t* js, int64_t& nc) {
+  const int64_t bb = row / g.s;
+  int64_t n = 0;
+  for (int pass = 0; pass < 2; ++pass)
+    for (int64_t i = pass ? g.K : 0; i < (pass ? g.KW : g.K); ++i) {
+      const int32_t j = idx[row * g.KW + i];
+      if (j < 0) continue;
+      js[n] = j;
+      std::memcpy(Kg + n * g.Dqk, kv + (bb * g.s + j) * g.Dqk, g.Dqk * sizeof(float));
+      ++n;
+    }
+  nc = 0;
+  for (int64_t i = 0; i < g.K; ++i) nc += idx[row * g.KW + i] >= 0;
+  return n;
+}
+
+constexpr int64_t kRowChunk = 16;  // static chunks: rows near the start have fewer keys
+
+}  // namespace
+
+void attn_sparse_fwd_cpu(const AttnSparseInputs& in, AttnSparseSaved& sv) {
+  const Geo g = geo(in);
+  const int nthreads = omp_get_max_threads();
+  const int64_t per_thread = g.KW * g.Dqk + g.H * g.KW;
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
+  std::vector<std::vector<int32_t>> js(nthreads, std::vector<int32_t>(g.KW));
+  const float *q = in.q.data<float>(), *kv = in.kv.data<float>();
+  const int32_t* idx = in.idx.data<int32_t>();
+  float *out = sv.out.data<float>(), *lse = sv.lse.data<float>();
+  float* lse_c = g.K > 0 ? sv.lse_c.data<float>() : nullptr;
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int th = omp_get_thread_num();
+    float* Kg = scratch.data<float>() + th * per_thread;
+    float* L = Kg + g.KW * g.Dqk;
+#pragma omp for schedule(static, kRowChunk)
+    for (int64_t row = 0; row < g.b * g.s; ++row) {
+      const int64_t bb = row / g.s, t = row % g.s;
+      int64_t nc = 0;
+      const int64_t n = gather(g, idx, kv, row, Kg, js[th].data(), nc);
+      float* o = out + row * g.H * g.Dv;
+      if (n == 0) {
+        std::memset(o, 0, g.H * g.Dv * sizeof(float));
+        for (int64_t h = 0; h < g.H; ++h) {
+          lse[(bb * g.H + h) * g.s + t] = INFINITY;
+          if (lse_c) lse_c[(bb * g.H + h) * g.s + t] = INFINITY;
+        }
+        continue;
+      }
+      const float* Q = q + bb * g.qb + t * g.qr;
+      sgemm(Trans::no, Trans::yes, g.H, n, g.Dqk, in.scale, Q, g.qh, Kg, g.Dqk, 0.f, L, n);
+      for (int64_t h = 0; h < g.H; ++h) {
+        float* l = L + h * n;
+        if (lse_c) {  // over the candidates only, no sink
+          float mc = -INFINITY;
+          for (int64_t i = 0; i < nc; ++i) mc = std::max(mc, l[i]);
+          float zc = 0.f;
+          for (int64_t i = 0; i < nc; ++i) zc += std::exp(l[i] - mc);
+          lse_c[(bb * g.H + h) * g.s + t] = nc > 0 ? mc + std::log(zc) : INFINITY;
+        }
+        float m = -INFINITY, z = 0.f;
+        softmax_online_tile(l, 1, n, &m, &z, nullptr, 0);  // l = exp(l - m), z = sum
+        if (in.sink.defined()) z += std::exp(in.sink.data<float>()[h] - m);
+        const float inv = 1.f / z;
+        for (int64_t i = 0; i < n; ++i) l[i] *= inv;
+        lse[(bb * g.H + h) * g.s + t] = m + std::log(z);
+      }
+      sgemm(Trans::no, Trans::no, g.H, g.Dv, n, 1.f, L, n, Kg, g.Dqk, 0.f, o, g.Dv);
+    }
+  }
+}
+
+void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
+                         AttnSparseGrads& gr) {
+  const Geo g = geo(in);
+  const int nthreads = omp_get_max_threads();
+  const int64_t per_thread = 2 * g.KW * g.Dqk + 2 * g.H * g.KW + g.H;
+  Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
+  Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.Dqk}, DType::f32);
+  Tensor dsink_part = Tensor::zeros({nthreads, g.H}, DType::f32);
+  std::vector<std::vector<int32_t>> js(nthreads, std::vector<int32_t>(g.KW));
+  const float *q = in.q.data<float>(), *kv = in.kv.data<float>(), *dO = dout.data<float>();
+  const float *out = sv.out.data<float>(), *lse = sv.lse.data<float>();
+  const int32_t* idx = in.idx.data<int32_t>();
+  float* dq = gr.dq.data<float>();
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int th = omp_get_thread_num();
+    float* Kg = scratch.data<float>() + th * per_thread;
+    float* dKg = Kg + g.KW * g.Dqk;
+    float* P = dKg + g.KW * g.Dqk;
+    float* dS = P + g.H * g.KW;
+    float* D = dS + g.H * g.KW;
+    float* dkv = partial.data<float>() + th * g.b * g.s * g.Dqk;
+    float* dsink = dsink_part.data<float>() + th * g.H;
+#pragma omp for schedule(static, kRowChunk)
+    for (int64_t row = 0; row < g.b * g.s; ++row) {
+      const int64_t bb = row / g.s, t = row % g.s;
+      float* dq_t = dq + row * g.H * g.Dqk;
+      int64_t nc = 0;
+      const int64_t n = gather(g, idx, kv, row, Kg, js[th].data(), nc);
+      if (n == 0) {
+        std::memset(dq_t, 0, g.H * g.Dqk * sizeof(float));
+        continue;
+      }
+      const float* Q = q + bb * g.qb + t * g.qr;
+      const float* dO_t = dO + row * g.H * g.Dv;
+      const float* O_t = out + row * g.H * g.Dv;
+      sgemm(Trans::no, Trans::yes, g.H, n, g.Dqk, in.scale, Q, g.qh, Kg, g.Dqk, 0.f, P, n);
+      for (int64_t h = 0; h < g.H; ++h) {
+        const float l = lse[(bb * g.H + h) * g.s + t];
+        for (int64_t i = 0; i < n; ++i) P[h * n + i] = std::exp(P[h * n + i] - l);
+        float d = 0.f;
+        for (int64_t c = 0; c < g.Dv; ++c) d += dO_t[h * g.Dv + c] * O_t[h * g.Dv + c];
+        D[h] = d;
+        if (in.sink.defined()) dsink[h] -= std::exp(in.sink.data<float>()[h] - l) * d;
+      }
+      sgemm(Trans::no, Trans::yes, g.H, n, g.Dv, 1.f, dO_t, g.Dv, Kg, g.Dqk, 0.f, dS, n);  // dP
+      dscores_tile(dS, P, g.H, n, D, in.scale);
+      sgemm(Trans::no, Trans::no, g.H, g.Dqk, n, 1.f, dS, n, Kg, g.Dqk, 0.f, dq_t, g.Dqk);
+      sgemm(Trans::yes, Trans::no, n, g.Dqk, g.H, 1.f, dS, n, Q, g.qh, 0.f, dKg, g.Dqk);
+      sgemm(Trans::yes, Trans::no, n, g.Dv, g.H, 1.f, P, n, dO_t, g.Dv, 1.f, dKg, g.Dqk);
+      for (int64_t i = 0; i < n; ++i) {
+        float* dst = dkv + (bb * g.s + js[th][i]) * g.Dqk;
+        const float* src = dKg + i * g.Dqk;
+        for (int64_t c = 0; c < g.Dqk; ++c) dst[c] += src[c];
+      }
+    }
+  }
+  float* dkv = gr.dkv.data<float>();
+  const int64_t total = g.b * g.s * g.Dqk;
+  std::memcpy(dkv, partial.data<float>(), total * sizeof(float));
+  for (int th = 1; th < nthreads; ++th) {
+    const float* p = partial.data<float>() + th * total;
+    for (int64_t i = 0; i < total; ++i) dkv[i] += p[i];
+  }
+  if (in.sink.defined())
+    for (int64_t h = 0; h < g.H; ++h) {
+      float sum = 0.f;
+      for (int th = 0; th < nthreads; ++th) sum += dsink_part.data<float>()[th * g.H + h];
+      gr.dsink.data<float>()[h] = sum;
+    }
+}
+
+}  // namespace hmla::cpu

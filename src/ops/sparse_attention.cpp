@@ -1,0 +1,82 @@
+// Entry points of sparse latent MQA attention: the index table's contract is checked here
+// (entries in [-1, s), no duplicate in a row), then the CPU kernel runs.
+#include "hmla/ops/sparse_attention.h"
+
+#include <cmath>
+#include <vector>
+
+#include "hmla/core/error.h"
+
+namespace hmla {
+
+namespace cpu {
+void attn_sparse_fwd_cpu(const AttnSparseInputs& in, AttnSparseSaved& sv);
+void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
+                         AttnSparseGrads& gr);
+}  // namespace cpu
+
+namespace {
+
+void check(const AttnSparseInputs& in) {
+  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.dtype() == DType::f32 && in.q.stride(3) == 1 &&
+                 in.q.device() == Device::cpu,
+             ShapeError, "sparse attention: q must be f32 [b, s, H, Dqk] on the CPU, last dim contiguous");
+  const int64_t b = in.q.size(0), s = in.q.size(1), Dqk = in.q.size(3);
+  HMLA_CHECK(in.kv.defined() && in.kv.shape() == Shape({b, s, Dqk}) && in.kv.is_contiguous() &&
+                 in.kv.dtype() == DType::f32,
+             ShapeError, "sparse attention: kv must be a contiguous f32 [b, s, Dqk] = ", shape_str({b, s, Dqk}),
+             " tensor, got ", in.kv.defined() ? shape_str(in.kv.shape()) : "undefined");
+  HMLA_CHECK(in.Dv >= 1 && in.Dv <= Dqk, ShapeError, "sparse attention: Dv = ", in.Dv, " must be in [1, Dqk = ",
+             Dqk, "]");
+  HMLA_CHECK(in.idx.defined() && in.idx.dtype() == DType::i32 && in.idx.dim() == 3 && in.idx.size(0) == b &&
+                 in.idx.size(1) == s && in.idx.is_contiguous() && in.idx.size(2) >= 1,
+             ShapeError, "sparse attention: idx must be a contiguous i32 [b, s, K + W] table");
+  HMLA_CHECK(in.K >= 0 && in.K <= in.idx.size(2), ShapeError, "sparse attention: K = ", in.K,
+             " must be in [0, K + W = ", in.idx.size(2), "]");
+  HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ShapeError, "sparse attention: scale must be positive");
+  if (in.sink.defined())
+    HMLA_CHECK(in.sink.shape() == Shape({in.q.size(2)}) && in.sink.dtype() == DType::f32, ShapeError,
+               "sparse attention: sink must be f32 [H]");
+  // -1 or a position of the row; no key twice (stamps: O(s * (K + W)) in all).
+  const int64_t KW = in.idx.size(2);
+  const int32_t* idx = in.idx.data<int32_t>();
+  std::vector<int64_t> stamp(s, -1);
+  for (int64_t row = 0; row < b * s; ++row)
+    for (int64_t i = 0; i < KW; ++i) {
+      const int32_t j = idx[row * KW + i];
+      if (j == -1) continue;
+      HMLA_CHECK(j >= 0 && j < s, ShapeError, "sparse attention: idx[", row / s, ", ", row % s, ", ", i, "] = ", j,
+                 " is neither -1 nor a position in [0, ", s, ")");
+      HMLA_CHECK(stamp[j] != row, ShapeError, "sparse attention: row ", row % s, " of batch ", row / s,
+                 " lists key ", j, " twice; duplicates are not allowed");
+      stamp[j] = row;
+    }
+}
+
+}  // namespace
+
+AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
+  check(in);
+  const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
+  AttnSparseSaved sv{Tensor::empty({b, s, H, in.Dv}, DType::f32), Tensor::empty({b, H, s}, DType::f32),
+                     in.K > 0 ? Tensor::empty({b, H, s}, DType::f32) : Tensor()};
+  cpu::attn_sparse_fwd_cpu(in, sv);
+  return sv;
+}
+
+AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout) {
+  check(in);
+  const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
+  HMLA_CHECK(dout.defined() && dout.shape() == Shape({b, s, H, in.Dv}) && dout.is_contiguous() &&
+                 dout.dtype() == DType::f32,
+             ShapeError, "sparse attention: dout must be a contiguous f32 ", shape_str({b, s, H, in.Dv}));
+  HMLA_CHECK(sv.out.defined() && sv.out.shape() == Shape({b, s, H, in.Dv}) && sv.lse.defined() &&
+                 sv.lse.shape() == Shape({b, H, s}),
+             ShapeError, "sparse attention: the saved out/lse do not match the inputs");
+  AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, DType::f32), Tensor::empty({b, s, in.q.size(3)}, DType::f32),
+                    in.sink.defined() ? Tensor::empty({H}, DType::f32) : Tensor()};
+  cpu::attn_sparse_bwd_cpu(in, sv, dout, g);
+  return g;
+}
+
+}  // namespace hmla

@@ -1,0 +1,189 @@
+// Sparse latent MQA attention against the float64 oracle (STYLE.md rule), finite differences of
+// the oracle, empty rows, the table contract, determinism, and agreement with dense MQA when the
+// table lists every allowed key.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "attn_sparse_ref.h"
+#include "hmla/ops/attention.h"
+#include "hmla/ops/sparse_attention.h"
+#include "testing.h"
+
+namespace hmla {
+namespace {
+
+using testing::randn;
+using testing::to_f64;
+
+// Random causal tables: row t lists up to K distinct keys of [0, t] (some -1 holes), then a
+// window of the last W keys not already listed.
+std::vector<int32_t> random_table(int64_t b, int64_t s, int64_t K, int64_t W, uint64_t seed, bool empty_rows) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> idx(b * s * (K + W), -1);
+  for (int64_t r = 0; r < b * s; ++r) {
+    const int64_t t = r % s;
+    if (empty_rows && t % 7 == 3) continue;
+    std::vector<int32_t> keys(t + 1);
+    std::iota(keys.begin(), keys.end(), 0);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    int64_t n = 0;
+    for (int64_t i = 0; i < K && n < int64_t(keys.size()); ++i)
+      if (rng() % 5) idx[r * (K + W) + i] = keys[n++];
+    for (int64_t i = 0; i < W && n < int64_t(keys.size()); ++i) idx[r * (K + W) + K + i] = keys[n++];
+  }
+  return idx;
+}
+
+struct SparseCase {
+  std::string name;
+  int64_t b, s, H, Dqk, Dv, K, W;
+  bool sink, empty_rows;
+};
+void PrintTo(const SparseCase& c, std::ostream* os) { *os << c.name; }
+
+class AttnSparseCases : public ::testing::TestWithParam<SparseCase> {};
+
+TEST_P(AttnSparseCases, MatchesFloat64OracleByTheRule) {
+  const SparseCase& c = GetParam();
+  auto q = randn(c.b * c.s * c.H * c.Dqk, 1), kv = randn(c.b * c.s * c.Dqk, 2), dout = randn(c.b * c.s * c.H * c.Dv, 3);
+  auto sink = c.sink ? randn(c.H, 4) : std::vector<float>{};
+  auto idx = random_table(c.b, c.s, c.K, c.W, 5, c.empty_rows);
+  const float scale = 0.15f;
+  AttnSparseInputs in{Tensor::from_vector<float>({c.b, c.s, c.H, c.Dqk}, q), Tensor::from_vector<float>({c.b, c.s, c.Dqk}, kv),
+                      c.Dv, Tensor::from_vector<int32_t>({c.b, c.s, c.K + c.W}, idx), c.K,
+                      c.sink ? Tensor::from_vector<float>({c.H}, sink) : Tensor(), scale};
+  AttnSparseSaved sv = attn_sparse_fwd(in);
+  AttnSparseGrads g = attn_sparse_bwd(in, sv, Tensor::from_vector<float>({c.b, c.s, c.H, c.Dv}, dout));
+  ref::SparseDims d{c.b, c.s, c.H, c.Dqk, c.Dv, c.K + c.W, c.K};
+  auto o64 = ref::attn_sparse_ref<double>(d, to_f64(q), to_f64(kv), idx, to_f64(sink), double(scale), to_f64(dout));
+  auto o32 = ref::attn_sparse_ref<float>(d, q, kv, idx, sink, scale, dout);
+  testing::expect_within_rule("out", sv.out.to_vector<float>(), o32.out, o64.out);
+  testing::expect_within_rule("lse", sv.lse.to_vector<float>(), o32.lse, o64.lse);
+  testing::expect_within_rule("lse_c", sv.lse_c.to_vector<float>(), o32.lse_c, o64.lse_c);
+  testing::expect_within_rule("dq", g.dq.to_vector<float>(), o32.dq, o64.dq);
+  testing::expect_within_rule("dkv", g.dkv.to_vector<float>(), o32.dkv, o64.dkv);
+  if (c.sink) testing::expect_within_rule("dsink", g.dsink.to_vector<float>(), o32.dsink, o64.dsink);
+  if (c.empty_rows) {  // rows without keys: exactly 0, lse = +inf, zero dq
+    auto out = sv.out.to_vector<float>(), dq = g.dq.to_vector<float>(), lse = sv.lse.to_vector<float>();
+    for (int64_t t = 3; t < c.s; t += 7) {
+      for (int64_t i = 0; i < c.H * c.Dv; ++i) EXPECT_EQ(out[t * c.H * c.Dv + i], 0.f);
+      for (int64_t i = 0; i < c.H * c.Dqk; ++i) EXPECT_EQ(dq[t * c.H * c.Dqk + i], 0.f);
+      EXPECT_EQ(lse[t], INFINITY);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, AttnSparseCases,
+                         ::testing::Values(SparseCase{"topk_only", 1, 60, 4, 24, 16, 8, 0, false, false},
+                                           SparseCase{"window_sink_empty_rows", 2, 70, 4, 24, 16, 6, 3, true, true},
+                                           SparseCase{"latent_576_512", 1, 40, 2, 576, 512, 16, 4, true, false},
+                                           SparseCase{"h1_long_rows", 1, 90, 1, 16, 8, 64, 8, false, true}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(AttnSparseOracle, GradientsMatchFiniteDifferences) {
+  ref::SparseDims d{1, 6, 2, 5, 3, 4, 3};
+  auto q = to_f64(randn(6 * 2 * 5, 11)), kv = to_f64(randn(6 * 5, 12)), sink = to_f64(randn(2, 13));
+  auto dout = to_f64(randn(6 * 2 * 3, 14));
+  std::vector<int32_t> idx = random_table(1, 6, 3, 1, 15, false);
+  auto base = ref::attn_sparse_ref<double>(d, q, kv, idx, sink, 0.6, dout);
+  auto loss = [&] {
+    auto r = ref::attn_sparse_ref<double>(d, q, kv, idx, sink, 0.6, {});
+    double L = 0;
+    for (size_t i = 0; i < r.out.size(); ++i) L += r.out[i] * dout[i];
+    return L;
+  };
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double x0 = x[i], h = 1e-6;
+      x[i] = x0 + h;
+      const double lp = loss();
+      x[i] = x0 - h;
+      const double lm = loss();
+      x[i] = x0;
+      EXPECT_NEAR(grad[i], (lp - lm) / (2 * h), 1e-7) << name << "[" << i << "]";
+    }
+  };
+  check(q, base.dq, "dq");
+  check(kv, base.dkv, "dkv");
+  check(sink, base.dsink, "dsink");
+}
+
+TEST(AttnSparse, TableContractAndDeterminism) {
+  auto q = randn(1 * 8 * 2 * 8, 1), kv = randn(8 * 8, 2);
+  std::vector<int32_t> idx(8 * 3, -1);
+  idx[5 * 3] = 2;
+  idx[5 * 3 + 1] = 4;
+  AttnSparseInputs in{Tensor::from_vector<float>({1, 8, 2, 8}, q), Tensor::from_vector<float>({1, 8, 8}, kv), 4,
+                      Tensor::from_vector<int32_t>({1, 8, 3}, idx), 2, {}, 0.3f};
+  EXPECT_NO_THROW(attn_sparse_fwd(in));
+  idx[5 * 3 + 2] = 2;  // duplicate
+  in.idx = Tensor::from_vector<int32_t>({1, 8, 3}, idx);
+  EXPECT_THROW(attn_sparse_fwd(in), ShapeError);
+  idx[5 * 3 + 2] = 8;  // out of range
+  in.idx = Tensor::from_vector<int32_t>({1, 8, 3}, idx);
+  EXPECT_THROW(attn_sparse_fwd(in), ShapeError);
+  idx[5 * 3 + 2] = -2;
+  in.idx = Tensor::from_vector<int32_t>({1, 8, 3}, idx);
+  EXPECT_THROW(attn_sparse_fwd(in), ShapeError);
+
+  // Same inputs, same bits, run to run.
+  auto big = random_table(2, 80, 12, 3, 9, true);
+  AttnSparseInputs r{Tensor::from_vector<float>({2, 80, 4, 24}, randn(2 * 80 * 4 * 24, 3)),
+                     Tensor::from_vector<float>({2, 80, 24}, randn(2 * 80 * 24, 4)), 16,
+                     Tensor::from_vector<int32_t>({2, 80, 15}, big), 12, {}, 0.2f};
+  Tensor dout = Tensor::from_vector<float>({2, 80, 4, 16}, randn(2 * 80 * 4 * 16, 5));
+  AttnSparseSaved s1 = attn_sparse_fwd(r), s2 = attn_sparse_fwd(r);
+  AttnSparseGrads g1 = attn_sparse_bwd(r, s1, dout), g2 = attn_sparse_bwd(r, s2, dout);
+  EXPECT_EQ(0, std::memcmp(s1.out.raw_data(), s2.out.raw_data(), s1.out.nbytes()));
+  EXPECT_EQ(0, std::memcmp(g1.dkv.raw_data(), g2.dkv.raw_data(), g1.dkv.nbytes()));
+  EXPECT_EQ(0, std::memcmp(g1.dq.raw_data(), g2.dq.raw_data(), g1.dq.nbytes()));
+}
+
+// A table listing all of A(t) makes sparse attention the dense MQA core (up to reassociation).
+TEST(AttnSparse, FullTableEqualsDenseMqa) {
+  const int64_t s = 50, H = 3, Dqk = 20, Dv = 12;
+  DocLayout layout = layout_from_cu_seqlens(s, {{0, 17, 18, 44}});
+  auto ds = layout.doc_start.to_vector<int32_t>();
+  std::vector<int32_t> idx(s * s, -1);
+  for (int64_t t = 0; t < s; ++t)
+    for (int64_t j = ds[t], n = 0; j <= t; ++j) idx[t * s + n++] = int32_t(t - (j - ds[t]));  // any order
+  Tensor q = Tensor::from_vector<float>({1, s, H, Dqk}, randn(s * H * Dqk, 1));
+  Tensor kv = Tensor::from_vector<float>({1, s, Dqk}, randn(s * Dqk, 2));
+  Tensor sink = Tensor::from_vector<float>({H}, randn(H, 3));
+  Tensor dout = Tensor::from_vector<float>({1, s, H, Dv}, randn(s * H * Dv, 4));
+  AttnSparseInputs sp{q, kv, Dv, Tensor::from_vector<int32_t>({1, s, s}, idx), 0, sink, 0.25f};
+  AttnSparseSaved a = attn_sparse_fwd(sp);
+  AttnSparseGrads ga = attn_sparse_bwd(sp, a, dout);
+  Tensor k4 = kv.view({1, s, 1, Dqk});
+  AttnDenseInputs de{q, k4, k4.slice(3, 0, Dv), &layout, sink, 0.25f};
+  AttnDenseSaved b = attn_dense_fwd(de);
+  AttnDenseGrads gb = attn_dense_bwd(de, b, dout);
+  auto close = [](const Tensor& x, const Tensor& y, double tol) {
+    auto u = x.to_vector<float>(), v = y.to_vector<float>();
+    double m = 0, e = 0;
+    for (size_t i = 0; i < u.size(); ++i) {
+      if (std::isinf(v[i])) {
+        EXPECT_EQ(u[i], v[i]);
+        continue;
+      }
+      e = std::max(e, std::abs(double(u[i]) - v[i]));
+      m = std::max(m, std::abs(double(v[i])));
+    }
+    EXPECT_LE(e, tol * m);
+  };
+  close(a.out, b.out, 1e-5);
+  close(a.lse, b.lse, 1e-5);
+  close(ga.dq, gb.dq, 1e-5);
+  auto dk = gb.dk.to_vector<float>(), dv = gb.dv.to_vector<float>();
+  for (int64_t t = 0; t < s; ++t)
+    for (int64_t c = 0; c < Dv; ++c) dk[t * Dqk + c] += dv[t * Dv + c];
+  close(ga.dkv, Tensor::from_vector<float>({1, s, Dqk}, dk), 1e-5);
+  close(ga.dsink, gb.dsink, 1e-5);
+}
+
+}  // namespace
+}  // namespace hmla
