@@ -37,7 +37,7 @@ void add_layer_command(CLI::App& app) {
       "cu_seqlens (b = 1). OUT gets output, grad.hidden_states and grad.<name> for every tensor of W;\n"
       "dsa modes add indexer_loss [1] and topk_indices [b,s,K+W] (L then includes the indexer loss).");
   cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")->required();
-  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup");
+  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup | dsa_sparse");
   cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str();
   cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)");
   cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")->required();

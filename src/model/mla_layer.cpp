@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "gemm.h"
+#include "hmla/ops/sparse_attention.h"
 #include "nn.h"
 #include "rope_cache.h"
 
@@ -72,6 +73,18 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d
     in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
     in.v = sv.v.view({d.b, d.s, d.H, d.Dn + d.Dv}).slice(3, d.Dn, d.Dn + d.Dv);
   }
+  return in;
+}
+
+AttnSparseInputs sparse_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d) {
+  AttnSparseInputs in;
+  in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
+  in.kv = sv.ka.view({d.b, d.s, d.Rkv + d.Dr});
+  in.Dv = d.Rkv;
+  in.idx = sv.topk;
+  in.K = L.cfg->index_topk;
+  if (L.cfg->attention_sink) in.sink = L.weights.at("softmax_offset");
+  in.scale = static_cast<float>(softmax_scale(*L.cfg));
   return in;
 }
 
@@ -163,8 +176,6 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() && x.dtype() == DType::f32,
              ShapeError, "mla layer: hidden_states must be contiguous f32 [b, s, ", cfg.hidden_size,
              "], got ", shape_str(x.shape()));
-  HMLA_CHECK(L.mode() != LayerMode::dsa_sparse, ConfigError, "layer ", L.layer,
-             ": dsa_sparse needs the sparse attention core, which this build does not have yet");
   HMLA_CHECK(!L.split_kv_b_proj || L.latent(), ConfigError, "layer ", L.layer, ": mqa_split_kv_b_proj needs a latent MQA mode, not ",
              mode_name(cfg.layer_modes[L.layer]));
   const Dims d = dims(cfg, x);
@@ -199,6 +210,10 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
     std::memcpy(sv.kpe.data<float>() + n * d.Dr, sv.kva.data<float>() + n * Wkv + d.Rkv, d.Dr * sizeof(float));
   rope(sv.kpe.data<float>(), d.Dr, 0, 1, d, rc, false);
 
+  if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
+    indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind);
+    sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
+  }
   const float* C = sv.c.data<float>();
   const float* KPE = sv.kpe.data<float>();
   float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
@@ -236,7 +251,13 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
       std::memcpy(sv.ka.data<float>() + n * Wa, C + n * d.Rkv, d.Rkv * sizeof(float));
       std::memcpy(sv.ka.data<float>() + n * Wa + d.Rkv, KPE + n * d.Dr, d.Dr * sizeof(float));
     }
-    sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+    if (L.mode() == LayerMode::dsa_sparse) {  // over S(t) and the window
+      AttnSparseSaved ss = attn_sparse_fwd(sparse_inputs(L, sv, d));
+      sv.att = {ss.out, ss.lse};
+      sv.lse_c = ss.lse_c;
+    } else {
+      sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+    }
     for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
       HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
       sgemm(Trans::no, Trans::yes, d.N, d.Dv, d.Rkv, 1.f, sv.att.out.data<float>() + h * d.Rkv, d.H * d.Rkv,
@@ -246,17 +267,14 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   Tensor y = f32({d.b, d.s, d.hid});
   cpu::linear_fwd(y.data<float>(), d.hid, sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N,
                   d.H * d.Dv, d.hid);
-  if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone never sees its outputs
-    indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind);
-    sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
-  }
   return y;
 }
 
 namespace {
 
-// dsa_warmup: the dense KL against the MHA core's detached q/k; its lse is lseC unless a sink
-// is in the denominator.
+// dsa_warmup: the dense KL against the MHA core's detached q/k (its lse is lseC unless a sink is
+// in the denominator). dsa_sparse: the sparse KL over S(t) against the latent core's detached
+// qabs/ka, with lseC saved by the sparse forward.
 void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const Dims& d,
                    const MlaBackwardOptions& opt, MlaGrads& g) {
   const ModelConfig& cfg = *L.cfg;
@@ -264,13 +282,22 @@ void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const
              "): the indexer's KL needs loss-row weights (loss_row_weights)");
   IndexerKlInputs in;
   in.sc = sv.ind.sc;
-  in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
-  in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
   in.scale = static_cast<float>(softmax_scale(cfg));
-  if (!cfg.attention_sink) in.lse_c = sv.att.lse;
   in.row_weight = opt.row_weight;
   in.coeff = static_cast<float>(cfg.indexer_loss_coeff);
-  IndexerKlResult kl = indexer_kl_dense(in);
+  const bool sparse = L.mode() == LayerMode::dsa_sparse;
+  if (sparse) {
+    in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
+    in.k = sv.ka.view({d.b, d.s, 1, d.Rkv + d.Dr});
+    in.lse_c = sv.lse_c;
+    in.topk = sv.topk;
+    in.K = cfg.index_topk;
+  } else {
+    in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
+    in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
+    if (!cfg.attention_sink) in.lse_c = sv.att.lse;
+  }
+  IndexerKlResult kl = sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
   indexer_backward(cfg, L.weights, x, sv.cq, sv.ind, kl, g.dweights);
   g.indexer_loss = kl.loss;
   g.indexer_kl = kl.kl_sum;
@@ -301,6 +328,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   Tensor dq = f32({d.N, d.H, d.Dqk});
   Tensor dc = f32({d.N, d.Rkv});
   Tensor dkpe = Tensor::zeros({d.N, d.Dr}, DType::f32);
+  const bool sparse = L.mode() == LayerMode::dsa_sparse;
   AttnDenseInputs in = core_inputs(L, sv, d, layout);
   float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
   float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
@@ -336,7 +364,13 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
       sgemm(Trans::yes, Trans::no, d.Dv, d.Rkv, d.N, 1.f, do_h, d.H * d.Dv, sv.att.out.data<float>() + h * d.Rkv,
             d.H * d.Rkv, 0.f, dm.p, dm.ld);
     }
-    ga = attn_dense_bwd(in, sv.att, doa.view({d.b, d.s, d.H, d.Rkv}));
+    if (sparse) {  // dkv holds the key's and the value's gradient together
+      AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
+                                           doa.view({d.b, d.s, d.H, d.Rkv}));
+      ga = {gs.dq, gs.dkv, Tensor(), gs.dsink};
+    } else {
+      ga = attn_dense_bwd(in, sv.att, doa.view({d.b, d.s, d.H, d.Rkv}));
+    }
     const float* dqa = ga.dq.data<float>();
     for (int64_t h = 0; h < d.H; ++h) {  // qabs_h = q_nope_h W_kb_h
       HeadMat m = w_kb(kvb_w, kb_w, d, h, L.split_kv_b_proj);
@@ -355,8 +389,13 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
         std::memcpy(dq.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, dqa + (n * d.H + h) * Wa + d.Rkv,
                     d.Dr * sizeof(float));
       const float* dka = ga.dk.data<float>() + n * Wa;
-      const float* dva = ga.dv.data<float>() + n * d.Rkv;
-      for (int64_t r = 0; r < d.Rkv; ++r) dc.data<float>()[n * d.Rkv + r] = dka[r] + dva[r];
+      float* dcn = dc.data<float>() + n * d.Rkv;
+      if (ga.dv.defined()) {
+        const float* dva = ga.dv.data<float>() + n * d.Rkv;
+        for (int64_t r = 0; r < d.Rkv; ++r) dcn[r] = dka[r] + dva[r];
+      } else {
+        std::memcpy(dcn, dka, d.Rkv * sizeof(float));
+      }
       std::memcpy(dkpe.data<float>() + n * d.Dr, dka + d.Rkv, d.Dr * sizeof(float));
     }
   }

@@ -189,6 +189,82 @@ TEST(MlaLayer, DsaWarmupMainPathIsBitIdenticalToMha) {
   }
 }
 
+struct DsaRun {
+  Tensor y;
+  MlaGrads g;
+  Tensor topk;
+};
+
+DsaRun run_dsa(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& dy, const DocLayout& layout,
+               bool split = false) {
+  MlaLayer L{&c, 0, split, w};
+  if (split) split_kv_b_proj(L.weights, c);
+  MlaSaved sv;
+  DsaRun r;
+  r.y = mla_forward(L, x, layout, sv);
+  MlaBackwardOptions opt;
+  opt.row_weight = loss_row_weights(layout, nullptr, 0);
+  r.g = mla_backward(L, x, layout, sv, dy, opt);
+  if (split) fold_kv_b_proj(r.g.dweights, c);
+  r.topk = sv.topk;
+  return r;
+}
+
+// DESIGN.md / issue: with K >= the longest document and W = 0, dsa_sparse is mqa_full_causal.
+TEST(MlaLayer, DsaSparseWithFullTopkEqualsMqaFullCausal) {
+  for (bool sink : {false, true}) {
+    ModelConfig mqa = config(true, true, sink, true);
+    nlohmann::json j = model_config_to_json(mqa);
+    j["index_topk"] = 40;
+    j["index_window"] = 0;
+    mqa = parse_model_config(j, "t");
+    set_all_modes(mqa, LayerMode::mqa_full_causal);
+    ModelConfig sp = mqa;
+    set_all_modes(sp, LayerMode::dsa_sparse);
+    io::TensorMap w = random_weights(mqa, 30), wi = w;
+    indexer_init_missing(wi, sp, 1);
+    const int64_t s = 40;
+    Tensor x = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 6));
+    Tensor dy = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 7));
+    DocLayout layout = layout_from_cu_seqlens(s, {{0, 15, 16, 37}});
+    LayerRun a = run(mqa, w, false, x, dy, layout);
+    DsaRun b = run_dsa(sp, wi, x, dy, layout, sink);  // also through the split form
+    EXPECT_LE(max_rel(b.y, a.y), 1e-4);
+    EXPECT_LE(max_rel(b.g.dx, a.g.dx), 1e-4);
+    for (const auto& [name, t] : a.g.dweights) EXPECT_LE(max_rel(b.g.dweights.at(name), t), 1e-4) << name;
+  }
+}
+
+// The LM gradient never reaches the indexer; the KL gradient never reaches the backbone.
+TEST(MlaLayer, DsaSparseGradientsStayInTheirLanes) {
+  ModelConfig c = config(true, false, true, true);
+  set_all_modes(c, LayerMode::dsa_sparse);
+  io::TensorMap w = random_weights(c, 40);
+  indexer_init_missing(w, c, 2);
+  const int64_t s = 30;
+  Tensor x = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 8));
+  Tensor dy = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 9));
+  Tensor dy2 = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 10));
+  DocLayout layout = layout_from_cu_seqlens(s, {{0, 11, 30}});
+  DsaRun a = run_dsa(c, w, x, dy, layout), b = run_dsa(c, w, x, dy2, layout);
+  ModelConfig c0 = c;
+  c0.indexer_loss_coeff = 0.5;
+  DsaRun k = run_dsa(c0, w, x, dy, layout);
+  EXPECT_EQ(a.topk.to_vector<int32_t>(), b.topk.to_vector<int32_t>());
+  for (const auto& [name, t] : a.g.dweights) {
+    const bool indexer = name.rfind("indexer.", 0) == 0;
+    if (indexer) {
+      EXPECT_TRUE(same_bytes(t, b.g.dweights.at(name))) << name << " depends on grad_output";
+      EXPECT_FALSE(same_bytes(t, k.g.dweights.at(name))) << name << " ignores the coefficient";
+    } else {
+      EXPECT_TRUE(same_bytes(t, k.g.dweights.at(name))) << name << " depends on the indexer loss";
+      EXPECT_FALSE(same_bytes(t, b.g.dweights.at(name))) << name << " ignores grad_output";
+    }
+  }
+  EXPECT_TRUE(same_bytes(a.g.dx, k.g.dx));
+  EXPECT_GT(a.g.indexer_loss, 0.0);
+}
+
 TEST(LossRows, MaskAndValidRows) {
   DocLayout l = layout_from_cu_seqlens(6, {{0, 2, 5}});  // row 5 padding
   Tensor ids = Tensor::from_vector<int64_t>({1, 6}, {4, 0, 7, 8, 9, 0});

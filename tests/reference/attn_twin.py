@@ -39,8 +39,9 @@ def layout_doc_start(b, s, cu=None, end_rows=None):
     return torch.from_numpy(ds)
 
 
-def torch_attention(q, k, v, doc_start, sink, scale):
-    """q [b,s,H,D], k/v [b,s,Hkv,.] -> out [b,s,H,Dv], lse [b,H,s]."""
+def torch_attention(q, k, v, doc_start, sink, scale, allowed=None):
+    """q [b,s,H,D], k/v [b,s,Hkv,.] -> out [b,s,H,Dv], lse [b,H,s]. `allowed` [b,t,j] overrides the
+    document-causal key sets (sparse attention as a masked dense softmax)."""
     b, s, H, _ = q.shape
     group = H // k.shape[2]
     kk = k.repeat_interleave(group, dim=2)
@@ -48,7 +49,8 @@ def torch_attention(q, k, v, doc_start, sink, scale):
     logits = torch.einsum("bthd,bjhd->bhtj", q, kk) * scale
     t = torch.arange(s).view(1, s, 1)
     j = torch.arange(s).view(1, 1, s)
-    allowed = (j <= t) & (j >= doc_start.view(b, s, 1))  # [b, t, j]
+    if allowed is None:
+        allowed = (j <= t) & (j >= doc_start.view(b, s, 1))  # [b, t, j]
     allowed = allowed.unsqueeze(1).expand(b, H, s, s)
     row_ok = allowed.any(-1)  # [b, H, t]
     logits = torch.where(allowed, logits, torch.full_like(logits, -float("inf")))

@@ -99,10 +99,18 @@ def indexer_scores(cfg, w, x, cq, cos, sin):
     return (torch.einsum("bthd,bjd->bthj", qI, kI).relu() * wts[..., None]).sum(2)  # [b, t, j]
 
 
-def dense_kl(cfg, I, q, k, doc_start, scale, row_weight):
-    """coeff * sum_t rw[t] kl(t) with P from the detached attention logits, over A(t)."""
+def table_mask(table, s, lo, hi):
+    """[b, t, j]: j is listed in table[b, t, lo:hi]."""
+    b = table.shape[0]
+    m = torch.zeros(b, s, s + 1, dtype=torch.bool)
+    idx = torch.from_numpy(table[..., lo:hi]).long()
+    m.scatter_(2, torch.where(idx >= 0, idx, torch.full_like(idx, s)), True)
+    return m[..., :s]
+
+
+def indexer_kl(cfg, I, q, k, allowed, scale, row_weight):
+    """coeff * sum_t rw[t] kl(t), P from the detached attention logits, over the candidate sets."""
     b, s = I.shape[:2]
-    allowed = allowed_mask(doc_start, s)
     row_ok = allowed.any(-1)
     neg = torch.tensor(-float("inf"), dtype=I.dtype)
     logits = torch.einsum("bthd,bjhd->bhtj", q, k) * scale
@@ -163,12 +171,20 @@ def mla_layer(cfg, w, x, doc_start, mode, extras=None):
         o, _ = torch_attention(qq, k, kv[..., Dn:], doc_start, sink, scale)
         if mode == "dsa_warmup":  # the indexer on detached inputs, the KL on detached q/k
             extras["I"] = indexer_scores(cfg, w, x.detach(), cq.detach(), cos, sin)
-            extras["loss"] = dense_kl(cfg, extras["I"], qq.detach(), k.detach(), doc_start, scale, extras["rw"])
+            extras["loss"] = indexer_kl(cfg, extras["I"], qq.detach(), k.detach(), allowed_mask(doc_start, s), scale,
+                                        extras["rw"])
     else:
         kvb = w["kv_b_proj.weight"].view(H, Dn + Dv, Rkv)
         qa = torch.cat([torch.einsum("bshd,hdr->bshr", q_nope, kvb[:, :Dn]), q_pe], dim=-1)
         ka = torch.cat([c, k_pe], dim=-1)[:, :, None, :]
-        oa, _ = torch_attention(qa, ka, c[:, :, None, :], doc_start, sink, scale)
+        attended = None
+        if mode == "dsa_sparse":  # over hmla's selection (checked separately) and the window
+            K, table = cfg["index_topk"], extras["table"]
+            attended = table_mask(table, s, 0, table.shape[-1])
+            extras["I"] = indexer_scores(cfg, w, x.detach(), cq.detach(), cos, sin)
+            extras["loss"] = indexer_kl(cfg, extras["I"], qa.detach(), ka.detach(), table_mask(table, s, 0, K), scale,
+                                        extras["rw"])
+        oa, _ = torch_attention(qa, ka, c[:, :, None, :], doc_start, sink, scale, attended)
         o = torch.einsum("bshr,hvr->bshv", oa, kvb[:, Dn:])
     return o.reshape(b, s, H * Dv) @ w["o_proj.weight"].T
 
@@ -180,20 +196,20 @@ def row_weights(cfg, inp, doc_start):
     return torch.from_numpy(mask / max(mask.sum(), 1))
 
 
-def reference(cfg, weights, inp, doc_start, mode, dtype, indexer_only=False):
+def reference(cfg, weights, inp, doc_start, mode, dtype, indexer_only=False, table=None):
     w = {n: torch.tensor(a, dtype=dtype, requires_grad=True) for n, a in weights.items()}
     x = torch.tensor(inp["hidden_states"], dtype=dtype, requires_grad=True)
-    extras = {"rw": row_weights(cfg, inp, doc_start).to(dtype)}
+    extras = {"rw": row_weights(cfg, inp, doc_start).to(dtype), "table": table}
     y = mla_layer(cfg, w, x, doc_start, mode, extras)
     L = (y * torch.tensor(inp["grad_output"], dtype=dtype)).sum()
-    if mode == "dsa_warmup":
+    if mode.startswith("dsa"):
         L = extras["loss"] if indexer_only else L + extras["loss"]
     L.backward()
     res = {"output": y.detach()}
     if not indexer_only:
         res["grad.hidden_states"] = x.grad
     res.update({"grad." + n: t.grad for n, t in w.items() if not indexer_only or n.startswith("indexer.")})
-    if mode == "dsa_warmup":
+    if mode.startswith("dsa"):
         res["indexer_loss"] = extras["loss"].detach().reshape(1)
         res["I"] = extras["I"].detach()
     return {n: t.double().numpy() for n, t in res.items()}
@@ -250,6 +266,8 @@ CASES = [
     ("mqa_yarn_sink_split", "mqa_full_causal", True, True, True, True, [0, 1, 25, 36], False),
     ("warmup_docs", "dsa_warmup", True, True, False, False, [0, 17, 18, 33], False),
     ("warmup_sink_indexer_only", "dsa_warmup", True, False, True, False, [0, 1, 25, 36], True),
+    ("sparse_docs", "dsa_sparse", True, True, False, False, [0, 17, 18, 33], False),
+    ("sparse_sink_split", "dsa_sparse", True, False, True, True, [0, 1, 25, 36], False),
 ]
 
 
@@ -280,8 +298,9 @@ def run_case(case, hmla, workdir, rng):
     subprocess.run(cmd, check=True)
     got = st.load(paths["out.safetensors"])
     doc_start = layout_doc_start(b, s, cu, None)
-    ref64 = reference(cfg, weights, inp, doc_start, mode, torch.float64, indexer_only)
-    ref32 = reference(cfg, weights, inp, doc_start, mode, torch.float32, indexer_only)
+    table = got.get("topk_indices")
+    ref64 = reference(cfg, weights, inp, doc_start, mode, torch.float64, indexer_only, table)
+    ref32 = reference(cfg, weights, inp, doc_start, mode, torch.float32, indexer_only, table)
     ok = True
     if "I" in ref64:  # the selection: window exact, top-k as sets where the K-th gap is clear
         I = ref64.pop("I")

@@ -54,7 +54,8 @@ struct MlaSaved {
   Tensor kpe;              // [N, Dr] shared rope key, rope applied
   Tensor k, v;             // mha: [N, H, Dn + Dr], [N, H, Dv]
   Tensor qabs, ka;         // mqa: [N, H, Rkv + Dr], [N, 1, Rkv + Dr]
-  AttnDenseSaved att;      // core output [b, s, H, Dv or Rkv] and lse
+  AttnDenseSaved att;      // core output [b, s, H, Dv or Rkv] and lse (dense or sparse core)
+  Tensor lse_c;            // dsa_sparse: [b, H, s] logsumexp over S(t) only (the KL's lseC)
   Tensor o;                // [N, H, Dv] input of o_proj
   IndexerState ind;        // dsa modes
   Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table
