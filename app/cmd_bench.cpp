@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "attention_bench.h"
+#include "dsa_bench.h"
 #include "indexer_bench.h"
 #include "commands.h"
 #include "hmla/core/error.h"
@@ -55,6 +56,39 @@ void add_bench_command(CLI::App& app) {
   ind->callback([io] {
     for (int64_t s : io->seq_lens) HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
     bench::run_indexer_bench(*io, std::cout);
+  });
+
+  auto mo = std::make_shared<bench::WarmupMemoryOptions>();
+  auto mem_s = std::make_shared<std::vector<int64_t>>();
+  CLI::App* mem = bench->add_subcommand(
+      "warmup-memory",
+      "Peak bytes of one attention core forward + backward: mha (phase 1), dsa_warmup (same core +\n"
+      "indexer selection + fused dense KL) and the legacy full-table arm, in the PaddleFleet\n"
+      "geometry (H 64, Dn 192, Dr 64, Dv 256, Rkv 512, HI 64, DI 128; s 1024-4096) and a small one\n"
+      "(H = HI = 8; s 1024-16384).");
+  mem->add_flag("--json", mo->json, "one JSON object per line");
+  mem->add_option("--s", *mem_s, "sequence lengths for every geometry (default: per geometry)")->delimiter(',');
+  mem->add_flag("!--no-legacy", mo->legacy, "skip the legacy arm");
+  mem->callback([mo, mem_s] {
+    if (!mem_s->empty())
+      for (auto& g : mo->geometries) g.seq_lens = *mem_s;
+    bench::run_warmup_memory_bench(*mo, std::cout);
+  });
+
+  auto so = std::make_shared<bench::SparseBenchOptions>();
+  CLI::App* sp = bench->add_subcommand(
+      "sparse",
+      "Sparse latent MQA attention forward and forward+backward over the indexer's top-k on one\n"
+      "causal document (default H 16 of DeepSeek's 128, to fit CPU time; 576/512 heads, K 2048).");
+  sp->add_flag("--json", so->json, "one JSON object per line");
+  sp->add_option("--s", so->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
+  sp->add_option("--heads", so->heads, "query heads H")->capture_default_str()->check(CLI::PositiveNumber);
+  sp->add_option("--dqk", so->dqk, "key width (Rkv + Dr)")->capture_default_str()->check(CLI::PositiveNumber);
+  sp->add_option("--dv", so->dv, "value width (Rkv), <= dqk")->capture_default_str()->check(CLI::PositiveNumber);
+  sp->add_option("--topk", so->topk, "K")->capture_default_str()->check(CLI::PositiveNumber);
+  sp->callback([so] {
+    HMLA_CHECK(so->dv <= so->dqk, ConfigError, "--dv ", so->dv, " must be <= --dqk ", so->dqk);
+    bench::run_sparse_bench(*so, std::cout);
   });
 }
 
