@@ -19,31 +19,30 @@ const Tensor& need(const io::TensorMap& m, const std::string& name, const std::s
   return it->second;
 }
 
-std::vector<int64_t> as_i64(const Tensor& t) {
-  std::vector<int64_t> v;
-  if (t.dtype() == DType::i64) return t.to_vector<int64_t>();
-  HMLA_CHECK(t.dtype() == DType::i32, IoError, "index tensors must be i32 or i64, got ",
-             dtype_name(t.dtype()));
-  for (int32_t x : t.to_vector<int32_t>()) v.push_back(x);
-  return v;
-}
-
 DocLayout read_layout(const io::TensorMap& m, int64_t b, int64_t s, const std::string& file) {
   if (auto it = m.find("cu_seqlens"); it != m.end()) {
     HMLA_CHECK(it->second.dim() == 1, IoError, file, ": cu_seqlens must be 1-D (b = 1)");
     HMLA_CHECK(b == 1, IoError, file, ": cu_seqlens describes one row, but b = ", b,
                "; use end_rows [b, s] for several rows");
-    return layout_from_cu_seqlens(s, {as_i64(it->second)});
+    return layout_from_cu_seqlens(s, {index_values(it->second, "cu_seqlens")});
   }
   if (auto it = m.find("end_rows"); it != m.end()) {
     HMLA_CHECK(it->second.shape() == Shape({b, s}), IoError, file, ": end_rows must be [b, s] = ",
                shape_str({b, s}), ", got ", shape_str(it->second.shape()));
-    return layout_from_end_rows(b, s, as_i64(it->second));
+    return layout_from_end_rows(b, s, index_values(it->second, "end_rows"));
   }
   return layout_causal(b, s);
 }
 
 }  // namespace
+
+std::vector<int64_t> index_values(const Tensor& t, const std::string& what) {
+  if (t.dtype() == DType::i64) return t.to_vector<int64_t>();
+  HMLA_CHECK(t.dtype() == DType::i32, IoError, what, " must be i32 or i64, got ", dtype_name(t.dtype()));
+  std::vector<int64_t> v;
+  for (int32_t x : t.to_vector<int32_t>()) v.push_back(x);
+  return v;
+}
 
 void add_attention_command(CLI::App& app) {
   struct Opts {

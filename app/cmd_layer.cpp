@@ -10,18 +10,6 @@
 
 namespace hmla::app {
 
-namespace {
-
-std::vector<int64_t> index_values(const Tensor& t, const std::string& what) {
-  if (t.dtype() == DType::i64) return t.to_vector<int64_t>();
-  HMLA_CHECK(t.dtype() == DType::i32, IoError, what, " must be i32 or i64, got ", dtype_name(t.dtype()));
-  std::vector<int64_t> v;
-  for (int32_t x : t.to_vector<int32_t>()) v.push_back(x);
-  return v;
-}
-
-}  // namespace
-
 void add_layer_command(CLI::App& app) {
   struct Opts {
     std::string config, mode, weights, inputs, out, settings;

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "attn_naive.h"
+#include "bench_util.h"
 #include "gemm.h"
 #include "hmla/ops/attention.h"
 
@@ -21,24 +22,10 @@ namespace hmla::bench {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-Tensor randn(const Shape& shape, std::mt19937_64& rng) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = nd(rng);
-  return t;
 }
 
 // 2048^3 single-precision product on all threads; returns GFLOP/s (0 without a BLAS).

@@ -17,29 +17,12 @@
 
 #include "hmla/ops/attention.h"
 #include "hmla/ops/indexer.h"
+#include "bench_util.h"
 #include "hmla/ops/sparse_attention.h"
 
 namespace hmla::bench {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-Tensor randn(const Shape& shape, std::mt19937_64& rng, float sd) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::normal_distribution<float> nd(0.f, sd);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = nd(rng);
-  return t;
-}
-
-template <class F>
-size_t peak_above_live(F f) {
-  Allocator& a = allocator(Device::cpu);
-  const size_t live = a.live_bytes();
-  a.reset_peak();
-  f();
-  return a.peak_bytes() - live;
-}
 
 Tensor uniform_rows(int64_t s) {
   Tensor rw = Tensor::empty({1, s}, DType::f32);
@@ -125,9 +108,17 @@ void run_warmup_memory_bench(const WarmupMemoryOptions& o, std::ostream& os) {
         os << j.dump() << std::endl;
       } else {
         os << std::left << std::setw(13) << g.name << std::setw(7) << s << std::right << std::fixed << std::setprecision(1)
-           << std::setw(12) << mha / 1048576.0 << std::setw(13) << warm / 1048576.0 << std::setw(13)
-           << (o.legacy ? legacy / 1048576.0 : 0.0) << std::setprecision(3) << std::setw(13) << double(warm) / double(mha)
-           << std::setw(13) << (o.legacy ? double(legacy) / double(mha) : 0.0) << std::endl;
+           << std::setw(12) << mha / 1048576.0 << std::setw(13) << warm / 1048576.0;
+        if (o.legacy)
+          os << std::setw(13) << legacy / 1048576.0;
+        else
+          os << std::setw(13) << "-";
+        os << std::setprecision(3) << std::setw(13) << double(warm) / double(mha);
+        if (o.legacy)
+          os << std::setw(13) << double(legacy) / double(mha);
+        else
+          os << std::setw(13) << "-";
+        os << std::endl;
       }
     }
 }
@@ -151,9 +142,9 @@ void run_sparse_bench(const SparseBenchOptions& o, std::ostream& os) {
     const size_t peak = peak_above_live([&] {
       auto t0 = Clock::now();
       AttnSparseSaved sv = attn_sparse_fwd(in);
-      fwd_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      fwd_ms = ms_since(t0);
       AttnSparseGrads g = attn_sparse_bwd(in, sv, dout);
-      fb_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      fb_ms = ms_since(t0);
     });
     if (o.json) {
       nlohmann::ordered_json j;

@@ -12,20 +12,12 @@
 #include <random>
 
 #include "hmla/ops/attention.h"
+#include "bench_util.h"
 #include "indexer_materialized.h"
 
 namespace hmla::bench {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-Tensor randn(const Shape& shape, std::mt19937_64& rng, float sd) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::normal_distribution<float> nd(0.f, sd);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = nd(rng);
-  return t;
-}
 
 struct Timed {
   double ms = 0;
@@ -41,7 +33,7 @@ Timed measure(F f) {
   auto t0 = Clock::now();
   IndexerKlResult r = f();
   Timed out;
-  out.ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  out.ms = ms_since(t0);
   const size_t grads = r.dqI.nbytes() + r.dkI.nbytes() + r.dw.nbytes();
   out.workspace = a.peak_bytes() - live - grads;
   out.kl = r.kl_sum;
@@ -74,7 +66,7 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
     }
     auto t0 = Clock::now();
     { Tensor idx = indexer_topk(in.sc, o.topk, 0); }
-    const double topk_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    const double topk_ms = ms_since(t0);
     Timed fused = measure([&] { return indexer_kl_dense(in); });
     Timed mat;
     if (o.materialized) mat = measure([&] { return indexer_kl_materialized(in); });

@@ -11,6 +11,7 @@
 
 #include "gemm.h"
 #include "hmla/ops/sparse_attention.h"
+#include "partials.h"
 #include "softmax_tile.h"
 
 namespace hmla::cpu {
@@ -157,19 +158,8 @@ void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, 
       }
     }
   }
-  float* dkv = gr.dkv.data<float>();
-  const int64_t total = g.b * g.s * g.Dqk;
-  std::memcpy(dkv, partial.data<float>(), total * sizeof(float));
-  for (int th = 1; th < nthreads; ++th) {
-    const float* p = partial.data<float>() + th * total;
-    for (int64_t i = 0; i < total; ++i) dkv[i] += p[i];
-  }
-  if (in.sink.defined())
-    for (int64_t h = 0; h < g.H; ++h) {
-      float sum = 0.f;
-      for (int th = 0; th < nthreads; ++th) sum += dsink_part.data<float>()[th * g.H + h];
-      gr.dsink.data<float>()[h] = sum;
-    }
+  sum_thread_partials(gr.dkv.data<float>(), partial.data<float>(), nthreads, g.b * g.s * g.Dqk);
+  if (in.sink.defined()) sum_thread_partials(gr.dsink.data<float>(), dsink_part.data<float>(), nthreads, g.H);
 }
 
 }  // namespace hmla::cpu

@@ -18,6 +18,7 @@
 #include "gemm.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_tile.h"
+#include "partials.h"
 #include "softmax_tile.h"
 
 namespace hmla::cpu {
@@ -40,13 +41,7 @@ Geo geo(const IndexerKlInputs& in) {
 // Sums per-thread dkI partials in thread order and the per-row kl into kl_sum (row order).
 void finish(const IndexerKlInputs& in, const Geo& g, const Tensor& partial, int nthreads, const std::vector<float>& kl,
             IndexerKlResult& res) {
-  float* dkI = res.dkI.data<float>();
-  const int64_t n = g.b * g.s * g.DI;
-  std::memcpy(dkI, partial.data<float>(), n * sizeof(float));
-  for (int th = 1; th < nthreads; ++th) {
-    const float* p = partial.data<float>() + th * n;
-    for (int64_t i = 0; i < n; ++i) dkI[i] += p[i];
-  }
+  sum_thread_partials(res.dkI.data<float>(), partial.data<float>(), nthreads, g.b * g.s * g.DI);
   const float* rw = in.row_weight.data<float>();
   double sum = 0;
   for (int64_t r = 0; r < g.b * g.s; ++r) sum += double(rw[r]) * double(kl[r]);

@@ -5,11 +5,6 @@
 #include "gemm.h"
 #include "vexp.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define HMLA_CLONES __attribute__((target_clones("avx512f", "default")))
-#else
-#define HMLA_CLONES
-#endif
 
 namespace hmla::cpu {
 

@@ -6,6 +6,13 @@
 #include <cmath>
 #include <cstdint>
 
+// Element-wise kernels are compiled for AVX-512 and the x86-64-v3 baseline; the loader picks one.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define HMLA_CLONES __attribute__((target_clones("avx512f", "default")))
+#else
+#define HMLA_CLONES
+#endif
+
 namespace hmla::cpu {
 
 #pragma omp declare simd

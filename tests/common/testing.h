@@ -57,4 +57,20 @@ inline double expect_within_rule(const std::string& what, const std::vector<floa
   return k.max_err;
 }
 
+// Central finite differences of `loss()` (float64, reading x) against the analytic gradient.
+template <class Loss>
+void expect_fd_gradient(std::vector<double>& x, const std::vector<double>& grad, Loss loss, const char* name,
+                        double h = 1e-6, double tol = 1e-7) {
+  ASSERT_EQ(x.size(), grad.size()) << name;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double lp = loss();
+    x[i] = x0 - h;
+    const double lm = loss();
+    x[i] = x0;
+    EXPECT_NEAR(grad[i], (lp - lm) / (2 * h), tol) << name << "[" << i << "]";
+  }
+}
+
 }  // namespace hmla::testing

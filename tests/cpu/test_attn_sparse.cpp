@@ -96,20 +96,9 @@ TEST(AttnSparseOracle, GradientsMatchFiniteDifferences) {
     for (size_t i = 0; i < r.out.size(); ++i) L += r.out[i] * dout[i];
     return L;
   };
-  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double x0 = x[i], h = 1e-6;
-      x[i] = x0 + h;
-      const double lp = loss();
-      x[i] = x0 - h;
-      const double lm = loss();
-      x[i] = x0;
-      EXPECT_NEAR(grad[i], (lp - lm) / (2 * h), 1e-7) << name << "[" << i << "]";
-    }
-  };
-  check(q, base.dq, "dq");
-  check(kv, base.dkv, "dkv");
-  check(sink, base.dsink, "dsink");
+  testing::expect_fd_gradient(q, base.dq, loss, "dq");
+  testing::expect_fd_gradient(kv, base.dkv, loss, "dkv");
+  testing::expect_fd_gradient(sink, base.dsink, loss, "dsink");
 }
 
 TEST(AttnSparse, TableContractAndDeterminism) {

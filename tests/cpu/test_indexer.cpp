@@ -186,20 +186,9 @@ TEST(IndexerKlOracle, GradientsMatchFiniteDifferences) {
     return ref::indexer_kl_ref<double>(p.dims(), att, to_f64(p.q), to_f64(p.k), qI, kI, w, p.ds(), rw, 0.7, {}, 0).loss;
   };
   auto base = ref::indexer_kl_ref<double>(p.dims(), att, to_f64(p.q), to_f64(p.k), qI, kI, w, p.ds(), rw, 0.7, {}, 0);
-  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
-    for (size_t i = 0; i < x.size(); ++i) {
-      const double x0 = x[i], h = 1e-6;
-      x[i] = x0 + h;
-      const double lp = loss();
-      x[i] = x0 - h;
-      const double lm = loss();
-      x[i] = x0;
-      EXPECT_NEAR(grad[i], (lp - lm) / (2 * h), 1e-7) << name << "[" << i << "]";
-    }
-  };
-  check(qI, base.dqI, "dqI");
-  check(kI, base.dkI, "dkI");
-  check(w, base.dw, "dw");
+  testing::expect_fd_gradient(qI, base.dqI, loss, "dqI");
+  testing::expect_fd_gradient(kI, base.dkI, loss, "dkI");
+  testing::expect_fd_gradient(w, base.dw, loss, "dw");
 }
 
 // Noise in one document changes nothing in another: selection, gradients and loss, bit for bit.
