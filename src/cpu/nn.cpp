@@ -1,6 +1,8 @@
 #include "nn.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "gemm.h"
 
@@ -116,6 +118,47 @@ void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t head
       }
     }
   }
+}
+
+void swiglu_fwd(float* y, const float* g, const float* u, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
+}
+
+void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float sig = 1.f / (1.f + std::exp(-g[i]));
+    du[i] = dy[i] * g[i] * sig;
+    dg[i] = dy[i] * u[i] * sig * (1.f + g[i] * (1.f - sig));
+  }
+}
+
+double cross_entropy(const float* logits, const int32_t* target, const float* w, int64_t N, int64_t V,
+                     float* dlogits) {
+  std::vector<double> row_loss(N, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* l = logits + n * V;
+    float* d = dlogits ? dlogits + n * V : nullptr;
+    if (w[n] == 0.f) {
+      if (d) std::fill(d, d + V, 0.f);
+      continue;
+    }
+    float mx = l[0];
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(double(l[v] - mx));
+    const double lse = double(mx) + std::log(z);
+    row_loss[n] = double(w[n]) * (lse - double(l[target[n]]));
+    if (d) {
+      for (int64_t v = 0; v < V; ++v) d[v] = w[n] * float(std::exp(double(l[v]) - lse));
+      d[target[n]] -= w[n];
+    }
+  }
+  double sum = 0;
+  for (double x : row_loss) sum += x;
+  return sum;
 }
 
 }  // namespace hmla::cpu

@@ -38,4 +38,15 @@ enum class RopeLayout { interleaved, half };
 void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
           int64_t Dr, const float* cos, const float* sin, bool transpose);
 
+// SwiGLU: y = silu(g) * u elementwise over n values; backward writes dg and du (overwrite).
+void swiglu_fwd(float* y, const float* g, const float* u, int64_t n);
+void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n);
+
+// Cross-entropy of logits [N, V] against targets [N] with row weights w [N] (0 skips a row):
+// returns sum_n w[n] * (logsumexp(logits[n]) - logits[n, target[n]]) and, when dlogits is not
+// null, writes its gradient w[n] * (softmax(logits[n]) - onehot(target[n])) (rows with w = 0
+// get 0). Rows are independent; the sum runs in row order.
+double cross_entropy(const float* logits, const int32_t* target, const float* w, int64_t N, int64_t V,
+                     float* dlogits);
+
 }  // namespace hmla::cpu

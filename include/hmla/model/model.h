@@ -1,0 +1,73 @@
+// The decoder-only model in Hugging Face DeepSeek-V3.2 structure and names: embed_tokens, layers
+// of (input_layernorm, MLA self_attn [+ indexer], post_attention_layernorm, SwiGLU mlp), norm,
+// lm_head (or tied). Parameters live in one arena planned from one table; gradients and optimizer
+// state use arenas of the same table. Forward and backward are explicit (no tape).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "hmla/core/layout.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/config.h"
+#include "hmla/model/mla_layer.h"
+
+namespace hmla {
+
+std::string layer_prefix(int64_t layer);  // "model.layers.{L}."
+
+// The one table of the model's tensors, in arena order. Layers with has_indexer[L] carry the
+// five indexer tensors.
+std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer);
+
+// Views of a table-ordered f32 arena, by name.
+io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& arena);
+int64_t table_numel(const std::vector<ParamSpec>& table);
+
+struct Model {
+  ModelConfig cfg;
+  std::vector<bool> has_indexer;  // per layer
+  std::vector<ParamSpec> table;
+  Tensor arena;          // every parameter, f32, table order
+  io::TensorMap params;  // full name -> view into arena
+};
+
+// Allocates the arena (zeros) for this config. Throws ConfigError for MoE layers (DESIGN.md
+// section 2) and for an MLP without intermediate_size / a model without vocab_size.
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer);
+// N(0, initializer_range) for matrices and embeddings, 1 for norm weights, 0 for biases and the
+// sink; indexer tensors per indexer_init_missing's rule.
+void init_model(Model& m, uint64_t seed);
+// Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened).
+// Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
+void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
+                     const std::vector<std::string>& may_be_missing = {});
+
+struct Batch {
+  Tensor input_ids;  // [b, s] i32
+  DocLayout layout;
+};
+
+// Loss rows of the step (DESIGN.md section 3). LM targets: t -> t + 1 inside t's document, with
+// input_ids[t + 1] != pad.
+int64_t count_lm_targets(const Batch& batch, int64_t pad_token_id);
+
+struct StepOptions {
+  bool backbone = true;        // false: only the indexers' backward runs (train_indexer_only)
+  int64_t lm_targets = 0;      // the step's global LM target count (0: this batch's)
+  int64_t valid_rows = 0;      // the step's global valid_rows for the indexer KL (0: this batch's)
+};
+
+struct StepStats {
+  double lm_loss = 0;      // sum over targets of CE / lm_targets
+  double indexer_kl = 0;   // mean over hybrid (dsa) layers of sum rw kl, without coeff
+  int64_t tokens = 0;
+};
+
+// Forward and backward of one micro-batch; gradients are ADDED into `grads` (views of a gradient
+// arena with the model's table).
+StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads);
+
+// Forward only: logits [b, s, vocab] f32.
+Tensor model_logits(const Model& m, const Batch& batch);
+
+}  // namespace hmla

@@ -1,0 +1,333 @@
+// Whole-model forward/backward on the CPU. Per layer the forward keeps what its backward needs
+// (named in LayerSaved); the backward runs the layers in reverse and adds every weight gradient
+// into the gradient arena in a fixed order.
+#include "hmla/model/model.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "gemm.h"
+#include "hmla/model/indexer.h"
+#include "nn.h"
+
+namespace hmla {
+
+namespace {
+
+const float* P(const Model& m, const std::string& name) { return m.params.at(name).data<float>(); }
+
+bool is_moe_layer(const ModelConfig& c, int64_t L) {
+  if (!c.mlp_layer_types.empty()) return c.mlp_layer_types.at(L) == "sparse";
+  const auto& src = c.source;
+  const bool has_field = src.is_object() && src.contains("first_k_dense_replace");
+  return has_field && L >= c.first_k_dense_replace;
+}
+
+// The attention's tensors of layer L as a TensorMap without the prefix (views, no copies).
+io::TensorMap layer_attn(const Model& m, int64_t L) {
+  io::TensorMap w;
+  const std::string pre = layer_prefix(L) + "self_attn.";
+  for (const ParamSpec& p : mla_param_table(m.cfg, false, m.has_indexer[L])) w[p.name] = m.params.at(pre + p.name);
+  return w;
+}
+
+void add_into(Tensor& dst, const Tensor& src) {
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
+}
+
+struct LayerSaved {
+  Tensor h_in, rstd1, a;  // layer input, input_layernorm statistics and output [N, hid]
+  MlaSaved attn;
+  Tensor h_mid, rstd2, mn;  // after attention, post_attention_layernorm statistics and output
+  Tensor g, u, act;         // SwiGLU inputs and output [N, inter]
+};
+
+struct Forward {
+  std::vector<LayerSaved> layers;
+  Tensor h_final, rstd_final, n_final;  // before/after model.norm
+  Tensor logits;                        // [N, V]
+};
+
+Forward forward(const Model& m, const Batch& batch) {
+  const ModelConfig& c = m.cfg;
+  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,
+                I = c.intermediate_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int32_t* ids = batch.input_ids.data<int32_t>();
+  Forward f;
+  Tensor h = Tensor::empty({b, s, hid}, DType::f32);
+  const float* E = P(m, "model.embed_tokens.weight");
+  for (int64_t n = 0; n < N; ++n) {
+    HMLA_CHECK(ids[n] >= 0 && ids[n] < V, ShapeError, "token id ", ids[n], " at position ", n,
+               " is outside the vocabulary [0, ", V, ")");
+    std::memcpy(h.data<float>() + n * hid, E + int64_t(ids[n]) * hid, hid * sizeof(float));
+  }
+  f.layers.resize(c.num_hidden_layers);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    LayerSaved& sv = f.layers[L];
+    const std::string pre = layer_prefix(L);
+    sv.h_in = h;
+    sv.rstd1 = Tensor::empty({N}, DType::f32);
+    sv.a = Tensor::empty({b, s, hid}, DType::f32);
+    cpu::rmsnorm_fwd(sv.a.data<float>(), hid, sv.rstd1.data<float>(), h.data<float>(), hid,
+                     P(m, pre + "input_layernorm.weight"), N, hid, eps);
+    MlaLayer layer{&c, L, false, layer_attn(m, L)};
+    Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn);
+    sv.h_mid = Tensor::empty({b, s, hid}, DType::f32);
+    for (int64_t i = 0; i < N * hid; ++i) sv.h_mid.data<float>()[i] = h.data<float>()[i] + y.data<float>()[i];
+    sv.rstd2 = Tensor::empty({N}, DType::f32);
+    sv.mn = Tensor::empty({N, hid}, DType::f32);
+    cpu::rmsnorm_fwd(sv.mn.data<float>(), hid, sv.rstd2.data<float>(), sv.h_mid.data<float>(), hid,
+                     P(m, pre + "post_attention_layernorm.weight"), N, hid, eps);
+    sv.g = Tensor::empty({N, I}, DType::f32);
+    sv.u = Tensor::empty({N, I}, DType::f32);
+    sv.act = Tensor::empty({N, I}, DType::f32);
+    cpu::linear_fwd(sv.g.data<float>(), I, sv.mn.data<float>(), hid, P(m, pre + "mlp.gate_proj.weight"), N, hid, I);
+    cpu::linear_fwd(sv.u.data<float>(), I, sv.mn.data<float>(), hid, P(m, pre + "mlp.up_proj.weight"), N, hid, I);
+    cpu::swiglu_fwd(sv.act.data<float>(), sv.g.data<float>(), sv.u.data<float>(), N * I);
+    h = Tensor::empty({b, s, hid}, DType::f32);
+    cpu::linear_fwd(h.data<float>(), hid, sv.act.data<float>(), I, P(m, pre + "mlp.down_proj.weight"), N, I, hid);
+    for (int64_t i = 0; i < N * hid; ++i) h.data<float>()[i] += sv.h_mid.data<float>()[i];
+  }
+  f.h_final = h;
+  f.rstd_final = Tensor::empty({N}, DType::f32);
+  f.n_final = Tensor::empty({N, hid}, DType::f32);
+  cpu::rmsnorm_fwd(f.n_final.data<float>(), hid, f.rstd_final.data<float>(), h.data<float>(), hid,
+                   P(m, "model.norm.weight"), N, hid, eps);
+  f.logits = Tensor::empty({N, V}, DType::f32);
+  const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  cpu::linear_fwd(f.logits.data<float>(), V, f.n_final.data<float>(), hid, P(m, head), N, hid, V);
+  return f;
+}
+
+// Targets and weights of the LM loss: row n predicts ids[n + 1] when both are in one document.
+void lm_targets(const Batch& batch, int64_t pad, std::vector<int32_t>& target, std::vector<float>& keep) {
+  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
+  const int32_t* ids = batch.input_ids.data<int32_t>();
+  const int32_t* de = batch.layout.doc_end.data<int32_t>();
+  target.assign(b * s, 0);
+  keep.assign(b * s, 0.f);
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t + 1 < s; ++t) {
+      const int64_t n = r * s + t;
+      if (batch.layout.is_padding(r, t) || t + 1 >= de[n] || ids[n + 1] == pad) continue;
+      target[n] = ids[n + 1];
+      keep[n] = 1.f;
+    }
+}
+
+}  // namespace
+
+std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
+std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer) {
+  const int64_t hid = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  std::vector<ParamSpec> t{{"model.embed_tokens.weight", {V, hid}}};
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const std::string pre = layer_prefix(L);
+    t.push_back({pre + "input_layernorm.weight", {hid}});
+    for (ParamSpec& p : mla_param_table(c, false, has_indexer.at(L))) t.push_back({pre + "self_attn." + p.name, p.shape});
+    t.push_back({pre + "post_attention_layernorm.weight", {hid}});
+    t.push_back({pre + "mlp.gate_proj.weight", {I, hid}});
+    t.push_back({pre + "mlp.up_proj.weight", {I, hid}});
+    t.push_back({pre + "mlp.down_proj.weight", {hid, I}});
+  }
+  t.push_back({"model.norm.weight", {hid}});
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, hid}});
+  return t;
+}
+
+int64_t table_numel(const std::vector<ParamSpec>& table) {
+  int64_t n = 0;
+  for (const ParamSpec& p : table) n += shape_numel(p.shape);
+  return n;
+}
+
+io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& arena) {
+  HMLA_CHECK(arena.numel() == table_numel(table) && arena.is_contiguous(), ShapeError,
+             "arena of ", arena.numel(), " values for a table of ", table_numel(table));
+  io::TensorMap views;
+  int64_t off = 0;
+  const Tensor flat = arena.view({arena.numel()});
+  for (const ParamSpec& p : table) {
+    const int64_t n = shape_numel(p.shape);
+    views[p.name] = flat.slice(0, off, off + n).view(p.shape);
+    off += n;
+  }
+  return views;
+}
+
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
+  HMLA_CHECK(c.vocab_size > 0 && c.intermediate_size > 0, ConfigError,
+             "a model needs vocab_size and intermediate_size (>= 1)");
+  HMLA_CHECK(static_cast<int64_t>(has_indexer.size()) == c.num_hidden_layers, ConfigError,
+             "has_indexer needs one entry per layer");
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    HMLA_CHECK(!is_moe_layer(c, L), ConfigError, "layer ", L,
+               " has a MoE MLP (mlp_layer_types / first_k_dense_replace); hmla builds dense MLPs only");
+    HMLA_CHECK(!is_dsa(c.layer_modes[L]) || has_indexer[L], ConfigError, "layer ", L, " runs ",
+               mode_name(c.layer_modes[L]), " without an indexer");
+  }
+  Model m;
+  m.cfg = c;
+  m.has_indexer = has_indexer;
+  m.table = model_param_table(c, has_indexer);
+  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32);
+  m.params = arena_views(m.table, m.arena);
+  return m;
+}
+
+void init_model(Model& m, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
+  for (const ParamSpec& p : m.table) {
+    float* v = m.params.at(p.name).data<float>();
+    const int64_t n = shape_numel(p.shape);
+    const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos;
+    const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos;
+    for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
+  }
+}
+
+void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
+                     const std::vector<std::string>& may_be_missing) {
+  for (const ParamSpec& p : m.table) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end()) {
+      bool ok = false;
+      for (const auto& n : may_be_missing) ok |= n == p.name;
+      HMLA_CHECK(ok, IoError, what, ": tensor '", p.name, "' is missing");
+      continue;
+    }
+    const Tensor& t = it->second;
+    HMLA_CHECK(t.shape() == p.shape, IoError, what, ": tensor '", p.name, "' is ", shape_str(t.shape()),
+               ", the config needs ", shape_str(p.shape));
+    Tensor dst = m.params.at(p.name);
+    if (t.dtype() == DType::f32) {
+      dst.copy_from(t);
+    } else {
+      HMLA_CHECK(t.dtype() == DType::bf16, IoError, what, ": tensor '", p.name, "' is ", dtype_name(t.dtype()),
+                 "; weights must be f32 or bf16");
+      const bf16* src = t.data<bf16>();
+      for (int64_t i = 0; i < t.numel(); ++i) dst.data<float>()[i] = bf16_to_f32(src[i]);
+    }
+  }
+}
+
+int64_t count_lm_targets(const Batch& batch, int64_t pad) {
+  std::vector<int32_t> target;
+  std::vector<float> keep;
+  lm_targets(batch, pad, target, keep);
+  int64_t n = 0;
+  for (float k : keep) n += k > 0.f;
+  return n;
+}
+
+Tensor model_logits(const Model& m, const Batch& batch) {
+  Forward f = forward(m, batch);
+  return f.logits.view({batch.input_ids.size(0), batch.input_ids.size(1), m.cfg.vocab_size});
+}
+
+StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads) {
+  const ModelConfig& c = m.cfg;
+  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,
+                I = c.intermediate_size, V = c.vocab_size;
+  Forward f = forward(m, batch);
+  StepStats st;
+  st.tokens = N;
+
+  std::vector<int32_t> target;
+  std::vector<float> keep;
+  lm_targets(batch, c.pad_token_id, target, keep);
+  int64_t count = 0;
+  for (float k : keep) count += k > 0.f;
+  const int64_t denom = opt.lm_targets > 0 ? opt.lm_targets : std::max<int64_t>(count, 1);
+  for (float& k : keep) k /= float(denom);
+  Tensor dlogits = Tensor::empty({N, V}, DType::f32);
+  st.lm_loss = cpu::cross_entropy(f.logits.data<float>(), target.data(), keep.data(), N, V,
+                                  opt.backbone ? dlogits.data<float>() : nullptr);
+
+  const Tensor* ids = &batch.input_ids;
+  const Tensor row_weight = loss_row_weights(batch.layout, ids, c.pad_token_id, opt.valid_rows);
+  auto acc = [&](const std::string& name, const Tensor& g) { add_into(grads.at(name), g); };
+  auto tmp = [](const Shape& sh) { return Tensor::empty(sh, DType::f32); };
+
+  // Head and final norm.
+  Tensor dh;
+  if (opt.backbone) {
+    const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    Tensor dn = tmp({N, hid}), dW = tmp({V, hid}), dnorm = tmp({hid});
+    cpu::linear_bwd(dn.data<float>(), hid, 0.f, dW.data<float>(), dlogits.data<float>(), V, f.n_final.data<float>(), hid,
+                    P(m, head), N, hid, V);
+    acc(head, dW);
+    dh = tmp({b, s, hid});
+    cpu::rmsnorm_bwd(dh.data<float>(), hid, dnorm.data<float>(), dn.data<float>(), hid, f.h_final.data<float>(), hid,
+                     P(m, "model.norm.weight"), f.rstd_final.data<float>(), N, hid);
+    acc("model.norm.weight", dnorm);
+  }
+
+  int dsa_layers = 0;
+  for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
+    LayerSaved& sv = f.layers[L];
+    const std::string pre = layer_prefix(L);
+    MlaLayer layer{&c, L, false, layer_attn(m, L)};
+    MlaBackwardOptions mo;
+    mo.backbone = opt.backbone;
+    if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;
+    if (!opt.backbone) {
+      if (!is_dsa(c.layer_modes[L])) continue;
+      MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo);
+      for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
+      st.indexer_kl += g.indexer_kl;
+      ++dsa_layers;
+      continue;
+    }
+    // MLP: h = h_mid + down(swiglu(gate(mn), up(mn))).
+    Tensor dact = tmp({N, I}), dWd = tmp({hid, I}), dg = tmp({N, I}), du = tmp({N, I});
+    cpu::linear_bwd(dact.data<float>(), I, 0.f, dWd.data<float>(), dh.data<float>(), hid, sv.act.data<float>(), I,
+                    P(m, pre + "mlp.down_proj.weight"), N, I, hid);
+    acc(pre + "mlp.down_proj.weight", dWd);
+    cpu::swiglu_bwd(dg.data<float>(), du.data<float>(), dact.data<float>(), sv.g.data<float>(), sv.u.data<float>(), N * I);
+    Tensor dmn = tmp({N, hid}), dWg = tmp({I, hid}), dWu = tmp({I, hid});
+    cpu::linear_bwd(dmn.data<float>(), hid, 0.f, dWg.data<float>(), dg.data<float>(), I, sv.mn.data<float>(), hid,
+                    P(m, pre + "mlp.gate_proj.weight"), N, hid, I);
+    cpu::linear_bwd(dmn.data<float>(), hid, 1.f, dWu.data<float>(), du.data<float>(), I, sv.mn.data<float>(), hid,
+                    P(m, pre + "mlp.up_proj.weight"), N, hid, I);
+    acc(pre + "mlp.gate_proj.weight", dWg);
+    acc(pre + "mlp.up_proj.weight", dWu);
+    Tensor dmid = tmp({b, s, hid}), dpost = tmp({hid});
+    cpu::rmsnorm_bwd(dmid.data<float>(), hid, dpost.data<float>(), dmn.data<float>(), hid, sv.h_mid.data<float>(), hid,
+                     P(m, pre + "post_attention_layernorm.weight"), sv.rstd2.data<float>(), N, hid);
+    acc(pre + "post_attention_layernorm.weight", dpost);
+    for (int64_t i = 0; i < N * hid; ++i) dmid.data<float>()[i] += dh.data<float>()[i];
+    // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
+    MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo);
+    for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
+    if (is_dsa(c.layer_modes[L])) {
+      st.indexer_kl += g.indexer_kl;
+      ++dsa_layers;
+    }
+    Tensor dpre = tmp({hid});
+    dh = tmp({b, s, hid});
+    cpu::rmsnorm_bwd(dh.data<float>(), hid, dpre.data<float>(), g.dx.data<float>(), hid, sv.h_in.data<float>(), hid,
+                     P(m, pre + "input_layernorm.weight"), sv.rstd1.data<float>(), N, hid);
+    acc(pre + "input_layernorm.weight", dpre);
+    for (int64_t i = 0; i < N * hid; ++i) dh.data<float>()[i] += dmid.data<float>()[i];
+  }
+  if (opt.backbone) {  // embedding rows, in token order
+    float* dE = grads.at("model.embed_tokens.weight").data<float>();
+    const int32_t* tok = batch.input_ids.data<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      float* row = dE + int64_t(tok[n]) * hid;
+      const float* src = dh.data<float>() + n * hid;
+      for (int64_t i = 0; i < hid; ++i) row[i] += src[i];
+    }
+  }
+  if (dsa_layers > 0) st.indexer_kl /= dsa_layers;
+  return st;
+}
+
+}  // namespace hmla
