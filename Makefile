@@ -14,9 +14,9 @@ build: deps
 test: build
 	ctest --preset default -j $(JOBS)
 
-# The main job. Until the training programme exists it runs the attention benchmark.
+# The main job: the whole four-phase programme on the shipped data (configs/demo.yaml).
 demo: build
-	build/bin/hmla bench attention
+	build/bin/hmla train configs/demo.yaml --out runs/demo
 
 bench: build
 	build/bin/hmla bench attention --json

@@ -15,4 +15,5 @@ std::vector<int64_t> index_values(const Tensor& t, const std::string& what);
 void add_bench_command(CLI::App& app);
 void add_attention_command(CLI::App& app);
 void add_layer_command(CLI::App& app);
+void add_train_commands(CLI::App& app);
 }  // namespace hmla::app

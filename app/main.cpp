@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
+#include "hmla/train/trainer.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hmla: hybrid multi-head latent attention training (DeepSeek Sparse Attention)"};
@@ -13,10 +14,14 @@ int main(int argc, char** argv) {
   hmla::app::add_bench_command(app);
   hmla::app::add_attention_command(app);
   hmla::app::add_layer_command(app);
+  hmla::app::add_train_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  } catch (const hmla::Interrupted& e) {
+    std::cerr << "hmla: " << e.what() << "\n";
+    return 130;
   } catch (const hmla::Error& e) {
     std::cerr << "hmla: error: " << e.what() << "\n";
     return 1;

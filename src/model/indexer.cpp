@@ -106,11 +106,9 @@ void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor
                   W(w, "indexer.weights_proj.weight"), N, hid, HI);
 }
 
-Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_t pad, int64_t global_valid) {
+namespace {
+std::vector<float> row_mask(const DocLayout& layout, const Tensor* input_ids, int64_t pad) {
   const int64_t b = layout.b, s = layout.s;
-  Tensor out = Tensor::empty({b, s}, DType::f32);
-  float* m = out.data<float>();
-  int64_t count = 0;
   std::vector<int64_t> ids;
   if (input_ids) {
     HMLA_CHECK(input_ids->shape() == Shape({b, s}), ShapeError, "input_ids must be [b, s] = ", shape_str({b, s}));
@@ -120,15 +118,27 @@ Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_
       for (int32_t v : input_ids->to_vector<int32_t>()) ids.push_back(v);
     }
   }
+  std::vector<float> m(b * s);
   for (int64_t r = 0; r < b; ++r)
-    for (int64_t t = 0; t < s; ++t) {
-      const bool keep = !input_ids || (ids[r * s + t] != pad && !layout.is_padding(r, t));
-      m[r * s + t] = keep ? 1.f : 0.f;
-      count += keep;
-    }
+    for (int64_t t = 0; t < s; ++t)
+      m[r * s + t] = (!input_ids || (ids[r * s + t] != pad && !layout.is_padding(r, t))) ? 1.f : 0.f;
+  return m;
+}
+}  // namespace
+
+int64_t loss_row_count(const DocLayout& layout, const Tensor* input_ids, int64_t pad) {
+  int64_t n = 0;
+  for (float v : row_mask(layout, input_ids, pad)) n += v > 0.f;
+  return n;
+}
+
+Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_t pad, int64_t global_valid) {
+  std::vector<float> m = row_mask(layout, input_ids, pad);
+  int64_t count = 0;
+  for (float v : m) count += v > 0.f;
   const int64_t valid = global_valid > 0 ? global_valid : std::max<int64_t>(count, 1);
-  for (int64_t i = 0; i < b * s; ++i) m[i] /= float(valid);
-  return out;
+  for (float& v : m) v /= float(valid);
+  return Tensor::from_vector<float>({layout.b, layout.s}, m);
 }
 
 }  // namespace hmla

@@ -231,6 +231,18 @@ Tensor model_logits(const Model& m, const Batch& batch) {
   return f.logits.view({batch.input_ids.size(0), batch.input_ids.size(1), m.cfg.vocab_size});
 }
 
+double model_lm_loss(const Model& m, const Batch& batch) {
+  Forward f = forward(m, batch);
+  std::vector<int32_t> target;
+  std::vector<float> keep;
+  lm_targets(batch, m.cfg.pad_token_id, target, keep);
+  int64_t count = 0;
+  for (float k : keep) count += k > 0.f;
+  for (float& k : keep) k /= float(std::max<int64_t>(count, 1));
+  return cpu::cross_entropy(f.logits.data<float>(), target.data(), keep.data(), int64_t(keep.size()), m.cfg.vocab_size,
+                            nullptr);
+}
+
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads) {
   const ModelConfig& c = m.cfg;
   const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,

@@ -32,5 +32,7 @@ void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor
 // this batch's max(sum(mask), 1) (or b * s without input_ids).
 Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_t pad_token_id,
                         int64_t global_valid_rows = 0);
+// sum(mask) of this batch (before the max with 1): what ranks and micro-batches add up.
+int64_t loss_row_count(const DocLayout& layout, const Tensor* input_ids, int64_t pad_token_id);
 
 }  // namespace hmla

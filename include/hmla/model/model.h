@@ -69,5 +69,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
 
 // Forward only: logits [b, s, vocab] f32.
 Tensor model_logits(const Model& m, const Batch& batch);
+// Forward only: mean LM loss over the batch's targets.
+double model_lm_loss(const Model& m, const Batch& batch);
 
 }  // namespace hmla

@@ -1,0 +1,43 @@
+// `hmla train` (the four-phase programme) and `hmla prepare-data` (byte-level token files).
+#include <iostream>
+
+#include "commands.h"
+#include "hmla/train/data.h"
+#include "hmla/train/trainer.h"
+
+namespace hmla::app {
+
+void add_train_commands(CLI::App& app) {
+  struct TrainOpts {
+    std::string programme;
+    TrainOptions t;
+  };
+  auto o = std::make_shared<TrainOpts>();
+  CLI::App* train = app.add_subcommand(
+      "train",
+      "Run a programme: phases of mha / mqa_full_causal / dsa_warmup / dsa_sparse training over a\n"
+      "shared base (docs/programme.md). Writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoints/*,\n"
+      "RUN_DIR/summary.json and the final config.json + model.safetensors.");
+  train->add_option("programme", o->programme, "programme YAML")->required();
+  train->add_option("--out", o->t.out_dir, "run directory")->capture_default_str();
+  train->add_flag("--resume", o->t.resume, "continue from RUN_DIR/checkpoints/latest");
+  train->callback([o] { run_programme(load_programme(o->programme), o->t, std::cout); });
+
+  struct PrepOpts {
+    std::vector<std::string> files;
+    std::string out, separator = "%";
+    int64_t heldout_every = 20;
+  };
+  auto p = std::make_shared<PrepOpts>();
+  CLI::App* prep = app.add_subcommand(
+      "prepare-data",
+      "Tokenize text files byte by byte (pad 0, bos 1, eos 2, byte b -> b + 3) into\n"
+      "OUT/train.safetensors and OUT/heldout.safetensors (tokens + document offsets).");
+  prep->add_option("files", p->files, "text files")->required()->check(CLI::ExistingFile);
+  prep->add_option("--out", p->out, "output directory")->required();
+  prep->add_option("--separator", p->separator, "a line equal to this ends a document")->capture_default_str();
+  prep->add_option("--heldout-every", p->heldout_every, "every N-th document is held out")->capture_default_str();
+  prep->callback([p] { prepare_data(p->files, p->out, p->separator, p->heldout_every); });
+}
+
+}  // namespace hmla::app

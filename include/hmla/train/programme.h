@@ -1,0 +1,43 @@
+// A run's programme (docs/programme.md): an ordered list of phases over a shared base, read from
+// YAML. Unknown keys are errors; every phase key has a default.
+#pragma once
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hmla/model/config.h"
+#include "hmla/train/optim.h"
+
+namespace hmla {
+
+struct PhaseSettings {
+  std::string name;
+  LayerMode mode = LayerMode::mha;
+  int64_t steps = 0;
+  int64_t batch = 8;           // rows per optimizer step (over all micro-batches)
+  int64_t micro_batches = 1;   // divides batch
+  int64_t seq_len = 256;
+  OptimSettings optim;         // total_steps = steps
+  int64_t checkpoint_every = 0;  // 0: at the end of the phase only
+  int64_t log_every = 10;
+  double equivalence_rtol = 1e-4;
+  int64_t eval_rows = 16;
+};
+
+struct Programme {
+  std::string path;          // the YAML file; relative paths below are relative to it
+  std::string model_config;  // HF config.json
+  std::string data_dir;      // prepared by hmla prepare-data
+  std::string init_checkpoint;  // optional: start from these weights
+  uint64_t seed = 0;
+  std::vector<int64_t> hybrid_layers;  // the layers that move through the modes (empty: all)
+  std::vector<PhaseSettings> phases;
+  // The raw key/value text of the base and of each phase's own entries (for the config-delta test).
+  std::map<std::string, std::string> base_raw;
+  std::vector<std::map<std::string, std::string>> phase_raw;
+};
+
+Programme load_programme(const std::string& path);
+Programme parse_programme(const std::string& yaml_text, const std::string& path);
+
+}  // namespace hmla

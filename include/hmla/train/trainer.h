@@ -1,0 +1,25 @@
+// Runs a programme (DESIGN.md section 7): phases in order, the checkpoint carried over, the
+// optimizer fresh per phase, the MHA/MQA equivalence check when a phase enters a latent mode,
+// missing indexers initialised when a phase needs them, checkpoints as directories written
+// atomically, metrics as JSON lines, a progress line and an end-of-run table.
+#pragma once
+#include <ostream>
+#include <string>
+
+#include "hmla/train/programme.h"
+
+namespace hmla {
+
+struct TrainOptions {
+  std::string out_dir = "runs/latest";
+  bool resume = false;  // continue from out_dir/checkpoints/latest
+};
+
+// Thrown when SIGINT stopped the run; the last complete checkpoint is intact.
+struct Interrupted : Error {
+  using Error::Error;
+};
+
+void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& log);
+
+}  // namespace hmla

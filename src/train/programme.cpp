@@ -1,0 +1,127 @@
+#include "hmla/train/programme.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+
+#include "hmla/core/error.h"
+#include "hmla/io/safetensors.h"
+
+namespace hmla {
+
+namespace {
+
+template <class T>
+T get(const YAML::Node& n, const std::string& key, const std::string& where) {
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    throw ConfigError(where + ": " + key + " has the wrong type ('" + YAML::Dump(n) + "')");
+  }
+}
+
+// Applies one key of a phase (or of the base) to `p`.
+void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const std::string& where) {
+  OptimSettings& o = p.optim;
+  if (k == "name") p.name = get<std::string>(v, k, where);
+  else if (k == "mode") p.mode = parse_mode(get<std::string>(v, k, where), where + ": mode");
+  else if (k == "steps") p.steps = get<int64_t>(v, k, where);
+  else if (k == "batch") p.batch = get<int64_t>(v, k, where);
+  else if (k == "micro_batches") p.micro_batches = get<int64_t>(v, k, where);
+  else if (k == "seq_len") p.seq_len = get<int64_t>(v, k, where);
+  else if (k == "optimizer") o.optimizer = get<std::string>(v, k, where);
+  else if (k == "lr") o.lr = get<double>(v, k, where);
+  else if (k == "indexer_lr") o.indexer_lr = get<double>(v, k, where);
+  else if (k == "min_lr_ratio") o.min_lr_ratio = get<double>(v, k, where);
+  else if (k == "warmup_steps") o.warmup_steps = get<int64_t>(v, k, where);
+  else if (k == "weight_decay") o.weight_decay = get<double>(v, k, where);
+  else if (k == "beta1") o.beta1 = get<double>(v, k, where);
+  else if (k == "beta2") o.beta2 = get<double>(v, k, where);
+  else if (k == "clip_backbone") o.clip_backbone = get<double>(v, k, where);
+  else if (k == "clip_indexer") o.clip_indexer = get<double>(v, k, where);
+  else if (k == "muon_momentum") o.muon_momentum = get<double>(v, k, where);
+  else if (k == "checkpoint_every") p.checkpoint_every = get<int64_t>(v, k, where);
+  else if (k == "log_every") p.log_every = get<int64_t>(v, k, where);
+  else if (k == "equivalence_rtol") p.equivalence_rtol = get<double>(v, k, where);
+  else if (k == "eval_rows") p.eval_rows = get<int64_t>(v, k, where);
+  else
+    throw ConfigError(where + ": unknown key '" + k + "' (see docs/programme.md for the phase keys)");
+}
+
+void validate(const PhaseSettings& p, const std::string& where) {
+  HMLA_CHECK(!p.name.empty(), ConfigError, where, ": every phase needs a name");
+  HMLA_CHECK(p.steps >= 0, ConfigError, where, ": steps must be >= 0");
+  HMLA_CHECK(p.batch >= 1 && p.micro_batches >= 1 && p.batch % p.micro_batches == 0, ConfigError, where,
+             ": batch (", p.batch, ") must be a positive multiple of micro_batches (", p.micro_batches, ")");
+  HMLA_CHECK(p.seq_len >= 2, ConfigError, where, ": seq_len must be >= 2");
+  HMLA_CHECK(p.optim.lr > 0 && p.optim.indexer_lr > 0, ConfigError, where, ": learning rates must be positive");
+  HMLA_CHECK(p.optim.optimizer == "adamw" || p.optim.optimizer == "muon", ConfigError, where, ": optimizer '",
+             p.optim.optimizer, "': use adamw or muon");
+  HMLA_CHECK(p.log_every >= 1 && p.eval_rows >= 1 && p.checkpoint_every >= 0, ConfigError, where,
+             ": log_every and eval_rows must be >= 1, checkpoint_every >= 0");
+}
+
+std::string resolve(const std::string& base_dir, const std::string& p) {
+  if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
+  return (std::filesystem::path(base_dir) / p).lexically_normal().string();
+}
+
+}  // namespace
+
+Programme parse_programme(const std::string& text, const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ": not valid YAML: " + e.what());
+  }
+  HMLA_CHECK(root.IsMap(), ConfigError, path, ": a programme is a mapping (model, data, base, phases, ...)");
+  Programme pr;
+  pr.path = path;
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  YAML::Node base, phases;
+  for (const auto& kv : root) {
+    const std::string k = kv.first.as<std::string>();
+    if (k == "model") pr.model_config = resolve(dir, get<std::string>(kv.second, k, path));
+    else if (k == "data") pr.data_dir = resolve(dir, get<std::string>(kv.second, k, path));
+    else if (k == "init_checkpoint") pr.init_checkpoint = resolve(dir, get<std::string>(kv.second, k, path));
+    else if (k == "seed") pr.seed = get<uint64_t>(kv.second, k, path);
+    else if (k == "hybrid_layers") {
+      if (!(kv.second.IsScalar() && kv.second.as<std::string>() == "all"))
+        pr.hybrid_layers = get<std::vector<int64_t>>(kv.second, k, path);
+    } else if (k == "base") base = kv.second;
+    else if (k == "phases") phases = kv.second;
+    else
+      throw ConfigError(path + ": unknown key '" + k +
+                        "' (known: model, data, init_checkpoint, seed, hybrid_layers, base, phases)");
+  }
+  HMLA_CHECK(!pr.model_config.empty() && !pr.data_dir.empty(), ConfigError, path, ": model and data are required");
+  HMLA_CHECK(phases.IsSequence() && phases.size() > 0, ConfigError, path, ": phases must be a non-empty list");
+  PhaseSettings b;
+  if (base.IsDefined() && !base.IsNull()) {
+    HMLA_CHECK(base.IsMap(), ConfigError, path, ": base must be a mapping");
+    for (const auto& kv : base) {
+      apply(b, kv.first.as<std::string>(), kv.second, path + ": base");
+      pr.base_raw[kv.first.as<std::string>()] = YAML::Dump(kv.second);
+    }
+  }
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const std::string where = path + ": phases[" + std::to_string(i) + "]";
+    HMLA_CHECK(phases[i].IsMap(), ConfigError, where, " must be a mapping");
+    PhaseSettings p = b;
+    std::map<std::string, std::string> raw;
+    for (const auto& kv : phases[i]) {
+      apply(p, kv.first.as<std::string>(), kv.second, where);
+      raw[kv.first.as<std::string>()] = YAML::Dump(kv.second);
+    }
+    p.optim.total_steps = std::max<int64_t>(p.steps, 1);
+    validate(p, where + " (" + p.name + ")");
+    pr.phases.push_back(p);
+    pr.phase_raw.push_back(raw);
+  }
+  return pr;
+}
+
+Programme load_programme(const std::string& path) { return parse_programme(io::read_file(path), path); }
+
+}  // namespace hmla

@@ -1,0 +1,292 @@
+#include "hmla/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hmla/io/safetensors.h"
+#include "hmla/model/indexer.h"
+#include "hmla/train/data.h"
+
+namespace hmla {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_sigint(int) { g_stop = 1; }
+
+struct RunState {
+  int64_t phase = 0, step = 0;  // the next step to run
+  std::vector<int64_t> data_pos;
+};
+
+std::vector<bool> hybrid_mask(const Programme& pr, int64_t layers) {
+  std::vector<bool> h(layers, pr.hybrid_layers.empty());
+  for (int64_t L : pr.hybrid_layers) {
+    HMLA_CHECK(L >= 0 && L < layers, ConfigError, pr.path, ": hybrid layer ", L, " does not exist (", layers, " layers)");
+    h[L] = true;
+  }
+  return h;
+}
+
+void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) {
+  for (size_t L = 0; L < hybrid.size(); ++L) c.layer_modes[L] = hybrid[L] ? mode : LayerMode::mha;
+}
+
+// A model for `cfg` carrying over every tensor of `old`; indexers new to it are initialised.
+Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>& has_indexer, uint64_t seed, int& created) {
+  Model m = build_model(cfg, has_indexer);
+  created = 0;
+  for (const ParamSpec& p : m.table)
+    if (old.params.count(p.name)) m.params.at(p.name).copy_from(old.params.at(p.name));
+  for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) {
+    if (!has_indexer[L] || (L < int64_t(old.has_indexer.size()) && old.has_indexer[L])) continue;
+    io::TensorMap w;
+    created += indexer_init_missing(w, cfg, seed * 1000003ull + uint64_t(L));
+    for (auto& [name, t] : w) m.params.at(layer_prefix(L) + "self_attn." + name).copy_from(t);
+  }
+  return m;
+}
+
+// max |logits_mqa - logits_mha| and max |logits_mha| with the hybrid layers in each form.
+std::pair<double, double> equivalence(const Model& m, const std::vector<bool>& hybrid, const Batch& batch) {
+  Model a = m, b = m;
+  set_modes(a.cfg, hybrid, LayerMode::mha);
+  set_modes(b.cfg, hybrid, LayerMode::mqa_full_causal);
+  auto la = model_logits(a, batch).to_vector<float>(), lb = model_logits(b, batch).to_vector<float>();
+  double diff = 0, mag = 0;
+  for (size_t i = 0; i < la.size(); ++i) {
+    diff = std::max(diff, std::abs(double(lb[i]) - la[i]));
+    mag = std::max(mag, std::abs(double(la[i])));
+  }
+  return {diff, mag};
+}
+
+void write_json_atomic(const fs::path& p, const json& j) { io::write_file_atomic(p.string(), j.dump(2) + "\n"); }
+
+// out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
+// built in a temporary directory and renamed into place; then `latest` names it.
+void save_checkpoint(const fs::path& root, const std::string& name, const Model& m, const Optimizer& o,
+                     const RunState& st) {
+  const fs::path dir = root / name, tmp = root / ("." + name + ".tmp"), old = root / ("." + name + ".old");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  save_model_config((tmp / "config.json").string(), m.cfg);
+  io::save_safetensors((tmp / "model.safetensors").string(), m.params, {{"format", "pt"}});
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), o.state());
+  json s{{"phase", st.phase}, {"step", st.step}, {"data_pos", st.data_pos}};
+  write_json_atomic(tmp / "state.json", s);
+  if (fs::exists(dir)) fs::rename(dir, old);
+  fs::rename(tmp, dir);
+  fs::remove_all(old);
+  io::write_file_atomic((root / "latest").string(), name + "\n");
+}
+
+std::string fmt_time(double sec) {
+  std::ostringstream os;
+  const int64_t s = int64_t(sec + 0.5);
+  os << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  return os.str();
+}
+
+struct PhaseSummary {
+  std::string name, mode;
+  int64_t steps = 0;
+  double first_loss = 0, final_loss = 0, final_kl = 0, heldout = 0, seconds = 0;
+  size_t peak = 0;
+};
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  if (to <= from) return std::nan("");
+  double s = 0;
+  for (size_t i = from; i < to; ++i) s += v[i];
+  return s / double(to - from);
+}
+
+}  // namespace
+
+void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& log) {
+  g_stop = 0;
+  auto old_handler = std::signal(SIGINT, on_sigint);
+  ModelConfig cfg = load_model_config(pr.model_config);
+  HMLA_CHECK(cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", cfg.vocab_size,
+             " is smaller than the byte tokenizer's ", kByteVocab);
+  const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
+  const TokenSet train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
+  const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
+  const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
+  fs::create_directories(ckroot);
+
+  // Start: fresh, from init_checkpoint, or from the latest checkpoint of this run.
+  RunState st;
+  std::vector<bool> has_indexer(cfg.num_hidden_layers, false);
+  Model model;
+  io::TensorMap opt_state;
+  if (opt.resume) {
+    HMLA_CHECK(fs::exists(ckroot / "latest"), IoError, (ckroot / "latest").string(), ": nothing to resume");
+    std::string name = io::read_file((ckroot / "latest").string());
+    name.erase(name.find_last_not_of("\n") + 1);
+    const fs::path dir = ckroot / name;
+    ModelConfig saved = load_model_config((dir / "config.json").string());
+    json s = json::parse(io::read_file((dir / "state.json").string()));
+    st.phase = s["phase"];
+    st.step = s["step"];
+    st.data_pos = s["data_pos"].get<std::vector<int64_t>>();
+    io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
+      has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
+    cfg.layer_modes = saved.layer_modes;
+    model = build_model(cfg, has_indexer);
+    load_into_model(model, w, (dir / "model.safetensors").string());
+    opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
+    log << "resuming " << name << " at phase " << st.phase << ", step " << st.step << "\n";
+  } else {
+    model = build_model(cfg, has_indexer);
+    if (!pr.init_checkpoint.empty()) {
+      io::TensorMap w = io::load_checkpoint_tensors(pr.init_checkpoint);
+      for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
+        has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
+      model = build_model(cfg, has_indexer);
+      load_into_model(model, w, pr.init_checkpoint);
+    } else {
+      init_model(model, pr.seed);
+    }
+  }
+
+  std::ofstream metrics(out / "metrics.jsonl", std::ios::app);
+  std::vector<PhaseSummary> summaries;
+  Allocator& alloc = allocator(Device::cpu);
+  for (int64_t p = st.phase; p < int64_t(pr.phases.size()); ++p) {
+    const PhaseSettings& ph = pr.phases[p];
+    const bool resuming_here = opt.resume && p == st.phase && st.step > 0;
+    ModelConfig pc = model.cfg;
+    set_modes(pc, hybrid, ph.mode);
+    std::vector<bool> need = model.has_indexer;
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) need[L] = need[L] || (hybrid[L] && is_dsa(ph.mode));
+    if (is_dsa(ph.mode))
+      HMLA_CHECK(pc.has_indexer_fields() && pc.q_lora_rank > 0, ConfigError, pr.model_config, ": phase '", ph.name,
+                 "' runs ", mode_name(ph.mode), ", which needs index_n_heads, index_head_dim, index_topk and q_lora_rank");
+    int created = 0;
+    model = rebuild(model, pc, need, pr.seed + uint64_t(p), created);
+    if (created > 0) log << "[" << ph.name << "] initialised " << created << " missing indexer tensors\n";
+    const Batch eval = fixed_rows(held, ph.seq_len, ph.eval_rows);
+    const bool any_hybrid = std::find(hybrid.begin(), hybrid.end(), true) != hybrid.end();
+    if (any_hybrid && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse)) {
+      auto [diff, mag] = equivalence(model, hybrid, eval);
+      log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << diff << ", max|logits_mha| = " << mag
+          << " (rtol " << ph.equivalence_rtol << ")\n";
+      metrics << json{{"phase", ph.name}, {"equivalence_max_diff", diff}, {"equivalence_max_logit", mag}}.dump() << "\n";
+      HMLA_CHECK(diff <= ph.equivalence_rtol * mag, ConfigError, "phase '", ph.name, "': the MHA/MQA equivalence check failed (",
+                 diff, " > ", ph.equivalence_rtol, " * ", mag, "); the programme stops");
+    }
+    const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
+    Optimizer optim(model, ph.optim, indexer_only);
+    if (resuming_here) optim.load_state(opt_state, "checkpoint");
+    PackedLoader loader(train, ph.seq_len, pr.seed + 7919ull * uint64_t(p + 1));
+    if (resuming_here) loader.seek(st.data_pos);
+    Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32);
+    io::TensorMap grads = arena_views(model.table, garena);
+
+    PhaseSummary sum{ph.name, mode_name(ph.mode), ph.steps};
+    std::vector<double> losses, kls;
+    const auto t_phase = std::chrono::steady_clock::now();
+    for (int64_t step = resuming_here ? st.step : 0; step < ph.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      alloc.reset_peak();
+      std::vector<Batch> micro;
+      int64_t targets = 0, rows = 0;
+      for (int64_t i = 0; i < ph.micro_batches; ++i) {
+        micro.push_back(loader.next(ph.batch / ph.micro_batches));
+        targets += count_lm_targets(micro.back(), pc.pad_token_id);
+        rows += loss_row_count(micro.back().layout, &micro.back().input_ids, pc.pad_token_id);
+      }
+      garena.fill_zero();
+      StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1)};
+      double lm = 0, kl = 0;
+      int64_t tokens = 0;
+      for (const Batch& mb : micro) {
+        StepStats s = model_step(model, mb, so, grads);
+        lm += s.lm_loss;
+        kl += s.indexer_kl;
+        tokens += s.tokens;
+      }
+      OptimStats os = optim.step(model, grads, step);
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      losses.push_back(lm);
+      kls.push_back(kl);
+      sum.peak = std::max(sum.peak, alloc.peak_bytes());
+      json line{{"phase", ph.name}, {"step", step + 1}, {"lm_loss", lm}, {"indexer_kl", is_dsa(ph.mode) ? json(kl) : json()},
+                {"lr", os.lr}, {"grad_norm_backbone", os.grad_norm_backbone}, {"grad_norm_indexer", os.grad_norm_indexer},
+                {"tokens_per_s", double(tokens) / sec}, {"peak_bytes", alloc.peak_bytes()}};
+      metrics << line.dump() << "\n" << std::flush;
+      if ((step + 1) % ph.log_every == 0 || step + 1 == ph.steps) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
+        const double per = elapsed / double(step + 1 - (resuming_here ? st.step : 0));
+        log << "[" << ph.name << "] step " << step + 1 << "/" << ph.steps << "  lm " << std::fixed << std::setprecision(4) << lm;
+        if (is_dsa(ph.mode)) log << "  kl " << kl;
+        log << "  " << std::setprecision(0) << double(tokens) / sec << " tok/s  ETA "
+            << fmt_time(per * double(ph.steps - step - 1)) << std::defaultfloat << "\n" << std::flush;
+      }
+      const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
+      if (ckpt || g_stop) {
+        if (g_stop) {
+          std::signal(SIGINT, old_handler);
+          throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
+                            "; the last complete checkpoint is intact (resume with --resume)");
+        }
+        save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-step" + std::to_string(step + 1), model, optim,
+                        {p, step + 1, loader.position()});
+      }
+    }
+    sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
+    const size_t w = std::min<size_t>(20, losses.size());
+    sum.first_loss = mean(losses, 0, w);
+    sum.final_loss = mean(losses, losses.size() - w, losses.size());
+    sum.final_kl = is_dsa(ph.mode) ? mean(kls, kls.size() - w, kls.size()) : std::nan("");
+    sum.heldout = model_lm_loss(model, eval);
+    metrics << json{{"phase", ph.name}, {"heldout_lm_loss", sum.heldout}, {"first20_lm_loss", sum.first_loss},
+                    {"last20_lm_loss", sum.final_loss},
+                    {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
+                    {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}}
+                   .dump()
+            << "\n" << std::flush;
+    save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim, {p + 1, 0, {}});
+    summaries.push_back(sum);
+  }
+  std::signal(SIGINT, old_handler);
+  save_model_config((out / "config.json").string(), model.cfg);
+  io::save_safetensors((out / "model.safetensors").string(), model.params, {{"format", "pt"}});
+
+  log << "\n" << std::left << std::setw(14) << "phase" << std::setw(17) << "mode" << std::right << std::setw(7) << "steps"
+      << std::setw(11) << "loss_0" << std::setw(11) << "loss" << std::setw(10) << "kl" << std::setw(11) << "heldout"
+      << std::setw(10) << "time" << std::setw(11) << "peak_MiB" << "\n";
+  json table = json::array();
+  for (const PhaseSummary& s : summaries) {
+    auto num = [](double x) {
+      std::ostringstream os;
+      if (std::isnan(x)) os << "-";
+      else os << std::fixed << std::setprecision(4) << x;
+      return os.str();
+    };
+    log << std::left << std::setw(14) << s.name << std::setw(17) << s.mode << std::right << std::setw(7) << s.steps
+        << std::setw(11) << num(s.first_loss) << std::setw(11) << num(s.final_loss) << std::setw(10) << num(s.final_kl)
+        << std::fixed << std::setprecision(4) << std::setw(11) << s.heldout << std::setw(10) << fmt_time(s.seconds)
+        << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";
+    table.push_back({{"phase", s.name}, {"mode", s.mode}, {"steps", s.steps},
+                     {"first20_lm_loss", std::isnan(s.first_loss) ? json() : json(s.first_loss)},
+                     {"last20_lm_loss", std::isnan(s.final_loss) ? json() : json(s.final_loss)}, {"last20_indexer_kl", std::isnan(s.final_kl) ? json() : json(s.final_kl)},
+                     {"heldout_lm_loss", s.heldout}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
+  }
+  write_json_atomic(out / "summary.json", table);
+}
+
+}  // namespace hmla

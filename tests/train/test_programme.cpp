@@ -1,0 +1,55 @@
+// The shipped programme's phases differ from their base only where allowed, and every allowed
+// difference is real (the test fails both ways); programme parsing errors.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "hmla/train/programme.h"
+
+namespace hmla {
+namespace {
+
+TEST(Programme, DemoPhasesDifferFromTheBaseOnlyWhereAllowed) {
+  const Programme pr = load_programme(HMLA_SOURCE_DIR "/configs/demo.yaml");
+  const std::map<std::string, std::set<std::string>> allowed{
+      {"pretrain", {"name", "mode", "steps"}},
+      {"equivalence", {"name", "mode", "steps"}},
+      {"warmup", {"name", "mode", "steps", "warmup_steps"}},
+      {"sparse", {"name", "mode", "lr", "indexer_lr", "warmup_steps"}}};
+  ASSERT_EQ(pr.phases.size(), allowed.size());
+  for (size_t i = 0; i < pr.phases.size(); ++i) {
+    const std::string& name = pr.phases[i].name;
+    ASSERT_TRUE(allowed.count(name)) << "unexpected phase " << name;
+    std::set<std::string> differs;
+    for (const auto& [k, v] : pr.phase_raw[i]) {
+      auto it = pr.base_raw.find(k);
+      if (it == pr.base_raw.end() || it->second != v) differs.insert(k);
+    }
+    for (const std::string& k : differs)
+      EXPECT_TRUE(allowed.at(name).count(k)) << "phase " << name << " differs from the base in '" << k << "'";
+    for (const std::string& k : allowed.at(name))
+      EXPECT_TRUE(differs.count(k)) << "phase " << name << ": allowlisted key '" << k << "' no longer differs";
+  }
+  EXPECT_EQ(pr.phases[1].steps, 0);  // the equivalence phase only checks
+  EXPECT_GE(pr.phases[0].seq_len, 4 * 32);  // 4 x index_topk of configs/demo_model.json
+}
+
+TEST(Programme, BadProgrammesAreClearErrors) {
+  const std::string ok = "model: m.json\ndata: d\nphases:\n  - {name: a, mode: mha, steps: 1}\n";
+  EXPECT_NO_THROW(parse_programme(ok, "p.yaml"));
+  EXPECT_THROW(parse_programme(ok + "bogus: 1\n", "p.yaml"), ConfigError);
+  EXPECT_THROW(parse_programme("model: m.json\ndata: d\nphases:\n  - {name: a, mode: mha, stepz: 1}\n", "p.yaml"),
+               ConfigError);
+  EXPECT_THROW(parse_programme("model: m.json\ndata: d\nphases:\n  - {name: a, mode: dense, steps: 1}\n", "p.yaml"),
+               ConfigError);
+  EXPECT_THROW(parse_programme("model: m.json\ndata: d\nbase: {batch: 6, micro_batches: 4}\nphases:\n  - {name: a, steps: 1}\n",
+                               "p.yaml"),
+               ConfigError);
+  EXPECT_THROW(parse_programme("model: m.json\nphases:\n  - {name: a, steps: 1}\n", "p.yaml"), ConfigError);
+  EXPECT_THROW(parse_programme("model: m.json\ndata: d\nphases: []\n", "p.yaml"), ConfigError);
+  const Programme pr = parse_programme("model: m.json\ndata: d\nphases:\n  - {name: a, steps: 1}\n", "/x/p.yaml");
+  EXPECT_EQ(pr.model_config, "/x/m.json");  // relative to the programme file
+}
+
+}  // namespace
+}  // namespace hmla
