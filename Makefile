@@ -14,9 +14,12 @@ build: deps
 test: build
 	ctest --preset default -j $(JOBS)
 
-# The main job: the whole four-phase programme on the shipped data (configs/demo.yaml).
+# The main job: the whole four-phase programme on the shipped data (configs/demo.yaml), then
+# the report. runs/demo is the demo's own directory: each `make demo` starts it afresh.
 demo: build
+	rm -rf runs/demo
 	build/bin/hmla train configs/demo.yaml --out runs/demo
+	build/bin/hmla report runs/demo
 
 bench: build
 	build/bin/hmla bench attention --json

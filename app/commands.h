@@ -16,4 +16,6 @@ void add_bench_command(CLI::App& app);
 void add_attention_command(CLI::App& app);
 void add_layer_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
+void add_model_commands(CLI::App& app);
+void add_report_command(CLI::App& app);
 }  // namespace hmla::app

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   hmla::app::add_attention_command(app);
   hmla::app::add_layer_command(app);
   hmla::app::add_train_commands(app);
+  hmla::app::add_model_commands(app);
+  hmla::app::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

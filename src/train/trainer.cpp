@@ -124,6 +124,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
   const TokenSet train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
   const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
+  HMLA_CHECK(opt.resume || !fs::exists(ckroot / "latest"), ConfigError, out.string(),
+             " already holds a run; continue it with --resume or choose another --out (nothing was changed)");
   fs::create_directories(ckroot);
 
   // Start: fresh, from init_checkpoint, or from the latest checkpoint of this run.
@@ -162,7 +164,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
     }
   }
 
-  std::ofstream metrics(out / "metrics.jsonl", std::ios::app);
+  std::ofstream metrics(out / "metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
   std::vector<PhaseSummary> summaries;
   Allocator& alloc = allocator(Device::cpu);
   for (int64_t p = st.phase; p < int64_t(pr.phases.size()); ++p) {

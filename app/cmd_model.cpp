@@ -1,0 +1,97 @@
+// `hmla forward` (logits of a checkpoint) and `hmla generate` (continuations), both on a
+// checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
+// or sharded; f32 or bf16). Each layer runs the mode its config records.
+#include <iostream>
+#include <random>
+
+#include "commands.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/model.h"
+#include "hmla/train/data.h"
+
+namespace hmla::app {
+
+namespace {
+
+Model load_checkpoint_model(const std::string& dir) {
+  ModelConfig c = load_model_config(dir + "/config.json");
+  io::TensorMap w = io::load_checkpoint_tensors(dir);
+  std::vector<bool> has_indexer(c.num_hidden_layers);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
+  Model m = build_model(c, has_indexer);
+  load_into_model(m, w, dir);
+  return m;
+}
+
+Batch one_document_rows(const Tensor& ids32) {
+  const int64_t b = ids32.size(0), s = ids32.size(1);
+  return {ids32, layout_causal(b, s)};
+}
+
+}  // namespace
+
+void add_model_commands(CLI::App& app) {
+  struct FwdOpts {
+    std::string checkpoint, inputs, out;
+  };
+  auto f = std::make_shared<FwdOpts>();
+  CLI::App* fwd = app.add_subcommand(
+      "forward", "Logits of a checkpoint: reads input_ids [b, s] (i32 or i64; one document per row) from\n"
+                 "INPUTS and writes logits [b, s, vocab] (f32) to OUT.");
+  fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")->required();
+  fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required();
+  fwd->add_option("--out", f->out, "safetensors to write")->required();
+  fwd->callback([f] {
+    Model m = load_checkpoint_model(f->checkpoint);
+    io::TensorMap in = io::load_safetensors(f->inputs);
+    HMLA_CHECK(in.count("input_ids") && in.at("input_ids").dim() == 2, IoError, f->inputs,
+               ": input_ids [b, s] is required");
+    std::vector<int64_t> v = index_values(in.at("input_ids"), "input_ids");
+    std::vector<int32_t> v32(v.begin(), v.end());
+    Tensor ids = Tensor::from_vector<int32_t>(in.at("input_ids").shape(), v32);
+    io::save_safetensors(f->out, {{"logits", model_logits(m, one_document_rows(ids))}});
+  });
+
+  struct GenOpts {
+    std::string checkpoint, prompt;
+    int64_t tokens = 200;
+    double temperature = 0.0;
+    uint64_t seed = 0;
+  };
+  auto g = std::make_shared<GenOpts>();
+  CLI::App* gen = app.add_subcommand("generate", "Continue a prompt with a checkpoint (byte-level tokenizer).");
+  gen->add_option("--checkpoint", g->checkpoint, "checkpoint directory")->required();
+  gen->add_option("--prompt", g->prompt, "text to continue")->required();
+  gen->add_option("--tokens", g->tokens, "new tokens at most")->capture_default_str()->check(CLI::PositiveNumber);
+  gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str();
+  gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str();
+  gen->callback([g] {
+    Model m = load_checkpoint_model(g->checkpoint);
+    std::vector<int32_t> ids = tokenize_bytes(g->prompt);
+    HMLA_CHECK(!ids.empty(), ConfigError, "--prompt is empty");
+    std::mt19937_64 rng(g->seed);
+    std::cout << g->prompt << std::flush;
+    for (int64_t k = 0; k < g->tokens; ++k) {  // full recompute per token: simple, fine at demo scale
+      Tensor t = Tensor::from_vector<int32_t>({1, int64_t(ids.size())}, ids);
+      Tensor logits = model_logits(m, one_document_rows(t));
+      const float* l = logits.data<float>() + (int64_t(ids.size()) - 1) * m.cfg.vocab_size;
+      int32_t next = 0;
+      if (g->temperature <= 0) {
+        for (int32_t v = 1; v < m.cfg.vocab_size; ++v) next = l[v] > l[next] ? v : next;
+      } else {
+        std::vector<double> p(m.cfg.vocab_size);
+        double mx = l[0];
+        for (int64_t v = 1; v < m.cfg.vocab_size; ++v) mx = std::max(mx, double(l[v]));
+        for (int64_t v = 0; v < m.cfg.vocab_size; ++v) p[v] = std::exp((l[v] - mx) / g->temperature);
+        next = int32_t(std::discrete_distribution<int32_t>(p.begin(), p.end())(rng));
+      }
+      if (next == kEosId || next == kPadId) break;
+      ids.push_back(next);
+      std::cout << detokenize_bytes({next}) << std::flush;
+    }
+    std::cout << "\n";
+  });
+}
+
+}  // namespace hmla::app

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""The training CLI end to end on a tiny model: prepare-data, train, report, forward, generate,
+refusing to overwrite a run, and Ctrl-C (SIGINT) leaving the last checkpoint intact."""
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_lite as st  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def programme(workdir, steps, every):
+    return f"""model: {HERE}/../train/tiny_model.json
+data: {workdir}/data
+seed: 2
+base: {{batch: 4, seq_len: 32, lr: 3.0e-3, log_every: 1, eval_rows: 2, checkpoint_every: {every}}}
+phases:
+  - {{name: pre, mode: mha, steps: {steps}}}
+  - {{name: sparse, mode: dsa_sparse, steps: 2}}
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hmla", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    shutil.rmtree(a.workdir, ignore_errors=True)
+    os.makedirs(a.workdir)
+    w = a.workdir
+    ok = True
+
+    def check(name, cond, detail=""):
+        nonlocal ok
+        ok &= bool(cond)
+        print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}")
+
+    with open(f"{w}/text.txt", "w") as f:
+        for i in range(60):
+            f.write(f"Document {i}: the quick brown fox jumps over the lazy dog {i * 7}.\n%\n")
+    r = subprocess.run([a.hmla, "prepare-data", f"{w}/text.txt", "--out", f"{w}/data", "--heldout-every", "5"],
+                       capture_output=True, text=True)
+    check("prepare-data", r.returncode == 0 and os.path.exists(f"{w}/data/train.safetensors"), r.stderr)
+    with open(f"{w}/p.yaml", "w") as f:
+        f.write(programme(w, 3, 0))
+    r = subprocess.run([a.hmla, "train", f"{w}/p.yaml", "--out", f"{w}/run"], capture_output=True, text=True)
+    check("train", r.returncode == 0 and "heldout" in r.stdout, r.stderr[-300:])
+    r = subprocess.run([a.hmla, "train", f"{w}/p.yaml", "--out", f"{w}/run"], capture_output=True, text=True)
+    check("train refuses an existing run", r.returncode != 0 and "--resume" in r.stderr, r.stderr.strip())
+    r = subprocess.run([a.hmla, "report", f"{w}/run"], capture_output=True, text=True)
+    html = open(f"{w}/run/report.html").read() if os.path.exists(f"{w}/run/report.html") else ""
+    check("report", r.returncode == 0 and "<svg" in html and "dsa_sparse" in html)
+    ids = np.array([[5, 40, 41, 42, 43, 44, 45, 46]], dtype=np.int64)
+    st.save(f"{w}/in.safetensors", {"input_ids": ids})
+    r = subprocess.run([a.hmla, "forward", "--checkpoint", f"{w}/run", "--inputs", f"{w}/in.safetensors", "--out",
+                        f"{w}/logits.safetensors"], capture_output=True, text=True)
+    logits = st.load(f"{w}/logits.safetensors")["logits"] if r.returncode == 0 else np.zeros(0)
+    check("forward", logits.shape == (1, 8, 260) and np.isfinite(logits).all(), r.stderr)
+    r = subprocess.run([a.hmla, "generate", "--checkpoint", f"{w}/run", "--prompt", "Document", "--tokens", "5"],
+                       capture_output=True, text=True)
+    check("generate", r.returncode == 0 and r.stdout.startswith("Document"), r.stderr)
+
+    # SIGINT after the first checkpoint: exit 130, the checkpoint it names stays complete.
+    with open(f"{w}/long.yaml", "w") as f:
+        f.write(programme(w, 100000, 2))
+    p = subprocess.Popen([a.hmla, "train", f"{w}/long.yaml", "--out", f"{w}/long"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    latest = f"{w}/long/checkpoints/latest"
+    t0 = time.time()
+    while not os.path.exists(latest) and time.time() - t0 < 60:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    name = open(latest).read().strip()
+    files = sorted(os.listdir(f"{w}/long/checkpoints/{name}"))
+    model = st.load(f"{w}/long/checkpoints/{name}/model.safetensors")
+    check("SIGINT", p.returncode == 130 and "intact" in err, f"exit {p.returncode}: {err.strip()}")
+    check("checkpoint intact", files == ["config.json", "model.safetensors", "optimizer.safetensors", "state.json"]
+          and "model.norm.weight" in model, str(files))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
