@@ -88,7 +88,27 @@ AttnSparseInputs sparse_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims
   return in;
 }
 
+// The attention core: dense MHA, dense latent MQA, or sparse latent MQA over the selection.
+void run_core(const MlaLayer& L, MlaSaved& sv, const Dims& d, const DocLayout& layout) {
+  if (L.mode() == LayerMode::dsa_sparse) {  // over S(t) and the window
+    AttnSparseSaved ss = attn_sparse_fwd(sparse_inputs(L, sv, d));
+    sv.att = {ss.out, ss.lse};
+    sv.lse_c = ss.lse_c;
+  } else {
+    sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+  }
+}
+
 }  // namespace
+
+void mla_drop_core(MlaSaved& sv) {
+  sv.att = {};
+  sv.lse_c = Tensor();
+}
+
+void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv) {
+  run_core(L, sv, dims(*L.cfg, x), layout);
+}
 
 std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split, bool indexer) {
   const int64_t H = c.num_attention_heads, hid = c.hidden_size, Dqk = c.qk_head_dim();
@@ -232,7 +252,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
         std::memcpy(k, sv.v.data<float>() + (n * d.H + h) * (d.Dn + d.Dv), d.Dn * sizeof(float));
         std::memcpy(k + d.Dn, KPE + n * d.Dr, d.Dr * sizeof(float));
       }
-    sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+    run_core(L, sv, d, layout);
     std::memcpy(sv.o.data<float>(), sv.att.out.data<float>(), sv.o.nbytes());
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h], one shared key [c ; k_pe].
@@ -251,13 +271,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
       std::memcpy(sv.ka.data<float>() + n * Wa, C + n * d.Rkv, d.Rkv * sizeof(float));
       std::memcpy(sv.ka.data<float>() + n * Wa + d.Rkv, KPE + n * d.Dr, d.Dr * sizeof(float));
     }
-    if (L.mode() == LayerMode::dsa_sparse) {  // over S(t) and the window
-      AttnSparseSaved ss = attn_sparse_fwd(sparse_inputs(L, sv, d));
-      sv.att = {ss.out, ss.lse};
-      sv.lse_c = ss.lse_c;
-    } else {
-      sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
-    }
+    run_core(L, sv, d, layout);
     for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
       HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
       sgemm(Trans::no, Trans::yes, d.N, d.Dv, d.Rkv, 1.f, sv.att.out.data<float>() + h * d.Rkv, d.H * d.Rkv,

@@ -19,9 +19,7 @@ const float* P(const Model& m, const std::string& name) { return m.params.at(nam
 
 bool is_moe_layer(const ModelConfig& c, int64_t L) {
   if (!c.mlp_layer_types.empty()) return c.mlp_layer_types.at(L) == "sparse";
-  const auto& src = c.source;
-  const bool has_field = src.is_object() && src.contains("first_k_dense_replace");
-  return has_field && L >= c.first_k_dense_replace;
+  return L >= c.first_k_dense_replace;  // DESIGN.md section 2: default 3 without either field
 }
 
 // The attention's tensors of layer L as a TensorMap without the prefix (views, no copies).
@@ -51,7 +49,7 @@ struct Forward {
   Tensor logits;                        // [N, V]
 };
 
-Forward forward(const Model& m, const Batch& batch) {
+Forward forward(const Model& m, const Batch& batch, bool drop_core = false) {
   const ModelConfig& c = m.cfg;
   const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
@@ -76,6 +74,7 @@ Forward forward(const Model& m, const Batch& batch) {
                      P(m, pre + "input_layernorm.weight"), N, hid, eps);
     MlaLayer layer{&c, L, false, layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn);
+    if (drop_core) mla_drop_core(sv.attn);
     sv.h_mid = Tensor::empty({b, s, hid}, DType::f32);
     for (int64_t i = 0; i < N * hid; ++i) sv.h_mid.data<float>()[i] = h.data<float>()[i] + y.data<float>()[i];
     sv.rstd2 = Tensor::empty({N}, DType::f32);
@@ -247,7 +246,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   const ModelConfig& c = m.cfg;
   const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
-  Forward f = forward(m, batch);
+  Forward f = forward(m, batch, opt.recompute_attention);
   StepStats st;
   st.tokens = N;
 
@@ -286,6 +285,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     LayerSaved& sv = f.layers[L];
     const std::string pre = layer_prefix(L);
     MlaLayer layer{&c, L, false, layer_attn(m, L)};
+    if (opt.recompute_attention) mla_recompute_core(layer, sv.a, batch.layout, sv.attn);
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
     if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;

@@ -44,6 +44,7 @@ void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const st
   else if (k == "log_every") p.log_every = get<int64_t>(v, k, where);
   else if (k == "equivalence_rtol") p.equivalence_rtol = get<double>(v, k, where);
   else if (k == "eval_rows") p.eval_rows = get<int64_t>(v, k, where);
+  else if (k == "recompute_attention") p.recompute_attention = get<bool>(v, k, where);
   else
     throw ConfigError(where + ": unknown key '" + k + "' (see docs/programme.md for the phase keys)");
 }

@@ -212,7 +212,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
         rows += loss_row_count(micro.back().layout, &micro.back().input_ids, pc.pad_token_id);
       }
       garena.fill_zero();
-      StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1)};
+      StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
       double lm = 0, kl = 0;
       int64_t tokens = 0;
       for (const Batch& mb : micro) {

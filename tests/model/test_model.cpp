@@ -122,5 +122,22 @@ TEST(Model, DsaStepsRunAndIndexerOnlySkipsTheBackbone) {
   }
 }
 
+// Recomputing the attention core changes no bit of any gradient, the indexers' included.
+TEST(Model, RecomputationIsBitIdentical) {
+  ModelConfig c = tiny({"dsa_warmup", "dsa_sparse"});
+  Model m = build_model(c, {true, true});
+  init_model(m, 8);
+  Batch bt = batch(2, 20, 9);
+  Tensor ga = Tensor::zeros({m.arena.numel()}, DType::f32), gb = Tensor::zeros({m.arena.numel()}, DType::f32);
+  io::TensorMap a = arena_views(m.table, ga), b = arena_views(m.table, gb);
+  StepOptions o;
+  StepStats sa = model_step(m, bt, o, a);
+  o.recompute_attention = true;
+  StepStats sb = model_step(m, bt, o, b);
+  EXPECT_EQ(sa.lm_loss, sb.lm_loss);
+  EXPECT_EQ(sa.indexer_kl, sb.indexer_kl);
+  EXPECT_EQ(0, std::memcmp(ga.raw_data(), gb.raw_data(), ga.nbytes()));
+}
+
 }  // namespace
 }  // namespace hmla

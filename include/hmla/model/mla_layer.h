@@ -74,6 +74,12 @@ struct MlaGrads {
 };
 
 Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved);
+// Activation recomputation of the attention core: drop its output and lse after the forward,
+// rebuild them (bit-identical: the core is deterministic) right before the backward. Everything
+// the indexer's gradient needs survives (its inputs and selection are not part of the core).
+void mla_drop_core(MlaSaved& saved);
+void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved);
+
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
                       const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {});
 

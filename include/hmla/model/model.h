@@ -55,6 +55,7 @@ struct StepOptions {
   bool backbone = true;        // false: only the indexers' backward runs (train_indexer_only)
   int64_t lm_targets = 0;      // the step's global LM target count (0: this batch's)
   int64_t valid_rows = 0;      // the step's global valid_rows for the indexer KL (0: this batch's)
+  bool recompute_attention = false;  // drop each core's output after the forward, rebuild it in the backward
 };
 
 struct StepStats {

@@ -22,6 +22,7 @@ struct PhaseSettings {
   int64_t log_every = 10;
   double equivalence_rtol = 1e-4;
   int64_t eval_rows = 16;
+  bool recompute_attention = false;
 };
 
 struct Programme {
