@@ -225,8 +225,12 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
   return n;
 }
 
-Tensor model_logits(const Model& m, const Batch& batch) {
+Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk) {
   Forward f = forward(m, batch);
+  if (topk) {
+    topk->clear();
+    for (const LayerSaved& l : f.layers) topk->push_back(l.attn.topk);
+  }
   return f.logits.view({batch.input_ids.size(0), batch.input_ids.size(1), m.cfg.vocab_size});
 }
 

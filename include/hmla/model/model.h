@@ -68,8 +68,9 @@ struct StepStats {
 // arena with the model's table).
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads);
 
-// Forward only: logits [b, s, vocab] f32.
-Tensor model_logits(const Model& m, const Batch& batch);
+// Forward only: logits [b, s, vocab] f32; with `topk`, also each layer's selection table
+// ([b, s, K + W] i32, undefined for layers that select nothing).
+Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk = nullptr);
 // Forward only: mean LM loss over the batch's targets.
 double model_lm_loss(const Model& m, const Batch& batch);
 

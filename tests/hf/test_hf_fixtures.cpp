@@ -1,0 +1,79 @@
+// hmla against Hugging Face transformers (fixtures from tests/hf/make_fixtures.py, committed;
+// no pip needed here): checkpoints as transformers saves them load as they are; logits match the
+// float64 transformers run by the STYLE.md rule (twice the float32 transformers error plus 8 ulps);
+// every layer's selection matches transformers' top-k as a set wherever the K-th and (K+1)-th
+// scores are apart. Cases: dense (s <= index_topk), sparse (s > index_topk), YaRN.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+#include "hmla/io/safetensors.h"
+#include "hmla/model/model.h"
+#include "testing.h"
+
+namespace hmla {
+namespace {
+
+std::vector<double> joined(const io::TensorMap& f, const std::string& name) {
+  auto hi = f.at(name + "_hi").to_vector<float>(), lo = f.at(name + "_lo").to_vector<float>();
+  std::vector<double> out(hi.size());
+  for (size_t i = 0; i < hi.size(); ++i) out[i] = std::isinf(hi[i]) ? double(hi[i]) : double(hi[i]) + double(lo[i]);
+  return out;
+}
+
+class HfFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfFixture, LogitsAndSelectionsMatchTransformers) {
+  const std::string dir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/" + GetParam();
+  ModelConfig c = load_model_config(dir + "/config.json");
+  for (LayerMode m : c.layer_modes) EXPECT_EQ(m, LayerMode::dsa_sparse);  // as transformers runs it
+  io::TensorMap w = io::load_checkpoint_tensors(dir);
+  Model m = build_model(c, std::vector<bool>(c.num_hidden_layers, true));
+  load_into_model(m, w, dir);
+  io::TensorMap f = io::load_safetensors(dir + "/fixture.safetensors");
+  std::vector<int32_t> ids;
+  for (int64_t v : f.at("input_ids").to_vector<int64_t>()) ids.push_back(int32_t(v));
+  const int64_t b = f.at("input_ids").size(0), s = f.at("input_ids").size(1);
+  Batch batch{Tensor::from_vector<int32_t>({b, s}, ids), layout_causal(b, s)};
+  std::vector<Tensor> topk;
+  Tensor logits = model_logits(m, batch, &topk);
+  const double err = testing::expect_within_rule("logits", logits.to_vector<float>(), f.at("logits_f32").to_vector<float>(),
+                                                 joined(f, "logits"));
+  std::printf("%s: max |hmla - transformers f64| = %.3e\n", GetParam().c_str(), err);
+
+  const int64_t K = c.index_topk;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    auto hf = f.at("layer" + std::to_string(L) + ".topk").to_vector<int32_t>();
+    const int64_t hk = f.at("layer" + std::to_string(L) + ".topk").size(2);
+    auto scores = joined(f, "layer" + std::to_string(L) + ".index_scores");
+    auto mine = topk[L].to_vector<int32_t>();
+    const int64_t kw = topk[L].size(2);
+    int compared = 0;
+    for (int64_t r = 0; r < b * s; ++r) {
+      const double* sc = &scores[r * s];
+      std::vector<double> allowed;
+      for (int64_t j = 0; j < s; ++j)
+        if (!std::isinf(sc[j])) allowed.push_back(sc[j]);
+      std::sort(allowed.rbegin(), allowed.rend());
+      if (int64_t(allowed.size()) > K && allowed[K - 1] - allowed[K] < 1e-4) continue;  // a near-tie: either is right
+      std::set<int32_t> a, e;
+      for (int64_t i = 0; i < hk; ++i)
+        if (!std::isinf(sc[hf[r * hk + i]])) e.insert(hf[r * hk + i]);
+      for (int64_t i = 0; i < K; ++i)
+        if (mine[r * kw + i] >= 0) a.insert(mine[r * kw + i]);
+      EXPECT_EQ(a, e) << GetParam() << " layer " << L << " row " << r;
+      if (a != e) {
+        for (int64_t j = 0; j < s; ++j) std::printf("%lld:%.4f ", (long long)j, sc[j]);
+        std::printf("\n");
+      }
+      ++compared;
+    }
+    EXPECT_GT(compared, b * s * 3 / 4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, HfFixture, ::testing::Values("dense", "sparse", "yarn"));
+
+}  // namespace
+}  // namespace hmla
