@@ -184,8 +184,9 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
     const bool any_hybrid = std::find(hybrid.begin(), hybrid.end(), true) != hybrid.end();
     if (any_hybrid && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse)) {
       auto [diff, mag] = equivalence(model, hybrid, eval);
-      log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << diff << ", max|logits_mha| = " << mag
-          << " (rtol " << ph.equivalence_rtol << ")\n";
+      log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << std::scientific << std::setprecision(3)
+          << diff << ", max|logits_mha| = " << mag << " (rtol " << ph.equivalence_rtol << ")\n" << std::defaultfloat
+          << std::setprecision(6);
       metrics << json{{"phase", ph.name}, {"equivalence_max_diff", diff}, {"equivalence_max_logit", mag}}.dump() << "\n";
       HMLA_CHECK(diff <= ph.equivalence_rtol * mag, ConfigError, "phase '", ph.name, "': the MHA/MQA equivalence check failed (",
                  diff, " > ", ph.equivalence_rtol, " * ", mag, "); the programme stops");
@@ -236,7 +237,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
         log << "[" << ph.name << "] step " << step + 1 << "/" << ph.steps << "  lm " << std::fixed << std::setprecision(4) << lm;
         if (is_dsa(ph.mode)) log << "  kl " << kl;
         log << "  " << std::setprecision(0) << double(tokens) / sec << " tok/s  ETA "
-            << fmt_time(per * double(ph.steps - step - 1)) << std::defaultfloat << "\n" << std::flush;
+            << fmt_time(per * double(ph.steps - step - 1)) << std::defaultfloat << std::setprecision(6) << "\n"
+            << std::flush;
       }
       const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
       if (ckpt || g_stop) {
