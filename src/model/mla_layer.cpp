@@ -239,7 +239,6 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
   float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
   float* vb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "v_b_proj.weight")) : nullptr;
-  sv.o = f32({d.N, d.H, d.Dv});
   if (!L.latent()) {
     // Per-head keys [k_nope_h ; k_pe] and values, expanded through kv_b_proj; v stays a strided
     // view of kv_b_proj's output.
@@ -253,7 +252,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
         std::memcpy(k + d.Dn, KPE + n * d.Dr, d.Dr * sizeof(float));
       }
     run_core(L, sv, d, layout);
-    std::memcpy(sv.o.data<float>(), sv.att.out.data<float>(), sv.o.nbytes());
+    sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h], one shared key [c ; k_pe].
     const int64_t Wa = d.Rkv + d.Dr;
@@ -272,6 +271,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
       std::memcpy(sv.ka.data<float>() + n * Wa + d.Rkv, KPE + n * d.Dr, d.Dr * sizeof(float));
     }
     run_core(L, sv, d, layout);
+    sv.o = f32({d.N, d.H, d.Dv});
     for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
       HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
       sgemm(Trans::no, Trans::yes, d.N, d.Dv, d.Rkv, 1.f, sv.att.out.data<float>() + h * d.Rkv, d.H * d.Rkv,
