@@ -1,0 +1,106 @@
+// Optimizers against hand-computed updates: the schedule, one AdamW step (bias correction,
+// decoupled decay only on matrices, separate clips per group, indexer-only), and Muon's
+// orthogonalised update (singular values near 1, scaled by 0.2 sqrt(max(rows, cols))).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "gemm.h"
+#include "hmla/train/optim.h"
+
+namespace hmla {
+namespace {
+
+Model tiny_model() {
+  nlohmann::json j{{"hidden_size", 8},       {"num_attention_heads", 1}, {"num_hidden_layers", 1},
+                   {"q_lora_rank", 4},       {"kv_lora_rank", 4},       {"qk_nope_head_dim", 4},
+                   {"qk_rope_head_dim", 2},  {"v_head_dim", 4},         {"vocab_size", 12},
+                   {"intermediate_size", 16}, {"index_n_heads", 1},     {"index_head_dim", 4},
+                   {"index_topk", 2},        {"hmla_layer_modes", {"dsa_warmup"}}};
+  Model m = build_model(parse_model_config(j, "t"), {true});
+  init_model(m, 1);
+  return m;
+}
+
+TEST(Optim, WarmupThenCosine) {
+  OptimSettings o;
+  o.warmup_steps = 4;
+  o.total_steps = 14;
+  o.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(lr_at(o, 1.0, 0), 0.25);
+  EXPECT_DOUBLE_EQ(lr_at(o, 1.0, 3), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(o, 1.0, 4), 1.0);
+  EXPECT_NEAR(lr_at(o, 1.0, 9), 0.55, 1e-12);  // half way: 0.1 + 0.9 * 0.5
+  EXPECT_NEAR(lr_at(o, 1.0, 14), 0.1, 1e-12);
+}
+
+TEST(Optim, AdamWStepByHand) {
+  Model m = tiny_model();
+  OptimSettings o;
+  o.lr = 0.1;
+  o.indexer_lr = 0.01;
+  o.weight_decay = 0.5;
+  o.clip_backbone = 1e9;
+  o.clip_indexer = 0.1;  // the indexer group is clipped, the backbone is not
+  Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+  io::TensorMap g = arena_views(m.table, garena);
+  for (int64_t i = 0; i < garena.numel(); ++i) garena.data<float>()[i] = 0.01f * float(i % 7 + 1);
+  const std::string mat = "model.layers.0.mlp.up_proj.weight", vec = "model.norm.weight",
+                    idx = "model.layers.0.self_attn.indexer.wk.weight";
+  const float w_mat = m.params.at(mat).data<float>()[3], w_vec = m.params.at(vec).data<float>()[2],
+              w_idx = m.params.at(idx).data<float>()[1];
+  const float g_mat = g.at(mat).data<float>()[3], g_vec = g.at(vec).data<float>()[2], g_idx = g.at(idx).data<float>()[1];
+  Optimizer opt(m, o, false);
+  OptimStats st = opt.step(m, g, 0);
+  // Step 1 of Adam: m^ = g, v^ = g^2, so the update is lr * (sign(g) + wd * w) (eps negligible).
+  EXPECT_NEAR(m.params.at(mat).data<float>()[3], w_mat - 0.1f * (1.f + 0.5f * w_mat), 1e-6);
+  EXPECT_NEAR(m.params.at(vec).data<float>()[2], w_vec - 0.1f * 1.f, 1e-6);  // no decay on 1-D
+  // The indexer group is scaled by 0.1 / norm before the update, which a unit step ignores.
+  EXPECT_NEAR(m.params.at(idx).data<float>()[1], w_idx - 0.01f * (1.f + 0.5f * w_idx), 1e-6);
+  EXPECT_GT(st.grad_norm_indexer, 0.1);
+  EXPECT_GT(g_mat + g_vec + g_idx, 0.f);
+
+  // indexer_only: the backbone does not move.
+  Model m2 = tiny_model();
+  Optimizer only(m2, o, true);
+  const float before = m2.params.at(mat).data<float>()[3];
+  only.step(m2, g, 0);
+  EXPECT_EQ(m2.params.at(mat).data<float>()[3], before);
+  EXPECT_NE(m2.params.at(idx).data<float>()[1], w_idx);
+}
+
+TEST(Optim, MuonUpdateIsOrthogonalised) {
+  Model m = tiny_model();
+  OptimSettings o;
+  o.optimizer = "muon";
+  o.lr = 1.0;
+  o.muon_momentum = 0.0;  // the update is then NS(g) * 0.2 sqrt(max(rows, cols))
+  o.clip_backbone = o.clip_indexer = 0;
+  const std::string mat = "model.layers.0.mlp.up_proj.weight";  // [16, 8]
+  Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+  io::TensorMap g = arena_views(m.table, garena);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nd;
+  for (int64_t i = 0; i < garena.numel(); ++i) garena.data<float>()[i] = nd(rng);
+  Tensor before = m.params.at(mat).clone();
+  Optimizer opt(m, o, false);
+  opt.step(m, g, 0);
+  const int64_t R = 16, C = 8;
+  std::vector<float> U(R * C), UtU(C * C);
+  const float scale = 0.2f * std::sqrt(16.f);
+  for (int64_t i = 0; i < R * C; ++i) U[i] = (before.data<float>()[i] - m.params.at(mat).data<float>()[i]) / scale;
+  cpu::sgemm(cpu::Trans::yes, cpu::Trans::no, C, C, R, 1.f, U.data(), C, U.data(), C, 0.f, UtU.data(), C);
+  for (int64_t i = 0; i < C; ++i) {  // U^T U ~ I: quintic Newton-Schulz lands singular values in ~[0.7, 1.2]
+    EXPECT_GT(UtU[i * C + i], 0.45f);
+    EXPECT_LT(UtU[i * C + i], 1.5f);
+    for (int64_t j = 0; j < C; ++j) {
+      if (j != i) {
+        EXPECT_LT(std::abs(UtU[i * C + j]), 0.35f) << i << "," << j;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hmla
