@@ -64,6 +64,26 @@ def main():
                         f"{w}/logits.safetensors"], capture_output=True, text=True)
     logits = st.load(f"{w}/logits.safetensors")["logits"] if r.returncode == 0 else np.zeros(0)
     check("forward", logits.shape == (1, 8, 260) and np.isfinite(logits).all(), r.stderr)
+    # The same weights as a sharded bf16 checkpoint and as f32 values rounded to bf16: identical logits.
+    import json
+    weights = st.load(f"{w}/run/model.safetensors")
+    rounded = {n: (st.to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32) for n, x in weights.items()}
+    names = sorted(weights)
+    for d in ("bf16", "rounded"):
+        os.makedirs(f"{w}/{d}", exist_ok=True)
+        shutil.copy(f"{w}/run/config.json", f"{w}/{d}/config.json")
+    st.save(f"{w}/bf16/model-00001-of-00002.safetensors", {n: weights[n] for n in names[::2]}, bf16=set(names))
+    st.save(f"{w}/bf16/model-00002-of-00002.safetensors", {n: weights[n] for n in names[1::2]}, bf16=set(names))
+    with open(f"{w}/bf16/model.safetensors.index.json", "w") as f:
+        json.dump({"weight_map": {n: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, n in enumerate(names)}}, f)
+    st.save(f"{w}/rounded/model.safetensors", rounded)
+    outs = {}
+    for d in ("bf16", "rounded"):
+        r = subprocess.run([a.hmla, "forward", "--checkpoint", f"{w}/{d}", "--inputs", f"{w}/in.safetensors", "--out",
+                            f"{w}/{d}.logits.safetensors"], capture_output=True, text=True)
+        outs[d] = st.load(f"{w}/{d}.logits.safetensors")["logits"] if r.returncode == 0 else None
+    check("forward reads sharded bf16", outs["bf16"] is not None and outs["rounded"] is not None
+          and np.array_equal(outs["bf16"], outs["rounded"]))
     r = subprocess.run([a.hmla, "generate", "--checkpoint", f"{w}/run", "--prompt", "Document", "--tokens", "5"],
                        capture_output=True, text=True)
     check("generate", r.returncode == 0 and r.stdout.startswith("Document"), r.stderr)

@@ -29,10 +29,23 @@ def load(path):
     return out
 
 
-def save(path, tensors):
+def to_bf16_bits(a):
+    """float32 -> bf16 bit patterns (uint16), rounding to nearest even."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def save(path, tensors, bf16=()):
+    """Names in `bf16` are written as BF16 (from float32, rounded to nearest even)."""
     header, chunks, off = {}, [], 0
     for name in sorted(tensors):
         a = np.ascontiguousarray(tensors[name])
+        if name in bf16:
+            raw = to_bf16_bits(a).tobytes()
+            header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+            chunks.append(raw)
+            off += len(raw)
+            continue
         raw = a.tobytes()
         header[name] = {"dtype": _NAMES[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
         chunks.append(raw)
