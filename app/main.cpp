@@ -5,7 +5,16 @@
 #include "commands.h"
 #include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
+#include "hmla/dist/comm.h"
 #include "hmla/train/trainer.h"
+
+namespace {
+// One rank failing ends the whole job (MPI_Abort under mpirun), never a hang.
+[[noreturn]] void fail(const std::string& msg, int code) {
+  hmla::Comm& c = hmla::Comm::world();
+  hmla::Comm::world().abort(c.size() > 1 ? msg + " (rank " + std::to_string(c.rank()) + ")" : msg, code);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"hmla: hybrid multi-head latent attention training (DeepSeek Sparse Attention)"};
@@ -25,11 +34,9 @@ int main(int argc, char** argv) {
     std::cerr << "hmla: " << e.what() << "\n";
     return 130;
   } catch (const hmla::Error& e) {
-    std::cerr << "hmla: error: " << e.what() << "\n";
-    return 1;
+    fail(std::string("hmla: error: ") + e.what(), 1);
   } catch (const std::exception& e) {
-    std::cerr << "hmla: internal error: " << e.what() << "\n";
-    return 2;
+    fail(std::string("hmla: internal error: ") + e.what(), 2);
   }
   return 0;
 }

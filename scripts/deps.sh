@@ -8,6 +8,7 @@ packages=(
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
   libopenblas-openmp-dev
+  openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
 )
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/train/data.h"
@@ -114,7 +115,20 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
 
 }  // namespace
 
-void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& log) {
+void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& console) {
+  Comm& comm = Comm::world();
+  const bool root = comm.is_root();
+  std::ostringstream sink;  // what the other ranks would print
+  std::ostream& log = root ? console : sink;
+  HMLA_CHECK(opt.cp == 1, ConfigError, "--cp ", opt.cp,
+             ": context parallelism is not available yet; run data parallel only (--cp 1)");
+  HMLA_CHECK(comm.size() % opt.cp == 0, ConfigError, "--cp ", opt.cp, " does not divide the ", comm.size(), " ranks");
+  const int dp = comm.size() / opt.cp, dp_rank = comm.rank() / opt.cp;
+  for (const PhaseSettings& ph : pr.phases)
+    HMLA_CHECK(ph.micro_batches % dp == 0, ConfigError, pr.path, ": phase '", ph.name, "' has micro_batches = ",
+               ph.micro_batches, ", which the ", dp, " data-parallel ranks must divide");
+  if (const char* f = std::getenv("HMLA_TEST_FAIL_RANK"); f && std::atoi(f) == comm.rank())
+    throw Error("injected failure on rank " + std::to_string(comm.rank()) + " (HMLA_TEST_FAIL_RANK)");
   g_stop = 0;
   auto old_handler = std::signal(SIGINT, on_sigint);
   ModelConfig cfg = load_model_config(pr.model_config);
@@ -126,7 +140,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
   const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
   HMLA_CHECK(opt.resume || !fs::exists(ckroot / "latest"), ConfigError, out.string(),
              " already holds a run; continue it with --resume or choose another --out (nothing was changed)");
-  fs::create_directories(ckroot);
+  if (root) fs::create_directories(ckroot);
 
   // Start: fresh, from init_checkpoint, or from the latest checkpoint of this run.
   RunState st;
@@ -164,7 +178,9 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
     }
   }
 
-  std::ofstream metrics(out / "metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
+  std::ofstream metrics_file;
+  if (root) metrics_file.open(out / "metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
+  std::ostream& metrics = root ? static_cast<std::ostream&>(metrics_file) : sink;
   std::vector<PhaseSummary> summaries;
   Allocator& alloc = allocator(Device::cpu);
   for (int64_t p = st.phase; p < int64_t(pr.phases.size()); ++p) {
@@ -214,14 +230,17 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
       }
       garena.fill_zero();
       StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
-      double lm = 0, kl = 0;
-      int64_t tokens = 0;
-      for (const Batch& mb : micro) {
-        StepStats s = model_step(model, mb, so, grads);
-        lm += s.lm_loss;
-        kl += s.indexer_kl;
-        tokens += s.tokens;
+      double sums[3] = {0, 0, 0};  // lm, kl, tokens of this rank's micro-batches
+      for (size_t i = dp_rank; i < micro.size(); i += size_t(dp)) {
+        StepStats s = model_step(model, micro[i], so, grads);
+        sums[0] += s.lm_loss;
+        sums[1] += s.indexer_kl;
+        sums[2] += double(s.tokens);
       }
+      comm.allreduce_sum(garena.data<float>(), garena.numel());
+      comm.allreduce_sum(sums, 3);
+      const double lm = sums[0], kl = sums[1];
+      const int64_t tokens = int64_t(sums[2]);
       OptimStats os = optim.step(model, grads, step);
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       losses.push_back(lm);
@@ -241,15 +260,14 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
             << std::flush;
       }
       const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
-      if (ckpt || g_stop) {
-        if (g_stop) {
-          std::signal(SIGINT, old_handler);
-          throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
-                            "; the last complete checkpoint is intact (resume with --resume)");
-        }
+      if (g_stop) {
+        std::signal(SIGINT, old_handler);
+        throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
+                          "; the last complete checkpoint is intact (resume with --resume)");
+      }
+      if (ckpt && root)
         save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-step" + std::to_string(step + 1), model, optim,
                         {p, step + 1, loader.position()});
-      }
     }
     sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
     const size_t w = std::min<size_t>(20, losses.size());
@@ -263,10 +281,11 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
                     {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}}
                    .dump()
             << "\n" << std::flush;
-    save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim, {p + 1, 0, {}});
+    if (root) save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim, {p + 1, 0, {}});
     summaries.push_back(sum);
   }
   std::signal(SIGINT, old_handler);
+  if (!root) return;
   save_model_config((out / "config.json").string(), model.cfg);
   io::save_safetensors((out / "model.safetensors").string(), model.params, {{"format", "pt"}});
 

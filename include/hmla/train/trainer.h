@@ -13,6 +13,7 @@ namespace hmla {
 struct TrainOptions {
   std::string out_dir = "runs/latest";
   bool resume = false;  // continue from out_dir/checkpoints/latest
+  int cp = 1;           // context-parallel ranks; the rest of the world is data parallel
 };
 
 // Thrown when SIGINT stopped the run; the last complete checkpoint is intact.
@@ -20,6 +21,10 @@ struct Interrupted : Error {
   using Error::Error;
 };
 
+// Under MPI every rank runs this with the same arguments: each optimizer step's micro-batches are
+// dealt round-robin to the data-parallel ranks (micro_batches must be a multiple of their
+// number), gradients are SUM all-reduced, losses use the step's global counts, and rank 0 alone
+// writes the console, metrics, checkpoints and the summary.
 void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& log);
 
 }  // namespace hmla
