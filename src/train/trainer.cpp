@@ -153,10 +153,18 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     name.erase(name.find_last_not_of("\n") + 1);
     const fs::path dir = ckroot / name;
     ModelConfig saved = load_model_config((dir / "config.json").string());
-    json s = json::parse(io::read_file((dir / "state.json").string()));
-    st.phase = s["phase"];
-    st.step = s["step"];
-    st.data_pos = s["data_pos"].get<std::vector<int64_t>>();
+    try {
+      json s = json::parse(io::read_file((dir / "state.json").string()));
+      st.phase = s.at("phase").get<int64_t>();
+      st.step = s.at("step").get<int64_t>();
+      st.data_pos = s.at("data_pos").get<std::vector<int64_t>>();
+    } catch (const json::exception& e) {
+      throw IoError((dir / "state.json").string() + ": malformed (" + e.what() + ")");
+    }
+    HMLA_CHECK(st.phase >= 0 && st.phase <= int64_t(pr.phases.size()) &&
+                   (st.phase == int64_t(pr.phases.size()) || (st.step >= 0 && st.step <= pr.phases[st.phase].steps)),
+               IoError, (dir / "state.json").string(), ": phase ", st.phase, ", step ", st.step,
+               " does not fit this programme; resume with the programme that wrote it");
     io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
