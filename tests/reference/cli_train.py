@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """The training CLI end to end on a tiny model: prepare-data, train, report, forward, generate,
 refusing to overwrite a run, and Ctrl-C (SIGINT) leaving the last checkpoint intact."""
-import argparse
 import os
 import shutil
 import signal
@@ -13,6 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
+from harness import Checker, parse_args  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,20 +29,9 @@ phases:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--hmla", required=True)
-    ap.add_argument("--workdir", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.workdir, ignore_errors=True)
-    os.makedirs(a.workdir)
+    a = parse_args(__doc__)
     w = a.workdir
-    ok = True
-
-    def check(name, cond, detail=""):
-        nonlocal ok
-        ok &= bool(cond)
-        print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}")
-
+    check = Checker()
     with open(f"{w}/text.txt", "w") as f:
         for i in range(60):
             f.write(f"Document {i}: the quick brown fox jumps over the lazy dog {i * 7}.\n%\n")
@@ -105,7 +94,7 @@ def main():
     check("SIGINT", p.returncode == 130 and "intact" in err, f"exit {p.returncode}: {err.strip()}")
     check("checkpoint intact", files == ["config.json", "model.safetensors", "optimizer.safetensors", "state.json"]
           and "model.norm.weight" in model, str(files))
-    sys.exit(0 if ok else 1)
+    check.exit()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,7 @@
 (each step's micro-batches dealt to the ranks; rows carry different amounts of padding), rank 0
 alone writes, a failing rank ends the whole job with its message instead of hanging, and --cp > 1
 is a clear error for now."""
-import argparse
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,19 +11,16 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
+from harness import Checker, parse_args  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--hmla", required=True)
-    ap.add_argument("--workdir", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.workdir, ignore_errors=True)
-    os.makedirs(a.workdir)
+    a = parse_args(__doc__)
     w = a.workdir
+    check = Checker()
     def write(path, micro):
         with open(path, "w") as f:
             f.write(f"""model: {HERE}/../train/tiny_model.json
@@ -41,13 +36,6 @@ phases:
     prog, prog2 = f"{w}/p.yaml", f"{w}/p2.yaml"
     write(prog, 4)
     write(prog2, 2)
-    ok = True
-
-    def check(name, cond, detail=""):
-        nonlocal ok
-        ok &= bool(cond)
-        print(f"{'ok  ' if cond else 'FAIL'} {name} {detail}")
-
     one = subprocess.run([a.hmla, "train", prog, "--out", f"{w}/one"], capture_output=True, text=True, timeout=300)
     # The same rows as 2 micro-batches instead of 4: only the grouping of the gradient sums differs.
     regroup = subprocess.run([a.hmla, "train", prog2, "--out", f"{w}/regroup"], capture_output=True, text=True,
@@ -77,7 +65,7 @@ phases:
     cp = subprocess.run(MPIRUN + [a.hmla, "train", prog, "--out", f"{w}/cp", "--cp", "2"], capture_output=True,
                         text=True, timeout=120)
     check("--cp 2 is a clear error", cp.returncode != 0 and "context parallelism" in cp.stderr, f"exit {cp.returncode}")
-    sys.exit(0 if ok else 1)
+    check.exit()
 
 
 if __name__ == "__main__":
