@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The training CLI end to end on a tiny model: prepare-data, train, report, forward, generate,
 refusing to overwrite a run, and Ctrl-C (SIGINT) leaving the last checkpoint intact."""
+import json
 import os
 import shutil
 import signal
@@ -54,7 +55,6 @@ def main():
     logits = st.load(f"{w}/logits.safetensors")["logits"] if r.returncode == 0 else np.zeros(0)
     check("forward", logits.shape == (1, 8, 260) and np.isfinite(logits).all(), r.stderr)
     # The same weights as a sharded bf16 checkpoint and as f32 values rounded to bf16: identical logits.
-    import json
     weights = st.load(f"{w}/run/model.safetensors")
     rounded = {n: (st.to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32) for n, x in weights.items()}
     names = sorted(weights)
