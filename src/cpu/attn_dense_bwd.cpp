@@ -43,14 +43,15 @@ float bwd_tile(const AttnDenseParams& p, int64_t b, int64_t h, const QueryTile& 
                const KvAccum& acc, const BwdScratch& w) {
   const int64_t hk = h / (p.H / p.Hkv);
   const int64_t nq = qt.nq, Dv = p.Dv, Dqk = p.Dqk;
-  const float* Q = static_cast<const float*>(p.q) + b * p.q_bstride + qt.t0 * p.q_rstride + h * p.q_hstride;
+  const int64_t lt0 = qt.t0 - p.q_row0;  // the tile's first local query row
+  const float* Q = static_cast<const float*>(p.q) + b * p.q_bstride + lt0 * p.q_rstride + h * p.q_hstride;
   const float* K = static_cast<const float*>(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const float* V = static_cast<const float*>(p.v) + b * p.v_bstride + hk * p.v_hstride;
   const int64_t ld_o = p.H * Dv, ld_q = p.H * Dqk;  // out, dout and dq are contiguous
-  const float* O = static_cast<const float*>(p.out) + ((b * p.s + qt.t0) * p.H + h) * Dv;
-  const float* dO = static_cast<const float*>(p.dout) + ((b * p.s + qt.t0) * p.H + h) * Dv;
-  float* dQ = static_cast<float*>(p.dq) + ((b * p.s + qt.t0) * p.H + h) * Dqk;
-  const float* lse = p.lse + (b * p.H + h) * p.s + qt.t0;
+  const float* O = static_cast<const float*>(p.out) + ((b * p.sq + lt0) * p.H + h) * Dv;
+  const float* dO = static_cast<const float*>(p.dout) + ((b * p.sq + lt0) * p.H + h) * Dv;
+  float* dQ = static_cast<float*>(p.dq) + ((b * p.sq + lt0) * p.H + h) * Dqk;
+  const float* lse = p.lse + (b * p.H + h) * p.sq + lt0;
 
   float dsink = 0.f;
   for (int64_t r = 0; r < nq; ++r) {
@@ -95,7 +96,7 @@ void attn_dense_bwd(const AttnDenseParams& p) {
   const int64_t kv_items = p.b * p.Hkv;
   const int64_t nslices = std::min<int64_t>(group, (nthreads + kv_items - 1) / kv_items);
   const int64_t nitems = kv_items * nslices;
-  const int64_t ntiles = (p.s + T::kBq - 1) / T::kBq;
+  const int64_t ntiles = (p.sq + T::kBq - 1) / T::kBq;
   const int64_t wkv = p.Dqk + p.Dv;  // width of one scratch dk|dv row
 
   const int64_t per_thread = 2 * T::kBq * T::kBk + T::kBq;
@@ -128,7 +129,7 @@ void attn_dense_bwd(const AttnDenseParams& p) {
       for (int64_t h = h_begin; h < h_end; ++h) {
         float ds = 0.f;
         for (int64_t tile = 0; tile < ntiles; ++tile) {
-          QueryTile qt = make_query_tile(p.doc_start + b * p.s, p.s, tile * T::kBq, T::kBq);
+          QueryTile qt = make_query_tile(p.doc_start + b * p.s, p.q_row0 + p.sq, p.q_row0 + tile * T::kBq, T::kBq);
           ds += bwd_tile(p, b, h, qt, acc, w);
         }
         dsink_part.data<float>()[b * p.H + h] = ds;

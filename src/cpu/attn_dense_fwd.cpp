@@ -28,7 +28,8 @@ struct FwdScratch {
 void fwd_tile(const AttnDenseParams& p, int64_t b, int64_t h, const QueryTile& qt,
               const FwdScratch& w) {
   const int64_t hk = h / (p.H / p.Hkv);
-  const float* Q = static_cast<const float*>(p.q) + b * p.q_bstride + qt.t0 * p.q_rstride + h * p.q_hstride;
+  const int64_t lt0 = qt.t0 - p.q_row0;  // the tile's first local query row
+  const float* Q = static_cast<const float*>(p.q) + b * p.q_bstride + lt0 * p.q_rstride + h * p.q_hstride;
   const float* K = static_cast<const float*>(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const float* V = static_cast<const float*>(p.v) + b * p.v_bstride + hk * p.v_hstride;
   const int64_t nq = qt.nq, Dv = p.Dv;
@@ -48,9 +49,9 @@ void fwd_tile(const AttnDenseParams& p, int64_t b, int64_t h, const QueryTile& q
 
   float* out = static_cast<float*>(p.out);
   for (int64_t r = 0; r < nq; ++r) {
-    const int64_t t = qt.t0 + r;
-    float* o = out + ((b * p.s + t) * p.H + h) * Dv;
-    float* lse = p.lse + (b * p.H + h) * p.s + t;
+    const int64_t t = lt0 + r;
+    float* o = out + ((b * p.sq + t) * p.H + h) * Dv;
+    float* lse = p.lse + (b * p.H + h) * p.sq + t;
     if (w.l[r] == 0.f) {  // empty row: output 0, lse = +inf
       std::fill(o, o + Dv, 0.f);
       *lse = INFINITY;
@@ -69,7 +70,7 @@ void fwd_tile(const AttnDenseParams& p, int64_t b, int64_t h, const QueryTile& q
 }  // namespace
 
 void attn_dense_fwd(const AttnDenseParams& p) {
-  const int64_t ntiles = (p.s + T::kBq - 1) / T::kBq;
+  const int64_t ntiles = (p.sq + T::kBq - 1) / T::kBq;
   const int64_t nitems = p.b * p.H * ntiles;
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = T::kBq * T::kBk + T::kBq * p.Dv + 2 * T::kBq;
@@ -85,7 +86,7 @@ void attn_dense_fwd(const AttnDenseParams& p) {
       const int64_t b = item / (p.H * ntiles);
       const int64_t h = (item / ntiles) % p.H;
       const int64_t tile = ntiles - 1 - item % ntiles;  // longest key ranges first
-      QueryTile qt = make_query_tile(p.doc_start + b * p.s, p.s, tile * T::kBq, T::kBq);
+      QueryTile qt = make_query_tile(p.doc_start + b * p.s, p.q_row0 + p.sq, p.q_row0 + tile * T::kBq, T::kBq);
       fwd_tile(p, b, h, qt, w);
     }
   }

@@ -52,12 +52,13 @@ struct QueryTile {
   }
 };
 
-inline QueryTile make_query_tile(const int32_t* doc_start, int64_t s, int64_t t0, int64_t bq) {
+// Rows [t0, min(t0 + bq, t_end)) in global positions (t_end: one past the last query row).
+inline QueryTile make_query_tile(const int32_t* doc_start, int64_t t_end, int64_t t0, int64_t bq) {
   QueryTile qt;
   qt.t0 = t0;
-  qt.nq = std::min(bq, s - t0);
+  qt.nq = std::min(bq, t_end - t0);
   qt.doc_start = doc_start;
-  qt.jmin = s;
+  qt.jmin = t_end;
   qt.jmax = -1;
   for (int64_t r = 0; r < qt.nq; ++r) {
     int64_t t = t0 + r;

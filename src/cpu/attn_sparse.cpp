@@ -19,12 +19,12 @@ namespace hmla::cpu {
 namespace {
 
 struct Geo {
-  int64_t b, s, H, Dqk, Dv, KW, K;
+  int64_t b, s, skv, H, Dqk, Dv, KW, K;  // s query rows, skv key rows
   int64_t qb, qr, qh;
 };
 
 Geo geo(const AttnSparseInputs& in) {
-  return {in.q.size(0), in.q.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2), in.K,
+  return {in.q.size(0), in.q.size(1), in.kv.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2), in.K,
           in.q.stride(0), in.q.stride(1), in.q.stride(2)};
 }
 
@@ -37,7 +37,7 @@ int64_t gather(const Geo& g, const int32_t* idx, const float* kv, int64_t row, f
       const int32_t j = idx[row * g.KW + i];
       if (j < 0) continue;
       js[n] = j;
-      std::memcpy(Kg + n * g.Dqk, kv + (bb * g.s + j) * g.Dqk, g.Dqk * sizeof(float));
+      std::memcpy(Kg + n * g.Dqk, kv + (bb * g.skv + j) * g.Dqk, g.Dqk * sizeof(float));
       ++n;
     }
   nc = 0;
@@ -107,7 +107,7 @@ void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, 
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = 2 * g.KW * g.Dqk + 2 * g.H * g.KW + g.H;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
-  Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.Dqk}, DType::f32);
+  Tensor partial = Tensor::zeros({nthreads, g.b * g.skv * g.Dqk}, DType::f32);
   Tensor dsink_part = Tensor::zeros({nthreads, g.H}, DType::f32);
   std::vector<std::vector<int32_t>> js(nthreads, std::vector<int32_t>(g.KW));
   const float *q = in.q.data<float>(), *kv = in.kv.data<float>(), *dO = dout.data<float>();
@@ -122,7 +122,7 @@ void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, 
     float* P = dKg + g.KW * g.Dqk;
     float* dS = P + g.H * g.KW;
     float* D = dS + g.H * g.KW;
-    float* dkv = partial.data<float>() + th * g.b * g.s * g.Dqk;
+    float* dkv = partial.data<float>() + th * g.b * g.skv * g.Dqk;
     float* dsink = dsink_part.data<float>() + th * g.H;
 #pragma omp for schedule(static, kRowChunk)
     for (int64_t row = 0; row < g.b * g.s; ++row) {
@@ -152,13 +152,13 @@ void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, 
       sgemm(Trans::yes, Trans::no, n, g.Dqk, g.H, 1.f, dS, n, Q, g.qh, 0.f, dKg, g.Dqk);
       sgemm(Trans::yes, Trans::no, n, g.Dv, g.H, 1.f, P, n, dO_t, g.Dv, 1.f, dKg, g.Dqk);
       for (int64_t i = 0; i < n; ++i) {
-        float* dst = dkv + (bb * g.s + js[th][i]) * g.Dqk;
+        float* dst = dkv + (bb * g.skv + js[th][i]) * g.Dqk;
         const float* src = dKg + i * g.Dqk;
         for (int64_t c = 0; c < g.Dqk; ++c) dst[c] += src[c];
       }
     }
   }
-  sum_thread_partials(gr.dkv.data<float>(), partial.data<float>(), nthreads, g.b * g.s * g.Dqk);
+  sum_thread_partials(gr.dkv.data<float>(), partial.data<float>(), nthreads, g.b * g.skv * g.Dqk);
   if (in.sink.defined()) sum_thread_partials(gr.dsink.data<float>(), dsink_part.data<float>(), nthreads, g.H);
 }
 

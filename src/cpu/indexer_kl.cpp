@@ -28,14 +28,14 @@ namespace {
 using T = IndexerCpuTraits;
 
 struct Geo {
-  int64_t b, s, HI, DI, H, Hkv, Dqk;
+  int64_t b, sq, s, q0, HI, DI, H, Hkv, Dqk;  // sq query rows from global position q0; s key rows
   int64_t qb, qr, qh, kb, kr, kh;  // strides of the attention q and k
 };
 
 Geo geo(const IndexerKlInputs& in) {
-  return {in.sc.qI.size(0), in.sc.qI.size(1), in.sc.qI.size(2), in.sc.qI.size(3), in.q.size(2), in.k.size(2),
-          in.q.size(3), in.q.stride(0), in.q.stride(1), in.q.stride(2), in.k.stride(0), in.k.stride(1),
-          in.k.stride(2)};
+  return {in.sc.qI.size(0), in.sc.qI.size(1), in.sc.kI.size(1), in.sc.q_row0, in.sc.qI.size(2), in.sc.qI.size(3),
+          in.q.size(2), in.k.size(2), in.q.size(3), in.q.stride(0), in.q.stride(1), in.q.stride(2), in.k.stride(0),
+          in.k.stride(1), in.k.stride(2)};
 }
 
 // Sums per-thread dkI partials in thread order and the per-row kl into kl_sum (row order).
@@ -44,7 +44,7 @@ void finish(const IndexerKlInputs& in, const Geo& g, const Tensor& partial, int 
   sum_thread_partials(res.dkI.data<float>(), partial.data<float>(), nthreads, g.b * g.s * g.DI);
   const float* rw = in.row_weight.data<float>();
   double sum = 0;
-  for (int64_t r = 0; r < g.b * g.s; ++r) sum += double(rw[r]) * double(kl[r]);
+  for (int64_t r = 0; r < g.b * g.sq; ++r) sum += double(rw[r]) * double(kl[r]);
   res.kl_sum = sum;
   res.loss = double(in.coeff) * sum;
 }
@@ -53,14 +53,14 @@ void finish(const IndexerKlInputs& in, const Geo& g, const Tensor& partial, int 
 
 void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
   const Geo g = geo(in);
-  const int64_t ntiles = (g.s + T::kBq - 1) / T::kBq, group = g.H / g.Hkv;
+  const int64_t ntiles = (g.sq + T::kBq - 1) / T::kBq, group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();
   const bool have_lse = in.lse_c.defined();
   const int64_t tile = T::kBq * T::kBk;
   const int64_t per_thread = T::kBq * g.HI * T::kBk * 2 + 4 * tile + (2 * g.H + 4) * T::kBq;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
   Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.DI}, DType::f32);
-  std::vector<float> kl(g.b * g.s, 0.f);
+  std::vector<float> kl(g.b * g.sq, 0.f);
   const float *qI = in.sc.qI.data<float>(), *kI = in.sc.kI.data<float>(), *w = in.sc.w.data<float>();
   const float *q = in.q.data<float>(), *k = in.k.data<float>(), *rw = in.row_weight.data<float>();
   float *dqI = res.dqI.data<float>(), *dw = res.dw.data<float>();
@@ -82,9 +82,9 @@ void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
     float* dkI = partial.data<float>() + th * g.b * g.s * g.DI;
 #pragma omp for schedule(static, 1)
     for (int64_t item = 0; item < g.b * ntiles; ++item) {
-      const int64_t bb = item / ntiles, t0 = (item % ntiles) * T::kBq;
-      QueryTile qt = make_query_tile(in.sc.layout->doc_start.data<int32_t>() + bb * g.s, g.s, t0, T::kBq);
-      const int64_t nq = qt.nq, row0 = bb * g.s + t0;
+      const int64_t bb = item / ntiles, lt0 = (item % ntiles) * T::kBq;  // first local row of the tile
+      QueryTile qt = make_query_tile(in.sc.layout->doc_start.data<int32_t>() + bb * g.s, g.q0 + g.sq, g.q0 + lt0, T::kBq);
+      const int64_t nq = qt.nq, row0 = bb * g.sq + lt0;
       std::memset(dqI + row0 * g.HI * g.DI, 0, nq * g.HI * g.DI * sizeof(float));
       std::memset(dw + row0 * g.HI, 0, nq * g.HI * sizeof(float));
       if (qt.empty()) continue;
@@ -92,7 +92,7 @@ void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
       const float* qI_t = qI + row0 * g.HI * g.DI;
       const float* w_t = w + row0 * g.HI;
       auto logits = [&](int64_t h, int64_t j0, int64_t nk) {  // L = scale q_h k_h^T, masked
-        sgemm(Trans::no, Trans::yes, nq, nk, g.Dqk, in.scale, q + bb * g.qb + t0 * g.qr + h * g.qh, g.qr,
+        sgemm(Trans::no, Trans::yes, nq, nk, g.Dqk, in.scale, q + bb * g.qb + lt0 * g.qr + h * g.qh, g.qr,
               k + bb * g.kb + j0 * g.kr + (h / group) * g.kh, g.kr, 0.f, L, nk);
         qt.mask(L, j0, nk);
       };
@@ -117,7 +117,7 @@ void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
       for (int64_t h = 0; h < g.H; ++h)
         for (int64_t r = 0; r < nq; ++r) {
           float& x = mC[h * T::kBq + r];
-          x = have_lse ? in.lse_c.data<float>()[(bb * g.H + h) * g.s + t0 + r]
+          x = have_lse ? in.lse_c.data<float>()[(bb * g.H + h) * g.sq + lt0 + r]
                        : (lC[h * T::kBq + r] > 0.f ? x + std::log(lC[h * T::kBq + r]) : INFINITY);
         }
 
@@ -152,7 +152,7 @@ void indexer_kl_sparse_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
   const int64_t per_thread = 2 * g.HI * K + g.H * K + 4 * K + K * g.DI + K * g.Dqk + K * g.DI;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
   Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.DI}, DType::f32);
-  std::vector<float> kl(g.b * g.s, 0.f);
+  std::vector<float> kl(g.b * g.sq, 0.f);
   const float *qI = in.sc.qI.data<float>(), *kI = in.sc.kI.data<float>(), *w = in.sc.w.data<float>();
   const float *q = in.q.data<float>(), *k = in.k.data<float>(), *rw = in.row_weight.data<float>();
   const int32_t* idx = in.topk.data<int32_t>();
@@ -174,8 +174,8 @@ void indexer_kl_sparse_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
     float* dkI = partial.data<float>() + th * g.b * g.s * g.DI;
     std::vector<int32_t> C;
 #pragma omp for schedule(static, 1)
-    for (int64_t row = 0; row < g.b * g.s; ++row) {
-      const int64_t bb = row / g.s, t = row % g.s;
+    for (int64_t row = 0; row < g.b * g.sq; ++row) {
+      const int64_t bb = row / g.sq, t = row % g.sq;  // t: local row
       std::memset(dqI + row * g.HI * g.DI, 0, g.HI * g.DI * sizeof(float));
       std::memset(dw + row * g.HI, 0, g.HI * sizeof(float));
       C.clear();

@@ -40,9 +40,10 @@ void select_row(const float* I, int64_t jbase, int64_t lo, int64_t t, int64_t K,
 
 Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W) {
   using T = IndexerCpuTraits;
-  const int64_t b = sc.qI.size(0), s = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3);
-  Tensor out = Tensor::empty({b, s, K + W}, DType::i32);
-  const int64_t ntiles = (s + T::kBq - 1) / T::kBq;
+  const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
+  const int64_t q0 = sc.q_row0;
+  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32);
+  const int64_t ntiles = (sq + T::kBq - 1) / T::kBq;
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = T::kBq * s + T::kBq * HI * T::kBk + T::kBq * T::kBk;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
@@ -58,19 +59,18 @@ Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < b * ntiles; ++item) {
       const int64_t bb = item / ntiles, tile = ntiles - 1 - item % ntiles;
-      QueryTile qt = make_query_tile(sc.layout->doc_start.data<int32_t>() + bb * s, s, tile * T::kBq, T::kBq);
-      const int64_t range = qt.jmax - qt.jmin + 1;
+      QueryTile qt = make_query_tile(sc.layout->doc_start.data<int32_t>() + bb * s, q0 + sq, q0 + tile * T::kBq, T::kBq);
+      const int64_t range = qt.jmax - qt.jmin + 1, lrow = bb * sq + qt.t0 - q0;  // the tile's first local row
       for (int64_t j0 = qt.jmin; j0 <= qt.jmax; j0 += T::kBk) {
         const int64_t nk = std::min(T::kBk, qt.jmax + 1 - j0);
-        indexer_score_tile(qI + (bb * s + qt.t0) * HI * DI, kI + (bb * s + j0) * DI, w + (bb * s + qt.t0) * HI,
-                           qt.nq, nk, HI, DI, S, I);
+        indexer_score_tile(qI + lrow * HI * DI, kI + (bb * s + j0) * DI, w + lrow * HI, qt.nq, nk, HI, DI, S, I);
         for (int64_t r = 0; r < qt.nq; ++r)
           std::copy(I + r * nk, I + (r + 1) * nk, rows + r * range + (j0 - qt.jmin));
       }
       for (int64_t r = 0; r < qt.nq; ++r) {
         const int64_t t = qt.t0 + r;
         select_row(rows + r * std::max<int64_t>(range, 0), qt.jmin, qt.doc_start[t], t, K, W,
-                   out.data<int32_t>() + (bb * s + t) * (K + W), cand);
+                   out.data<int32_t>() + (lrow + r) * (K + W), cand);
       }
     }
   }

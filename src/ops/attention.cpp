@@ -39,7 +39,9 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
              ", k ", shape_str(in.k.shape()), ", v ", shape_str(in.v.shape()));
   AttnDenseParams p;
   p.b = in.q.size(0);
-  p.s = in.q.size(1);
+  p.sq = in.q.size(1);
+  p.s = in.k.size(1);
+  p.q_row0 = in.q_row0;
   p.H = in.q.size(2);
   p.Dqk = in.q.size(3);
   p.Hkv = in.k.size(2);
@@ -47,7 +49,9 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   HMLA_CHECK(p.H >= 1 && p.Hkv >= 1 && p.H % p.Hkv == 0, ShapeError, "attention: Hkv = ", p.Hkv,
              " must divide H = ", p.H);
   HMLA_CHECK(p.Dqk >= 1 && p.Dv >= 1, ShapeError, "attention: head widths must be positive");
-  check_rows(in.q, "q", p.b, p.s, p.H, p.Dqk);
+  HMLA_CHECK(p.q_row0 >= 0 && p.q_row0 + p.sq <= p.s, ShapeError, "attention: query rows [", p.q_row0, ", ",
+             p.q_row0 + p.sq, ") are not inside the ", p.s, " key rows");
+  check_rows(in.q, "q", p.b, p.sq, p.H, p.Dqk);
   check_rows(in.k, "k", p.b, p.s, p.Hkv, p.Dqk);
   check_rows(in.v, "v", p.b, p.s, p.Hkv, p.Dv);
   DType dt = in.q.dtype();
@@ -58,7 +62,7 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
              "attention: q, k and v must be on one device");
   HMLA_CHECK(in.layout != nullptr, LayoutError, "attention: a document layout is required");
   HMLA_CHECK(in.layout->b == p.b && in.layout->s == p.s, LayoutError, "attention: the layout covers b = ",
-             in.layout->b, ", s = ", in.layout->s, " but q has b = ", p.b, ", s = ", p.s);
+             in.layout->b, ", s = ", in.layout->s, " but k has b = ", p.b, ", s = ", p.s);
   HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ShapeError,
              "attention: scale must be a positive finite number, got ", in.scale);
   if (in.sink.defined())
@@ -90,8 +94,8 @@ bool attn_dense_supports(const AttnDenseInputs& in) {
 
 void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
   AttnDenseParams p = make_params(in);
-  check_out(saved.out, "out", {p.b, p.s, p.H, p.Dv}, p.dtype, in.q.device());
-  check_out(saved.lse, "lse", {p.b, p.H, p.s}, DType::f32, in.q.device());
+  check_out(saved.out, "out", {p.b, p.sq, p.H, p.Dv}, p.dtype, in.q.device());
+  check_out(saved.lse, "lse", {p.b, p.H, p.sq}, DType::f32, in.q.device());
   p.out = saved.out.raw_data();
   p.lse = saved.lse.data<float>();
   dispatch_fwd(in, p);
@@ -100,8 +104,8 @@ void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
 AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in) {
   AttnDenseParams p = make_params(in);
   Device dev = in.q.device();
-  AttnDenseSaved saved{Tensor::empty({p.b, p.s, p.H, p.Dv}, p.dtype, dev),
-                       Tensor::empty({p.b, p.H, p.s}, DType::f32, dev)};
+  AttnDenseSaved saved{Tensor::empty({p.b, p.sq, p.H, p.Dv}, p.dtype, dev),
+                       Tensor::empty({p.b, p.H, p.sq}, DType::f32, dev)};
   attn_dense_fwd(in, saved);
   return saved;
 }
@@ -110,10 +114,10 @@ void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, cons
                     AttnDenseGrads& g) {
   AttnDenseParams p = make_params(in);
   Device dev = in.q.device();
-  check_out(saved.out, "out", {p.b, p.s, p.H, p.Dv}, p.dtype, dev);
-  check_out(saved.lse, "lse", {p.b, p.H, p.s}, DType::f32, dev);
-  check_out(dout, "dout", {p.b, p.s, p.H, p.Dv}, p.dtype, dev);
-  check_out(g.dq, "dq", {p.b, p.s, p.H, p.Dqk}, p.dtype, dev);
+  check_out(saved.out, "out", {p.b, p.sq, p.H, p.Dv}, p.dtype, dev);
+  check_out(saved.lse, "lse", {p.b, p.H, p.sq}, DType::f32, dev);
+  check_out(dout, "dout", {p.b, p.sq, p.H, p.Dv}, p.dtype, dev);
+  check_out(g.dq, "dq", {p.b, p.sq, p.H, p.Dqk}, p.dtype, dev);
   check_out(g.dk, "dk", {p.b, p.s, p.Hkv, p.Dqk}, p.dtype, dev);
   check_out(g.dv, "dv", {p.b, p.s, p.Hkv, p.Dv}, p.dtype, dev);
   HMLA_CHECK(!g.dk.shares_storage(g.dv) && !g.dq.shares_storage(g.dk), ShapeError,

@@ -24,28 +24,31 @@ void check_f32(const Tensor& t, const char* name, const Shape& want) {
 }
 
 void check_scores(const IndexerScores& sc) {
-  HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4, ShapeError, "indexer: qI must be [b, s, HI, DI]");
-  const int64_t b = sc.qI.size(0), s = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3);
-  check_f32(sc.qI, "qI", {b, s, HI, DI});
+  HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4 && sc.kI.defined() && sc.kI.dim() == 3, ShapeError,
+             "indexer: qI must be [b, sq, HI, DI] and kI [b, s, DI]");
+  const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
+  check_f32(sc.qI, "qI", {b, sq, HI, DI});
   check_f32(sc.kI, "kI", {b, s, DI});
-  check_f32(sc.w, "w", {b, s, HI});
+  check_f32(sc.w, "w", {b, sq, HI});
+  HMLA_CHECK(sc.q_row0 >= 0 && sc.q_row0 + sq <= s, ShapeError, "indexer: query rows [", sc.q_row0, ", ",
+             sc.q_row0 + sq, ") are not inside the ", s, " key rows");
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
              "indexer: the layout must cover b = ", b, ", s = ", s);
 }
 
 void check_kl(const IndexerKlInputs& in) {
   check_scores(in.sc);
-  const int64_t b = in.sc.qI.size(0), s = in.sc.qI.size(1);
+  const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.q.defined() && in.k.defined() && in.q.dim() == 4 && in.k.dim() == 4, ShapeError,
-             "indexer KL: attention q [b, s, H, Dqk] and k [b, s, Hkv, Dqk] are required");
+             "indexer KL: attention q [b, sq, H, Dqk] and k [b, s, Hkv, Dqk] are required");
   const int64_t H = in.q.size(2), Hkv = in.k.size(2);
-  HMLA_CHECK(in.q.size(0) == b && in.q.size(1) == s && in.k.size(0) == b && in.k.size(1) == s &&
+  HMLA_CHECK(in.q.size(0) == b && in.q.size(1) == sq && in.k.size(0) == b && in.k.size(1) == s &&
                  in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 && in.q.stride(3) == 1 &&
                  in.k.stride(3) == 1 && in.q.dtype() == DType::f32 && in.k.dtype() == DType::f32,
              ShapeError, "indexer KL: q ", shape_str(in.q.shape()), " and k ", shape_str(in.k.shape()),
-             " do not fit [b, s, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H");
-  if (in.lse_c.defined()) check_f32(in.lse_c, "lse_c", {b, H, s});
-  check_f32(in.row_weight, "row_weight", {b, s});
+             " do not fit [b, sq, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H");
+  if (in.lse_c.defined()) check_f32(in.lse_c, "lse_c", {b, H, sq});
+  check_f32(in.row_weight, "row_weight", {b, sq});
   HMLA_CHECK(in.scale > 0 && in.coeff >= 0, ShapeError, "indexer KL: scale must be > 0 and coeff >= 0");
 }
 
@@ -72,24 +75,25 @@ IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
 
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
   check_kl(in);
-  const int64_t b = in.sc.qI.size(0), s = in.sc.qI.size(1);
+  const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
-                 in.topk.size(1) == s && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K,
-             ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, s, K + W] table with K >= 1");
+                 in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K,
+             ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, sq, K + W] table with K >= 1");
   // The table's contract: keys inside A(t), no duplicates in a row.
   const int32_t* idx = in.topk.data<int32_t>();
   const int32_t* ds = in.sc.layout->doc_start.data<int32_t>();
   const int64_t KW = in.topk.size(2);
   std::unordered_set<int32_t> seen;
-  for (int64_t row = 0; row < b * s; ++row) {
+  for (int64_t row = 0; row < b * sq; ++row) {
     seen.clear();
-    const int64_t t = row % s;
+    const int64_t t = in.sc.q_row0 + row % sq, start = ds[(row / sq) * s + t];
     for (int64_t i = 0; i < KW; ++i) {
       const int32_t j = idx[row * KW + i];
       if (j < 0) continue;
-      HMLA_CHECK(j >= ds[row] && j <= t, ShapeError, "indexer sparse KL: row ", row, " lists key ", j,
-                 " outside its allowed set [", ds[row], ", ", t, "]");
-      HMLA_CHECK(seen.insert(j).second, ShapeError, "indexer sparse KL: row ", row, " lists key ", j, " twice");
+      HMLA_CHECK(j >= start && j <= t, ShapeError, "indexer sparse KL: row ", t, " of batch ", row / sq,
+                 " lists key ", j, " outside its allowed set [", start, ", ", t, "]");
+      HMLA_CHECK(seen.insert(j).second, ShapeError, "indexer sparse KL: row ", t, " of batch ", row / sq,
+                 " lists key ", j, " twice");
     }
   }
   IndexerKlResult r = alloc(in);

@@ -22,10 +22,11 @@ void check(const AttnSparseInputs& in) {
                  in.q.device() == Device::cpu,
              ShapeError, "sparse attention: q must be f32 [b, s, H, Dqk] on the CPU, last dim contiguous");
   const int64_t b = in.q.size(0), s = in.q.size(1), Dqk = in.q.size(3);
-  HMLA_CHECK(in.kv.defined() && in.kv.shape() == Shape({b, s, Dqk}) && in.kv.is_contiguous() &&
-                 in.kv.dtype() == DType::f32,
-             ShapeError, "sparse attention: kv must be a contiguous f32 [b, s, Dqk] = ", shape_str({b, s, Dqk}),
-             " tensor, got ", in.kv.defined() ? shape_str(in.kv.shape()) : "undefined");
+  HMLA_CHECK(in.kv.defined() && in.kv.dim() == 3 && in.kv.size(0) == b && in.kv.size(1) >= s &&
+                 in.kv.size(2) == Dqk && in.kv.is_contiguous() && in.kv.dtype() == DType::f32,
+             ShapeError, "sparse attention: kv must be a contiguous f32 [b, skv >= ", s, ", ", Dqk,
+             "] tensor, got ", in.kv.defined() ? shape_str(in.kv.shape()) : "undefined");
+  const int64_t skv = in.kv.size(1);
   HMLA_CHECK(in.Dv >= 1 && in.Dv <= Dqk, ShapeError, "sparse attention: Dv = ", in.Dv, " must be in [1, Dqk = ",
              Dqk, "]");
   HMLA_CHECK(in.idx.defined() && in.idx.dtype() == DType::i32 && in.idx.dim() == 3 && in.idx.size(0) == b &&
@@ -40,13 +41,13 @@ void check(const AttnSparseInputs& in) {
   // -1 or a position of the row; no key twice (stamps: O(s * (K + W)) in all).
   const int64_t KW = in.idx.size(2);
   const int32_t* idx = in.idx.data<int32_t>();
-  std::vector<int64_t> stamp(s, -1);
+  std::vector<int64_t> stamp(skv, -1);
   for (int64_t row = 0; row < b * s; ++row)
     for (int64_t i = 0; i < KW; ++i) {
       const int32_t j = idx[row * KW + i];
       if (j == -1) continue;
-      HMLA_CHECK(j >= 0 && j < s, ShapeError, "sparse attention: idx[", row / s, ", ", row % s, ", ", i, "] = ", j,
-                 " is neither -1 nor a position in [0, ", s, ")");
+      HMLA_CHECK(j >= 0 && j < skv, ShapeError, "sparse attention: idx[", row / s, ", ", row % s, ", ", i, "] = ", j,
+                 " is neither -1 nor a key position in [0, ", skv, ")");
       HMLA_CHECK(stamp[j] != row, ShapeError, "sparse attention: row ", row % s, " of batch ", row / s,
                  " lists key ", j, " twice; duplicates are not allowed");
       stamp[j] = row;
@@ -73,7 +74,7 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
   HMLA_CHECK(sv.out.defined() && sv.out.shape() == Shape({b, s, H, in.Dv}) && sv.lse.defined() &&
                  sv.lse.shape() == Shape({b, H, s}),
              ShapeError, "sparse attention: the saved out/lse do not match the inputs");
-  AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, DType::f32), Tensor::empty({b, s, in.q.size(3)}, DType::f32),
+  AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, DType::f32), Tensor::empty(in.kv.shape(), DType::f32),
                     in.sink.defined() ? Tensor::empty({H}, DType::f32) : Tensor()};
   cpu::attn_sparse_bwd_cpu(in, sv, dout, g);
   return g;

@@ -6,6 +6,9 @@
 //          P_h(t, .) = softmax_j(scale * q[t, h] . k[j, h / (H / Hkv)]) (+ exp(sink[h]) in the
 //          denominator when a sink is given); lse[h, t] is the log of that denominator.
 // Empty rows (A(t) empty): out = 0, lse = +inf, zero gradients.
+// Query rows may be a slice of the key rows (context parallelism): q holds sq rows at global
+// positions [q_row0, q_row0 + sq) of the s key rows; out, lse, dout and dq have sq rows, k, v,
+// dk and dv have s, and the layout covers the s key rows (global positions).
 // Backward overwrites dq, dk, dv and dsink (never accumulates into them).
 #pragma once
 #include <cstdint>
@@ -20,8 +23,9 @@ namespace hmla {
 struct AttnDenseParams {
   DType dtype = DType::f32;  // of q, k, v, out, dout, dq, dk, dv
   int64_t b = 0, s = 0, H = 0, Hkv = 0, Dqk = 0, Dv = 0;
+  int64_t sq = 0, q_row0 = 0;  // query rows and the global position of the first (sq + q_row0 <= s)
   float scale = 0.f;
-  const void* q = nullptr;  // [b, s, H, Dqk]
+  const void* q = nullptr;  // [b, sq, H, Dqk]
   int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
   const void* k = nullptr;  // [b, s, Hkv, Dqk]
   int64_t k_bstride = 0, k_rstride = 0, k_hstride = 0;
@@ -29,28 +33,29 @@ struct AttnDenseParams {
   int64_t v_bstride = 0, v_rstride = 0, v_hstride = 0;
   const int32_t* doc_start = nullptr;  // [b, s]
   const float* sink = nullptr;         // [H] or null
-  void* out = nullptr;                 // [b, s, H, Dv] contiguous
-  float* lse = nullptr;                // [b, H, s] contiguous, f32
+  void* out = nullptr;                 // [b, sq, H, Dv] contiguous
+  float* lse = nullptr;                // [b, H, sq] contiguous, f32
   // Backward only.
-  const void* dout = nullptr;  // [b, s, H, Dv] contiguous
-  void* dq = nullptr;          // [b, s, H, Dqk] contiguous
+  const void* dout = nullptr;  // [b, sq, H, Dv] contiguous
+  void* dq = nullptr;          // [b, sq, H, Dqk] contiguous
   void* dk = nullptr;          // [b, s, Hkv, Dqk] contiguous
   void* dv = nullptr;          // [b, s, Hkv, Dv] contiguous
   float* dsink = nullptr;      // [H] or null
 };
 
 struct AttnDenseInputs {
-  Tensor q;                         // [b, s, H, Dqk]
+  Tensor q;                         // [b, sq, H, Dqk] (sq = s unless a row slice)
   Tensor k;                         // [b, s, Hkv, Dqk]
   Tensor v;                         // [b, s, Hkv, Dv]
   const DocLayout* layout = nullptr;
   Tensor sink;                      // [H] f32, optional
   float scale = 0.f;                // explicit: m^2 / sqrt(Dn + Dr) for MLA
+  int64_t q_row0 = 0;               // global position of q's first row
 };
 
 struct AttnDenseSaved {
-  Tensor out;  // [b, s, H, Dv]
-  Tensor lse;  // [b, H, s] f32
+  Tensor out;  // [b, sq, H, Dv]
+  Tensor lse;  // [b, H, sq] f32
 };
 
 struct AttnDenseGrads {

@@ -17,26 +17,31 @@
 
 namespace hmla {
 
+// Query rows may be a slice of the key rows (context parallelism): qI, w and everything per
+// query (the table, q, lse_c, row_weight, dqI, dw) have sq rows at global positions
+// [q_row0, q_row0 + sq); kI, k and dkI have the s key rows the layout covers. Table entries are
+// global positions.
 struct IndexerScores {
-  Tensor qI;  // [b, s, HI, DI] contiguous, rope applied
+  Tensor qI;  // [b, sq, HI, DI] contiguous, rope applied
   Tensor kI;  // [b, s, DI] contiguous, rope applied
-  Tensor w;   // [b, s, HI] contiguous, head weights (scales folded in)
-  const DocLayout* layout = nullptr;
+  Tensor w;   // [b, sq, HI] contiguous, head weights (scales folded in)
+  const DocLayout* layout = nullptr;  // [b, s]
+  int64_t q_row0 = 0;
 };
 
-// The [b, s, K + W] i32 selection table. Costs O(s * |A|) time, O(threads * s) scratch.
+// The [b, sq, K + W] i32 selection table. Costs O(s * |A|) time, O(threads * s) scratch.
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
 
 struct IndexerKlInputs {
   IndexerScores sc;
-  Tensor q;          // [b, s, H, Dqk] attention queries (detached; last dim contiguous)
+  Tensor q;          // [b, sq, H, Dqk] attention queries (detached; last dim contiguous)
   Tensor k;          // [b, s, Hkv, Dqk] attention keys (detached)
   float scale = 0;   // the attention's scale
-  Tensor lse_c;      // [b, H, s] optional: logsumexp of the logits over the candidates, when the
+  Tensor lse_c;      // [b, H, sq] optional: logsumexp of the logits over the candidates, when the
                      // attention already has it (its lse without sink or window); else computed
-  Tensor row_weight; // [b, s] f32: mask[t] / valid_rows (0 drops a row)
+  Tensor row_weight; // [b, sq] f32: mask[t] / valid_rows (0 drops a row)
   float coeff = 0.01f;
-  Tensor topk;       // sparse KL only: [b, s, K + W] i32 table; slots < K are the candidates
+  Tensor topk;       // sparse KL only: [b, sq, K + W] i32 table; slots < K are the candidates
   int64_t K = 0;
 };
 

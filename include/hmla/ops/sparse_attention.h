@@ -15,9 +15,11 @@
 
 namespace hmla {
 
+// The query rows may be a slice of the key rows (context parallelism): q, idx and every per-query
+// output have s rows, kv and dkv have skv >= s rows; idx holds key positions in [0, skv).
 struct AttnSparseInputs {
   Tensor q;      // [b, s, H, Dqk], last dim contiguous
-  Tensor kv;     // [b, s, Dqk] contiguous: the shared key; value = its first Dv channels
+  Tensor kv;     // [b, skv, Dqk] contiguous: the shared key; value = its first Dv channels
   int64_t Dv = 0;
   Tensor idx;    // [b, s, KW] i32 contiguous
   int64_t K = 0; // slots [0, K) are the top-k candidates (lse_c); 0: no lse_c
@@ -33,7 +35,7 @@ struct AttnSparseSaved {
 
 struct AttnSparseGrads {
   Tensor dq;     // [b, s, H, Dqk]
-  Tensor dkv;    // [b, s, Dqk]
+  Tensor dkv;    // [b, skv, Dqk]
   Tensor dsink;  // [H], with a sink
 };
 
