@@ -1,7 +1,11 @@
 #include "hmla/dist/comm.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
+
+#include "hmla/core/error.h"
 
 #ifdef HMLA_HAVE_MPI
 #include <mpi.h>
@@ -16,48 +20,109 @@ bool launched_by_mpi() {
     if (std::getenv(v)) return true;
   return false;
 }
+constexpr int64_t kChunk = int64_t(1) << 30;  // MPI counts are int
 }  // namespace
 
-Comm::Comm() {
 #ifdef HMLA_HAVE_MPI
-  if (!launched_by_mpi()) return;
-  int inited = 0;
-  MPI_Initialized(&inited);
-  if (!inited) {
-    MPI_Init(nullptr, nullptr);
-    std::atexit([] {
-      int fin = 0;
-      MPI_Finalized(&fin);
-      if (!fin) MPI_Finalize();
-    });
+struct Comm::Handle {
+  MPI_Comm comm = MPI_COMM_NULL;
+  bool owned = false;
+  ~Handle() {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (owned && !fin) MPI_Comm_free(&comm);
   }
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-  MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  mpi_ = true;
+};
+#else
+struct Comm::Handle {};
 #endif
-}
 
 Comm& Comm::world() {
+  static Comm c = [] {
+    Comm w;
+#ifdef HMLA_HAVE_MPI
+    if (!launched_by_mpi()) return w;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      MPI_Init(nullptr, nullptr);
+      std::atexit([] {
+        int fin = 0;
+        MPI_Finalized(&fin);
+        if (!fin) MPI_Finalize();
+      });
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &w.rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &w.size_);
+    w.mpi_ = std::make_shared<Handle>();
+    w.mpi_->comm = MPI_COMM_WORLD;
+#endif
+    return w;
+  }();
+  return c;
+}
+
+Comm& Comm::self() {
   static Comm c;
   return c;
 }
 
+Comm Comm::split(int color, int key) const {
+  Comm c;
 #ifdef HMLA_HAVE_MPI
-#define HMLA_ALLREDUCE(T, MPI_T)                                                        \
-  void Comm::allreduce_sum(T* x, int64_t n) {                                           \
-    if (!mpi_ || size_ == 1) return;                                                    \
-    for (int64_t off = 0; off < n; off += (int64_t(1) << 30)) {                         \
-      const int count = int(std::min<int64_t>(n - off, int64_t(1) << 30));              \
-      MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_T, MPI_SUM, MPI_COMM_WORLD);      \
-    }                                                                                   \
+  if (mpi_) {
+    c.mpi_ = std::make_shared<Handle>();
+    MPI_Comm_split(mpi_->comm, color, key, &c.mpi_->comm);
+    c.mpi_->owned = true;
+    MPI_Comm_rank(c.mpi_->comm, &c.rank_);
+    MPI_Comm_size(c.mpi_->comm, &c.size_);
   }
-HMLA_ALLREDUCE(float, MPI_FLOAT)
-HMLA_ALLREDUCE(double, MPI_DOUBLE)
-HMLA_ALLREDUCE(int64_t, MPI_INT64_T)
+#endif
+  (void)color, (void)key;
+  return c;
+}
+
+void Comm::allgather(const float* send, float* recv, int64_t n) {
+  if (size_ == 1) {
+    if (recv != send) std::memcpy(recv, send, n * sizeof(float));
+    return;
+  }
+  bytes_sent_ += (size_ - 1) * n * int64_t(sizeof(float));
+#ifdef HMLA_HAVE_MPI
+  HMLA_CHECK(n < kChunk, ShapeError, "allgather of ", n, " values per rank exceeds MPI's int count");
+  MPI_Allgather(send, int(n), MPI_FLOAT, recv, int(n), MPI_FLOAT, mpi_->comm);
+#endif
+}
+
+void Comm::reduce_scatter_sum(const float* send, float* recv, int64_t n) {
+  if (size_ == 1) {
+    if (recv != send) std::memcpy(recv, send, n * sizeof(float));
+    return;
+  }
+  bytes_sent_ += (size_ - 1) * n * int64_t(sizeof(float));
+#ifdef HMLA_HAVE_MPI
+  HMLA_CHECK(n < kChunk, ShapeError, "reduce-scatter of ", n, " values per rank exceeds MPI's int count");
+  MPI_Reduce_scatter_block(send, recv, int(n), MPI_FLOAT, MPI_SUM, mpi_->comm);
+#endif
+}
+
+#ifdef HMLA_HAVE_MPI
+#define HMLA_ALLREDUCE(NAME, T, MPI_T, OP)                                     \
+  void Comm::NAME(T* x, int64_t n) {                                          \
+    if (!mpi_ || size_ == 1) return;                                          \
+    for (int64_t off = 0; off < n; off += kChunk) {                           \
+      const int count = int(std::min<int64_t>(n - off, kChunk));              \
+      MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_T, OP, mpi_->comm);     \
+    }                                                                         \
+  }
+HMLA_ALLREDUCE(allreduce_sum, float, MPI_FLOAT, MPI_SUM)
+HMLA_ALLREDUCE(allreduce_sum, double, MPI_DOUBLE, MPI_SUM)
+HMLA_ALLREDUCE(allreduce_sum, int64_t, MPI_INT64_T, MPI_SUM)
+HMLA_ALLREDUCE(allreduce_max, double, MPI_DOUBLE, MPI_MAX)
 #undef HMLA_ALLREDUCE
 
 void Comm::barrier() {
-  if (mpi_) MPI_Barrier(MPI_COMM_WORLD);
+  if (mpi_) MPI_Barrier(mpi_->comm);
 }
 
 void Comm::abort(const std::string& msg, int code) {
@@ -69,6 +134,7 @@ void Comm::abort(const std::string& msg, int code) {
 void Comm::allreduce_sum(float*, int64_t) {}
 void Comm::allreduce_sum(double*, int64_t) {}
 void Comm::allreduce_sum(int64_t*, int64_t) {}
+void Comm::allreduce_max(double*, int64_t) {}
 void Comm::barrier() {}
 void Comm::abort(const std::string& msg, int code) {
   std::cerr << msg << std::endl;

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gemm.h"
+#include "hmla/dist/cp.h"
 #include "nn.h"
 #include "rope_cache.h"
 
@@ -51,12 +52,14 @@ int indexer_init_missing(io::TensorMap& w, const ModelConfig& c, uint64_t seed) 
 }
 
 void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                     const DocLayout& layout, IndexerState& sv) {
+                     const DocLayout& layout, IndexerState& sv, Comm& cp) {
   const int64_t b = x.size(0), s = x.size(1), N = b * s, hid = c.hidden_size;
   const int64_t HI = c.index_n_heads, DI = c.index_head_dim, Rq = c.q_lora_rank, Dr = c.qk_rope_head_dim;
-  const RopeCache rc = rope_cache(c, s);
+  const RowShard sh = row_shard(cp, layout.s);
+  const RopeCache rc = rope_cache(c, s, sh.row0);
   const float* X = x.data<float>();
   sv.sc.layout = &layout;
+  sv.sc.q_row0 = sh.row0;
   sv.sc.qI = Tensor::empty({b, s, HI, DI}, DType::f32);
   cpu::linear_fwd(sv.sc.qI.data<float>(), HI * DI, cq.data<float>(), Rq, W(w, "indexer.wq_b.weight"), N, Rq, HI * DI);
   cpu::rope(cpu::RopeLayout::half, sv.sc.qI.data<float>(), HI * DI, DI, HI, N, s, Dr, rc.cos.data(), rc.sin.data(),
@@ -64,11 +67,12 @@ void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor&
   sv.kpre = Tensor::empty({N, DI}, DType::f32);
   sv.k_mean = Tensor::empty({N}, DType::f32);
   sv.k_rstd = Tensor::empty({N}, DType::f32);
-  sv.sc.kI = Tensor::empty({b, s, DI}, DType::f32);
+  Tensor kI = Tensor::empty({b, s, DI}, DType::f32);
   cpu::linear_fwd(sv.kpre.data<float>(), DI, X, hid, W(w, "indexer.wk.weight"), N, hid, DI);
-  cpu::layernorm_fwd(sv.sc.kI.data<float>(), sv.k_mean.data<float>(), sv.k_rstd.data<float>(), sv.kpre.data<float>(),
+  cpu::layernorm_fwd(kI.data<float>(), sv.k_mean.data<float>(), sv.k_rstd.data<float>(), sv.kpre.data<float>(),
                      W(w, "indexer.k_norm.weight"), W(w, "indexer.k_norm.bias"), N, DI, kNormEps);
-  cpu::rope(cpu::RopeLayout::half, sv.sc.kI.data<float>(), DI, 0, 1, N, s, Dr, rc.cos.data(), rc.sin.data(), false);
+  cpu::rope(cpu::RopeLayout::half, kI.data<float>(), DI, 0, 1, N, s, Dr, rc.cos.data(), rc.sin.data(), false);
+  sv.sc.kI = cp_all_gather_rows(cp, kI);  // the indexer's key: DI wide, of every row
   sv.sc.w = Tensor::empty({b, s, HI}, DType::f32);
   cpu::linear_fwd(sv.sc.w.data<float>(), HI, X, hid, W(w, "indexer.weights_proj.weight"), N, hid, HI);
   const float ws = head_weight_scale(c);
@@ -77,10 +81,10 @@ void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor&
 }
 
 void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                      const IndexerState& sv, const IndexerKlResult& kl, io::TensorMap& grads) {
+                      const IndexerState& sv, const IndexerKlResult& kl, io::TensorMap& grads, Comm& cp) {
   const int64_t s = x.size(1), N = x.size(0) * s, hid = c.hidden_size;
   const int64_t HI = c.index_n_heads, DI = c.index_head_dim, Rq = c.q_lora_rank, Dr = c.qk_rope_head_dim;
-  const RopeCache rc = rope_cache(c, s);
+  const RopeCache rc = rope_cache(c, s, sv.sc.q_row0);
   for (const ParamSpec& p : indexer_param_table(c)) grads[p.name] = Tensor::empty(p.shape, DType::f32);
   auto dW = [&](const char* name) { return grads.at(name).data<float>(); };
   const float* X = x.data<float>();
@@ -90,7 +94,9 @@ void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor
   cpu::linear_bwd(nullptr, 0, 0.f, dW("indexer.wq_b.weight"), dq.data<float>(), HI * DI, cq.data<float>(), Rq,
                   W(w, "indexer.wq_b.weight"), N, Rq, HI * DI);
 
-  Tensor dk = kl.dkI.clone(), dkpre = Tensor::empty({N, DI}, DType::f32);
+  // This rank's rows of dkI, summed over every rank's queries.
+  Tensor dk = cp.size() > 1 ? cp_reduce_scatter_rows(cp, kl.dkI) : kl.dkI.clone();
+  Tensor dkpre = Tensor::empty({N, DI}, DType::f32);
   cpu::rope(cpu::RopeLayout::half, dk.data<float>(), DI, 0, 1, N, s, Dr, rc.cos.data(), rc.sin.data(), true);
   cpu::layernorm_bwd(dkpre.data<float>(), dW("indexer.k_norm.weight"), dW("indexer.k_norm.bias"), dk.data<float>(),
                      sv.kpre.data<float>(), W(w, "indexer.k_norm.weight"), sv.k_mean.data<float>(),

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "gemm.h"
+#include "hmla/dist/cp.h"
 #include "hmla/ops/sparse_attention.h"
 #include "nn.h"
 #include "rope_cache.h"
@@ -20,14 +21,21 @@ using cpu::Trans;
 
 namespace {
 
+// s and N = b * s count this rank's query rows; S and NS = b * S the key rows (all of them:
+// under context parallelism the query rows are the shard [row0, row0 + s) of S).
 struct Dims {
   int64_t b, s, N, hid, H, Dn, Dr, Dv, Dqk, Rq, Rkv;
+  int64_t S, NS, row0;
 };
 
-Dims dims(const ModelConfig& c, const Tensor& x) {
+Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const Comm& cp) {
+  const RowShard sh = row_shard(cp, layout.s);
+  HMLA_CHECK(x.dim() == 3 && x.size(0) == layout.b && x.size(1) == sh.rows, ShapeError, "mla layer: hidden_states ",
+             shape_str(x.shape()), " do not match the layout's b = ", layout.b, " and this rank's ", sh.rows, " of ",
+             layout.s, " rows");
   return {x.size(0), x.size(1), x.size(0) * x.size(1), c.hidden_size, c.num_attention_heads,
           c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.qk_head_dim(), c.q_lora_rank,
-          c.kv_lora_rank};
+          c.kv_lora_rank, layout.s, x.size(0) * layout.s, sh.row0};
 }
 
 const float* W(const MlaLayer& L, const char* name) { return L.weights.at(name).data<float>(); }
@@ -63,15 +71,16 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d
   AttnDenseInputs in;
   in.layout = &layout;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
+  in.q_row0 = d.row0;
   if (L.cfg->attention_sink) in.sink = L.weights.at("softmax_offset");
   if (L.latent()) {
     in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
-    in.k = sv.ka.view({d.b, d.s, 1, d.Rkv + d.Dr});
+    in.k = sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr});
     in.v = in.k.slice(3, 0, d.Rkv);  // the value is the latent: the key's first Rkv channels
   } else {
     in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
-    in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
-    in.v = sv.v.view({d.b, d.s, d.H, d.Dn + d.Dv}).slice(3, d.Dn, d.Dn + d.Dv);
+    in.k = sv.k.view({d.b, d.S, d.H, d.Dqk});
+    in.v = sv.v.view({d.b, d.S, d.H, d.Dn + d.Dv}).slice(3, d.Dn, d.Dn + d.Dv);
   }
   return in;
 }
@@ -79,7 +88,7 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d
 AttnSparseInputs sparse_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d) {
   AttnSparseInputs in;
   in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
-  in.kv = sv.ka.view({d.b, d.s, d.Rkv + d.Dr});
+  in.kv = sv.ka.view({d.b, d.S, d.Rkv + d.Dr});
   in.Dv = d.Rkv;
   in.idx = sv.topk;
   in.K = L.cfg->index_topk;
@@ -106,8 +115,8 @@ void mla_drop_core(MlaSaved& sv) {
   sv.lse_c = Tensor();
 }
 
-void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv) {
-  run_core(L, sv, dims(*L.cfg, x), layout);
+void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, const Comm& cp) {
+  run_core(L, sv, dims(*L.cfg, x, layout, cp), layout);
 }
 
 std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split, bool indexer) {
@@ -191,17 +200,17 @@ void fold_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
   w["kv_b_proj.weight"] = kvb;
 }
 
-Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv) {
+Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
   HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() && x.dtype() == DType::f32,
              ShapeError, "mla layer: hidden_states must be contiguous f32 [b, s, ", cfg.hidden_size,
              "], got ", shape_str(x.shape()));
   HMLA_CHECK(!L.split_kv_b_proj || L.latent(), ConfigError, "layer ", L.layer, ": mqa_split_kv_b_proj needs a latent MQA mode, not ",
              mode_name(cfg.layer_modes[L.layer]));
-  const Dims d = dims(cfg, x);
+  const Dims d = dims(cfg, x, layout, cp);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   const float* X = x.data<float>();
-  const RopeCache rc = rope_cache(cfg, d.s);
+  const RopeCache rc = rope_cache(cfg, d.s, d.row0);
 
   sv.q = f32({d.N, d.H, d.Dqk});
   if (d.Rq > 0) {
@@ -218,58 +227,55 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   }
   rope(sv.q.data<float>() + d.Dn, d.H * d.Dqk, d.Dqk, d.H, d, rc, false);
 
-  const int64_t Wkv = d.Rkv + d.Dr;
-  sv.kva = f32({d.N, Wkv});
+  // The shared key [c ; rope(k_pe)] of this rank's rows, then of every row: under context
+  // parallelism this (Rkv + Dr)-wide latent is all that travels for the main attention.
+  const int64_t Wa = d.Rkv + d.Dr;
+  sv.kva = f32({d.N, Wa});
   sv.rstd_kv = f32({d.N});
-  sv.c = f32({d.N, d.Rkv});
-  sv.kpe = f32({d.N, d.Dr});
-  cpu::linear_fwd(sv.kva.data<float>(), Wkv, X, d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wkv);
-  cpu::rmsnorm_fwd(sv.c.data<float>(), d.Rkv, sv.rstd_kv.data<float>(), sv.kva.data<float>(), Wkv,
-                   W(L, "kv_a_layernorm.weight"), d.N, d.Rkv, eps);
+  Tensor ka = f32({d.b, d.s, Wa});
+  float* KA = ka.data<float>();
+  cpu::linear_fwd(sv.kva.data<float>(), Wa, X, d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wa);
+  cpu::rmsnorm_fwd(KA, Wa, sv.rstd_kv.data<float>(), sv.kva.data<float>(), Wa, W(L, "kv_a_layernorm.weight"), d.N,
+                   d.Rkv, eps);
   for (int64_t n = 0; n < d.N; ++n)
-    std::memcpy(sv.kpe.data<float>() + n * d.Dr, sv.kva.data<float>() + n * Wkv + d.Rkv, d.Dr * sizeof(float));
-  rope(sv.kpe.data<float>(), d.Dr, 0, 1, d, rc, false);
+    std::memcpy(KA + n * Wa + d.Rkv, sv.kva.data<float>() + n * Wa + d.Rkv, d.Dr * sizeof(float));
+  rope(KA + d.Rkv, Wa, 0, 1, d, rc, false);
+  sv.ka = cp_all_gather_rows(cp, ka).view({d.NS, 1, Wa});
 
   if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
-    indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind);
+    indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind, cp);
     sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
   }
-  const float* C = sv.c.data<float>();
-  const float* KPE = sv.kpe.data<float>();
+  const float* KAF = sv.ka.data<float>();  // [NS, Wa]: c in the first Rkv channels, k_pe after
   float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
   float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
   float* vb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "v_b_proj.weight")) : nullptr;
   if (!L.latent()) {
-    // Per-head keys [k_nope_h ; k_pe] and values, expanded through kv_b_proj; v stays a strided
-    // view of kv_b_proj's output.
-    sv.v = f32({d.N, d.H * (d.Dn + d.Dv)});
-    cpu::linear_fwd(sv.v.data<float>(), d.H * (d.Dn + d.Dv), C, d.Rkv, kvb_w, d.N, d.Rkv, d.H * (d.Dn + d.Dv));
-    sv.k = f32({d.N, d.H, d.Dqk});
-    for (int64_t n = 0; n < d.N; ++n)
+    // Per-head keys [k_nope_h ; k_pe] and values of every key row, expanded here through
+    // kv_b_proj; v stays a strided view of kv_b_proj's output.
+    sv.v = f32({d.NS, d.H * (d.Dn + d.Dv)});
+    cpu::linear_fwd(sv.v.data<float>(), d.H * (d.Dn + d.Dv), KAF, Wa, kvb_w, d.NS, d.Rkv, d.H * (d.Dn + d.Dv));
+    sv.k = f32({d.NS, d.H, d.Dqk});
+    for (int64_t n = 0; n < d.NS; ++n)
       for (int64_t h = 0; h < d.H; ++h) {
         float* k = sv.k.data<float>() + (n * d.H + h) * d.Dqk;
         std::memcpy(k, sv.v.data<float>() + (n * d.H + h) * (d.Dn + d.Dv), d.Dn * sizeof(float));
-        std::memcpy(k + d.Dn, KPE + n * d.Dr, d.Dr * sizeof(float));
+        std::memcpy(k + d.Dn, KAF + n * Wa + d.Rkv, d.Dr * sizeof(float));
       }
     run_core(L, sv, d, layout);
     sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
-    // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h], one shared key [c ; k_pe].
-    const int64_t Wa = d.Rkv + d.Dr;
+    // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
     sv.qabs = f32({d.N, d.H, Wa});
-    sv.ka = f32({d.N, 1, Wa});
     for (int64_t h = 0; h < d.H; ++h) {
       HeadMat m = w_kb(kvb_w, kb_w, d, h, L.split_kv_b_proj);
       sgemm(Trans::no, m.transposed ? Trans::yes : Trans::no, d.N, d.Rkv, d.Dn, 1.f,
             sv.q.data<float>() + h * d.Dqk, d.H * d.Dqk, m.p, m.ld, 0.f, sv.qabs.data<float>() + h * Wa, d.H * Wa);
     }
-    for (int64_t n = 0; n < d.N; ++n) {
+    for (int64_t n = 0; n < d.N; ++n)
       for (int64_t h = 0; h < d.H; ++h)
         std::memcpy(sv.qabs.data<float>() + (n * d.H + h) * Wa + d.Rkv,
                     sv.q.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, d.Dr * sizeof(float));
-      std::memcpy(sv.ka.data<float>() + n * Wa, C + n * d.Rkv, d.Rkv * sizeof(float));
-      std::memcpy(sv.ka.data<float>() + n * Wa + d.Rkv, KPE + n * d.Dr, d.Dr * sizeof(float));
-    }
     run_core(L, sv, d, layout);
     sv.o = f32({d.N, d.H, d.Dv});
     for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
@@ -290,7 +296,7 @@ namespace {
 // in the denominator). dsa_sparse: the sparse KL over S(t) against the latent core's detached
 // qabs/ka, with lseC saved by the sparse forward.
 void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const Dims& d,
-                   const MlaBackwardOptions& opt, MlaGrads& g) {
+                   const MlaBackwardOptions& opt, MlaGrads& g, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
   HMLA_CHECK(opt.row_weight.defined(), ShapeError, "layer ", L.layer, " (", mode_name(L.mode()),
              "): the indexer's KL needs loss-row weights (loss_row_weights)");
@@ -302,17 +308,17 @@ void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const
   const bool sparse = L.mode() == LayerMode::dsa_sparse;
   if (sparse) {
     in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
-    in.k = sv.ka.view({d.b, d.s, 1, d.Rkv + d.Dr});
+    in.k = sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr});
     in.lse_c = sv.lse_c;
     in.topk = sv.topk;
     in.K = cfg.index_topk;
   } else {
     in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
-    in.k = sv.k.view({d.b, d.s, d.H, d.Dqk});
+    in.k = sv.k.view({d.b, d.S, d.H, d.Dqk});
     if (!cfg.attention_sink) in.lse_c = sv.att.lse;
   }
   IndexerKlResult kl = sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
-  indexer_backward(cfg, L.weights, x, sv.cq, sv.ind, kl, g.dweights);
+  indexer_backward(cfg, L.weights, x, sv.cq, sv.ind, kl, g.dweights, cp);
   g.indexer_loss = kl.loss;
   g.indexer_kl = kl.kl_sum;
 }
@@ -320,16 +326,16 @@ void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const
 }  // namespace
 
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, const MlaSaved& sv,
-                      const Tensor& dy, const MlaBackwardOptions& opt) {
+                      const Tensor& dy, const MlaBackwardOptions& opt, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
-  const Dims d = dims(cfg, x);
+  const Dims d = dims(cfg, x, layout, cp);
   MlaGrads g;
-  if (is_dsa(L.mode())) indexer_grads(L, x, sv, d, opt, g);
+  if (is_dsa(L.mode())) indexer_grads(L, x, sv, d, opt, g, cp);
   if (!opt.backbone) return g;
   HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
              "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",
              shape_str(dy.shape()));
-  const RopeCache rc = rope_cache(cfg, d.s);
+  const RopeCache rc = rope_cache(cfg, d.s, d.row0);
   const float* X = x.data<float>();
   for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj)) g.dweights[p.name] = f32(p.shape);
   auto dW = [&](const char* name) { return g.dweights.at(name).data<float>(); };
@@ -339,9 +345,11 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   cpu::linear_bwd(dO.data<float>(), d.H * d.Dv, 0.f, dW("o_proj.weight"), dy.data<float>(), d.hid,
                   sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N, d.H * d.Dv, d.hid);
 
+  // The core's gradients: dq for this rank's rows, and dka [NS, Rkv + Dr], the shared key's
+  // gradient from this rank's queries over every key row (summed across ranks below).
+  const int64_t Wa = d.Rkv + d.Dr;
   Tensor dq = f32({d.N, d.H, d.Dqk});
-  Tensor dc = f32({d.N, d.Rkv});
-  Tensor dkpe = Tensor::zeros({d.N, d.Dr}, DType::f32);
+  Tensor dka = f32({d.b, d.S, Wa});
   const bool sparse = L.mode() == LayerMode::dsa_sparse;
   AttnDenseInputs in = core_inputs(L, sv, d, layout);
   float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
@@ -350,24 +358,26 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   float* dkvb_w = L.split_kv_b_proj ? nullptr : dW("kv_b_proj.weight");
   float* dkb_w = L.split_kv_b_proj ? dW("k_b_proj.weight") : nullptr;
   float* dvb_w = L.split_kv_b_proj ? dW("v_b_proj.weight") : nullptr;
+  float* DKA = dka.data<float>();
   AttnDenseGrads ga;
   if (!L.latent()) {
     ga = attn_dense_bwd(in, sv.att, dO.view({d.b, d.s, d.H, d.Dv}));
-    Tensor dkvb = f32({d.N, d.H * (d.Dn + d.Dv)});
-    for (int64_t n = 0; n < d.N; ++n)
+    Tensor dkvb = f32({d.NS, d.H * (d.Dn + d.Dv)});
+    for (int64_t n = 0; n < d.NS; ++n) {
+      float* kp = DKA + n * Wa + d.Rkv;
+      std::fill(kp, kp + d.Dr, 0.f);
       for (int64_t h = 0; h < d.H; ++h) {
         const float* dk = ga.dk.data<float>() + (n * d.H + h) * d.Dqk;
         float* row = dkvb.data<float>() + (n * d.H + h) * (d.Dn + d.Dv);
         std::memcpy(row, dk, d.Dn * sizeof(float));
         std::memcpy(row + d.Dn, ga.dv.data<float>() + (n * d.H + h) * d.Dv, d.Dv * sizeof(float));
-        float* kp = dkpe.data<float>() + n * d.Dr;
         for (int64_t i = 0; i < d.Dr; ++i) kp[i] += dk[d.Dn + i];
       }
+    }
     std::memcpy(dq.data<float>(), ga.dq.data<float>(), dq.nbytes());
-    cpu::linear_bwd(dc.data<float>(), d.Rkv, 0.f, dkvb_w, dkvb.data<float>(), d.H * (d.Dn + d.Dv),
-                    sv.c.data<float>(), d.Rkv, kvb_w, d.N, d.Rkv, d.H * (d.Dn + d.Dv));
+    cpu::linear_bwd(DKA, Wa, 0.f, dkvb_w, dkvb.data<float>(), d.H * (d.Dn + d.Dv), sv.ka.data<float>(), Wa, kvb_w,
+                    d.NS, d.Rkv, d.H * (d.Dn + d.Dv));
   } else {
-    const int64_t Wa = d.Rkv + d.Dr;
     Tensor doa = f32({d.N, d.H, d.Rkv});
     for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
       HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
@@ -398,35 +408,34 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
       else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
         sgemm(Trans::yes, Trans::no, d.Dn, d.Rkv, d.N, 1.f, qn_h, d.H * d.Dqk, dqa_h, d.H * Wa, 0.f, dm.p, dm.ld);
     }
-    for (int64_t n = 0; n < d.N; ++n) {
+    for (int64_t n = 0; n < d.N; ++n)
       for (int64_t h = 0; h < d.H; ++h)
         std::memcpy(dq.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, dqa + (n * d.H + h) * Wa + d.Rkv,
                     d.Dr * sizeof(float));
-      const float* dka = ga.dk.data<float>() + n * Wa;
-      float* dcn = dc.data<float>() + n * d.Rkv;
-      if (ga.dv.defined()) {
+    std::memcpy(DKA, ga.dk.data<float>(), dka.nbytes());
+    if (ga.dv.defined())  // the value is the key's first Rkv channels
+      for (int64_t n = 0; n < d.NS; ++n) {
         const float* dva = ga.dv.data<float>() + n * d.Rkv;
-        for (int64_t r = 0; r < d.Rkv; ++r) dcn[r] = dka[r] + dva[r];
-      } else {
-        std::memcpy(dcn, dka, d.Rkv * sizeof(float));
+        for (int64_t r = 0; r < d.Rkv; ++r) DKA[n * Wa + r] += dva[r];
       }
-      std::memcpy(dkpe.data<float>() + n * d.Dr, dka + d.Rkv, d.Dr * sizeof(float));
-    }
   }
   if (cfg.attention_sink) std::memcpy(dW("softmax_offset"), ga.dsink.data<float>(), d.H * sizeof(float));
 
+  // This rank's rows of the shared key's gradient, summed over every rank's queries.
+  const Tensor dka_own = cp_reduce_scatter_rows(cp, dka);
+  float* DK = dka_own.data<float>();  // [N, Wa]: dc, then dk_pe
+
   // RoPE backward, then the kv_a and q projections; dx accumulates in a fixed order.
   rope(dq.data<float>() + d.Dn, d.H * d.Dqk, d.Dqk, d.H, d, rc, true);
-  rope(dkpe.data<float>(), d.Dr, 0, 1, d, rc, true);
-  const int64_t Wkv = d.Rkv + d.Dr;
-  Tensor dkva = f32({d.N, Wkv});
-  cpu::rmsnorm_bwd(dkva.data<float>(), Wkv, dW("kv_a_layernorm.weight"), dc.data<float>(), d.Rkv,
-                   sv.kva.data<float>(), Wkv, W(L, "kv_a_layernorm.weight"), sv.rstd_kv.data<float>(), d.N, d.Rkv);
+  rope(DK + d.Rkv, Wa, 0, 1, d, rc, true);
+  Tensor dkva = f32({d.N, Wa});
+  cpu::rmsnorm_bwd(dkva.data<float>(), Wa, dW("kv_a_layernorm.weight"), DK, Wa, sv.kva.data<float>(), Wa,
+                   W(L, "kv_a_layernorm.weight"), sv.rstd_kv.data<float>(), d.N, d.Rkv);
   for (int64_t n = 0; n < d.N; ++n)
-    std::memcpy(dkva.data<float>() + n * Wkv + d.Rkv, dkpe.data<float>() + n * d.Dr, d.Dr * sizeof(float));
+    std::memcpy(dkva.data<float>() + n * Wa + d.Rkv, DK + n * Wa + d.Rkv, d.Dr * sizeof(float));
   g.dx = f32({d.b, d.s, d.hid});
-  cpu::linear_bwd(g.dx.data<float>(), d.hid, 0.f, dW("kv_a_proj_with_mqa.weight"), dkva.data<float>(), Wkv, X,
-                  d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wkv);
+  cpu::linear_bwd(g.dx.data<float>(), d.hid, 0.f, dW("kv_a_proj_with_mqa.weight"), dkva.data<float>(), Wa, X,
+                  d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wa);
   if (d.Rq > 0) {
     Tensor dcq = f32({d.N, d.Rq}), dqa = f32({d.N, d.Rq});
     cpu::linear_bwd(dcq.data<float>(), d.Rq, 0.f, dW("q_b_proj.weight"), dq.data<float>(), d.H * d.Dqk,

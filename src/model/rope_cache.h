@@ -1,5 +1,6 @@
-// cos/sin tables [s, Dr / 2] for positions 0..s-1 (the token's index in its packed row), with
-// the attention factor folded in; shared by the MLA layer and the indexer.
+// cos/sin tables [s, Dr / 2] for positions pos0 .. pos0 + s - 1 (the token's index in its packed
+// row; pos0 > 0 for a context-parallel shard), with the attention factor folded in; shared by the
+// MLA layer and the indexer.
 #pragma once
 #include <vector>
 
@@ -11,6 +12,6 @@ struct RopeCache {
   std::vector<float> cos, sin;
 };
 
-RopeCache rope_cache(const ModelConfig& c, int64_t s);
+RopeCache rope_cache(const ModelConfig& c, int64_t s, int64_t pos0 = 0);
 
 }  // namespace hmla

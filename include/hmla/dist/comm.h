@@ -1,8 +1,15 @@
-// The process group of a run (DESIGN.md section 8). Under mpirun it is MPI_COMM_WORLD (MPI is
+// Process groups (DESIGN.md section 8). Comm::world() is MPI_COMM_WORLD under mpirun (MPI is
 // initialised on first use and finalised at exit); otherwise, or in a build without MPI, it is a
-// single rank and every collective is the identity. Sums are SUM all-reduces.
+// single rank and every collective is the identity. split() makes subgroups (the context-parallel
+// group of a 2-D rank grid). Sums are SUM reductions; every rank of a group must call each
+// collective in the same order.
+//
+// bytes_sent() counts what this rank sends through all-gathers and reduce-scatters, as the ring
+// algorithm sends it: (size - 1) blocks of the per-rank size for either. All-reduces (gradients,
+// counters) are not counted.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace hmla {
@@ -10,21 +17,34 @@ namespace hmla {
 class Comm {
  public:
   static Comm& world();
+  static Comm& self();  // always one rank
+  // Ranks with equal `color` form one group, ordered by `key`. Collective over this group.
+  Comm split(int color, int key) const;
+
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_root() const { return rank_ == 0; }
   void allreduce_sum(float* x, int64_t n);
   void allreduce_sum(double* x, int64_t n);
   void allreduce_sum(int64_t* x, int64_t n);
+  void allreduce_max(double* x, int64_t n);
+  // recv[r * n .. (r + 1) * n) = rank r's send[0 .. n).
+  void allgather(const float* send, float* recv, int64_t n);
+  // recv[0 .. n) = sum over ranks of their send[rank() * n .. (rank() + 1) * n).
+  void reduce_scatter_sum(const float* send, float* recv, int64_t n);
   void barrier();
+  int64_t bytes_sent() const { return bytes_sent_; }
   // Ends every rank of the job (MPI_Abort) after printing `msg` on this one; a plain exit when
   // there is a single rank.
   [[noreturn]] void abort(const std::string& msg, int code);
 
+  struct Handle;  // the MPI communicator, when there is one
+
  private:
-  Comm();
+  Comm() = default;
   int rank_ = 0, size_ = 1;
-  bool mpi_ = false;
+  int64_t bytes_sent_ = 0;
+  std::shared_ptr<Handle> mpi_;
 };
 
 }  // namespace hmla

@@ -19,12 +19,15 @@ std::vector<ParamSpec> indexer_param_table(const ModelConfig& c);
 // `seed`; k_norm weight 1, bias 0); present ones are kept. Returns how many were created.
 int indexer_init_missing(io::TensorMap& w, const ModelConfig& c, uint64_t seed);
 
-// x [b, s, hidden], cq [N, Rq]: the attention input and the normalised q latent (read only).
+// x [b, s, hidden], cq [N, Rq]: the attention input and the normalised q latent (read only), of
+// this rank's rows under context parallelism (the key kI is all-gathered: [b, S, DI]).
 void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                     const DocLayout& layout, IndexerState& saved);
-// Writes grad.<indexer tensors> into `grads` from the KL's dqI, dkI, dw.
+                     const DocLayout& layout, IndexerState& saved, Comm& cp = Comm::self());
+// Writes grad.<indexer tensors> into `grads` from the KL's dqI, dkI, dw (dkI over every key row
+// is reduce-scattered to this rank's rows first).
 void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                      const IndexerState& saved, const IndexerKlResult& kl, io::TensorMap& grads);
+                      const IndexerState& saved, const IndexerKlResult& kl, io::TensorMap& grads,
+                      Comm& cp = Comm::self());
 
 // Loss rows (DESIGN.md section 3): mask[t] = (input_ids[t] != pad_token_id) and A(t) non-empty;
 // without input_ids every row counts. Returns [b, s] f32 mask / valid_rows, where valid_rows is

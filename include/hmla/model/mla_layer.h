@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hmla/core/layout.h"
+#include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/ops/attention.h"
@@ -46,41 +47,51 @@ struct IndexerState {
   IndexerScores sc;             // qI [b,s,HI,DI], kI [b,s,DI] (rope applied), w [b,s,HI]
 };
 
-// What the backward needs, named (STYLE.md: no hidden tape). N = b * s rows.
+// What the backward needs, named (STYLE.md: no hidden tape). N = b * s rows of this rank's
+// queries; NS = b * S key rows (S = s without context parallelism).
 struct MlaSaved {
   Tensor qa, rstd_q, cq;   // q latent before/after RMSNorm [N, Rq], rstd [N] (Rq > 0)
   Tensor q;                // [N, H, Dn + Dr], rope applied
-  Tensor kva, rstd_kv, c;  // kv_a output [N, Rkv + Dr], rstd [N], normalised latent [N, Rkv]
-  Tensor kpe;              // [N, Dr] shared rope key, rope applied
-  Tensor k, v;             // mha: [N, H, Dn + Dr], [N, H, Dv]
-  Tensor qabs, ka;         // mqa: [N, H, Rkv + Dr], [N, 1, Rkv + Dr]
+  Tensor kva, rstd_kv;     // kv_a output [N, Rkv + Dr], rstd [N]
+  Tensor ka;               // [NS, 1, Rkv + Dr] the shared key [c ; rope(k_pe)] of every key row
+  Tensor k, v;             // mha: [NS, H, Dn + Dr], [NS, H, Dn + Dv] (v: a view of its Dv part)
+  Tensor qabs;             // mqa: [N, H, Rkv + Dr]
   AttnDenseSaved att;      // core output [b, s, H, Dv or Rkv] and lse (dense or sparse core)
   Tensor lse_c;            // dsa_sparse: [b, H, s] logsumexp over S(t) only (the KL's lseC)
   Tensor o;                // [N, H, Dv] input of o_proj
   IndexerState ind;        // dsa modes
-  Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table
+  Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table (global key positions)
 };
 
 struct MlaBackwardOptions {
-  Tensor row_weight;     // [b, s] loss-row weights for the indexer's KL (loss_row_weights)
+  Tensor row_weight;     // [b, s] loss-row weights of this rank's rows for the indexer's KL
   bool backbone = true;  // false: skip the backbone's backward (train_indexer_only)
 };
 
 struct MlaGrads {
   Tensor dx;               // [b, s, hidden]; undefined without the backbone's backward
-  io::TensorMap dweights;  // names and shapes of the layer's weights (indexer.* from the KL only)
+  io::TensorMap dweights;  // names and shapes of the layer's weights (indexer.* from the KL only);
+                           // under context parallelism this rank's share (sum over the group)
   double indexer_loss = 0; // coeff * sum_t rw kl (dsa modes)
   double indexer_kl = 0;   // sum_t rw kl, for logging
 };
 
-Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved);
+// Context parallelism (DESIGN.md section 8): `cp` is the group sharing the sequence; x and dy are
+// this rank's rows [b, s / R, hidden] (row_shard), `layout` covers all S rows in global positions.
+// The forward all-gathers the shared key [c ; rope(k_pe)] (and the indexer's key), the backward
+// reduce-scatters their gradients; everything else stays on the rank's rows. With Comm::self()
+// (one rank) s = S.
+Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved,
+                   Comm& cp = Comm::self());
 // Activation recomputation of the attention core: drop its output and lse after the forward,
 // rebuild them (bit-identical: the core is deterministic) right before the backward. Everything
 // the indexer's gradient needs survives (its inputs and selection are not part of the core).
 void mla_drop_core(MlaSaved& saved);
-void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved);
+void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved,
+                        const Comm& cp = Comm::self());
 
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
-                      const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {});
+                      const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {},
+                      Comm& cp = Comm::self());
 
 }  // namespace hmla
