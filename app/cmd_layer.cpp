@@ -2,7 +2,10 @@
 // checking hmla against another implementation (README: "Checking a layer").
 #include <iostream>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
+#include "hmla/dist/cp.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
@@ -13,7 +16,7 @@ namespace hmla::app {
 void add_layer_command(CLI::App& app) {
   struct Opts {
     std::string config, mode, weights, inputs, out, settings;
-    int64_t layer = 0;
+    int64_t layer = 0, cp = 1;
     bool train_indexer_only = false;
   };
   auto o = std::make_shared<Opts>();
@@ -33,6 +36,10 @@ void add_layer_command(CLI::App& app) {
   cmd->add_option("--out", o->out, "safetensors to write")->required();
   cmd->add_flag("--train-indexer-only", o->train_indexer_only,
                 "dsa modes: compute only the indexer's gradients; the backbone's backward is not run");
+  cmd->add_option("--cp", o->cp,
+                  "context-parallel ranks (run under mpirun -np CP): rank r computes rows [r*s/CP, (r+1)*s/CP);\n"
+                  "rank 0 gathers and writes the same OUT as one rank, and prints each rank's bytes sent")
+      ->capture_default_str();
   cmd->callback([o] {
     ModelConfig cfg = load_model_config(o->config);
     if (!o->mode.empty()) set_all_modes(cfg, parse_mode(o->mode, "--mode"));
@@ -73,22 +80,51 @@ void add_layer_command(CLI::App& app) {
       layout = layout_from_cu_seqlens(s, {index_values(cu, "cu_seqlens")});
     }
 
+    // Context parallelism: the world is the group; every rank reads the whole inputs and keeps
+    // its rows (the layout and the loss-row weights are built over all rows, in global positions).
+    Comm& world = Comm::world();
+    HMLA_CHECK(o->cp >= 1 && world.size() == o->cp, ConfigError, "--cp ", o->cp, " needs exactly ", o->cp,
+               " ranks (mpirun -np ", o->cp, "); this job has ", world.size());
+    Comm& cp = o->cp == 1 ? Comm::self() : world;
+    const RowShard sh = row_shard(cp, s);
     MlaSaved saved;
-    Tensor y = mla_forward(L, x, layout, saved);
+    Tensor y = mla_forward(L, take_rows(x, sh), layout, saved, cp);
     MlaBackwardOptions opt;
     opt.backbone = !settings.train_indexer_only;
-    if (is_dsa(mode))
-      opt.row_weight = loss_row_weights(layout, in.count("input_ids") ? &in.at("input_ids") : nullptr, cfg.pad_token_id);
-    MlaGrads g = mla_backward(L, x, layout, saved, in.at("grad_output"), opt);
-    if (L.split_kv_b_proj) fold_kv_b_proj(g.dweights, cfg);
-    io::TensorMap out{{"output", y}};
-    if (g.dx.defined()) out["grad.hidden_states"] = g.dx;
-    for (auto& [name, t] : g.dweights) out["grad." + name] = t;
     if (is_dsa(mode)) {
-      out["indexer_loss"] = Tensor::from_vector<float>({1}, {static_cast<float>(g.indexer_loss)});
-      out["topk_indices"] = saved.topk;
+      const Tensor ids = in.count("input_ids") ? in.at("input_ids") : Tensor();
+      const Tensor rw = loss_row_weights(layout, ids.defined() ? &ids : nullptr, cfg.pad_token_id);
+      opt.row_weight = take_rows(rw.view({b, s, 1}), sh).view({b, sh.rows});
     }
-    io::save_safetensors(o->out, out);
+    MlaGrads g = mla_backward(L, take_rows(x, sh), layout, saved, take_rows(in.at("grad_output"), sh), opt, cp);
+    const int64_t sent = cp.bytes_sent();
+    const CpTraffic want = mla_cp_traffic(cfg, mode, b, s, o->cp, opt.backbone);
+
+    // Gather: per-row tensors by rows, weight gradients and the loss by sums over the group.
+    if (L.split_kv_b_proj) fold_kv_b_proj(g.dweights, cfg);
+    io::TensorMap out{{"output", cp_all_gather_rows(cp, y)}};
+    if (g.dx.defined()) out["grad.hidden_states"] = cp_all_gather_rows(cp, g.dx);
+    for (auto& [name, t] : g.dweights) {
+      cp.allreduce_sum(t.data<float>(), t.numel());
+      out["grad." + name] = t;
+    }
+    if (is_dsa(mode)) {
+      double loss = g.indexer_loss;
+      cp.allreduce_sum(&loss, 1);
+      out["indexer_loss"] = Tensor::from_vector<float>({1}, {static_cast<float>(loss)});
+      out["topk_indices"] = cp_all_gather_rows(cp, saved.topk);
+    }
+    if (o->cp > 1) {
+      std::vector<double> bytes(o->cp, 0.0);
+      bytes[cp.rank()] = double(sent);
+      cp.allreduce_sum(bytes.data(), o->cp);
+      if (cp.is_root())
+        std::cout << nlohmann::json{{"cp", o->cp}, {"mode", mode_name(mode)}, {"b", b}, {"s", s},
+                                    {"bytes_sent_per_rank", bytes}, {"model_bytes", want.forward + want.backward}}
+                         .dump()
+                  << std::endl;
+    }
+    if (cp.is_root()) io::save_safetensors(o->out, out);
   });
 }
 

@@ -82,15 +82,15 @@ Comm Comm::split(int color, int key) const {
   return c;
 }
 
-void Comm::allgather(const float* send, float* recv, int64_t n) {
+void Comm::allgather(const void* send, void* recv, int64_t nbytes) {
   if (size_ == 1) {
-    if (recv != send) std::memcpy(recv, send, n * sizeof(float));
+    if (recv != send) std::memcpy(recv, send, nbytes);
     return;
   }
-  bytes_sent_ += (size_ - 1) * n * int64_t(sizeof(float));
+  bytes_sent_ += (size_ - 1) * nbytes;
 #ifdef HMLA_HAVE_MPI
-  HMLA_CHECK(n < kChunk, ShapeError, "allgather of ", n, " values per rank exceeds MPI's int count");
-  MPI_Allgather(send, int(n), MPI_FLOAT, recv, int(n), MPI_FLOAT, mpi_->comm);
+  HMLA_CHECK(nbytes < kChunk, ShapeError, "allgather of ", nbytes, " bytes per rank exceeds MPI's int count");
+  MPI_Allgather(send, int(nbytes), MPI_BYTE, recv, int(nbytes), MPI_BYTE, mpi_->comm);
 #endif
 }
 

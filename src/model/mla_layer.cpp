@@ -110,6 +110,13 @@ void run_core(const MlaLayer& L, MlaSaved& sv, const Dims& d, const DocLayout& l
 
 }  // namespace
 
+CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone) {
+  if (R == 1) return {};
+  const int64_t block = b * (s / R) * int64_t(sizeof(float)) * (R - 1);  // per channel
+  const int64_t key = c.kv_lora_rank + c.qk_rope_head_dim, ikey = is_dsa(mode) ? c.index_head_dim : 0;
+  return {block * (key + ikey), block * ((backbone ? key : 0) + ikey)};
+}
+
 void mla_drop_core(MlaSaved& sv) {
   sv.att = {};
   sv.lse_c = Tensor();

@@ -28,8 +28,8 @@ class Comm {
   void allreduce_sum(double* x, int64_t n);
   void allreduce_sum(int64_t* x, int64_t n);
   void allreduce_max(double* x, int64_t n);
-  // recv[r * n .. (r + 1) * n) = rank r's send[0 .. n).
-  void allgather(const float* send, float* recv, int64_t n);
+  // recv bytes [r * n, (r + 1) * n) = rank r's send bytes [0, n).
+  void allgather(const void* send, void* recv, int64_t nbytes);
   // recv[0 .. n) = sum over ranks of their send[rank() * n .. (rank() + 1) * n).
   void reduce_scatter_sum(const float* send, float* recv, int64_t n);
   void barrier();

@@ -19,7 +19,7 @@ struct RowShard {
 // This rank's shard of s rows; R not dividing s is a ConfigError.
 RowShard row_shard(const Comm& cp, int64_t s);
 
-// [b, rows, W] on each rank -> [b, s, W], rows in position order.
+// [b, rows, W] (f32 or i32) on each rank -> [b, s, W], rows in position order.
 Tensor cp_all_gather_rows(Comm& cp, const Tensor& local);
 // [b, s, W] partial sums on each rank -> this rank's [b, rows, W] rows of their sum.
 Tensor cp_reduce_scatter_rows(Comm& cp, const Tensor& full);

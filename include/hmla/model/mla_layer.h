@@ -90,6 +90,15 @@ void mla_drop_core(MlaSaved& saved);
 void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& saved,
                         const Comm& cp = Comm::self());
 
+// Bytes one rank sends per layer under context parallelism over R ranks (ring all-gather and
+// reduce-scatter, Comm::bytes_sent's convention): the forward gathers the shared key (Rkv + Dr
+// wide) and, in dsa modes, the indexer key (DI wide); the backward reduce-scatters the shared
+// key's gradient when the backbone's backward runs and the indexer key's in dsa modes.
+struct CpTraffic {
+  int64_t forward = 0, backward = 0;
+};
+CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone);
+
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
                       const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {},
                       Comm& cp = Comm::self());
