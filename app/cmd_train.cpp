@@ -21,8 +21,9 @@ void add_train_commands(CLI::App& app) {
   train->add_option("programme", o->programme, "programme YAML")->required();
   train->add_option("--out", o->t.out_dir, "run directory")->capture_default_str();
   train->add_flag("--resume", o->t.resume, "continue from RUN_DIR/checkpoints/latest");
-  train->add_option("--cp", o->t.cp, "context-parallel ranks (under mpirun; only 1 for now: the\n"
-                                     "other ranks are data parallel)")->capture_default_str();
+  train->add_option("--cp", o->t.cp, "context-parallel ranks per replica (under mpirun -np CP * DP): each\n"
+                                     "group of CP consecutive ranks splits every sequence by rows; the\n"
+                                     "DP groups are data parallel")->capture_default_str();
   train->callback([o] { run_programme(load_programme(o->programme), o->t, std::cout); });
 
   struct PrepOpts {

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "gemm.h"
+#include "hmla/dist/cp.h"
 #include "hmla/model/indexer.h"
 #include "nn.h"
 
@@ -49,12 +50,20 @@ struct Forward {
   Tensor logits;                        // [N, V]
 };
 
-Forward forward(const Model& m, const Batch& batch, bool drop_core = false) {
+// This rank's token ids [b, s] (its row shard under context parallelism), i32.
+Tensor shard_ids(const Batch& batch, const Comm& cp) {
+  const int64_t b = batch.input_ids.size(0);
+  const RowShard sh = row_shard(cp, batch.input_ids.size(1));
+  return take_rows(batch.input_ids.view({b, sh.s, 1}), sh).view({b, sh.rows});
+}
+
+Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false) {
   const ModelConfig& c = m.cfg;
-  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,
+  const Tensor local_ids = shard_ids(batch, cp);
+  const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const int32_t* ids = batch.input_ids.data<int32_t>();
+  const int32_t* ids = local_ids.data<int32_t>();
   Forward f;
   Tensor h = Tensor::empty({b, s, hid}, DType::f32);
   const float* E = P(m, "model.embed_tokens.weight");
@@ -73,7 +82,7 @@ Forward forward(const Model& m, const Batch& batch, bool drop_core = false) {
     cpu::rmsnorm_fwd(sv.a.data<float>(), hid, sv.rstd1.data<float>(), h.data<float>(), hid,
                      P(m, pre + "input_layernorm.weight"), N, hid, eps);
     MlaLayer layer{&c, L, false, layer_attn(m, L)};
-    Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn);
+    Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
     sv.h_mid = Tensor::empty({b, s, hid}, DType::f32);
     for (int64_t i = 0; i < N * hid; ++i) sv.h_mid.data<float>()[i] = h.data<float>()[i] + y.data<float>()[i];
@@ -103,6 +112,7 @@ Forward forward(const Model& m, const Batch& batch, bool drop_core = false) {
 }
 
 // Targets and weights of the LM loss: row n predicts ids[n + 1] when both are in one document.
+// Over the whole batch; shard_targets keeps a context-parallel rank's rows.
 void lm_targets(const Batch& batch, int64_t pad, std::vector<int32_t>& target, std::vector<float>& keep) {
   const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
   const int32_t* ids = batch.input_ids.data<int32_t>();
@@ -116,6 +126,28 @@ void lm_targets(const Batch& batch, int64_t pad, std::vector<int32_t>& target, s
       target[n] = ids[n + 1];
       keep[n] = 1.f;
     }
+}
+
+// The LM loss's targets and weights (already divided by the step's target count) of this rank's
+// rows.
+void shard_targets(const Batch& batch, int64_t pad, int64_t global_targets, const Comm& cp, std::vector<int32_t>& target,
+                   std::vector<float>& keep) {
+  lm_targets(batch, pad, target, keep);
+  int64_t count = 0;
+  for (float k : keep) count += k > 0.f;
+  const int64_t denom = global_targets > 0 ? global_targets : std::max<int64_t>(count, 1);
+  for (float& k : keep) k /= float(denom);
+  const int64_t b = batch.input_ids.size(0);
+  const RowShard sh = row_shard(cp, batch.input_ids.size(1));
+  std::vector<int32_t> t;
+  std::vector<float> k;
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t i = sh.row0; i < sh.row0 + sh.rows; ++i) {
+      t.push_back(target[r * sh.s + i]);
+      k.push_back(keep[r * sh.s + i]);
+    }
+  target.swap(t);
+  keep.swap(k);
 }
 
 }  // namespace
@@ -225,48 +257,43 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
   return n;
 }
 
-Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk) {
-  Forward f = forward(m, batch);
+Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp) {
+  Forward f = forward(m, batch, cp);
   if (topk) {
     topk->clear();
     for (const LayerSaved& l : f.layers) topk->push_back(l.attn.topk);
   }
-  return f.logits.view({batch.input_ids.size(0), batch.input_ids.size(1), m.cfg.vocab_size});
+  return f.logits.view({batch.input_ids.size(0), -1, m.cfg.vocab_size});
 }
 
-double model_lm_loss(const Model& m, const Batch& batch) {
-  Forward f = forward(m, batch);
+double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
+  Forward f = forward(m, batch, cp);
   std::vector<int32_t> target;
   std::vector<float> keep;
-  lm_targets(batch, m.cfg.pad_token_id, target, keep);
-  int64_t count = 0;
-  for (float k : keep) count += k > 0.f;
-  for (float& k : keep) k /= float(std::max<int64_t>(count, 1));
+  shard_targets(batch, m.cfg.pad_token_id, 0, cp, target, keep);
   return cpu::cross_entropy(f.logits.data<float>(), target.data(), keep.data(), int64_t(keep.size()), m.cfg.vocab_size,
                             nullptr);
 }
 
-StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads) {
+StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   const ModelConfig& c = m.cfg;
-  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1), N = b * s, hid = c.hidden_size,
+  const RowShard sh = row_shard(cp, batch.input_ids.size(1));
+  const int64_t b = batch.input_ids.size(0), s = sh.rows, N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
-  Forward f = forward(m, batch, opt.recompute_attention);
+  Forward f = forward(m, batch, cp, opt.recompute_attention);
   StepStats st;
   st.tokens = N;
 
   std::vector<int32_t> target;
   std::vector<float> keep;
-  lm_targets(batch, c.pad_token_id, target, keep);
-  int64_t count = 0;
-  for (float k : keep) count += k > 0.f;
-  const int64_t denom = opt.lm_targets > 0 ? opt.lm_targets : std::max<int64_t>(count, 1);
-  for (float& k : keep) k /= float(denom);
+  shard_targets(batch, c.pad_token_id, opt.lm_targets, cp, target, keep);
   Tensor dlogits = Tensor::empty({N, V}, DType::f32);
   st.lm_loss = cpu::cross_entropy(f.logits.data<float>(), target.data(), keep.data(), N, V,
                                   opt.backbone ? dlogits.data<float>() : nullptr);
 
-  const Tensor* ids = &batch.input_ids;
-  const Tensor row_weight = loss_row_weights(batch.layout, ids, c.pad_token_id, opt.valid_rows);
+  // The indexer's loss rows over the whole batch, then this rank's.
+  const Tensor all_rows = loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, opt.valid_rows);
+  const Tensor row_weight = take_rows(all_rows.view({b, sh.s, 1}), sh).view({b, s});
   auto acc = [&](const std::string& name, const Tensor& g) { add_into(grads.at(name), g); };
   auto tmp = [](const Shape& sh) { return Tensor::empty(sh, DType::f32); };
 
@@ -289,13 +316,13 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     LayerSaved& sv = f.layers[L];
     const std::string pre = layer_prefix(L);
     MlaLayer layer{&c, L, false, layer_attn(m, L)};
-    if (opt.recompute_attention) mla_recompute_core(layer, sv.a, batch.layout, sv.attn);
+    if (opt.recompute_attention) mla_recompute_core(layer, sv.a, batch.layout, sv.attn, cp);
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
     if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;
     if (!opt.backbone) {
       if (!is_dsa(c.layer_modes[L])) continue;
-      MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo);
+      MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo, cp);
       for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
       st.indexer_kl += g.indexer_kl;
       ++dsa_layers;
@@ -320,7 +347,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     acc(pre + "post_attention_layernorm.weight", dpost);
     for (int64_t i = 0; i < N * hid; ++i) dmid.data<float>()[i] += dh.data<float>()[i];
     // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
-    MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo);
+    MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo, cp);
     for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
     if (is_dsa(c.layer_modes[L])) {
       st.indexer_kl += g.indexer_kl;
@@ -335,7 +362,8 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   }
   if (opt.backbone) {  // embedding rows, in token order
     float* dE = grads.at("model.embed_tokens.weight").data<float>();
-    const int32_t* tok = batch.input_ids.data<int32_t>();
+    const Tensor local_ids = shard_ids(batch, cp);
+    const int32_t* tok = local_ids.data<int32_t>();
     for (int64_t n = 0; n < N; ++n) {
       float* row = dE + int64_t(tok[n]) * hid;
       const float* src = dh.data<float>() + n * hid;

@@ -58,18 +58,20 @@ Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>&
   return m;
 }
 
-// max |logits_mqa - logits_mha| and max |logits_mha| with the hybrid layers in each form.
-std::pair<double, double> equivalence(const Model& m, const std::vector<bool>& hybrid, const Batch& batch) {
+// max |logits_mqa - logits_mha| and max |logits_mha| with the hybrid layers in each form (over
+// the context-parallel group's rows).
+std::pair<double, double> equivalence(const Model& m, const std::vector<bool>& hybrid, const Batch& batch, Comm& cp) {
   Model a = m, b = m;
   set_modes(a.cfg, hybrid, LayerMode::mha);
   set_modes(b.cfg, hybrid, LayerMode::mqa_full_causal);
-  auto la = model_logits(a, batch).to_vector<float>(), lb = model_logits(b, batch).to_vector<float>();
-  double diff = 0, mag = 0;
+  auto la = model_logits(a, batch, nullptr, cp).to_vector<float>(), lb = model_logits(b, batch, nullptr, cp).to_vector<float>();
+  double r[2] = {0, 0};  // diff, magnitude
   for (size_t i = 0; i < la.size(); ++i) {
-    diff = std::max(diff, std::abs(double(lb[i]) - la[i]));
-    mag = std::max(mag, std::abs(double(la[i])));
+    r[0] = std::max(r[0], std::abs(double(lb[i]) - la[i]));
+    r[1] = std::max(r[1], std::abs(double(la[i])));
   }
-  return {diff, mag};
+  cp.allreduce_max(r, 2);
+  return {r[0], r[1]};
 }
 
 void write_json_atomic(const fs::path& p, const json& j) { io::write_file_atomic(p.string(), j.dump(2) + "\n"); }
@@ -120,13 +122,18 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   const bool root = comm.is_root();
   std::ostringstream sink;  // what the other ranks would print
   std::ostream& log = root ? console : sink;
-  HMLA_CHECK(opt.cp == 1, ConfigError, "--cp ", opt.cp,
-             ": context parallelism is not available yet; run data parallel only (--cp 1)");
-  HMLA_CHECK(comm.size() % opt.cp == 0, ConfigError, "--cp ", opt.cp, " does not divide the ", comm.size(), " ranks");
+  // The rank grid: consecutive ranks form a context-parallel group (CP traffic is the heavier,
+  // so it stays between neighbours); the groups are the data-parallel replicas.
+  HMLA_CHECK(opt.cp >= 1 && comm.size() % opt.cp == 0, ConfigError, "--cp ", opt.cp, " does not divide the ",
+             comm.size(), " ranks");
   const int dp = comm.size() / opt.cp, dp_rank = comm.rank() / opt.cp;
-  for (const PhaseSettings& ph : pr.phases)
+  Comm cp = comm.split(dp_rank, comm.rank() % opt.cp);
+  for (const PhaseSettings& ph : pr.phases) {
     HMLA_CHECK(ph.micro_batches % dp == 0, ConfigError, pr.path, ": phase '", ph.name, "' has micro_batches = ",
                ph.micro_batches, ", which the ", dp, " data-parallel ranks must divide");
+    HMLA_CHECK(ph.seq_len % opt.cp == 0, ConfigError, "--cp ", opt.cp, " must divide phase '", ph.name,
+               "''s seq_len ", ph.seq_len);
+  }
   if (const char* f = std::getenv("HMLA_TEST_FAIL_RANK"); f && std::atoi(f) == comm.rank())
     throw Error("injected failure on rank " + std::to_string(comm.rank()) + " (HMLA_TEST_FAIL_RANK)");
   g_stop = 0;
@@ -207,7 +214,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     const Batch eval = fixed_rows(held, ph.seq_len, ph.eval_rows);
     const bool any_hybrid = std::find(hybrid.begin(), hybrid.end(), true) != hybrid.end();
     if (any_hybrid && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse)) {
-      auto [diff, mag] = equivalence(model, hybrid, eval);
+      auto [diff, mag] = equivalence(model, hybrid, eval, cp);
       log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << std::scientific << std::setprecision(3)
           << diff << ", max|logits_mha| = " << mag << " (rtol " << ph.equivalence_rtol << ")\n" << std::defaultfloat
           << std::setprecision(6);
@@ -240,12 +247,12 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
       StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
       double sums[3] = {0, 0, 0};  // lm, kl, tokens of this rank's micro-batches
       for (size_t i = dp_rank; i < micro.size(); i += size_t(dp)) {
-        StepStats s = model_step(model, micro[i], so, grads);
+        StepStats s = model_step(model, micro[i], so, grads, cp);
         sums[0] += s.lm_loss;
         sums[1] += s.indexer_kl;
         sums[2] += double(s.tokens);
       }
-      comm.allreduce_sum(garena.data<float>(), garena.numel());
+      comm.allreduce_sum(garena.data<float>(), garena.numel());  // CP shares and DP replicas alike
       comm.allreduce_sum(sums, 3);
       const double lm = sums[0], kl = sums[1];
       const int64_t tokens = int64_t(sums[2]);
@@ -282,7 +289,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     sum.first_loss = mean(losses, 0, w);
     sum.final_loss = mean(losses, losses.size() - w, losses.size());
     sum.final_kl = is_dsa(ph.mode) ? mean(kls, kls.size() - w, kls.size()) : std::nan("");
-    sum.heldout = model_lm_loss(model, eval);
+    sum.heldout = model_lm_loss(model, eval, cp);
+    cp.allreduce_sum(&sum.heldout, 1);
     metrics << json{{"phase", ph.name}, {"heldout_lm_loss", sum.heldout}, {"first20_lm_loss", sum.first_loss},
                     {"last20_lm_loss", sum.final_loss},
                     {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},

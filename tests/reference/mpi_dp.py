@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Data parallelism over MPI: `mpirun -np 2 hmla train` equals one rank with the same global batch
 (each step's micro-batches dealt to the ranks; rows carry different amounts of padding), rank 0
-alone writes, a failing rank ends the whole job with its message instead of hanging, and --cp > 1
-is a clear error for now."""
+alone writes, and a failing rank ends the whole job with its message instead of hanging. Context
+parallelism (and CP x DP grids) is tests/reference/mpi_cp.py's."""
 import os
 import subprocess
 import sys
@@ -62,9 +62,6 @@ phases:
                          capture_output=True, text=True, timeout=120)
     check("a failing rank ends the job", bad.returncode != 0 and "injected failure on rank 1" in bad.stderr,
           f"exit {bad.returncode}")
-    cp = subprocess.run(MPIRUN + [a.hmla, "train", prog, "--out", f"{w}/cp", "--cp", "2"], capture_output=True,
-                        text=True, timeout=120)
-    check("--cp 2 is a clear error", cp.returncode != 0 and "context parallelism" in cp.stderr, f"exit {cp.returncode}")
     check.exit()
 
 

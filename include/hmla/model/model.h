@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hmla/core/layout.h"
+#include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/model/mla_layer.h"
@@ -64,14 +65,20 @@ struct StepStats {
   int64_t tokens = 0;
 };
 
+// Context parallelism: with a group `cp` of R ranks, every rank holds the whole batch (ids and
+// layout) and computes its row shard [r * s / R, (r + 1) * s / R) (row_shard); per-row outputs
+// are that shard's, losses and gradients this rank's share (the group's sum is the whole), with
+// denominators over the whole batch. Comm::self() is one rank.
+
 // Forward and backward of one micro-batch; gradients are ADDED into `grads` (views of a gradient
 // arena with the model's table).
-StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads);
+StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads,
+                     Comm& cp = Comm::self());
 
 // Forward only: logits [b, s, vocab] f32; with `topk`, also each layer's selection table
-// ([b, s, K + W] i32, undefined for layers that select nothing).
-Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk = nullptr);
-// Forward only: mean LM loss over the batch's targets.
-double model_lm_loss(const Model& m, const Batch& batch);
+// ([b, s, K + W] i32, undefined for layers that select nothing). Under CP: the shard's rows.
+Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk = nullptr, Comm& cp = Comm::self());
+// Forward only: mean LM loss over the batch's targets (under CP: this rank's share).
+double model_lm_loss(const Model& m, const Batch& batch, Comm& cp = Comm::self());
 
 }  // namespace hmla
