@@ -4,11 +4,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <vector>
 
 #include "hmla/core/error.h"
 
 #ifdef HMLA_HAVE_MPI
 #include <mpi.h>
+#endif
+#ifdef HMLA_HAVE_NCCL
+#include "nccl.h"
 #endif
 
 namespace hmla {
@@ -23,19 +27,46 @@ bool launched_by_mpi() {
 constexpr int64_t kChunk = int64_t(1) << 30;  // MPI counts are int
 }  // namespace
 
+extern void (*g_device_copy)(void* dst, Device dd, const void* src, Device sd, size_t bytes);
+
 #ifdef HMLA_HAVE_MPI
 struct Comm::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
   bool owned = false;
+#ifdef HMLA_HAVE_NCCL
+  std::shared_ptr<nccl::Group> nccl;  // created by the first device collective
+#endif
   ~Handle() {
     int fin = 0;
     MPI_Finalized(&fin);
+#ifdef HMLA_HAVE_NCCL
+    nccl.reset();
+#endif
     if (owned && !fin) MPI_Comm_free(&comm);
   }
 };
 #else
 struct Comm::Handle {};
 #endif
+
+namespace {
+// A device buffer's bytes staged on the host (and back): the device path without NCCL.
+[[maybe_unused]] std::vector<char> to_host(const void* p, int64_t nbytes) {
+  HMLA_CHECK(g_device_copy != nullptr, Error, "device collectives need the CUDA backend");
+  std::vector<char> h(nbytes);
+  g_device_copy(h.data(), Device::cpu, p, Device::cuda, nbytes);
+  return h;
+}
+[[maybe_unused]] void to_device(void* p, const std::vector<char>& h) { g_device_copy(p, Device::cuda, h.data(), Device::cpu, h.size()); }
+}  // namespace
+
+bool Comm::nccl_built() {
+#ifdef HMLA_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 Comm& Comm::world() {
   static Comm c = [] {
@@ -82,27 +113,83 @@ Comm Comm::split(int color, int key) const {
   return c;
 }
 
-void Comm::allgather(const void* send, void* recv, int64_t nbytes) {
+#ifdef HMLA_HAVE_NCCL
+// The group's NCCL communicator, made by its first device collective (every rank makes it then).
+nccl::Group& nccl_group(Comm::Handle& h, int rank, int size) {
+  if (!h.nccl) h.nccl = nccl::create(&h.comm, rank, size);
+  return *h.nccl;
+}
+#endif
+
+void Comm::allgather(const void* send, void* recv, int64_t nbytes, Device dev) {
   if (size_ == 1) {
-    if (recv != send) std::memcpy(recv, send, nbytes);
+    if (recv != send) {
+      if (dev == Device::cpu) std::memcpy(recv, send, nbytes);
+      else g_device_copy(recv, dev, send, dev, nbytes);
+    }
     return;
   }
   bytes_sent_ += (size_ - 1) * nbytes;
 #ifdef HMLA_HAVE_MPI
+  if (dev == Device::cuda) {
+#ifdef HMLA_HAVE_NCCL
+    nccl::allgather(nccl_group(*mpi_, rank_, size_), send, recv, nbytes);
+#else
+    std::vector<char> s = to_host(send, nbytes), r(nbytes * size_);
+    allgather(s.data(), r.data(), nbytes);
+    bytes_sent_ -= (size_ - 1) * nbytes;  // counted once
+    to_device(recv, r);
+#endif
+    return;
+  }
   HMLA_CHECK(nbytes < kChunk, ShapeError, "allgather of ", nbytes, " bytes per rank exceeds MPI's int count");
   MPI_Allgather(send, int(nbytes), MPI_BYTE, recv, int(nbytes), MPI_BYTE, mpi_->comm);
 #endif
 }
 
-void Comm::reduce_scatter_sum(const float* send, float* recv, int64_t n) {
+void Comm::reduce_scatter_sum(const float* send, float* recv, int64_t n, Device dev) {
   if (size_ == 1) {
-    if (recv != send) std::memcpy(recv, send, n * sizeof(float));
+    if (recv != send) {
+      if (dev == Device::cpu) std::memcpy(recv, send, n * sizeof(float));
+      else g_device_copy(recv, dev, send, dev, n * sizeof(float));
+    }
     return;
   }
   bytes_sent_ += (size_ - 1) * n * int64_t(sizeof(float));
 #ifdef HMLA_HAVE_MPI
+  if (dev == Device::cuda) {
+#ifdef HMLA_HAVE_NCCL
+    nccl::reduce_scatter_sum(nccl_group(*mpi_, rank_, size_), send, recv, n);
+#else
+    std::vector<char> s = to_host(send, n * size_ * int64_t(sizeof(float))), r(n * sizeof(float));
+    reduce_scatter_sum(reinterpret_cast<const float*>(s.data()), reinterpret_cast<float*>(r.data()), n);
+    bytes_sent_ -= (size_ - 1) * n * int64_t(sizeof(float));
+    to_device(recv, r);
+#endif
+    return;
+  }
   HMLA_CHECK(n < kChunk, ShapeError, "reduce-scatter of ", n, " values per rank exceeds MPI's int count");
   MPI_Reduce_scatter_block(send, recv, int(n), MPI_FLOAT, MPI_SUM, mpi_->comm);
+#endif
+}
+
+void Comm::allreduce_sum(float* x, int64_t n, Device dev) {
+  if (!mpi_ || size_ == 1) return;
+#ifdef HMLA_HAVE_MPI
+  if (dev == Device::cuda) {
+#ifdef HMLA_HAVE_NCCL
+    nccl::allreduce_sum(nccl_group(*mpi_, rank_, size_), x, n);
+#else
+    std::vector<char> h = to_host(x, n * int64_t(sizeof(float)));
+    allreduce_sum(reinterpret_cast<float*>(h.data()), n);
+    to_device(x, h);
+#endif
+    return;
+  }
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int count = int(std::min<int64_t>(n - off, kChunk));
+    MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_FLOAT, MPI_SUM, mpi_->comm);
+  }
 #endif
 }
 
@@ -115,7 +202,6 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, int64_t n) {
       MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_T, OP, mpi_->comm);     \
     }                                                                         \
   }
-HMLA_ALLREDUCE(allreduce_sum, float, MPI_FLOAT, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_sum, double, MPI_DOUBLE, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_sum, int64_t, MPI_INT64_T, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_max, double, MPI_DOUBLE, MPI_MAX)
@@ -131,7 +217,6 @@ void Comm::abort(const std::string& msg, int code) {
   std::exit(code);
 }
 #else
-void Comm::allreduce_sum(float*, int64_t) {}
 void Comm::allreduce_sum(double*, int64_t) {}
 void Comm::allreduce_sum(int64_t*, int64_t) {}
 void Comm::allreduce_max(double*, int64_t) {}

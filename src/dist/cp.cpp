@@ -1,7 +1,5 @@
 #include "hmla/dist/cp.h"
 
-#include <cstring>
-
 #include "hmla/core/error.h"
 
 namespace hmla {
@@ -15,42 +13,41 @@ RowShard row_shard(const Comm& cp, int64_t s) {
 namespace {
 void check_rows(const Tensor& t, const char* what, bool any_dtype) {
   HMLA_CHECK(t.dim() == 3 && (t.dtype() == DType::f32 || (any_dtype && t.dtype() == DType::i32)) &&
-                 t.is_contiguous() && t.device() == Device::cpu,
+                 t.is_contiguous(),
              ShapeError, what, ": expected a contiguous ", any_dtype ? "f32 or i32" : "f32",
-             " [b, rows, W] CPU tensor, got ", dtype_name(t.dtype()), shape_str(t.shape()));
+             " [b, rows, W] tensor, got ", dtype_name(t.dtype()), shape_str(t.shape()));
+}
+
+// Rows [r * n, (r + 1) * n) of batch row bb of a [b, s, W] tensor: one contiguous block.
+Tensor block(const Tensor& t, int64_t bb, int64_t r, int64_t n) {
+  return t.slice(0, bb, bb + 1).slice(1, r * n, (r + 1) * n);
 }
 }  // namespace
 
 // The wire format is [R, b, rows, W]: rank-major blocks, each the rank's rows of every batch row.
+// Blocks move by copy_from, so CPU and CUDA tensors alike (the latter through NCCL).
 Tensor cp_all_gather_rows(Comm& cp, const Tensor& local) {
   if (cp.size() == 1) return local;
   check_rows(local, "all-gather", true);
   const int64_t R = cp.size(), b = local.size(0), n = local.size(1), W = local.size(2);
-  const size_t es = dtype_size(local.dtype());
-  Tensor wire = Tensor::empty({R, b, n, W}, local.dtype());
-  cp.allgather(local.raw_data(), wire.raw_data(), b * n * W * es);
-  Tensor full = Tensor::empty({b, R * n, W}, local.dtype());
-  auto* dst = static_cast<char*>(full.raw_data());
-  const auto* src = static_cast<const char*>(wire.raw_data());
+  Tensor wire = Tensor::empty({R * b, n, W}, local.dtype(), local.device());
+  cp.allgather(local.raw_data(), wire.raw_data(), int64_t(local.nbytes()), local.device());
+  Tensor full = Tensor::empty({b, R * n, W}, local.dtype(), local.device());
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t bb = 0; bb < b; ++bb)
-      std::memcpy(dst + (bb * R * n + r * n) * W * es, src + (r * b + bb) * n * W * es, n * W * es);
+    for (int64_t bb = 0; bb < b; ++bb) block(full, bb, r, n).copy_from(block(wire, r * b + bb, 0, n));
   return full;
 }
 
 Tensor cp_reduce_scatter_rows(Comm& cp, const Tensor& full) {
   if (cp.size() == 1) return full;
   check_rows(full, "reduce-scatter", false);
-  const int64_t R = cp.size(), b = full.size(0), s = full.size(1), W = full.size(2);
-  const RowShard sh = row_shard(cp, s);
-  const int64_t n = sh.rows;
-  Tensor wire = Tensor::empty({R, b, n, W}, DType::f32);
+  const int64_t R = cp.size(), b = full.size(0), W = full.size(2);
+  const int64_t n = row_shard(cp, full.size(1)).rows;
+  Tensor wire = Tensor::empty({R * b, n, W}, DType::f32, full.device());
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t bb = 0; bb < b; ++bb)
-      std::memcpy(wire.data<float>() + ((r * b + bb) * n) * W, full.data<float>() + (bb * s + r * n) * W,
-                  n * W * sizeof(float));
-  Tensor local = Tensor::empty({b, n, W}, DType::f32);
-  cp.reduce_scatter_sum(wire.data<float>(), local.data<float>(), b * n * W);
+    for (int64_t bb = 0; bb < b; ++bb) block(wire, r * b + bb, 0, n).copy_from(block(full, bb, r, n));
+  Tensor local = Tensor::empty({b, n, W}, DType::f32, full.device());
+  cp.reduce_scatter_sum(wire.data<float>(), local.data<float>(), b * n * W, full.device());
   return local;
 }
 

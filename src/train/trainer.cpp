@@ -252,7 +252,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
         sums[1] += s.indexer_kl;
         sums[2] += double(s.tokens);
       }
-      comm.allreduce_sum(garena.data<float>(), garena.numel());  // CP shares and DP replicas alike
+      comm.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
       comm.allreduce_sum(sums, 3);
       const double lm = sums[0], kl = sums[1];
       const int64_t tokens = int64_t(sums[2]);

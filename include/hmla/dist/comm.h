@@ -4,6 +4,10 @@
 // group of a 2-D rank grid). Sums are SUM reductions; every rank of a group must call each
 // collective in the same order.
 //
+// Buffers live on the device named by `dev`: CUDA buffers go through NCCL when the build has it
+// (the path GPU ranks take; each rank drives the GPU of its local rank), else they are staged
+// through host memory and MPI.
+//
 // bytes_sent() counts what this rank sends through all-gathers and reduce-scatters, as the ring
 // algorithm sends it: (size - 1) blocks of the per-rank size for either. All-reduces (gradients,
 // counters) are not counted.
@@ -11,6 +15,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "hmla/core/allocator.h"
 
 namespace hmla {
 
@@ -24,14 +30,15 @@ class Comm {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool is_root() const { return rank_ == 0; }
-  void allreduce_sum(float* x, int64_t n);
+  void allreduce_sum(float* x, int64_t n, Device dev = Device::cpu);
   void allreduce_sum(double* x, int64_t n);
   void allreduce_sum(int64_t* x, int64_t n);
   void allreduce_max(double* x, int64_t n);
   // recv bytes [r * n, (r + 1) * n) = rank r's send bytes [0, n).
-  void allgather(const void* send, void* recv, int64_t nbytes);
+  void allgather(const void* send, void* recv, int64_t nbytes, Device dev = Device::cpu);
   // recv[0 .. n) = sum over ranks of their send[rank() * n .. (rank() + 1) * n).
-  void reduce_scatter_sum(const float* send, float* recv, int64_t n);
+  void reduce_scatter_sum(const float* send, float* recv, int64_t n, Device dev = Device::cpu);
+  static bool nccl_built();
   void barrier();
   int64_t bytes_sent() const { return bytes_sent_; }
   // Ends every rank of the job (MPI_Abort) after printing `msg` on this one; a plain exit when

@@ -1,0 +1,67 @@
+#include "nccl.h"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include <cstdlib>
+
+#include "hmla/core/error.h"
+
+namespace hmla::nccl {
+
+namespace {
+void check(ncclResult_t r, const char* what) {
+  HMLA_CHECK(r == ncclSuccess, Error, what, ": ", ncclGetErrorString(r));
+}
+void check(cudaError_t e, const char* what) { HMLA_CHECK(e == cudaSuccess, Error, what, ": ", cudaGetErrorString(e)); }
+
+// The rank among those on this node (Open MPI, MPICH/PMI, Slurm), else the group rank.
+int local_rank(int rank) {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return rank;
+}
+}  // namespace
+
+struct Group {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  ~Group() {
+    if (comm) ncclCommDestroy(comm);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  void sync() { check(cudaStreamSynchronize(stream), "cudaStreamSynchronize after an NCCL collective"); }
+};
+
+std::shared_ptr<Group> create(const void* mpi_comm, int rank, int size) {
+  MPI_Comm mc = *static_cast<const MPI_Comm*>(mpi_comm);
+  int devices = 0;
+  check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  HMLA_CHECK(devices > 0, Error, "device collectives need a GPU on every rank");
+  check(cudaSetDevice(local_rank(rank) % devices), "cudaSetDevice");
+  ncclUniqueId id;
+  if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mc);
+  auto g = std::make_shared<Group>();
+  check(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(ncclCommInitRank(&g->comm, size, id, rank), "ncclCommInitRank");
+  return g;
+}
+
+void allreduce_sum(Group& g, float* x, int64_t n) {
+  check(ncclAllReduce(x, x, size_t(n), ncclFloat32, ncclSum, g.comm, g.stream), "ncclAllReduce");
+  g.sync();
+}
+
+void allgather(Group& g, const void* send, void* recv, int64_t nbytes) {
+  check(ncclAllGather(send, recv, size_t(nbytes), ncclUint8, g.comm, g.stream), "ncclAllGather");
+  g.sync();
+}
+
+void reduce_scatter_sum(Group& g, const float* send, float* recv, int64_t n) {
+  check(ncclReduceScatter(send, recv, size_t(n), ncclFloat32, ncclSum, g.comm, g.stream), "ncclReduceScatter");
+  g.sync();
+}
+
+}  // namespace hmla::nccl
