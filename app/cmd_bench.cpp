@@ -4,8 +4,11 @@
 #include "attention_bench.h"
 #include "dsa_bench.h"
 #include "indexer_bench.h"
+#include <nlohmann/json.hpp>
+
 #include "commands.h"
 #include "hmla/core/error.h"
+#include "hmla/model/mla_layer.h"
 
 namespace hmla::app {
 
@@ -89,6 +92,42 @@ void add_bench_command(CLI::App& app) {
   sp->callback([so] {
     HMLA_CHECK(so->dv <= so->dqk, ConfigError, "--dv ", so->dv, " must be <= --dqk ", so->dqk);
     bench::run_sparse_bench(*so, std::cout);
+  });
+
+  struct CpOpts {
+    std::string config = "configs/deepseek_v32.json";
+    std::vector<int64_t> seq_lens{8192}, ranks{2, 4, 8};
+    int64_t batch = 1;
+  };
+  auto co = std::make_shared<CpOpts>();
+  CLI::App* cpt = bench->add_subcommand(
+      "cp-traffic",
+      "Bytes one rank sends per MLA layer under context parallelism, per mode, as the layer sends\n"
+      "them (mla_cp_traffic; `hmla layer --cp` checks its count against the wire), next to what\n"
+      "gathering per-head K/V instead would send. JSON lines; f32 activations (CPU path).");
+  cpt->add_option("--config", co->config, "HF config.json of the geometry")->capture_default_str();
+  cpt->add_option("--s", co->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
+  cpt->add_option("--cp", co->ranks, "context-parallel ranks")->delimiter(',')->capture_default_str();
+  cpt->add_option("--batch", co->batch, "rows per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  cpt->callback([co] {
+    const ModelConfig cfg = load_model_config(co->config);
+    const int64_t H = cfg.num_attention_heads, Dqk = cfg.qk_head_dim(), Dv = cfg.v_head_dim;
+    for (int64_t s : co->seq_lens)
+      for (int64_t R : co->ranks) {
+        HMLA_CHECK(R >= 1 && s % R == 0, ConfigError, "--cp ", R, " must divide --s ", s);
+        for (LayerMode mode : {LayerMode::mha, LayerMode::mqa_full_causal, LayerMode::dsa_warmup, LayerMode::dsa_sparse}) {
+          const bool backbone = mode != LayerMode::dsa_warmup;  // warmup trains the indexer only
+          const CpTraffic t = mla_cp_traffic(cfg, mode, co->batch, s, R, backbone);
+          const int64_t per_head_kv = co->batch * (s / R) * (R - 1) * int64_t(sizeof(float)) * H * (Dqk + Dv);
+          std::cout << nlohmann::ordered_json{{"bench", "cp-traffic"}, {"config", co->config}, {"mode", mode_name(mode)},
+                                      {"b", co->batch}, {"s", s}, {"cp", R}, {"backbone_backward", backbone},
+                                      {"fwd_bytes", t.forward}, {"bwd_bytes", t.backward},
+                                      {"total_bytes", t.forward + t.backward},
+                                      {"per_head_kv_fwd_bytes", per_head_kv}}
+                           .dump()
+                    << "\n";
+        }
+      }
   });
 }
 
