@@ -15,7 +15,7 @@ namespace hmla::app {
 
 void add_layer_command(CLI::App& app) {
   struct Opts {
-    std::string config, mode, weights, inputs, out, settings;
+    std::string config, mode, weights, inputs, out, settings, cp_split = "contiguous";
     int64_t layer = 0, cp = 1;
     bool train_indexer_only = false;
   };
@@ -40,7 +40,9 @@ void add_layer_command(CLI::App& app) {
                   "context-parallel ranks (run under mpirun -np CP): rank r computes rows [r*s/CP, (r+1)*s/CP);\n"
                   "rank 0 gathers and writes the same OUT as one rank, and prints each rank's bytes sent")
       ->capture_default_str();
+  cmd->add_option("--cp-split", o->cp_split, "how the rows are split (only contiguous)")->capture_default_str();
   cmd->callback([o] {
+    check_cp_split(o->cp_split);
     ModelConfig cfg = load_model_config(o->config);
     if (!o->mode.empty()) set_all_modes(cfg, parse_mode(o->mode, "--mode"));
     HMLA_CHECK(o->layer >= 0 && o->layer < cfg.num_hidden_layers, ConfigError, "--layer ", o->layer,

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "hmla/dist/cp.h"
 #include "hmla/train/data.h"
 #include "hmla/train/trainer.h"
 
@@ -24,7 +25,11 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--cp", o->t.cp, "context-parallel ranks per replica (under mpirun -np CP * DP): each\n"
                                      "group of CP consecutive ranks splits every sequence by rows; the\n"
                                      "DP groups are data parallel")->capture_default_str();
-  train->callback([o] { run_programme(load_programme(o->programme), o->t, std::cout); });
+  train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")->capture_default_str();
+  train->callback([o] {
+    check_cp_split(o->t.cp_split);
+    run_programme(load_programme(o->programme), o->t, std::cout);
+  });
 
   struct PrepOpts {
     std::vector<std::string> files;

@@ -4,6 +4,12 @@
 
 namespace hmla {
 
+void check_cp_split(const std::string& split) {
+  HMLA_CHECK(split == "contiguous", ConfigError, "--cp-split ", split,
+             ": context parallelism splits sequences contiguously (rank r owns rows [r*s/R, (r+1)*s/R)); "
+             "no other split is implemented");
+}
+
 RowShard row_shard(const Comm& cp, int64_t s) {
   const int64_t R = cp.size();
   HMLA_CHECK(s % R == 0, ConfigError, "context parallelism: ", R, " ranks must divide the sequence length ", s);

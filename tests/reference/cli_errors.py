@@ -52,6 +52,10 @@ def main():
         ("missing config", [a.hmla, "layer", "--config", p("nope.json")] + layer[4:], "nope.json"),
         ("attention without inputs", [a.hmla, "attention", "--inputs", p("nope.safetensors"), "--out", p("out.safetensors")], "cannot open"),
         ("bench kv heads", [a.hmla, "bench", "attention", "--heads", "4", "--kv-heads", "3"], "must divide"),
+        ("--cp without its ranks", layer + ["--cp", "2"], "--cp 2 needs exactly 2 ranks"),
+        ("--cp-split zigzag", layer + ["--cp-split", "zigzag"], "no other split is implemented"),
+        ("cp-traffic with --cp not dividing s", [a.hmla, "bench", "cp-traffic", "--config", p("config.json"),
+                                                  "--s", "10", "--cp", "3"], "must divide"),
     ]
     ok = True
     for name, cmd, needle in cases:

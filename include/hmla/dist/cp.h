@@ -4,6 +4,7 @@
 // With one rank every function is the identity (no copy).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "hmla/core/tensor.h"
 #include "hmla/dist/comm.h"
@@ -15,6 +16,10 @@ struct RowShard {
   int64_t row0 = 0;  // global position of this rank's first row
   int64_t rows = 0;  // this rank's rows
 };
+
+// The split a user asked for (--cp-split): only "contiguous" exists; anything else (zigzag,
+// striped, ...) is a ConfigError naming it.
+void check_cp_split(const std::string& split);
 
 // This rank's shard of s rows; R not dividing s is a ConfigError.
 RowShard row_shard(const Comm& cp, int64_t s);

@@ -14,6 +14,7 @@ struct TrainOptions {
   std::string out_dir = "runs/latest";
   bool resume = false;  // continue from out_dir/checkpoints/latest
   int cp = 1;           // context-parallel ranks; the rest of the world is data parallel
+  std::string cp_split = "contiguous";  // the only split (check_cp_split)
 };
 
 // Thrown when SIGINT stopped the run; the last complete checkpoint is intact.
