@@ -1,33 +1,95 @@
-// CUDA device plumbing: the device allocator (cudaMalloc behind the same live/peak counters as
-// the CPU one) and the cross-device copy hook used by Tensor::copy_from.
+// CUDA device plumbing: the caching device allocator (behind the same live/peak counters as the
+// CPU one), the cross-device copy hook used by Tensor::copy_from, and the RAII stream and
+// cuBLASLt handle of runtime.h.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <map>
+#include <mutex>
 #include <new>
 #include <string>
 
 #include "hmla/core/allocator.h"
 #include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
+#include "runtime.h"
 
 namespace hmla {
 
 extern void (*g_device_copy)(void* dst, Device dd, const void* src, Device sd, size_t bytes);
 
-namespace {
+namespace cuda {
 
-void check_cuda(cudaError_t e, const char* what) {
-  HMLA_CHECK(e == cudaSuccess, Error, what, ": ", cudaGetErrorString(e));
+void check_launch(const char* kernel) {
+  check(cudaGetLastError(), kernel);
+  static const bool sync = [] {
+    const char* v = std::getenv("HMLA_CUDA_SYNC_CHECK");
+    return v && v[0] == '1';
+  }();
+  if (sync) check(cudaStreamSynchronize(current_stream().get()), kernel);
 }
 
+Stream& current_stream() {
+  thread_local Stream s;
+  return s;
+}
+
+BlasLt& blaslt() {
+  thread_local BlasLt h;
+  return h;
+}
+
+}  // namespace cuda
+
+namespace {
+
+using cuda::check;
+void check_cuda(cudaError_t e, const char* what) { check(e, what); }
+
+// Freed blocks are kept by size and handed out again (a training step allocates the same sizes
+// every step), so steady-state steps call cudaMalloc not at all. A request takes the smallest
+// cached block of at least its (512-byte rounded) size and at most twice it; when cudaMalloc
+// fails, the cache is released and the call retried once. The base class counts requested bytes.
 class CudaAllocator final : public Allocator {
  protected:
   void* raw_allocate(size_t bytes) override {
-    void* p = nullptr;
     if (bytes == 0) return nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) throw std::bad_alloc();
+    const size_t size = (bytes + 511) / 512 * 512;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.lower_bound(size);
+    if (it != free_.end() && it->first <= 2 * size) {
+      void* p = it->second;
+      free_.erase(it);
+      return p;
+    }
+    void* p = nullptr;
+    if (cudaMalloc(&p, size) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky allocation error
+      release_locked();
+      if (cudaMalloc(&p, size) != cudaSuccess) {
+        cudaGetLastError();
+        throw std::bad_alloc();
+      }
+    }
+    sizes_[p] = size;
     return p;
   }
-  void raw_deallocate(void* p, size_t) override { cudaFree(p); }
+  void raw_deallocate(void* p, size_t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace(sizes_.at(p), p);
+  }
+
+ private:
+  void release_locked() {
+    for (auto& [size, p] : free_) {
+      cudaFree(p);
+      sizes_.erase(p);
+    }
+    free_.clear();
+  }
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // cached blocks by size
+  std::map<void*, size_t> sizes_;      // every block this allocator made, by address
 };
 
 void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {

@@ -76,20 +76,51 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   p.v = in.v.raw_data();
   p.v_bstride = in.v.stride(0), p.v_rstride = in.v.stride(1), p.v_hstride = in.v.stride(2);
   p.doc_start = in.layout->doc_start.data<int32_t>();
+  p.doc_end = in.layout->doc_end.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
   return p;
 }
 
-void dispatch_fwd(const AttnDenseInputs& in, const AttnDenseParams& p) {
-  HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ",
-             dtype_name(in.q.dtype()), " on ", device_name(in.q.device()));
-  cpu::attn_dense_fwd(p);
+void check_supported(const AttnDenseInputs& in) {
+  HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ", dtype_name(in.q.dtype()), " on ",
+             device_name(in.q.device()), " with Dqk = ", in.q.size(3), ", Dv = ", in.v.size(3),
+             " (the CPU runs f32; CUDA builds run bf16 with Dqk % 16 == 0 and Dv % 8 == 0)");
+}
+
+// The layout lives on the CPU; a GPU kernel reads its device copy.
+struct LayoutOnDevice {
+  Tensor doc_start, doc_end;
+  LayoutOnDevice(const DocLayout& l, Device d, AttnDenseParams& p) {
+    if (d == Device::cpu) return;
+    doc_start = l.doc_start.to(d);
+    doc_end = l.doc_end.to(d);
+    p.doc_start = doc_start.data<int32_t>();
+    p.doc_end = doc_end.data<int32_t>();
+  }
+};
+
+void run(const AttnDenseInputs& in, AttnDenseParams p, bool backward) {
+  check_supported(in);
+  const Device dev = in.q.device();
+  LayoutOnDevice on_device(*in.layout, dev, p);
+  if (dev == Device::cpu) {
+    backward ? cpu::attn_dense_bwd(p) : cpu::attn_dense_fwd(p);
+    return;
+  }
+#ifdef HMLA_HAVE_CUDA
+  backward ? cuda::attn_dense_bwd(p) : cuda::attn_dense_fwd(p);
+#endif
 }
 
 }  // namespace
 
 bool attn_dense_supports(const AttnDenseInputs& in) {
-  return in.q.device() == Device::cpu && in.q.dtype() == DType::f32;
+  if (in.q.device() == Device::cpu) return in.q.dtype() == DType::f32;
+#ifdef HMLA_HAVE_CUDA
+  return in.q.dtype() == DType::bf16 && in.q.size(3) % 16 == 0 && in.v.size(3) % 8 == 0;
+#else
+  return false;
+#endif
 }
 
 void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
@@ -98,7 +129,7 @@ void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
   check_out(saved.lse, "lse", {p.b, p.H, p.sq}, DType::f32, in.q.device());
   p.out = saved.out.raw_data();
   p.lse = saved.lse.data<float>();
-  dispatch_fwd(in, p);
+  run(in, p, false);
 }
 
 AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in) {
@@ -130,9 +161,7 @@ void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, cons
   p.dk = g.dk.raw_data();
   p.dv = g.dv.raw_data();
   p.dsink = in.sink.defined() ? g.dsink.data<float>() : nullptr;
-  HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ",
-             dtype_name(in.q.dtype()), " on ", device_name(dev));
-  cpu::attn_dense_bwd(p);
+  run(in, p, true);
 }
 
 AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,

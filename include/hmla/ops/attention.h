@@ -32,6 +32,7 @@ struct AttnDenseParams {
   const void* v = nullptr;  // [b, s, Hkv, Dv]
   int64_t v_bstride = 0, v_rstride = 0, v_hstride = 0;
   const int32_t* doc_start = nullptr;  // [b, s]
+  const int32_t* doc_end = nullptr;    // [b, s] exclusive (the GPU backward's query range per key)
   const float* sink = nullptr;         // [H] or null
   void* out = nullptr;                 // [b, sq, H, Dv] contiguous
   float* lse = nullptr;                // [b, H, sq] contiguous, f32
@@ -63,7 +64,8 @@ struct AttnDenseGrads {
   Tensor dsink;       // [H] f32, defined iff the inputs have a sink
 };
 
-// Whether a backend implements the op for these inputs (dtype and device).
+// Whether a backend implements the op for these inputs: f32 on the CPU; bf16 on CUDA (in a CUDA
+// build) with Dqk a multiple of 16 and Dv of 8.
 bool attn_dense_supports(const AttnDenseInputs& in);
 
 // Into preallocated tensors (validated) ...
@@ -76,9 +78,13 @@ AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& s
                               const Tensor& dout);
 
 // Backend kernels (same params struct); called by the entry points after validation.
-namespace cpu {
+namespace cpu {  // f32
 void attn_dense_fwd(const AttnDenseParams& p);
 void attn_dense_bwd(const AttnDenseParams& p);
 }  // namespace cpu
+namespace cuda {  // bf16 on the GPU (builds with the CUDA backend); Dqk % 16 == 0, Dv % 8 == 0
+void attn_dense_fwd(const AttnDenseParams& p);
+void attn_dense_bwd(const AttnDenseParams& p);
+}  // namespace cuda
 
 }  // namespace hmla

@@ -1,0 +1,58 @@
+// Shared by the CUDA dense attention kernels: tile traits, the per-document mask and the key range
+// of a block of query rows. Letters as in hmla/ops/attention.h; t is a query's global position
+// (q_row0 + local row), j a key's.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "hmla/ops/attention.h"
+
+namespace hmla::cuda {
+
+// Tiles of the portable (mma.sync, sm_80+) kernels. A block is kWarps warps of 16 query (or key)
+// rows each; key (query) tiles of kBk; output columns in chunks of kDvChunk (forward) / kChunk
+// (backward) so that accumulators stay in registers at any head width (576/512 included). The
+// large head widths (Dqk > 256) take half the rows and keys so that the backward's tiles fit
+// the 163 KB of shared memory of an A100 as well as Hopper's 227 KB.
+template <bool kWide>
+struct AttnCudaTraits {
+  static constexpr int kWarps = kWide ? 2 : 4;
+  static constexpr int kRows = 16 * kWarps;   // query rows (forward, dQ) or keys (dK/dV) per block
+  static constexpr int kBk = kWide ? 32 : 64;  // keys (forward, dQ) or queries (dK/dV) per tile
+  static constexpr int kDvChunk = 128;         // forward output columns per block
+  static constexpr int kChunk = 64;            // backward gradient columns per block
+  static constexpr int kPad = 8;               // bf16 padding per shared row: 16 bytes, no bank conflicts
+  static_assert(kBk % 16 == 0 && kDvChunk % 8 == 0 && kChunk % 8 == 0, "mma tiles are 16 x 8 x 16");
+};
+
+inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv > 256; }
+
+// Allowed: doc_start[t] <= j <= t (padding rows have doc_start = t + 1, so nothing).
+__device__ __forceinline__ bool allowed(int ds_t, int64_t t, int64_t j) { return ds_t <= j && j <= t; }
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__host__ __device__ inline const __nv_bfloat16* bf(const void* p) { return static_cast<const __nv_bfloat16*>(p); }
+__host__ __device__ inline __nv_bfloat16* bf(void* p) { return static_cast<__nv_bfloat16*>(p); }
+
+// Which row sets allow 16-byte loads (every row start 8-element aligned); decided on the host.
+struct VecFlags {
+  bool q, k, v, o;  // q, k, v, and the contiguous out/dout
+};
+
+inline bool rows_aligned(const void* base, int64_t rstride, int64_t bstride, int64_t hstride, int64_t width) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && rstride % 8 == 0 && bstride % 8 == 0 && hstride % 8 == 0 &&
+         width % 8 == 0;
+}
+
+inline VecFlags vec_flags(const AttnDenseParams& p) {
+  return {rows_aligned(p.q, p.q_rstride, p.q_bstride, p.q_hstride, p.Dqk),
+          rows_aligned(p.k, p.k_rstride, p.k_bstride, p.k_hstride, p.Dqk),
+          rows_aligned(p.v, p.v_rstride, p.v_bstride, p.v_hstride, p.Dv),
+          rows_aligned(p.out ? p.out : p.dout, p.H * p.Dv, 0, p.Dv, p.Dv) &&
+              (!p.dout || reinterpret_cast<uintptr_t>(p.dout) % 16 == 0)};
+}
+
+}  // namespace hmla::cuda

@@ -1,0 +1,180 @@
+// Dense per-document causal attention forward on the GPU, bf16 in and out, f32 accumulation and
+// lse: FlashAttention-2's scheme on mma.sync (portable to sm_80+; Hopper runs it too). A block
+// owns kRows query rows of one (batch row, head) and one chunk of <= 128 output columns; it walks
+// only the key range of its rows' documents (tile skipping), masking per element. Each warp keeps
+// 16 rows' running max / sum and output in registers; P never leaves them. Wide heads (576/512)
+// split the output columns over blocks, each recomputing the scores: simple, and a cost the
+// sm_90a kernel will remove. Deterministic: no atomics, fixed order.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+
+#include "attn_dense.cuh"
+#include "mma.cuh"
+#include "runtime.h"
+
+namespace hmla::cuda {
+
+namespace {
+
+template <bool kWide>
+__global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
+    attn_dense_fwd_kernel(const AttnDenseParams p, int nchunks, VecFlags vec) {
+  using T = AttnCudaTraits<kWide>;
+  constexpr int kNt = T::kBk / 8, kDt = T::kDvChunk / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int ldq = p.Dqk + T::kPad, ldvt = T::kBk + T::kPad;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
+  __nv_bfloat16* Ks = Qs + T::kRows * ldq;                       // [kBk, Dqk]
+  __nv_bfloat16* Vt = Ks + T::kBk * ldq;                         // [kDvChunk, kBk] (V transposed)
+  __shared__ int range[2];
+
+  const int tiles = (p.sq + T::kRows - 1) / T::kRows;
+  const int tile = tiles - 1 - blockIdx.x;  // longest key ranges first
+  const int h = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks, b = blockIdx.z;
+  const int hk = h / (p.H / p.Hkv);
+  const int dv0 = chunk * T::kDvChunk, dvn = min(T::kDvChunk, int(p.Dv) - dv0);
+  const int lr0 = tile * T::kRows;                        // first local row of the block
+  const int nrows = min(T::kRows, int(p.sq) - lr0);
+  const int32_t* ds = p.doc_start + int64_t(b) * p.s;
+
+  // The block's key range: the union of its rows' [doc_start, t].
+  if (threadIdx.x == 0) range[0] = INT32_MAX, range[1] = -1;
+  __syncthreads();
+  if (threadIdx.x < nrows) {
+    const int64_t t = p.q_row0 + lr0 + threadIdx.x;
+    if (ds[t] <= t) {
+      atomicMin(&range[0], ds[t]);
+      atomicMax(&range[1], int(t));
+    }
+  }
+  const __nv_bfloat16* q = bf(p.q) + b * p.q_bstride + int64_t(lr0) * p.q_rstride + h * p.q_hstride;
+  load_tile(Qs, ldq, q, p.q_rstride, T::kRows, nrows, p.Dqk, vec.q);
+  __syncthreads();
+  const int jmin = range[0], jmax = range[1];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int rA = warp * 16 + g, rB = rA + 8;  // this thread's two rows (block-local)
+  const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
+  const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
+  const float c2 = p.scale * kLog2e;  // scores in log2 units
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  float o[kDt][4];
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+
+  const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
+  const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride + dv0;
+  for (int j0 = jmin; j0 <= jmax; j0 += T::kBk) {
+    const int nk = min(T::kBk, jmax + 1 - j0);
+    __syncthreads();  // the previous tile's readers are done
+    load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
+    load_tile_t(Vt, ldvt, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, dvn);
+    __syncthreads();
+
+    float s[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
+      uint32_t a[4];
+      load_a(a, Qs, ldq, warp * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        uint32_t bb[2];
+        load_b(bb, Ks, ldq, nt * 8, k0, lane);
+        mma_bf16_16816(s[nt], a, bb);
+      }
+    }
+    // Mask, then the online softmax in log2 units.
+    float mxA = -INFINITY, mxB = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = j0 + nt * 8 + 2 * c + (e & 1);
+        const bool ok = e < 2 ? allowed(dsA, tA, j) : allowed(dsB, tB, j);
+        s[nt][e] = ok ? s[nt][e] * c2 : -INFINITY;
+        if (e < 2) mxA = fmaxf(mxA, s[nt][e]);
+        else mxB = fmaxf(mxB, s[nt][e]);
+      }
+    const float nmA = fmaxf(mA, quad_max(mxA)), nmB = fmaxf(mB, quad_max(mxB));
+    const float baseA = nmA == -INFINITY ? 0.f : nmA, baseB = nmB == -INFINITY ? 0.f : nmB;
+    const float alA = exp2f(mA - baseA), alB = exp2f(mB - baseB);  // 0 while nothing was allowed
+    mA = nmA, mB = nmB;
+    lA *= alA, lB *= alB;
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - baseA), s[nt][1] = exp2f(s[nt][1] - baseA);
+      s[nt][2] = exp2f(s[nt][2] - baseB), s[nt][3] = exp2f(s[nt][3] - baseB);
+      lA += s[nt][0] + s[nt][1];
+      lB += s[nt][2] + s[nt][3];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) o[dt][0] *= alA, o[dt][1] *= alA, o[dt][2] *= alB, o[dt][3] *= alB;
+    // O += P V over this tile's keys: P stays in registers as the A operand.
+#pragma unroll
+    for (int kt = 0; kt < kNt / 2; ++kt) {
+      uint32_t a[4];
+      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        if (dt * 8 >= dvn) break;
+        uint32_t bb[2];
+        load_b(bb, Vt, ldvt, dt * 8, kt * 16, lane);
+        mma_bf16_16816(o[dt], a, bb);
+      }
+    }
+  }
+
+  // Finish: out = O / (l + exp(sink - m)), lse = ln(l + ...) + m; empty rows 0 and +inf.
+  lA = quad_sum(lA), lB = quad_sum(lB);
+  const float sink2 = p.sink ? p.sink[h] * kLog2e : 0.f;
+  float invA = 0.f, invB = 0.f, lseA = INFINITY, lseB = INFINITY;
+  if (lA > 0.f) {
+    const float den = lA + (p.sink ? exp2f(sink2 - mA) : 0.f);
+    invA = 1.f / den, lseA = (mA + log2f(den)) * kLn2;
+  }
+  if (lB > 0.f) {
+    const float den = lB + (p.sink ? exp2f(sink2 - mB) : 0.f);
+    invB = 1.f / den, lseB = (mB + log2f(den)) * kLn2;
+  }
+  __nv_bfloat16* out = bf(p.out);
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) {
+    const int col = dv0 + dt * 8 + 2 * c;
+    if (dt * 8 >= dvn) break;
+    if (rA < nrows)
+      *reinterpret_cast<uint32_t*>(out + ((int64_t(b) * p.sq + lr0 + rA) * p.H + h) * p.Dv + col) =
+          pack_bf16(o[dt][0] * invA, o[dt][1] * invA);
+    if (rB < nrows)
+      *reinterpret_cast<uint32_t*>(out + ((int64_t(b) * p.sq + lr0 + rB) * p.H + h) * p.Dv + col) =
+          pack_bf16(o[dt][2] * invB, o[dt][3] * invB);
+  }
+  if (chunk == 0 && c == 0) {
+    if (rA < nrows) p.lse[(int64_t(b) * p.H + h) * p.sq + lr0 + rA] = lseA;
+    if (rB < nrows) p.lse[(int64_t(b) * p.H + h) * p.sq + lr0 + rB] = lseB;
+  }
+}
+
+template <bool kWide>
+void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
+  using T = AttnCudaTraits<kWide>;
+  const int nchunks = int((p.Dv + T::kDvChunk - 1) / T::kDvChunk);
+  const size_t smem = sizeof(__nv_bfloat16) * ((T::kRows + T::kBk) * (p.Dqk + T::kPad) +
+                                               T::kDvChunk * (T::kBk + T::kPad));
+  check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "attn_dense_fwd: shared memory");
+  dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
+  attn_dense_fwd_kernel<kWide><<<grid, 32 * T::kWarps, smem, current_stream().get()>>>(p, nchunks, vec);
+  check_launch("attn_dense_fwd");
+}
+
+}  // namespace
+
+void attn_dense_fwd(const AttnDenseParams& p) {
+  if (p.sq == 0) return;
+  if (attn_is_wide(p)) launch_fwd<true>(p, vec_flags(p));
+  else launch_fwd<false>(p, vec_flags(p));
+}
+
+}  // namespace hmla::cuda

@@ -1,0 +1,101 @@
+// Tensor-core building blocks for sm_80 and later (Ampere's mma.sync, which Hopper runs too): the
+// bf16 m16n8k16 product with f32 accumulation, its fragment layouts, and shared-memory tile
+// loads. Fragment layout (PTX ISA, "mma.m16n8k16", g = lane / 4, c = lane % 4):
+//   A (16 x 16, row major): a0 = A[g][2c, 2c+1], a1 = A[g+8][2c, 2c+1], a2 = A[g][2c+8, 2c+9],
+//                           a3 = A[g+8][2c+8, 2c+9]
+//   B (16 x 8, k x n):      b0 = B[2c, 2c+1][g], b1 = B[2c+8, 2c+9][g]
+//   C (16 x 8, f32):        c0, c1 = C[g][2c, 2c+1], c2, c3 = C[g+8][2c, 2c+1]
+// Each 32-bit register holds two bf16, the smaller column (or k) index in the low half. So a B
+// operand whose k runs along a row of shared memory (K in Q K^T) loads as one 32-bit word, and
+// an accumulator tile C turns into the A operand of the next product without leaving registers.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace hmla::cuda {
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t ld32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// A fragment of rows [r0, r0 + 16), columns [k0, k0 + 16) of a row-major shared tile.
+__device__ __forceinline__ void load_a(uint32_t a[4], const __nv_bfloat16* s, int ld, int r0, int k0, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  a[0] = ld32(s + (r0 + g) * ld + k0 + 2 * c);
+  a[1] = ld32(s + (r0 + g + 8) * ld + k0 + 2 * c);
+  a[2] = ld32(s + (r0 + g) * ld + k0 + 8 + 2 * c);
+  a[3] = ld32(s + (r0 + g + 8) * ld + k0 + 8 + 2 * c);
+}
+
+// B fragment (k in [k0, k0 + 16), n in [n0, n0 + 8)) from a shared tile holding B^T row major,
+// i.e. row n of the tile is column n of B (K rows for Q K^T, V rows for dO V^T, transposed tiles).
+__device__ __forceinline__ void load_b(uint32_t b[2], const __nv_bfloat16* s, int ld, int n0, int k0, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  b[0] = ld32(s + (n0 + g) * ld + k0 + 2 * c);
+  b[1] = ld32(s + (n0 + g) * ld + k0 + 8 + 2 * c);
+}
+
+// The A fragment for k-block kt of a product whose A is a 16 x N accumulator tile held as N / 8
+// C fragments (p[2 kt] and p[2 kt + 1]), rounded to bf16.
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const float hi[4]) {
+  a[0] = pack_bf16(lo[0], lo[1]);
+  a[1] = pack_bf16(lo[2], lo[3]);
+  a[2] = pack_bf16(hi[0], hi[1]);
+  a[3] = pack_bf16(hi[2], hi[3]);
+}
+
+// Rows [0, nrows) of a [rows, ncols] bf16 tile into shared memory (row stride ld), reading global
+// row r at g + r * rstride; rows >= valid are zero. 16-byte accesses when `vec` (ncols, rstride
+// and g 8-element aligned), else element by element. All threads of the block take part.
+__device__ inline void load_tile(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
+                                 int valid, int ncols, bool vec) {
+  const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  if (vec) {
+    const int per_row = ncols / 8;
+    for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
+      const int r = i / per_row, c = (i % per_row) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < valid) v = *reinterpret_cast<const uint4*>(g + r * rstride + c);
+      *reinterpret_cast<uint4*>(s + r * ld + c) = v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
+      const int r = i / ncols, c = i % ncols;
+      s[r * ld + c] = r < valid ? g[r * rstride + c] : zero;
+    }
+  }
+}
+
+// The transpose of columns [0, ncols) of such a tile: s[c * ld + r] = g[r][c]; rows >= valid are 0.
+__device__ inline void load_tile_t(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
+                                   int valid, int ncols) {
+  const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
+    const int r = i % nrows, c = i / nrows;  // consecutive threads walk rows: conflict-free stores
+    s[c * ld + r] = r < valid ? g[r * rstride + c] : zero;
+  }
+}
+
+// Max and sum over the 4 lanes of a quad (the lanes sharing g, i.e. one accumulator row).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+}  // namespace hmla::cuda

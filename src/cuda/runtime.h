@@ -1,0 +1,53 @@
+// CUDA runtime types the backend owns through RAII: a stream and a cuBLASLt handle, plus the
+// error check every CUDA call goes through. Kernels launch on hmla's current stream.
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "hmla/core/error.h"
+
+namespace hmla::cuda {
+
+inline void check(cudaError_t e, const char* what) {
+  HMLA_CHECK(e == cudaSuccess, Error, what, ": ", cudaGetErrorString(e));
+}
+inline void check(cublasStatus_t s, const char* what) {
+  HMLA_CHECK(s == CUBLAS_STATUS_SUCCESS, Error, what, ": cuBLAS status ", int(s));
+}
+// After a launch: the launch error now, and (with HMLA_CUDA_SYNC_CHECK=1) the kernel's own.
+void check_launch(const char* kernel);
+
+class Stream {
+ public:
+  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  ~Stream() {
+    if (s_) cudaStreamDestroy(s_);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+  void sync() const { check(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class BlasLt {
+ public:
+  BlasLt() { check(cublasLtCreate(&h_), "cublasLtCreate"); }
+  ~BlasLt() {
+    if (h_) cublasLtDestroy(h_);
+  }
+  BlasLt(const BlasLt&) = delete;
+  BlasLt& operator=(const BlasLt&) = delete;
+  cublasLtHandle_t get() const { return h_; }
+
+ private:
+  cublasLtHandle_t h_ = nullptr;
+};
+
+// The stream and cuBLASLt handle of this thread's device work (created on first use).
+Stream& current_stream();
+BlasLt& blaslt();
+
+}  // namespace hmla::cuda

@@ -1,0 +1,63 @@
+// The CUDA dense attention against the CPU references, and its benchmark: shared by the gtest
+// suite (label gpu, skipped without a device) and hmla_cuda_check, the dependency-free binary
+// scripts/device-check builds and runs on a GPU machine.
+//
+// Correctness rule (STYLE.md, in bf16): on the same bf16 inputs, the kernel's max error against the
+// float64 oracle is at most twice the error of a naive bf16 implementation (scores, P, dP, dS and
+// every output rounded to bf16, f32 sums: what a framework's math path does) plus the kernel's own
+// final rounding: 2^-8 of the largest reference value for bf16 outputs, 8 f32 ulps for f32 ones.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "hmla/core/allocator.h"
+
+namespace hmla::cuda_check {
+
+struct Case {
+  std::string name;
+  int64_t b, s, H, Hkv, Dqk, Dv;
+  std::vector<std::vector<int64_t>> cu;  // cu_seqlens per row; empty: one causal document per row
+  bool sink = false;
+  bool v_from_k = false;   // v = the first Dv channels of k (latent MQA)
+  int64_t q_row0 = -1;     // >= 0: query rows [q_row0, s) only (a context-parallel shard)
+  float kernel_scale_factor = 1.f;  // != 1 only in the harness's self-test: a wrong kernel must fail
+};
+inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::vector<Case> cases();
+
+struct TensorErr {
+  std::string name;
+  double err = 0, naive_err = 0, bound = 0, max_ref = 0, vs_cpu = 0;
+  bool ok = false;
+};
+
+struct CaseResult {
+  std::string name;
+  std::vector<TensorErr> tensors;
+  bool deterministic = false;  // a second run gives the same bits
+  bool ok = false;
+  std::string json() const;
+};
+
+bool device_available();
+// Runs the case on `dev`: the bf16 GPU kernels on Device::cuda; on Device::cpu the f32 CPU kernels
+// on the same bf16-valued inputs (what the harness's own tests check the rule with).
+CaseResult check_case(const Case& c, uint64_t seed, Device dev = Device::cuda);
+
+struct BenchShape {
+  int64_t s, H, Dqk, Dv, docs;
+};
+struct BenchResult {
+  BenchShape shape;
+  double fwd_ms = 0, fwdbwd_ms = 0, fwd_tflops = 0, fwdbwd_tflops = 0;
+  int64_t peak_bytes = 0;
+  std::string json() const;
+};
+// Medians of `reps` timed runs after a warm-up, with CUDA events on hmla's stream.
+BenchResult bench(const BenchShape& shape, int reps);
+
+}  // namespace hmla::cuda_check

@@ -1,0 +1,48 @@
+// hmla_cuda_check: the CUDA backend's device check without any library beyond the CUDA toolkit
+// (scripts/device-check builds and runs it on a GPU machine).
+//   hmla_cuda_check --check        every case against the CPU references; exit 1 on a failure
+//   hmla_cuda_check --bench [--reps N]   JSON lines: s = 8192, H = 16, 192/128, 1 and 8 documents
+// Without a device it says so and exits 0 with --allow-no-device (the rehearsal), 2 otherwise.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+
+#include "attn_cuda_check.h"
+
+int main(int argc, char** argv) {
+  using namespace hmla::cuda_check;
+  bool check = false, run_bench = false, allow_no_device = false;
+  int reps = 10;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--check") check = true;
+    else if (a == "--bench") run_bench = true;
+    else if (a == "--allow-no-device") allow_no_device = true;
+    else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else {
+      std::cerr << "usage: hmla_cuda_check [--check] [--bench [--reps N]] [--allow-no-device]\n";
+      return 2;
+    }
+  }
+  if (!device_available()) {
+    std::cout << "{\"check\":\"cuda-attention\",\"device\":null}" << std::endl;
+    return allow_no_device ? 0 : 2;
+  }
+  try {
+    bool ok = true;
+    if (check)
+      for (const Case& c : cases()) {
+        CaseResult r = check_case(c, 42);
+        std::cout << r.json() << std::endl;
+        ok &= r.ok;
+      }
+    if (run_bench)
+      for (int64_t docs : {1, 8}) std::cout << bench({8192, 16, 192, 128, docs}, reps).json() << std::endl;
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hmla_cuda_check: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

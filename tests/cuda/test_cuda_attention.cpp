@@ -1,0 +1,56 @@
+// The CUDA dense attention against the CPU references (attn_cuda_check.h has the rule); skipped
+// without a device. Label gpu.
+#include <gtest/gtest.h>
+
+#include "attn_cuda_check.h"
+#include "hmla/ops/attention.h"
+
+namespace hmla {
+namespace {
+
+class CudaAttention : public ::testing::TestWithParam<cuda_check::Case> {};
+
+TEST_P(CudaAttention, MatchesTheReferencesAndIsDeterministic) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  cuda_check::CaseResult r = cuda_check::check_case(GetParam(), 42);
+  EXPECT_TRUE(r.deterministic) << r.json();
+  for (const auto& e : r.tensors) EXPECT_TRUE(e.ok) << e.name << ": " << r.json();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CudaAttention, ::testing::ValuesIn(cuda_check::cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The harness itself, on the CPU: hmla's f32 kernels pass the bf16 rule on every case (a right
+// kernel passes), and a kernel with a 2% error in its softmax scale fails it (a wrong one fails).
+TEST(CudaCheckHarness, TheRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
+  for (cuda_check::Case c : cuda_check::cases()) {
+    cuda_check::CaseResult good = cuda_check::check_case(c, 7, Device::cpu);
+    EXPECT_TRUE(good.ok) << good.json();
+    c.kernel_scale_factor = 1.02f;
+    cuda_check::CaseResult bad = cuda_check::check_case(c, 7, Device::cpu);
+    EXPECT_FALSE(bad.ok) << bad.json();
+  }
+}
+
+// CPU-side dispatch: what each device supports, and a clear error otherwise.
+TEST(AttentionDispatch, SupportsByDeviceAndDtype) {
+  DocLayout layout = layout_causal(1, 4);
+  AttnDenseInputs in;
+  in.q = Tensor::zeros({1, 4, 1, 16}, DType::bf16);
+  in.k = in.q;
+  in.v = in.q;
+  in.layout = &layout;
+  in.scale = 1.f;
+  EXPECT_FALSE(attn_dense_supports(in));  // bf16 on the CPU
+  EXPECT_THROW(attn_dense_fwd(in), ShapeError);
+  in.q = in.k = in.v = Tensor::zeros({1, 4, 1, 16}, DType::f32);
+  EXPECT_TRUE(attn_dense_supports(in));
+  if (!cuda_check::device_available()) return;
+  in.q = in.k = in.v = Tensor::zeros({1, 4, 1, 16}, DType::bf16, Device::cuda);
+  EXPECT_TRUE(attn_dense_supports(in));
+  in.q = in.k = Tensor::zeros({1, 4, 1, 12}, DType::bf16, Device::cuda);  // Dqk % 16 != 0
+  EXPECT_FALSE(attn_dense_supports(in));
+}
+
+}  // namespace
+}  // namespace hmla
