@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""PyTorch's side of scripts/device-check: dense per-document causal attention forward and
+forward+backward on the GPU in bf16, on exactly the shapes hmla_cuda_check --bench measured
+(s = 8192, H = 16, Dqk/Dv = 192/128; one document, and 8 documents of 1024): cuDNN SDPA where it
+applies (one causal document) and flex attention with a document mask (both layouts). Useful FLOPs
+as hmla counts them (FlashAttention's convention: 2 (Dqk + Dv) per allowed (query, key) pair and
+head forward, 3.5x that forward+backward). Reads hmla's JSON lines and prints one merged line per
+shape. --rehearse checks the script's imports and arithmetic without a GPU."""
+import argparse
+import json
+import sys
+
+
+def allowed_pairs(s, docs):
+    n = s // docs
+    return docs * n * (n + 1) // 2
+
+
+def timed(fn, reps):
+    import torch
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def measure(shape, reps):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    s, H, dqk, dv, docs = shape["s"], shape["H"], shape["dqk"], shape["dv"], shape["docs"]
+    dev = "cuda"
+    torch.manual_seed(0)
+    q = torch.randn(1, H, s, dqk, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, H, s, dqk, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, H, s, dv, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(1, H, s, dv, device=dev, dtype=torch.bfloat16)
+    scale = dqk ** -0.5
+    fwd_flops = 2.0 * allowed_pairs(s, docs) * H * (dqk + dv)
+    res = {}
+
+    def both(f, name):
+        def fwd():
+            with torch.no_grad():
+                f()
+
+        def fwdbwd():
+            f().backward(dout)
+
+        try:
+            res[f"torch_{name}_fwd_tflops"] = fwd_flops / (timed(fwd, reps) * 1e-3) / 1e12
+            res[f"torch_{name}_fwdbwd_tflops"] = 3.5 * fwd_flops / (timed(fwdbwd, reps) * 1e-3) / 1e12
+        except Exception as e:  # a backend that does not take these shapes: say so, keep going
+            res[f"torch_{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+
+    if docs == 1:
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+        both(cudnn, "cudnn")
+    block_mask = create_block_mask(doc_mask(s, docs, dev), 1, 1, s, s, device=dev)
+    flex = torch.compile(flex_attention)
+    both(lambda: flex(q, k, v, block_mask=block_mask, scale=scale), "flex")
+    return res
+
+
+def doc_mask(s, docs, dev):
+    doc = __import__("torch").arange(s, device=dev) // (s // docs)
+    return lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki)
+
+
+def rehearse():
+    """On the CPU, small: the document mask through flex attention equals a masked softmax."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    assert allowed_pairs(8192, 8) == 8 * 1024 * 1025 // 2
+    s, docs, H, dqk, dv = 256, 2, 2, 32, 16
+    q, k = torch.randn(1, H, s, dqk), torch.randn(1, H, s, dqk)
+    v = torch.randn(1, H, s, dv)
+    mask = doc_mask(s, docs, "cpu")
+    got = flex_attention(q, k, v, block_mask=create_block_mask(mask, 1, 1, s, s, device="cpu"), scale=dqk ** -0.5)
+    i = torch.arange(s)
+    allowed = mask(0, 0, i[:, None], i[None, :])
+    want = torch.softmax((q @ k.transpose(-1, -2) * dqk ** -0.5).masked_fill(~allowed, float("-inf")), -1) @ v
+    err = float((got - want).abs().max())
+    print(json.dumps({"rehearse": "torch_attention_bench", "torch": torch.__version__,
+                      "cuda": torch.cuda.is_available(), "flex_doc_mask_max_err": err}))
+    return 0 if err < 1e-4 else 1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--hmla", help="hmla_cuda_check --bench output (JSON lines)")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rehearse", action="store_true")
+    a = ap.parse_args()
+    if a.rehearse:
+        return rehearse()
+    lines = [json.loads(x) for x in open(a.hmla) if x.startswith("{") and '"bench"' in x]
+    if not lines:
+        print("torch_attention_bench: no hmla bench lines in " + a.hmla, file=sys.stderr)
+        return 1
+    for h in lines:
+        t = measure(h, a.reps)
+        merged = {"bench": "cuda-attention", "s": h["s"], "H": h["H"], "dqk": h["dqk"], "dv": h["dv"],
+                  "docs": h["docs"], "hmla_fwd_tflops": h["hmla_fwd_tflops"],
+                  "hmla_fwdbwd_tflops": h["hmla_fwdbwd_tflops"],
+                  "torch_cudnn_fwdbwd_tflops": t.get("torch_cudnn_fwdbwd_tflops"),
+                  "torch_flex_fwdbwd_tflops": t.get("torch_flex_fwdbwd_tflops"), "peak_bytes": h["peak_bytes"]}
+        merged.update({k: v for k, v in t.items() if k not in merged})
+        print(json.dumps(merged))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
