@@ -77,4 +77,21 @@ Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W) {
   return out;
 }
 
+Tensor indexer_select_cpu(const Tensor& scores, const DocLayout& layout, int64_t q0, int64_t K, int64_t W) {
+  const int64_t b = scores.size(0), sq = scores.size(1), s = scores.size(2);
+  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32);
+  const float* I = scores.data<float>();
+  const int32_t* ds = layout.doc_start.data<int32_t>();
+#pragma omp parallel
+  {
+    std::vector<int32_t> cand;
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < b * sq; ++row) {
+      const int64_t t = q0 + row % sq;
+      select_row(I + row * s, 0, ds[(row / sq) * s + t], t, K, W, out.data<int32_t>() + row * (K + W), cand);
+    }
+  }
+  return out;
+}
+
 }  // namespace hmla::cpu

@@ -10,6 +10,7 @@ namespace hmla {
 
 namespace cpu {
 Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W);
+Tensor indexer_select_cpu(const Tensor& scores, const DocLayout& layout, int64_t q0, int64_t K, int64_t W);
 void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res);
 void indexer_kl_sparse_cpu(const IndexerKlInputs& in, IndexerKlResult& res);
 }  // namespace cpu
@@ -23,13 +24,26 @@ void check_f32(const Tensor& t, const char* name, const Shape& want) {
              t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? shape_str(t.shape()) : "");
 }
 
+void check_dev(const Tensor& t, const char* name, const Shape& want, DType dtype, Device dev) {
+  HMLA_CHECK(t.defined() && t.dtype() == dtype && t.device() == dev && t.is_contiguous() && t.shape() == want,
+             ShapeError, "indexer: ", name, " must be a contiguous ", dtype_name(dtype), " ", device_name(dev),
+             " tensor ", shape_str(want), ", got ", t.defined() ? dtype_name(t.dtype()) : "undefined",
+             t.defined() ? shape_str(t.shape()) : "");
+}
+
+// CPU: f32 throughout. CUDA: bf16 qI and kI, f32 w.
 void check_scores(const IndexerScores& sc) {
   HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4 && sc.kI.defined() && sc.kI.dim() == 3, ShapeError,
              "indexer: qI must be [b, sq, HI, DI] and kI [b, s, DI]");
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
-  check_f32(sc.qI, "qI", {b, sq, HI, DI});
-  check_f32(sc.kI, "kI", {b, s, DI});
-  check_f32(sc.w, "w", {b, sq, HI});
+  const Device dev = sc.qI.device();
+  const DType dt = dev == Device::cpu ? DType::f32 : DType::bf16;
+  check_dev(sc.qI, "qI", {b, sq, HI, DI}, dt, dev);
+  check_dev(sc.kI, "kI", {b, s, DI}, dt, dev);
+  check_dev(sc.w, "w", {b, sq, HI}, DType::f32, dev);
+  if (dev == Device::cuda)
+    HMLA_CHECK(HI % 16 == 0 && DI % 16 == 0, ShapeError, "indexer on CUDA: HI = ", HI, " and DI = ", DI,
+               " must be multiples of 16");
   HMLA_CHECK(sc.q_row0 >= 0 && sc.q_row0 + sq <= s, ShapeError, "indexer: query rows [", sc.q_row0, ", ",
              sc.q_row0 + sq, ") are not inside the ", s, " key rows");
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
@@ -63,7 +77,28 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   check_scores(sc);
   HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
   HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
-  return cpu::indexer_topk_cpu(sc, K, W);
+  if (sc.qI.device() == Device::cpu) return cpu::indexer_topk_cpu(sc, K, W);
+#ifdef HMLA_HAVE_CUDA
+  return cuda::indexer_topk(sc, K, W);
+#else
+  throw ShapeError("indexer: CUDA tensors need a CUDA build of hmla");
+#endif
+}
+
+Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W) {
+  HMLA_CHECK(scores.defined() && scores.dim() == 3 && scores.dtype() == DType::f32 && scores.is_contiguous(),
+             ShapeError, "indexer_select: scores must be a contiguous f32 [b, sq, s] tensor");
+  const int64_t b = scores.size(0), sq = scores.size(1), s = scores.size(2);
+  HMLA_CHECK(layout.b == b && layout.s == s && q_row0 >= 0 && q_row0 + sq <= s, LayoutError,
+             "indexer_select: the layout must cover b = ", b, ", s = ", s, " with the rows [", q_row0, ", ",
+             q_row0 + sq, ") inside");
+  HMLA_CHECK(K >= 1 && W >= 0, ShapeError, "indexer_select: K = ", K, " must be >= 1 and W = ", W, " >= 0");
+  if (scores.device() == Device::cpu) return cpu::indexer_select_cpu(scores, layout, q_row0, K, W);
+#ifdef HMLA_HAVE_CUDA
+  return cuda::indexer_select(scores, layout, q_row0, K, W);
+#else
+  throw ShapeError("indexer_select: CUDA tensors need a CUDA build of hmla");
+#endif
 }
 
 IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {

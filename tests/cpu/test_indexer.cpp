@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
 
 #include "attn_dense_ref.h"
 #include "hmla/ops/attention.h"
@@ -119,6 +120,35 @@ TEST(IndexerTopk, ShortRowsWindowsAndPadding) {
   EXPECT_EQ(kept, (std::vector<int32_t>{0, 1}));
   EXPECT_EQ(r3[2], -1);
   EXPECT_THROW(indexer_topk(p.scores(), 0, 0), ShapeError);
+}
+
+// Selection from given scores: the reference's rule exactly, with exact ties (a few score values
+// only), -0.0 next to +0.0, windows, padding and a query-row slice.
+TEST(IndexerSelect, GivenScoresMatchTheReferenceExactly) {
+  const int64_t b = 2, s = 150;
+  DocLayout layout = docs_layout();
+  std::mt19937_64 rng(5);
+  std::vector<float> I(b * s * s);
+  for (float& x : I) {
+    const int v = int(rng() % 7) - 3;  // values in {-3..3} / 4: ties everywhere
+    x = v == 0 ? ((rng() & 1) ? 0.f : -0.f) : float(v) / 4.f;
+  }
+  std::vector<double> Id(I.begin(), I.end());
+  const ref::IndexerDims d{b, s, 1, 1};
+  for (int64_t K : {1, 5, 40, 200})
+    for (int64_t W : {0, 3}) {
+      const auto want = ref::indexer_topk_ref(d, Id, layout.doc_start.to_vector<int32_t>(), K, W);
+      EXPECT_EQ(indexer_select(Tensor::from_vector<float>({b, s, s}, I), layout, 0, K, W).to_vector<int32_t>(), want)
+          << "K " << K << " W " << W;
+      // Rows [60, 150) only: the same rows of the table.
+      std::vector<float> part;
+      for (int64_t r = 0; r < b; ++r) part.insert(part.end(), I.begin() + (r * s + 60) * s, I.begin() + (r + 1) * s * s);
+      std::vector<int32_t> want_part;
+      for (int64_t r = 0; r < b; ++r)
+        want_part.insert(want_part.end(), want.begin() + (r * s + 60) * (K + W), want.begin() + (r + 1) * s * (K + W));
+      EXPECT_EQ(indexer_select(Tensor::from_vector<float>({b, s - 60, s}, part), layout, 60, K, W).to_vector<int32_t>(),
+                want_part);
+    }
 }
 
 // ---- KL --------------------------------------------------------------------------------------

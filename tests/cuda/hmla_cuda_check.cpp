@@ -1,7 +1,8 @@
 // hmla_cuda_check: the CUDA backend's device check without any library beyond the CUDA toolkit
 // (scripts/device-check builds and runs it on a GPU machine).
 //   hmla_cuda_check --check        every case against the CPU references; exit 1 on a failure
-//   hmla_cuda_check --bench [--reps N]   JSON lines: s = 8192, H = 16, 192/128, 1 and 8 documents
+//   hmla_cuda_check --bench [--reps N]   JSON lines: attention (s = 8192, H = 16, 192/128, 1 and 8
+//                                        documents), indexer scores + top-k (s = 8192, 32768)
 // Without a device it says so and exits 0 with --allow-no-device (the rehearsal), 2 otherwise.
 #include <cstdio>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "attn_cuda_check.h"
+#include "indexer_cuda_check.h"
 
 int main(int argc, char** argv) {
   using namespace hmla::cuda_check;
@@ -32,14 +34,23 @@ int main(int argc, char** argv) {
   }
   try {
     bool ok = true;
-    if (check)
+    if (check) {
       for (const Case& c : cases()) {
         CaseResult r = check_case(c, 42);
         std::cout << r.json() << std::endl;
         ok &= r.ok;
       }
-    if (run_bench)
+      for (const IndexerCheck& r : {check_select(300, 64, 0, 0, 1), check_select(300, 16, 5, 100, 2),
+                                    check_select(3000, 2048, 0, 0, 3), check_select(3000, 2048, 64, 1000, 4),
+                                    check_topk(300, 64, 128, 32, 4, 5), check_topk(600, 16, 32, 256, 0, 6)}) {
+        std::cout << r.json() << std::endl;
+        ok &= r.ok;
+      }
+    }
+    if (run_bench) {
       for (int64_t docs : {1, 8}) std::cout << bench({8192, 16, 192, 128, docs}, reps).json() << std::endl;
+      for (int64_t s : {8192, 32768}) std::cout << bench_indexer(s, 64, 128, 2048, reps).json() << std::endl;
+    }
     return ok ? 0 : 1;
   } catch (const std::exception& e) {
     std::cerr << "hmla_cuda_check: error: " << e.what() << std::endl;

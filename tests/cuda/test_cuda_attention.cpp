@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "attn_cuda_check.h"
+#include "indexer_cuda_check.h"
 #include "hmla/ops/attention.h"
 
 namespace hmla {
@@ -20,6 +21,19 @@ TEST_P(CudaAttention, MatchesTheReferencesAndIsDeterministic) {
 INSTANTIATE_TEST_SUITE_P(Table, CudaAttention, ::testing::ValuesIn(cuda_check::cases()),
                          [](const auto& info) { return info.param.name; });
 
+TEST(CudaIndexer, SelectionFromTheSameScoresIsTheCpuTable) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& r : {cuda_check::check_select(300, 64, 0, 0, 1), cuda_check::check_select(300, 16, 5, 100, 2),
+                        cuda_check::check_select(3000, 2048, 0, 0, 3), cuda_check::check_select(3000, 2048, 64, 1000, 4)})
+    EXPECT_TRUE(r.ok) << r.json();
+}
+
+TEST(CudaIndexer, TopkFromBf16InputsMatchesTheReferenceSets) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& r : {cuda_check::check_topk(300, 64, 128, 32, 4, 5), cuda_check::check_topk(600, 16, 32, 256, 0, 6)})
+    EXPECT_TRUE(r.ok) << r.json();
+}
+
 // The harness itself, on the CPU: hmla's f32 kernels pass the bf16 rule on every case (a right
 // kernel passes), and a kernel with a 2% error in its softmax scale fails it (a wrong one fails).
 TEST(CudaCheckHarness, TheRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
@@ -29,6 +43,15 @@ TEST(CudaCheckHarness, TheRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
     c.kernel_scale_factor = 1.02f;
     cuda_check::CaseResult bad = cuda_check::check_case(c, 7, Device::cpu);
     EXPECT_FALSE(bad.ok) << bad.json();
+  }
+}
+
+// The indexer check's set comparison passes hmla's f32 CPU top-k on the same inputs.
+TEST(CudaCheckHarness, TheTopkComparisonAcceptsTheCpuSelection) {
+  for (const auto& r : {cuda_check::check_topk(300, 64, 128, 32, 4, 5, Device::cpu),
+                        cuda_check::check_topk(600, 16, 32, 256, 0, 6, Device::cpu)}) {
+    EXPECT_TRUE(r.ok) << r.json();
+    EXPECT_GT(r.rows_compared, r.rows / 2) << r.json();
   }
 }
 

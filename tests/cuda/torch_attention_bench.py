@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch's side of scripts/device-check: dense per-document causal attention forward and
+"""PyTorch's side of scripts/device-check. The indexer (scores + top-k) against a chunked torch
+version on the shapes hmla measured. Dense per-document causal attention forward and
 forward+backward on the GPU in bf16, on exactly the shapes hmla_cuda_check --bench measured
 (s = 8192, H = 16, Dqk/Dv = 192/128; one document, and 8 documents of 1024): cuDNN SDPA where it
 applies (one causal document) and flex attention with a document mask (both layouts). Useful FLOPs
@@ -74,6 +75,34 @@ def measure(shape, reps):
     return res
 
 
+def indexer_chunked(qI, kI, w, K, chunk):
+    """The chunked PyTorch indexer: per chunk of query rows, relu(qI kI^T) weighted over heads,
+    the causal mask, then torch.topk; the [s, s] scores never exist whole. Returns the last
+    chunk's (values, indices)."""
+    import torch
+    s = kI.shape[0]
+    cols = torch.arange(s, device=kI.device)
+    out = None
+    for r0 in range(0, s, chunk):
+        r1 = min(s, r0 + chunk)
+        sc = torch.relu(torch.einsum("thd,jd->thj", qI[r0:r1], kI)).float()
+        I = torch.einsum("thj,th->tj", sc, w[r0:r1])
+        I = I.masked_fill(cols[None, :] > torch.arange(r0, r1, device=kI.device)[:, None], float("-inf"))
+        out = torch.topk(I, min(K, s), dim=-1)
+    return out
+
+
+def measure_indexer(h, reps):
+    import torch
+    s, HI, DI, K = h["s"], h["HI"], h["DI"], h["K"]
+    torch.manual_seed(0)
+    qI = torch.randn(s, HI, DI, device="cuda", dtype=torch.bfloat16)
+    kI = torch.randn(s, DI, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(s, HI, device="cuda", dtype=torch.float32)
+    chunk = max(1, (1 << 30) // (HI * s * 2))  # about 1 GB of bf16 head scores per chunk
+    return {"torch_chunked_ms": timed(lambda: indexer_chunked(qI, kI, w, K, chunk), reps), "torch_chunk_rows": chunk}
+
+
 def doc_mask(s, docs, dev):
     doc = __import__("torch").arange(s, device=dev) // (s // docs)
     return lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki)
@@ -93,9 +122,16 @@ def rehearse():
     allowed = mask(0, 0, i[:, None], i[None, :])
     want = torch.softmax((q @ k.transpose(-1, -2) * dqk ** -0.5).masked_fill(~allowed, float("-inf")), -1) @ v
     err = float((got - want).abs().max())
+    # The chunked indexer's last chunk against brute force.
+    qI, kI, w = torch.randn(40, 4, 8), torch.randn(40, 8), torch.randn(40, 4)
+    vals, _ = indexer_chunked(qI, kI, w, 5, 16)
+    full = torch.einsum("thj,th->tj", torch.relu(torch.einsum("thd,jd->thj", qI, kI)), w)
+    full = full.masked_fill(torch.arange(40)[None, :] > torch.arange(40)[:, None], float("-inf"))
+    ind_err = float((vals - torch.topk(full[32:], 5, dim=-1).values).abs().max())
     print(json.dumps({"rehearse": "torch_attention_bench", "torch": torch.__version__,
-                      "cuda": torch.cuda.is_available(), "flex_doc_mask_max_err": err}))
-    return 0 if err < 1e-4 else 1
+                      "cuda": torch.cuda.is_available(), "flex_doc_mask_max_err": err,
+                      "chunked_indexer_max_err": ind_err}))
+    return 0 if err < 1e-4 and ind_err < 1e-4 else 1
 
 
 def main():
@@ -110,7 +146,12 @@ def main():
     if not lines:
         print("torch_attention_bench: no hmla bench lines in " + a.hmla, file=sys.stderr)
         return 1
-    for h in lines:
+    for h in (x for x in lines if x["bench"] == "cuda-indexer"):
+        t = measure_indexer(h, a.reps)
+        print(json.dumps({"bench": "cuda-indexer", "s": h["s"], "HI": h["HI"], "DI": h["DI"], "K": h["K"],
+                          "hmla_scores_topk_ms": h["hmla_scores_topk_ms"], **t,
+                          "speedup": t["torch_chunked_ms"] / h["hmla_scores_topk_ms"], "peak_bytes": h["peak_bytes"]}))
+    for h in (x for x in lines if x["bench"] == "cuda-attention"):
         t = measure(h, a.reps)
         merged = {"bench": "cuda-attention", "s": h["s"], "H": h["H"], "dqk": h["dqk"], "dv": h["dv"],
                   "docs": h["docs"], "hmla_fwd_tflops": h["hmla_fwd_tflops"],

@@ -30,7 +30,19 @@ struct IndexerScores {
 };
 
 // The [b, sq, K + W] i32 selection table. Costs O(s * |A|) time, O(threads * s) scratch.
+// CPU: f32 qI, kI, w. CUDA: bf16 qI and kI, f32 w (HI and DI multiples of 16, K <= 2048); the table
+// is on the inputs' device.
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
+
+// The same selection from given scores: scores [b, sq, s] f32, row r holding I(q_row0 + r, j) for
+// every key j (only j in R(t) are read). Both backends return the same table bit for bit on the
+// same scores (ties to the smaller j; -0 equals +0).
+Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
+
+namespace cuda {  // in CUDA builds
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
+Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
+}  // namespace cuda
 
 struct IndexerKlInputs {
   IndexerScores sc;

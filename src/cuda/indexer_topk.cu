@@ -1,0 +1,261 @@
+// The lightning indexer's selection on the GPU (DESIGN.md section 5).
+//
+// Scores: I(t, j) = sum_h w[t, h] relu(qI[t, h] . kI[j]) for j in [doc_start[t], t], bf16 qI/kI
+// and f32 w, on mma.sync. A block is 4 warps = 4 consecutive query rows sharing key tiles of 64;
+// a warp runs its row's HI heads 16 at a time and reduces relu * w over the heads in registers
+// (quad shuffles), so the [HI, keys] products never leave the SM. Rows go through in chunks whose
+// scores fit a workspace of at most kWorkspaceBytes: never the [s, s] matrix at long s.
+//
+// Selection: one block per row, exact. Scores map to order-preserving 32-bit keys (-0 taken as +0,
+// as the CPU's float compare does); four 8-bit radix passes find the K-th largest key T among
+// R(t); the keys above T and the first K - #above keys equal to T in ascending j are kept (ties
+// to the smaller j); a bitonic sort orders them by (score desc, j asc); then the window and -1.
+// Given the same f32 scores this is the CPU's table bit for bit.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "hmla/ops/indexer.h"
+#include "mma.cuh"
+#include "runtime.h"
+
+namespace hmla::cuda {
+
+namespace {
+
+constexpr int kSelThreads = 256;
+constexpr int kMaxK = 2048;                              // the selection's shared sort buffer
+constexpr int64_t kWorkspaceBytes = int64_t(256) << 20;  // scores of one chunk of rows
+constexpr int kRowsPerBlock = 4, kKeyTile = 64, kPad = 8;
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Sorts ascending as (descending score, ascending j).
+__device__ __forceinline__ uint64_t sort_key(uint32_t key, int64_t j) {
+  return (uint64_t(~key) << 32) | uint64_t(uint32_t(j));
+}
+
+// One block per query row. I points at the row's scores (indexed by key position j); out at its
+// [K + W] table row; t is the row's global position, ds its doc_start.
+__global__ void __launch_bounds__(kSelThreads)
+    select_kernel(const float* scores, int64_t ld, int64_t row0, int64_t sq, int64_t q_row0, const int32_t* doc_start,
+                  int64_t s, int K, int W, int32_t* table) {
+  __shared__ uint64_t sel[kMaxK];
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_mask, s_need, s_count, s_taken;
+  __shared__ int warp_counts[kSelThreads / 32];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t row = row0 + blockIdx.x;  // over b * sq
+  const int64_t bb = row / sq, t = q_row0 + row % sq;
+  const float* I = scores + int64_t(blockIdx.x) * ld;
+  int32_t* out = table + row * (K + W);
+  for (int i = tid; i < K + W; i += kSelThreads) out[i] = -1;
+  const int64_t lo = doc_start[bb * s + t];
+  if (lo > t) return;  // padding: all -1
+  const int64_t r_end = lo > t + 1 - W ? lo : t + 1 - W;  // R(t) = [lo, r_end)
+  for (int64_t j = r_end + tid; j <= t; j += kSelThreads) out[K + (j - r_end)] = int32_t(j);
+  const int64_t n = r_end - lo;
+  int m = 0;  // entries of sel
+  if (n <= K) {
+    for (int64_t j = lo + tid; j < r_end; j += kSelThreads) sel[j - lo] = sort_key(order_key(I[j]), j);
+    m = int(n);
+  } else {
+    if (tid == 0) s_prefix = 0, s_mask = 0, s_need = uint32_t(K);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = tid; i < 256; i += kSelThreads) hist[i] = 0;
+      __syncthreads();
+      const uint32_t prefix = s_prefix, mask = s_mask;
+      for (int64_t j = lo + tid; j < r_end; j += kSelThreads) {
+        const uint32_t k = order_key(I[j]);
+        if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+      }
+      __syncthreads();
+      if (tid == 0) {  // the digit holding the need-th largest key, from the top
+        uint32_t above = 0;
+        int d = 255;
+        for (; d > 0; --d) {
+          if (above + hist[d] >= s_need) break;
+          above += hist[d];
+        }
+        s_need -= above;
+        s_prefix |= uint32_t(d) << shift;
+        s_mask |= 255u << shift;
+      }
+      __syncthreads();
+    }
+    const uint32_t T = s_prefix, need = s_need;  // keep every key > T and `need` keys == T
+    const uint32_t above = uint32_t(K) - need;
+    if (tid == 0) s_count = 0, s_taken = 0;
+    __syncthreads();
+    for (int64_t j = lo + tid; j < r_end; j += kSelThreads) {
+      const uint32_t k = order_key(I[j]);
+      if (k > T) sel[atomicAdd(&s_count, 1u)] = sort_key(k, j);
+    }
+    for (int64_t base = lo; base < r_end; base += kSelThreads) {  // ties in ascending j
+      __syncthreads();
+      if (s_taken >= need) break;  // uniform: read after the barrier
+      const int64_t j = base + tid;
+      const bool eq = j < r_end && order_key(I[j]) == T;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, eq);
+      if (lane == 0) warp_counts[warp] = __popc(ballot);
+      __syncthreads();
+      uint32_t pos = s_taken + __popc(ballot & ((1u << lane) - 1u));
+      uint32_t total = 0;
+      for (int w = 0; w < kSelThreads / 32; ++w) {
+        if (w < warp) pos += warp_counts[w];
+        total += warp_counts[w];
+      }
+      if (eq && pos < need) sel[above + pos] = sort_key(T, j);
+      __syncthreads();
+      if (tid == 0) s_taken += total;
+    }
+    m = K;
+  }
+  // Bitonic sort of sel[0, P) ascending, P the power of two >= m, padded with the largest key.
+  int P = 1;
+  while (P < m) P *= 2;
+  __syncthreads();
+  for (int i = m + tid; i < P; i += kSelThreads) sel[i] = ~uint64_t(0);
+  __syncthreads();
+  for (int k = 2; k <= P; k *= 2)
+    for (int jj = k / 2; jj > 0; jj /= 2) {
+      for (int i = tid; i < P; i += kSelThreads) {
+        const int ixj = i ^ jj;
+        if (ixj > i) {
+          const uint64_t a = sel[i], b = sel[ixj];
+          if ((a > b) == ((i & k) == 0)) sel[i] = b, sel[ixj] = a;
+        }
+      }
+      __syncthreads();
+    }
+  for (int i = tid; i < m; i += kSelThreads) out[i] = int32_t(uint32_t(sel[i]));
+}
+
+// Scores of rows [r_begin, r_begin + nrows) (local rows of batch row bb) into ws[row - r_begin, j].
+__global__ void __launch_bounds__(32 * kRowsPerBlock)
+    scores_kernel(const __nv_bfloat16* qI, const __nv_bfloat16* kI, const float* w,
+                  const int32_t* doc_start, int64_t b_idx, int64_t s, int64_t sq, int64_t q_row0, int HI, int DI,
+                  int64_t r_begin, int64_t nrows, float* ws) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int ldq = DI + kPad;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRowsPerBlock * HI, DI]
+  __nv_bfloat16* Ks = Qs + kRowsPerBlock * HI * ldq;            // [kKeyTile, DI]
+  __shared__ int range[2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int64_t lr = r_begin + int64_t(blockIdx.x) * kRowsPerBlock;  // first local row of the block
+  const int rows = int(r_begin + nrows - lr < kRowsPerBlock ? r_begin + nrows - lr : kRowsPerBlock);
+  const int32_t* ds = doc_start + b_idx * s;
+  if (threadIdx.x == 0) range[0] = INT32_MAX, range[1] = -1;
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int64_t t = q_row0 + lr + threadIdx.x;
+    if (ds[t] <= t) {
+      atomicMin(&range[0], ds[t]);
+      atomicMax(&range[1], int(t));
+    }
+  }
+  load_tile(Qs, ldq, qI + (b_idx * sq + lr) * HI * DI, DI, kRowsPerBlock * HI, rows * HI, DI, DI % 8 == 0);
+  __syncthreads();
+  const int jmin = range[0], jmax = range[1];
+  const int64_t t = q_row0 + lr + warp;  // this warp's row
+  const bool live = warp < rows && ds[t] <= t;
+  const int lo = live ? ds[t] : 0;
+  const float* wt = w + (b_idx * sq + lr + warp) * HI;
+  float* out = ws + (lr + warp - r_begin) * s;
+  for (int j0 = jmin; j0 <= jmax; j0 += kKeyTile) {
+    const int nk = min(kKeyTile, jmax + 1 - j0);
+    __syncthreads();
+    load_tile(Ks, ldq, kI + (b_idx * s + j0) * DI, DI, kKeyTile, nk, DI, DI % 8 == 0);
+    __syncthreads();
+    if (!live || j0 > t || j0 + kKeyTile <= lo) continue;
+    for (int half = 0; half < kKeyTile / 32; ++half) {
+      float part[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = 0.f;
+      for (int mt = 0; mt < HI / 16; ++mt) {  // 16 heads at a time
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+        for (int k0 = 0; k0 < DI; k0 += 16) {
+          uint32_t a[4];
+          load_a(a, Qs + warp * HI * ldq, ldq, mt * 16, k0, lane);
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            uint32_t bb[2];
+            load_b(bb, Ks, ldq, half * 32 + nt * 8, k0, lane);
+            mma_bf16_16816(acc[nt], a, bb);
+          }
+        }
+        const float wa = wt[mt * 16 + g], wb = wt[mt * 16 + g + 8];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          part[nt][0] += wa * fmaxf(acc[nt][0], 0.f) + wb * fmaxf(acc[nt][2], 0.f);
+          part[nt][1] += wa * fmaxf(acc[nt][1], 0.f) + wb * fmaxf(acc[nt][3], 0.f);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = part[nt][e];  // sum over the 8 lanes sharing c: every head
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          const int64_t j = j0 + half * 32 + nt * 8 + 2 * c + e;
+          if (g == 0 && j >= lo && j <= t) out[j] = v;
+        }
+    }
+  }
+}
+
+Tensor on_device(const Tensor& t) { return t.device() == Device::cuda ? t : t.to(Device::cuda); }
+
+void check_k(int64_t K) {
+  HMLA_CHECK(K <= kMaxK, ShapeError, "index_topk = ", K, ": the CUDA selection takes at most ", kMaxK);
+}
+
+}  // namespace
+
+Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W) {
+  check_k(K);
+  const int64_t b = scores.size(0), sq = scores.size(1), s = scores.size(2);
+  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32, Device::cuda);
+  const Tensor ds = on_device(layout.doc_start);
+  if (b * sq == 0) return out;
+  select_kernel<<<unsigned(b * sq), kSelThreads, 0, current_stream().get()>>>(
+      scores.data<float>(), s, 0, sq, q_row0, ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());
+  check_launch("indexer_select");
+  return out;
+}
+
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
+  check_k(K);
+  const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
+  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32, Device::cuda);
+  const Tensor ds = on_device(sc.layout->doc_start);
+  const int64_t chunk = std::max<int64_t>(kRowsPerBlock, std::min<int64_t>(sq, kWorkspaceBytes / (4 * s)) /
+                                                             kRowsPerBlock * kRowsPerBlock);
+  Tensor ws = Tensor::empty({chunk, s}, DType::f32, Device::cuda);
+  const size_t smem = sizeof(__nv_bfloat16) * (kRowsPerBlock * HI + kKeyTile) * (DI + kPad);
+  check(cudaFuncSetAttribute(scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "indexer scores: shared memory");
+  cudaStream_t st = current_stream().get();
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t r = 0; r < sq; r += chunk) {
+      const int64_t n = std::min(chunk, sq - r);
+      scores_kernel<<<unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st>>>(
+          static_cast<const __nv_bfloat16*>(sc.qI.raw_data()), static_cast<const __nv_bfloat16*>(sc.kI.raw_data()),
+          sc.w.data<float>(), ds.data<int32_t>(), bb, s, sq, sc.q_row0, int(HI), int(DI), r, n, ws.data<float>());
+      check_launch("indexer scores");
+      select_kernel<<<unsigned(n), kSelThreads, 0, st>>>(ws.data<float>(), s, bb * sq + r, sq, sc.q_row0,
+                                                         ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());
+      check_launch("indexer select");
+    }
+  return out;
+}
+
+}  // namespace hmla::cuda
