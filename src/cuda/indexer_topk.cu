@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(kSelThreads)
   const float* I = scores + int64_t(blockIdx.x) * ld;
   int32_t* out = table + row * (K + W);
   for (int i = tid; i < K + W; i += kSelThreads) out[i] = -1;
+  __syncthreads();  // the -1 fill before any thread writes a key over it
   const int64_t lo = doc_start[bb * s + t];
   if (lo > t) return;  // padding: all -1
   const int64_t r_end = lo > t + 1 - W ? lo : t + 1 - W;  // R(t) = [lo, r_end)
