@@ -1,5 +1,7 @@
 // Entry points of sparse latent MQA attention: the index table's contract is checked here
-// (entries in [-1, s), no duplicate in a row), then the CPU kernel runs.
+// (entries in [-1, skv), no duplicate in a row; on the GPU by a device-side check), then the
+// backend's kernel runs: f32 on the CPU; bf16 forward on CUDA (the CUDA backward is not written
+// yet: a clear error).
 #include "hmla/ops/sparse_attention.h"
 
 #include <cmath>
@@ -14,18 +16,29 @@ void attn_sparse_fwd_cpu(const AttnSparseInputs& in, AttnSparseSaved& sv);
 void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
                          AttnSparseGrads& gr);
 }  // namespace cpu
+namespace cuda {
+void attn_sparse_check_table(const Tensor& idx, int64_t skv);
+void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
+}  // namespace cuda
 
 namespace {
 
 void check(const AttnSparseInputs& in) {
-  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.dtype() == DType::f32 && in.q.stride(3) == 1 &&
-                 in.q.device() == Device::cpu,
-             ShapeError, "sparse attention: q must be f32 [b, s, H, Dqk] on the CPU, last dim contiguous");
+  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.stride(3) == 1, ShapeError,
+             "sparse attention: q must be [b, s, H, Dqk] with its last dim contiguous");
+  const Device dev = in.q.device();
+  const DType dt = dev == Device::cpu ? DType::f32 : DType::bf16;
+  HMLA_CHECK(in.q.dtype() == dt, ShapeError, "sparse attention: q must be ", dtype_name(dt), " on ",
+             device_name(dev), ", got ", dtype_name(in.q.dtype()));
   const int64_t b = in.q.size(0), s = in.q.size(1), Dqk = in.q.size(3);
   HMLA_CHECK(in.kv.defined() && in.kv.dim() == 3 && in.kv.size(0) == b && in.kv.size(1) >= s &&
-                 in.kv.size(2) == Dqk && in.kv.is_contiguous() && in.kv.dtype() == DType::f32,
-             ShapeError, "sparse attention: kv must be a contiguous f32 [b, skv >= ", s, ", ", Dqk,
-             "] tensor, got ", in.kv.defined() ? shape_str(in.kv.shape()) : "undefined");
+                 in.kv.size(2) == Dqk && in.kv.is_contiguous() && in.kv.dtype() == dt && in.kv.device() == dev,
+             ShapeError, "sparse attention: kv must be a contiguous ", dtype_name(dt), " [b, skv >= ", s, ", ", Dqk,
+             "] tensor on q's device, got ", in.kv.defined() ? shape_str(in.kv.shape()) : "undefined");
+  HMLA_CHECK(in.idx.defined() && in.idx.device() == dev, ShapeError, "sparse attention: idx must be on q's device");
+  if (dev == Device::cuda)
+    HMLA_CHECK(Dqk % 16 == 0 && in.Dv % 8 == 0, ShapeError, "sparse attention on CUDA: Dqk = ", Dqk,
+               " must be a multiple of 16 and Dv = ", in.Dv, " of 8");
   const int64_t skv = in.kv.size(1);
   HMLA_CHECK(in.Dv >= 1 && in.Dv <= Dqk, ShapeError, "sparse attention: Dv = ", in.Dv, " must be in [1, Dqk = ",
              Dqk, "]");
@@ -36,8 +49,16 @@ void check(const AttnSparseInputs& in) {
              " must be in [0, K + W = ", in.idx.size(2), "]");
   HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ShapeError, "sparse attention: scale must be positive");
   if (in.sink.defined())
-    HMLA_CHECK(in.sink.shape() == Shape({in.q.size(2)}) && in.sink.dtype() == DType::f32, ShapeError,
-               "sparse attention: sink must be f32 [H]");
+    HMLA_CHECK(in.sink.shape() == Shape({in.q.size(2)}) && in.sink.dtype() == DType::f32 && in.sink.device() == dev,
+               ShapeError, "sparse attention: sink must be f32 [H] on q's device");
+  if (dev == Device::cuda) {
+#ifdef HMLA_HAVE_CUDA
+    cuda::attn_sparse_check_table(in.idx, skv);
+    return;
+#else
+    throw ShapeError("sparse attention: CUDA tensors need a CUDA build of hmla");
+#endif
+  }
   // -1 or a position of the row; no key twice (stamps: O(s * (K + W)) in all).
   const int64_t KW = in.idx.size(2);
   const int32_t* idx = in.idx.data<int32_t>();
@@ -59,13 +80,22 @@ void check(const AttnSparseInputs& in) {
 AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
   check(in);
   const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
-  AttnSparseSaved sv{Tensor::empty({b, s, H, in.Dv}, DType::f32), Tensor::empty({b, H, s}, DType::f32),
-                     in.K > 0 ? Tensor::empty({b, H, s}, DType::f32) : Tensor()};
+  const Device dev = in.q.device();
+  AttnSparseSaved sv{Tensor::empty({b, s, H, in.Dv}, in.q.dtype(), dev), Tensor::empty({b, H, s}, DType::f32, dev),
+                     in.K > 0 ? Tensor::empty({b, H, s}, DType::f32, dev) : Tensor()};
+#ifdef HMLA_HAVE_CUDA
+  if (dev == Device::cuda) {
+    cuda::attn_sparse_fwd(in, sv);
+    return sv;
+  }
+#endif
   cpu::attn_sparse_fwd_cpu(in, sv);
   return sv;
 }
 
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout) {
+  HMLA_CHECK(in.q.device() == Device::cpu, ShapeError,
+             "sparse attention: the backward runs on the CPU only so far (the CUDA one is issue 8's open part)");
   check(in);
   const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
   HMLA_CHECK(dout.defined() && dout.shape() == Shape({b, s, H, in.Dv}) && dout.is_contiguous() &&

@@ -2,7 +2,8 @@
 // (scripts/device-check builds and runs it on a GPU machine).
 //   hmla_cuda_check --check        every case against the CPU references; exit 1 on a failure
 //   hmla_cuda_check --bench [--reps N]   JSON lines: attention (s = 8192, H = 16, 192/128, 1 and 8
-//                                        documents), indexer scores + top-k (s = 8192, 32768)
+//                                        documents), indexer scores + top-k (s = 8192, 32768),
+//                                        sparse MLA forward (s = 8192, H = 128, K = 2048)
 // Without a device it says so and exits 0 with --allow-no-device (the rehearsal), 2 otherwise.
 #include <cstdio>
 #include <cstring>
@@ -12,6 +13,7 @@
 
 #include "attn_cuda_check.h"
 #include "indexer_cuda_check.h"
+#include "sparse_cuda_check.h"
 
 int main(int argc, char** argv) {
   using namespace hmla::cuda_check;
@@ -46,10 +48,21 @@ int main(int argc, char** argv) {
         std::cout << r.json() << std::endl;
         ok &= r.ok;
       }
+      for (const SparseCase& c : {SparseCase{"sparse_576_512_h16", 1, 96, 16, 576, 512, 24, 4, false},
+                                  SparseCase{"sparse_576_512_h64_b2_sink", 2, 80, 64, 576, 512, 16, 0, true},
+                                  SparseCase{"sparse_128_128_h128", 1, 64, 128, 128, 128, 40, 8, true}}) {
+        const SparseResult r = check_sparse(c, 3);
+        std::cout << r.json() << std::endl;
+        ok &= r.ok;
+      }
+      const bool dup = sparse_rejects_duplicates();
+      std::cout << "{\"check\":\"cuda-sparse-table\",\"ok\":" << (dup ? "true" : "false") << "}" << std::endl;
+      ok &= dup;
     }
     if (run_bench) {
       for (int64_t docs : {1, 8}) std::cout << bench({8192, 16, 192, 128, docs}, reps).json() << std::endl;
       for (int64_t s : {8192, 32768}) std::cout << bench_indexer(s, 64, 128, 2048, reps).json() << std::endl;
+      std::cout << bench_sparse(8192, 128, 2048, reps).json() << std::endl;
     }
     return ok ? 0 : 1;
   } catch (const std::exception& e) {

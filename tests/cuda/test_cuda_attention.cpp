@@ -4,6 +4,7 @@
 
 #include "attn_cuda_check.h"
 #include "indexer_cuda_check.h"
+#include "sparse_cuda_check.h"
 #include "hmla/ops/attention.h"
 
 namespace hmla {
@@ -32,6 +33,31 @@ TEST(CudaIndexer, TopkFromBf16InputsMatchesTheReferenceSets) {
   if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
   for (const auto& r : {cuda_check::check_topk(300, 64, 128, 32, 4, 5), cuda_check::check_topk(600, 16, 32, 256, 0, 6)})
     EXPECT_TRUE(r.ok) << r.json();
+}
+
+const std::vector<cuda_check::SparseCase> kSparseCases{
+    {"sparse_576_512_h16", 1, 96, 16, 576, 512, 24, 4, false},
+    {"sparse_576_512_h64_b2_sink", 2, 80, 64, 576, 512, 16, 0, true},
+    {"sparse_128_128_h128", 1, 64, 128, 128, 128, 40, 8, true},
+};
+
+TEST(CudaSparse, ForwardMatchesTheReferencesAndIsDeterministic) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& c : kSparseCases) {
+    const auto r = cuda_check::check_sparse(c, 3);
+    EXPECT_TRUE(r.ok) << r.json();
+  }
+  EXPECT_TRUE(cuda_check::sparse_rejects_duplicates());
+}
+
+// The sparse rule passes the f32 CPU kernel and fails a 2% scale error.
+TEST(CudaCheckHarness, TheSparseRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
+  for (const auto& c : kSparseCases) {
+    const auto good = cuda_check::check_sparse(c, 3, Device::cpu);
+    EXPECT_TRUE(good.ok) << good.json();
+    const auto bad = cuda_check::check_sparse(c, 3, Device::cpu, 1.02f);
+    EXPECT_FALSE(bad.ok) << bad.json();
+  }
 }
 
 // The harness itself, on the CPU: hmla's f32 kernels pass the bf16 rule on every case (a right

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""PyTorch's side of scripts/device-check. The indexer (scores + top-k) against a chunked torch
-version on the shapes hmla measured. Dense per-document causal attention forward and
+"""PyTorch's side of scripts/device-check. The indexer (scores + top-k) and sparse MLA forward
+against chunked torch versions (gathers, FLOPs over valid slots) on the shapes hmla measured. Dense per-document causal attention forward and
 forward+backward on the GPU in bf16, on exactly the shapes hmla_cuda_check --bench measured
 (s = 8192, H = 16, Dqk/Dv = 192/128; one document, and 8 documents of 1024): cuDNN SDPA where it
 applies (one causal document) and flex attention with a document mask (both layouts). Useful FLOPs
@@ -103,6 +103,53 @@ def measure_indexer(h, reps):
     return {"torch_chunked_ms": timed(lambda: indexer_chunked(qI, kI, w, K, chunk), reps), "torch_chunk_rows": chunk}
 
 
+def sparse_table(s, K, dev):
+    """hmla_cuda_check's table: row t lists K keys evenly spread over [0, t] (all while t < K), -1 after."""
+    import torch
+    t = torch.arange(s, device=dev)[:, None]
+    i = torch.arange(K, device=dev)[None, :]
+    j = torch.where(t + 1 <= K, i, i * (t + 1) // K)
+    return torch.where(i <= t, j, torch.full_like(j, -1))
+
+
+def sparse_chunked(q, kv, idx, dv, scale, chunk):
+    """Chunked gather sparse MLA: per chunk of rows, gather the listed keys, masked softmax, P V."""
+    import torch
+    outs = []
+    for r0 in range(0, q.shape[0], chunk):
+        ix = idx[r0:r0 + chunk]
+        g = kv[ix.clamp(min=0)]                                   # [c, K, Dqk]
+        sc = torch.einsum("chd,ckd->chk", q[r0:r0 + chunk], g).float() * scale
+        sc = sc.masked_fill((ix < 0)[:, None, :], float("-inf"))
+        p = torch.softmax(sc, -1).nan_to_num(0.0).to(q.dtype)
+        outs.append(torch.einsum("chk,ckv->chv", p, g[..., :dv]))
+    return torch.cat(outs)
+
+
+def measure_sparse(h, reps):
+    import torch
+    s, H, K, dqk, dv = h["s"], h["H"], h["K"], h["dqk"], h["dv"]
+    torch.manual_seed(0)
+    q = torch.randn(s, H, dqk, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    kv = torch.randn(s, dqk, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    idx = sparse_table(s, K, "cuda")
+    valid = int((idx >= 0).sum())
+    flops = 2.0 * valid * H * (dqk + dv)
+    chunk = 64
+    res = {}
+    with torch.no_grad():
+        fwd = timed(lambda: sparse_chunked(q, kv, idx, dv, dqk ** -0.5, chunk), reps)
+    res["torch_fwd_tflops"] = flops / (fwd * 1e-3) / 1e12
+    dout = torch.randn(s, H, dv, device="cuda", dtype=torch.bfloat16)
+    try:
+        fb = timed(lambda: sparse_chunked(q, kv, idx, dv, dqk ** -0.5, chunk).backward(dout), max(2, reps // 5))
+        res["torch_fwdbwd_tflops"] = 3.5 * flops / (fb * 1e-3) / 1e12
+    except Exception as e:
+        res["torch_fwdbwd_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    res["torch_valid_pairs"] = valid
+    return res
+
+
 def doc_mask(s, docs, dev):
     doc = __import__("torch").arange(s, device=dev) // (s // docs)
     return lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi >= ki)
@@ -128,10 +175,22 @@ def rehearse():
     full = torch.einsum("thj,th->tj", torch.relu(torch.einsum("thd,jd->thj", qI, kI)), w)
     full = full.masked_fill(torch.arange(40)[None, :] > torch.arange(40)[:, None], float("-inf"))
     ind_err = float((vals - torch.topk(full[32:], 5, dim=-1).values).abs().max())
+    # The chunked sparse gather against a dense masked softmax over the same table.
+    qs, kvs = torch.randn(20, 2, 16), torch.randn(20, 16)
+    tab = sparse_table(20, 6, "cpu")
+    got_s = sparse_chunked(qs, kvs, tab, 8, 0.25, 7)
+    allow = torch.zeros(20, 20, dtype=torch.bool)
+    for r in range(20):
+        for j in tab[r].tolist():
+            if j >= 0:
+                allow[r, j] = True
+    ls = (torch.einsum("thd,jd->thj", qs, kvs) * 0.25).masked_fill(~allow[:, None, :], float("-inf"))
+    sparse_err = float((got_s - torch.einsum("thj,jv->thv", torch.softmax(ls, -1), kvs[:, :8])).abs().max())
+    assert int((tab >= 0).sum()) == sum(min(6, t + 1) for t in range(20))
     print(json.dumps({"rehearse": "torch_attention_bench", "torch": torch.__version__,
                       "cuda": torch.cuda.is_available(), "flex_doc_mask_max_err": err,
-                      "chunked_indexer_max_err": ind_err}))
-    return 0 if err < 1e-4 and ind_err < 1e-4 else 1
+                      "chunked_indexer_max_err": ind_err, "chunked_sparse_max_err": sparse_err}))
+    return 0 if err < 1e-4 and ind_err < 1e-4 and sparse_err < 1e-4 else 1
 
 
 def main():
@@ -151,6 +210,14 @@ def main():
         print(json.dumps({"bench": "cuda-indexer", "s": h["s"], "HI": h["HI"], "DI": h["DI"], "K": h["K"],
                           "hmla_scores_topk_ms": h["hmla_scores_topk_ms"], **t,
                           "speedup": t["torch_chunked_ms"] / h["hmla_scores_topk_ms"], "peak_bytes": h["peak_bytes"]}))
+    for h in (x for x in lines if x["bench"] == "cuda-sparse-mla"):
+        t = measure_sparse(h, a.reps)
+        print(json.dumps({"bench": "cuda-sparse-mla", "s": h["s"], "H": h["H"], "K": h["K"],
+                          "valid_pairs": h["valid_pairs"], "hmla_fwd_tflops": h["hmla_fwd_tflops"],
+                          "hmla_bwd_tflops": h["hmla_bwd_tflops"], "torch_fwd_tflops": t.get("torch_fwd_tflops"),
+                          "torch_fwdbwd_tflops": t.get("torch_fwdbwd_tflops"), "peak_bytes": h["peak_bytes"],
+                          **{k: v for k, v in t.items() if k.startswith("torch_") and k not in
+                             ("torch_fwd_tflops", "torch_fwdbwd_tflops")}}))
     for h in (x for x in lines if x["bench"] == "cuda-attention"):
         t = measure(h, a.reps)
         merged = {"bench": "cuda-attention", "s": h["s"], "H": h["H"], "dqk": h["dqk"], "dv": h["dv"],

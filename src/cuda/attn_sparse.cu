@@ -1,0 +1,292 @@
+// Sparse latent MQA attention forward on the GPU (bf16 in and out, f32 accumulation, f32 lse and
+// lse_c), the same contract as the CPU op (hmla/ops/sparse_attention.h). A block owns one query
+// row, 64 of its heads (4 warps of 16) and one chunk of <= 128 value columns. It compacts the
+// row's index list (candidates first, then window keys; -1 slots dropped, so they cost nothing),
+// then walks it in tiles of 32 gathered keys: S = Q K^T for the warp's heads, the online softmax
+// over every listed key and, for lse_c, a second running (max, sum) over the candidates alone,
+// O += P V with P kept in registers. Wide values (512) split their columns over 4 blocks, each
+// recomputing the scores; the sm_90a kernel is where that goes away. No atomics: deterministic.
+// Also here: the device-side check of the index table's contract (entries in [-1, skv), no
+// duplicate in a row), one block per row sorting its entries in shared memory.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "attn_dense.cuh"
+#include "hmla/ops/sparse_attention.h"
+#include "mma.cuh"
+#include "runtime.h"
+
+namespace hmla::cuda {
+
+namespace {
+
+constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8, kMaxKW = 4096;
+
+struct SparseParams {
+  int64_t b, sq, skv, H, Dqk, Dv, KW, K;
+  const __nv_bfloat16* q;  // [b, sq, H, Dqk], strides qb, qr, qh
+  int64_t qb, qr, qh;
+  const __nv_bfloat16* kv;  // [b, skv, Dqk] contiguous
+  const int32_t* idx;       // [b, sq, KW]
+  const float* sink;        // [H] or null
+  float scale;
+  __nv_bfloat16* out;  // [b, sq, H, Dv]
+  float *lse, *lse_c;  // [b, H, sq]; lse_c null without K
+};
+
+// The row's listed keys, candidates (slots < K) first, each in slot order; returns their count
+// and sets *nc to the candidates'. All threads take part.
+__device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc) {
+  __shared__ int warp_counts[kWarps];
+  __shared__ int total;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (tid == 0) total = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int begin = pass ? K : 0, end = pass ? KW : K;
+    for (int base = begin; base < end; base += 32 * kWarps) {
+      __syncthreads();
+      const int i = base + tid;
+      const int32_t j = i < end ? row[i] : -1;
+      const uint32_t ballot = __ballot_sync(0xffffffffu, j >= 0);
+      if (lane == 0) warp_counts[warp] = __popc(ballot);
+      __syncthreads();
+      int pos = total + __popc(ballot & ((1u << lane) - 1u));
+      int sum = 0;
+      for (int w = 0; w < kWarps; ++w) {
+        if (w < warp) pos += warp_counts[w];
+        sum += warp_counts[w];
+      }
+      if (j >= 0) list[pos] = j;
+      __syncthreads();
+      if (tid == 0) total += sum;
+    }
+    __syncthreads();
+    if (pass == 0 && tid == 0) *nc = total;
+  }
+  __syncthreads();
+  return total;
+}
+
+// Rows list[0, n) of kv (row stride ld) into a shared tile [kBk, width] (rows >= n zero).
+__device__ void gather_tile(__nv_bfloat16* s, int lds, const __nv_bfloat16* kv, int64_t ld, const int32_t* list, int n,
+                            int width, bool vec) {
+  const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  if (vec) {
+    const int per = width / 8;
+    for (int i = threadIdx.x; i < kBk * per; i += blockDim.x) {
+      const int r = i / per, c = (i % per) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < n) v = *reinterpret_cast<const uint4*>(kv + list[r] * ld + c);
+      *reinterpret_cast<uint4*>(s + r * lds + c) = v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < kBk * width; i += blockDim.x) {
+      const int r = i / width, c = i % width;
+      s[r * lds + c] = r < n ? kv[list[r] * ld + c] : zero;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparseParams p, int nchunks, bool vec) {
+  constexpr int kNt = kBk / 8, kDt = kChunk / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int ldq = int(p.Dqk) + kPad, ldvt = kBk + kPad;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kHeads, Dqk]
+  __nv_bfloat16* Ks = Qs + kHeads * ldq;                         // [kBk, Dqk] gathered keys
+  __nv_bfloat16* Vt = Ks + kBk * ldq;                            // [kChunk, kBk] their values, transposed
+  int32_t* list = reinterpret_cast<int32_t*>(Vt + kChunk * ldvt);  // [KW]
+  __shared__ int s_nc;
+
+  const int64_t row = blockIdx.x;  // b * sq + t
+  const int64_t bb = row / p.sq;
+  const int hg = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks;
+  const int h0 = hg * kHeads, nh = int(p.H - h0 < kHeads ? p.H - h0 : kHeads);
+  const int dv0 = chunk * kChunk, dvn = int(p.Dv - dv0 < kChunk ? p.Dv - dv0 : kChunk);
+  const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
+  const int nc = s_nc;  // compact ends with a barrier after writing it
+  load_tile(Qs, ldq, p.q + bb * p.qb + (row % p.sq) * p.qr + h0 * p.qh, p.qh, kHeads, nh, int(p.Dqk), vec);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const float c2 = p.scale * kLog2e;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;     // all listed keys
+  float cmA = -INFINITY, cmB = -INFINITY, clA = 0.f, clB = 0.f;  // candidates only (lse_c)
+  float o[kDt][4];
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
+  for (int j0 = 0; j0 < n; j0 += kBk) {
+    const int nk = n - j0 < kBk ? n - j0 : kBk;
+    __syncthreads();
+    gather_tile(Ks, ldq, kv, p.Dqk, list + j0, nk, int(p.Dqk), vec);
+    for (int i = threadIdx.x; i < kBk * dvn; i += blockDim.x) {  // Vt[col][key] = kv[key][dv0 + col]
+      const int r = i % kBk, col = i / kBk;
+      Vt[col * ldvt + r] = r < nk ? kv[list[j0 + r] * p.Dqk + dv0 + col] : __float2bfloat16(0.f);
+    }
+    __syncthreads();
+    float s[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
+      uint32_t a[4];
+      load_a(a, Qs, ldq, warp * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        uint32_t b2[2];
+        load_b(b2, Ks, ldq, nt * 8, k0, lane);
+        mma_bf16_16816(s[nt], a, b2);
+      }
+    }
+    float mxA = -INFINITY, mxB = -INFINITY, cxA = -INFINITY, cxB = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = j0 + nt * 8 + 2 * c + (e & 1);
+        s[nt][e] = pos < n ? s[nt][e] * c2 : -INFINITY;
+        const float cand = pos < nc ? s[nt][e] : -INFINITY;
+        if (e < 2) mxA = fmaxf(mxA, s[nt][e]), cxA = fmaxf(cxA, cand);
+        else mxB = fmaxf(mxB, s[nt][e]), cxB = fmaxf(cxB, cand);
+      }
+    // lse_c: the candidates' running max and sum (no output, no sink).
+    const float ncA = fmaxf(cmA, quad_max(cxA)), ncB = fmaxf(cmB, quad_max(cxB));
+    const float cbA = ncA == -INFINITY ? 0.f : ncA, cbB = ncB == -INFINITY ? 0.f : ncB;
+    clA *= exp2f(cmA - cbA), clB *= exp2f(cmB - cbB);
+    cmA = ncA, cmB = ncB;
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = j0 + nt * 8 + 2 * c + (e & 1);
+        if (pos < nc) {
+          if (e < 2) clA += exp2f(s[nt][e] - cbA);
+          else clB += exp2f(s[nt][e] - cbB);
+        }
+      }
+    // The main online softmax over every listed key.
+    const float nmA = fmaxf(mA, quad_max(mxA)), nmB = fmaxf(mB, quad_max(mxB));
+    const float baseA = nmA == -INFINITY ? 0.f : nmA, baseB = nmB == -INFINITY ? 0.f : nmB;
+    const float alA = exp2f(mA - baseA), alB = exp2f(mB - baseB);
+    mA = nmA, mB = nmB;
+    lA *= alA, lB *= alB;
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+      s[nt][0] = exp2f(s[nt][0] - baseA), s[nt][1] = exp2f(s[nt][1] - baseA);
+      s[nt][2] = exp2f(s[nt][2] - baseB), s[nt][3] = exp2f(s[nt][3] - baseB);
+      lA += s[nt][0] + s[nt][1];
+      lB += s[nt][2] + s[nt][3];
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDt; ++dt) o[dt][0] *= alA, o[dt][1] *= alA, o[dt][2] *= alB, o[dt][3] *= alB;
+#pragma unroll
+    for (int kt = 0; kt < kNt / 2; ++kt) {
+      uint32_t a[4];
+      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        if (dt * 8 >= dvn) break;
+        uint32_t b2[2];
+        load_b(b2, Vt, ldvt, dt * 8, kt * 16, lane);
+        mma_bf16_16816(o[dt], a, b2);
+      }
+    }
+  }
+
+  lA = quad_sum(lA), lB = quad_sum(lB), clA = quad_sum(clA), clB = quad_sum(clB);
+  // out = O / (l + exp(sink - m)); lse = ln(that); lse_c over the candidates; empty rows 0, +inf.
+  const int hA = h0 + warp * 16 + g, hB = hA + 8;
+  float invA = 0.f, invB = 0.f, lseA = INFINITY, lseB = INFINITY;
+  if (lA > 0.f && hA < p.H) {
+    const float den = lA + (p.sink ? exp2f(p.sink[hA] * kLog2e - mA) : 0.f);
+    invA = 1.f / den, lseA = (mA + log2f(den)) * kLn2;
+  }
+  if (lB > 0.f && hB < p.H) {
+    const float den = lB + (p.sink ? exp2f(p.sink[hB] * kLog2e - mB) : 0.f);
+    invB = 1.f / den, lseB = (mB + log2f(den)) * kLn2;
+  }
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) {
+    if (dt * 8 >= dvn) break;
+    const int col = dv0 + dt * 8 + 2 * c;
+    if (hA < p.H)
+      *reinterpret_cast<uint32_t*>(p.out + (row * p.H + hA) * p.Dv + col) = pack_bf16(o[dt][0] * invA, o[dt][1] * invA);
+    if (hB < p.H)
+      *reinterpret_cast<uint32_t*>(p.out + (row * p.H + hB) * p.Dv + col) = pack_bf16(o[dt][2] * invB, o[dt][3] * invB);
+  }
+  if (chunk == 0 && c == 0) {
+    const int64_t t = row % p.sq;
+    if (hA < p.H) {
+      p.lse[(bb * p.H + hA) * p.sq + t] = lseA;
+      if (p.lse_c) p.lse_c[(bb * p.H + hA) * p.sq + t] = clA > 0.f ? (cmA + log2f(clA)) * kLn2 : INFINITY;
+    }
+    if (hB < p.H) {
+      p.lse[(bb * p.H + hB) * p.sq + t] = lseB;
+      if (p.lse_c) p.lse_c[(bb * p.H + hB) * p.sq + t] = clB > 0.f ? (cmB + log2f(clB)) * kLn2 : INFINITY;
+    }
+  }
+}
+
+// Each row's entries: in [-1, skv) and no key twice. err[0] = 1 + the first bad row found (any).
+__global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, int* err) {
+  __shared__ int32_t v[kMaxKW];
+  const int64_t row = blockIdx.x;
+  int P = 1;
+  while (P < KW) P *= 2;
+  for (int i = threadIdx.x; i < P; i += blockDim.x) {
+    const int32_t j = i < KW ? idx[row * KW + i] : INT32_MAX;
+    if (i < KW && (j < -1 || j >= skv)) atomicCAS(err, 0, int(row) + 1);
+    v[i] = j < 0 ? INT32_MAX : j;  // -1 slots never collide
+  }
+  __syncthreads();
+  for (int k = 2; k <= P; k *= 2)
+    for (int jj = k / 2; jj > 0; jj /= 2) {
+      for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int ixj = i ^ jj;
+        if (ixj > i) {
+          const int32_t a = v[i], b = v[ixj];
+          if ((a > b) == ((i & k) == 0)) v[i] = b, v[ixj] = a;
+        }
+      }
+      __syncthreads();
+    }
+  for (int i = threadIdx.x; i + 1 < P; i += blockDim.x)
+    if (v[i] != INT32_MAX && v[i] == v[i + 1]) atomicCAS(err, 0, int(row) + 1);
+}
+
+}  // namespace
+
+void attn_sparse_check_table(const Tensor& idx, int64_t skv) {
+  const int64_t rows = idx.size(0) * idx.size(1), KW = idx.size(2);
+  HMLA_CHECK(KW <= kMaxKW, ShapeError, "sparse attention on CUDA: K + W = ", KW, " exceeds ", kMaxKW);
+  Tensor err = Tensor::zeros({1}, DType::i32).to(Device::cuda);
+  if (rows > 0) {
+    check_table_kernel<<<unsigned(rows), 256, 0, current_stream().get()>>>(idx.data<int32_t>(), KW, skv,
+                                                                           err.data<int32_t>());
+    check_launch("sparse attention: table check");
+  }
+  const int bad = err.to(Device::cpu).data<int32_t>()[0];
+  HMLA_CHECK(bad == 0, ShapeError, "sparse attention: row ", (bad - 1) % idx.size(1), " of batch ",
+             (bad - 1) / idx.size(1), " lists a key outside [-1, ", skv, ") or a key twice");
+}
+
+void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
+  SparseParams p{in.q.size(0),  in.q.size(1),  in.kv.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2),
+                 in.K,
+                 static_cast<const __nv_bfloat16*>(in.q.raw_data()), in.q.stride(0), in.q.stride(1), in.q.stride(2),
+                 static_cast<const __nv_bfloat16*>(in.kv.raw_data()), in.idx.data<int32_t>(),
+                 in.sink.defined() ? in.sink.data<float>() : nullptr, in.scale,
+                 static_cast<__nv_bfloat16*>(sv.out.raw_data()), sv.lse.data<float>(),
+                 in.K > 0 ? sv.lse_c.data<float>() : nullptr};
+  if (p.b * p.sq == 0) return;
+  const bool vec = rows_aligned(p.q, p.qr, p.qb, p.qh, p.Dqk) && rows_aligned(p.kv, p.Dqk, p.skv * p.Dqk, 0, p.Dqk);
+  const int nchunks = int((p.Dv + kChunk - 1) / kChunk), groups = int((p.H + kHeads - 1) / kHeads);
+  const size_t smem = sizeof(__nv_bfloat16) * ((kHeads + kBk) * (p.Dqk + kPad) + kChunk * (kBk + kPad)) +
+                      sizeof(int32_t) * p.KW;
+  check(cudaFuncSetAttribute(sparse_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "attn_sparse_fwd: shared memory");
+  dim3 grid(unsigned(p.b * p.sq), unsigned(groups * nchunks));
+  sparse_fwd_kernel<<<grid, 32 * kWarps, smem, current_stream().get()>>>(p, nchunks, vec);
+  check_launch("attn_sparse_fwd");
+}
+
+}  // namespace hmla::cuda

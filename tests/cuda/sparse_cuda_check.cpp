@@ -1,0 +1,230 @@
+#include "sparse_cuda_check.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include <cuda_runtime.h>
+
+#include "attn_sparse_ref.h"
+#include "runtime.h"
+#include "hmla/core/error.h"
+#include "hmla/ops/sparse_attention.h"
+
+namespace hmla::cuda_check {
+
+namespace {
+
+float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }
+
+Tensor put(const Shape& shape, const std::vector<float>& v, Device dev) {
+  if (dev == Device::cpu) return Tensor::from_vector<float>(shape, v);
+  Tensor h = Tensor::empty(shape, DType::bf16);
+  for (size_t i = 0; i < v.size(); ++i) h.data<bf16>()[i] = f32_to_bf16(v[i]);
+  return h.to(dev);
+}
+
+std::vector<float> host(const Tensor& t) {
+  Tensor h = t.to(Device::cpu);
+  if (h.dtype() == DType::f32) return h.to_vector<float>();
+  std::vector<float> v(h.numel());
+  for (int64_t i = 0; i < h.numel(); ++i) v[i] = bf16_to_f32(h.data<bf16>()[i]);
+  return v;
+}
+
+// Causal tables: up to K distinct keys of [0, t] with -1 holes, then a window of W more.
+std::vector<int32_t> table(int64_t b, int64_t s, int64_t K, int64_t W, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> idx(b * s * (K + W), -1);
+  for (int64_t r = 0; r < b * s; ++r) {
+    const int64_t t = r % s;
+    if (t % 11 == 5) continue;  // empty rows
+    std::vector<int32_t> keys(t + 1);
+    std::iota(keys.begin(), keys.end(), 0);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    int64_t n = 0;
+    for (int64_t i = 0; i < K && n < int64_t(keys.size()); ++i)
+      if (rng() % 5) idx[r * (K + W) + i] = keys[n++];
+    for (int64_t i = 0; i < W && n < int64_t(keys.size()); ++i) idx[r * (K + W) + K + i] = keys[n++];
+  }
+  return idx;
+}
+
+double max_err(const std::vector<float>& x, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i]) || std::isinf(x[i])) {
+      if (double(x[i]) != ref[i]) return INFINITY;
+      continue;
+    }
+    if (std::isnan(x[i])) return INFINITY;
+    e = std::max(e, std::abs(double(x[i]) - ref[i]));
+  }
+  return e;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// Naive bf16 forward: scores, P and the output rounded to bf16, f32 sums.
+void naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const std::vector<float>& kv,
+                const std::vector<int32_t>& idx, const std::vector<float>& sink, float scale, std::vector<float>& out,
+                std::vector<float>& lse, std::vector<float>& lse_c) {
+  out.assign(d.b * d.s * d.H * d.Dv, 0.f);
+  lse.assign(d.b * d.H * d.s, INFINITY);
+  lse_c.assign(d.b * d.H * d.s, INFINITY);
+  for (int64_t row = 0; row < d.b * d.s; ++row) {
+    const int64_t b = row / d.s, t = row % d.s;
+    std::vector<int64_t> js;
+    std::vector<bool> cand;
+    for (int64_t i = 0; i < d.KW; ++i)
+      if (idx[row * d.KW + i] >= 0) js.push_back(idx[row * d.KW + i]), cand.push_back(i < d.K);
+    if (js.empty()) continue;
+    for (int64_t h = 0; h < d.H; ++h) {
+      std::vector<float> l(js.size());
+      float m = -INFINITY, mc = -INFINITY;
+      for (size_t i = 0; i < js.size(); ++i) {
+        float acc = 0.f;
+        for (int64_t c = 0; c < d.Dqk; ++c) acc += q[(row * d.H + h) * d.Dqk + c] * kv[(b * d.s + js[i]) * d.Dqk + c];
+        l[i] = scale * rbf(acc);
+        m = std::max(m, l[i]);
+        if (cand[i]) mc = std::max(mc, l[i]);
+      }
+      float z = sink.empty() ? 0.f : std::exp(sink[h] - m), zc = 0.f;
+      for (size_t i = 0; i < js.size(); ++i) {
+        z += std::exp(l[i] - m);
+        if (cand[i]) zc += std::exp(l[i] - mc);
+      }
+      lse[(b * d.H + h) * d.s + t] = m + std::log(z);
+      if (zc > 0.f) lse_c[(b * d.H + h) * d.s + t] = mc + std::log(zc);
+      std::vector<float> acc(d.Dv, 0.f);
+      for (size_t i = 0; i < js.size(); ++i) {
+        const float p = rbf(std::exp(l[i] - m) / z);
+        for (int64_t c = 0; c < d.Dv; ++c) acc[c] += p * kv[(b * d.s + js[i]) * d.Dqk + c];
+      }
+      for (int64_t c = 0; c < d.Dv; ++c) out[(row * d.H + h) * d.Dv + c] = rbf(acc[c]);
+    }
+  }
+}
+
+}  // namespace
+
+SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float scale_factor) {
+  SparseResult r{c.name};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(c.b * c.s * c.H * c.Dqk), kv(c.b * c.s * c.Dqk);
+  for (float& x : q) x = rbf(nd(rng));
+  for (float& x : kv) x = rbf(nd(rng));
+  std::vector<float> snk;
+  if (c.sink)
+    for (int64_t h = 0; h < c.H; ++h) snk.push_back(rbf(nd(rng)));
+  const auto idx = table(c.b, c.s, c.K, c.W, seed + 1);
+  const float scale = 1.f / std::sqrt(float(c.Dqk));
+  AttnSparseInputs in{put({c.b, c.s, c.H, c.Dqk}, q, dev), put({c.b, c.s, c.Dqk}, kv, dev), c.Dv,
+                      Tensor::from_vector<int32_t>({c.b, c.s, c.K + c.W}, idx).to(dev), c.K,
+                      c.sink ? Tensor::from_vector<float>({c.H}, snk).to(dev) : Tensor(), scale * scale_factor};
+  std::vector<float> run[2][3];
+  for (auto& got : run) {
+    AttnSparseSaved sv = attn_sparse_fwd(in);
+    got[0] = host(sv.out), got[1] = host(sv.lse), got[2] = host(sv.lse_c);
+  }
+  r.deterministic = run[0][0] == run[1][0] && run[0][1] == run[1][1] && run[0][2] == run[1][2];
+  const ref::SparseDims d{c.b, c.s, c.H, c.Dqk, c.Dv, c.K + c.W, c.K};
+  auto f64 = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+  const auto o64 = ref::attn_sparse_ref<double>(d, f64(q), f64(kv), idx, f64(snk), double(scale), {});
+  std::vector<float> nout, nlse, nlse_c;
+  naive_bf16(d, q, kv, idx, snk, scale, nout, nlse, nlse_c);
+  auto rule = [&](const std::vector<float>& got, const std::vector<float>& naive, const std::vector<double>& ref,
+                  bool bf16_out, double& err, double& bound) {
+    err = max_err(got, ref);
+    bound = 2 * max_err(naive, ref) + (bf16_out ? std::ldexp(1.0, -8) : 8 * FLT_EPSILON) * max_abs(ref);
+    return err <= bound;
+  };
+  r.ok = r.deterministic;
+  r.ok &= rule(run[0][0], nout, o64.out, true, r.out_err, r.out_bound);
+  r.ok &= rule(run[0][1], nlse, o64.lse, false, r.lse_err, r.lse_bound);
+  r.ok &= rule(run[0][2], nlse_c, o64.lse_c, false, r.lse_c_err, r.lse_c_bound);
+  return r;
+}
+
+bool sparse_rejects_duplicates() {
+  std::vector<int32_t> idx(1 * 8 * 4, -1);
+  idx[5 * 4 + 0] = 2;
+  idx[5 * 4 + 1] = 2;
+  AttnSparseInputs in{Tensor::zeros({1, 8, 2, 16}, DType::bf16, Device::cuda),
+                      Tensor::zeros({1, 8, 16}, DType::bf16, Device::cuda), 8,
+                      Tensor::from_vector<int32_t>({1, 8, 4}, idx).to(Device::cuda), 2, Tensor(), 0.5f};
+  try {
+    attn_sparse_fwd(in);
+  } catch (const ShapeError&) {
+    return true;
+  }
+  return false;
+}
+
+SparseBench bench_sparse(int64_t s, int64_t H, int64_t K, int reps) {
+  const int64_t Dqk = 576, Dv = 512;
+  SparseBench r{s, H, K, Dqk, Dv};
+  std::vector<int32_t> idx(s * K, -1);
+  for (int64_t t = 0; t < s; ++t)
+    for (int64_t i = 0; i < std::min(K, t + 1); ++i) idx[t * K + i] = int32_t(t + 1 <= K ? i : i * (t + 1) / K);
+  for (int32_t j : idx) r.valid_pairs += j >= 0;
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(s * H * Dqk), kv(s * Dqk);
+  for (float& x : q) x = nd(rng);
+  for (float& x : kv) x = nd(rng);
+  AttnSparseInputs in{put({1, s, H, Dqk}, q, Device::cuda), put({1, s, Dqk}, kv, Device::cuda), Dv,
+                      Tensor::from_vector<int32_t>({1, s, K}, idx).to(Device::cuda), K, Tensor(),
+                      1.f / std::sqrt(float(Dqk))};
+  cudaStream_t st = cuda::current_stream().get();
+  cudaEvent_t e0, e1;
+  cuda::check(cudaEventCreate(&e0), "cudaEventCreate");
+  cuda::check(cudaEventCreate(&e1), "cudaEventCreate");
+  Allocator& a = allocator(Device::cuda);
+  a.reset_peak();
+  std::vector<float> ms;
+  for (int i = 0; i < reps + 2; ++i) {
+    cuda::check(cudaEventRecord(e0, st), "cudaEventRecord");
+    AttnSparseSaved sv = attn_sparse_fwd(in);
+    cuda::check(cudaEventRecord(e1, st), "cudaEventRecord");
+    cuda::check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+    float t = 0;
+    cuda::check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+    if (i >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(ms.begin(), ms.end());
+  r.fwd_ms = ms[ms.size() / 2];
+  r.fwd_tflops = 2.0 * double(r.valid_pairs) * double(H) * double(Dqk + Dv) / (r.fwd_ms * 1e-3) / 1e12;
+  r.peak_bytes = int64_t(a.peak_bytes());
+  return r;
+}
+
+std::string SparseBench::json() const {
+  std::ostringstream os;
+  os << "{\"bench\":\"cuda-sparse-mla\",\"s\":" << s << ",\"H\":" << H << ",\"K\":" << K << ",\"dqk\":" << Dqk
+     << ",\"dv\":" << Dv << ",\"valid_pairs\":" << valid_pairs << ",\"hmla_fwd_ms\":" << fwd_ms
+     << ",\"hmla_fwd_tflops\":" << fwd_tflops << ",\"hmla_bwd_tflops\":null,\"peak_bytes\":" << peak_bytes << "}";
+  return os.str();
+}
+
+std::string SparseResult::json() const {
+  std::ostringstream os;
+  os << "{\"check\":\"cuda-sparse-mla\",\"case\":\"" << name << "\",\"ok\":" << (ok ? "true" : "false")
+     << ",\"deterministic\":" << (deterministic ? "true" : "false") << ",\"out\":{\"err\":" << out_err
+     << ",\"bound\":" << out_bound << "},\"lse\":{\"err\":" << lse_err << ",\"bound\":" << lse_bound
+     << "},\"lse_c\":{\"err\":" << lse_c_err << ",\"bound\":" << lse_c_bound << "}}";
+  return os.str();
+}
+
+}  // namespace hmla::cuda_check

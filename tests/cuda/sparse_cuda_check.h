@@ -1,0 +1,43 @@
+// The CUDA sparse latent MQA forward against the CPU references (the bf16 rule of
+// attn_cuda_check.h: twice a naive bf16 implementation's error against the float64 oracle plus the
+// kernel's own final rounding; bit-identical reruns), and the device-side table check (a duplicate
+// or an out-of-range key is a clear error). Shared by the gtest suite and hmla_cuda_check.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "hmla/core/allocator.h"
+
+namespace hmla::cuda_check {
+
+struct SparseCase {
+  std::string name;
+  int64_t b, s, H, Dqk, Dv, K, W;
+  bool sink;
+};
+
+struct SparseResult {
+  std::string name;
+  bool ok = false, deterministic = false;
+  double out_err = 0, out_bound = 0, lse_err = 0, lse_bound = 0, lse_c_err = 0, lse_c_bound = 0;
+  std::string json() const;
+};
+
+// dev = cpu runs the f32 CPU kernel on the same bf16-valued inputs (the harness's self-test);
+// scale_factor != 1 perturbs the kernel's scale (a wrong kernel must fail).
+SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev = Device::cuda, float scale_factor = 1.f);
+// True when a table listing a key twice is refused with an hmla error on the device.
+bool sparse_rejects_duplicates();
+
+// Sparse MLA forward on one causal document: row t lists K keys evenly spread over [0, t] (all of
+// them while t < K; the rest -1), the shape of the torch baseline (tests/cuda/torch_attention_bench.py
+// builds the same table). FLOPs count valid slots only: 2 (Dqk + Dv) per listed (row, key) and head.
+struct SparseBench {
+  int64_t s, H, K, Dqk, Dv, valid_pairs = 0;
+  double fwd_ms = 0, fwd_tflops = 0;
+  int64_t peak_bytes = 0;
+  std::string json() const;
+};
+SparseBench bench_sparse(int64_t s, int64_t H, int64_t K, int reps);
+
+}  // namespace hmla::cuda_check
