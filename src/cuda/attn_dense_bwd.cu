@@ -326,7 +326,7 @@ void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
   cudaStream_t st = current_stream().get();
   const int ldq = int(p.Dqk) + T::kPad, ldv = int(p.Dv) + T::kPad, ldt = T::kBk + T::kPad;
   const size_t smem = sizeof(__nv_bfloat16) * ((T::kRows + T::kBk) * (ldq + ldv) + T::kChunk * ldt);
-  {
+  if (p.sq > 0) {  // without query rows dq is empty, and dk/dv below come out zero
     const int nchunks = int((p.Dqk + T::kChunk - 1) / T::kChunk);
     check(cudaFuncSetAttribute(attn_bwd_dq_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dq: shared memory");
@@ -347,6 +347,7 @@ void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
 }  // namespace
 
 void attn_dense_bwd(const AttnDenseParams& p) {
+  if (p.b == 0 || p.s == 0) return;
   cudaStream_t st = current_stream().get();
   Tensor D = Tensor::empty({p.b, p.H, p.sq}, DType::f32, Device::cuda);
   if (p.sq > 0) {

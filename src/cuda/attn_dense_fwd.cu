@@ -172,7 +172,7 @@ void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
 }  // namespace
 
 void attn_dense_fwd(const AttnDenseParams& p) {
-  if (p.sq == 0) return;
+  if (p.b == 0 || p.sq == 0) return;
   if (attn_is_wide(p)) launch_fwd<true>(p, vec_flags(p));
   else launch_fwd<false>(p, vec_flags(p));
 }

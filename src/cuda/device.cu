@@ -92,11 +92,17 @@ class CudaAllocator final : public Allocator {
   std::map<void*, size_t> sizes_;      // every block this allocator made, by address
 };
 
+// Copies run on hmla's stream and wait for it: a read-back sees every kernel before it, an upload
+// has landed before the call returns, and a block the caching allocator hands out again is never
+// written by the host while an earlier kernel on the stream still reads it. (The stream is
+// non-blocking, so plain cudaMemcpy on the legacy stream would order none of this.)
 void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
   cudaMemcpyKind kind = dd == Device::cpu ? cudaMemcpyDeviceToHost
                         : sd == Device::cpu ? cudaMemcpyHostToDevice
                                             : cudaMemcpyDeviceToDevice;
-  check_cuda(cudaMemcpy(dst, src, bytes, kind), "cudaMemcpy");
+  cudaStream_t st = cuda::current_stream().get();
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, st), "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a copy");
 }
 
 struct Registrar {

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kSelThreads)
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
     scores_kernel(const __nv_bfloat16* qI, const __nv_bfloat16* kI, const float* w,
                   const int32_t* doc_start, int64_t b_idx, int64_t s, int64_t sq, int64_t q_row0, int HI, int DI,
-                  int64_t r_begin, int64_t nrows, float* ws) {
+                  int64_t r_begin, int64_t nrows, bool vec, float* ws) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int ldq = DI + kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRowsPerBlock * HI, DI]
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
       atomicMax(&range[1], int(t));
     }
   }
-  load_tile(Qs, ldq, qI + (b_idx * sq + lr) * HI * DI, DI, kRowsPerBlock * HI, rows * HI, DI, DI % 8 == 0);
+  load_tile(Qs, ldq, qI + (b_idx * sq + lr) * HI * DI, DI, kRowsPerBlock * HI, rows * HI, DI, vec);
   __syncthreads();
   const int jmin = range[0], jmax = range[1];
   const int64_t t = q_row0 + lr + warp;  // this warp's row
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   for (int j0 = jmin; j0 <= jmax; j0 += kKeyTile) {
     const int nk = min(kKeyTile, jmax + 1 - j0);
     __syncthreads();
-    load_tile(Ks, ldq, kI + (b_idx * s + j0) * DI, DI, kKeyTile, nk, DI, DI % 8 == 0);
+    load_tile(Ks, ldq, kI + (b_idx * s + j0) * DI, DI, kKeyTile, nk, DI, vec);
     __syncthreads();
     if (!live || j0 > t || j0 + kKeyTile <= lo) continue;
     for (int half = 0; half < kKeyTile / 32; ++half) {
@@ -237,6 +237,7 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   check_k(K);
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
   Tensor out = Tensor::empty({b, sq, K + W}, DType::i32, Device::cuda);
+  if (b * sq == 0) return out;
   const Tensor ds = on_device(sc.layout->doc_start);
   const int64_t chunk = std::max<int64_t>(kRowsPerBlock, std::min<int64_t>(sq, kWorkspaceBytes / (4 * s)) /
                                                              kRowsPerBlock * kRowsPerBlock);
@@ -245,12 +246,14 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   check(cudaFuncSetAttribute(scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "indexer scores: shared memory");
   cudaStream_t st = current_stream().get();
+  const bool vec = DI % 8 == 0 && reinterpret_cast<uintptr_t>(sc.qI.raw_data()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(sc.kI.raw_data()) % 16 == 0;
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t r = 0; r < sq; r += chunk) {
       const int64_t n = std::min(chunk, sq - r);
       scores_kernel<<<unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st>>>(
           static_cast<const __nv_bfloat16*>(sc.qI.raw_data()), static_cast<const __nv_bfloat16*>(sc.kI.raw_data()),
-          sc.w.data<float>(), ds.data<int32_t>(), bb, s, sq, sc.q_row0, int(HI), int(DI), r, n, ws.data<float>());
+          sc.w.data<float>(), ds.data<int32_t>(), bb, s, sq, sc.q_row0, int(HI), int(DI), r, n, vec, ws.data<float>());
       check_launch("indexer scores");
       select_kernel<<<unsigned(n), kSelThreads, 0, st>>>(ws.data<float>(), s, bb * sq + r, sq, sc.q_row0,
                                                          ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());

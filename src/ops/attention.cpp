@@ -84,7 +84,7 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
 void check_supported(const AttnDenseInputs& in) {
   HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ", dtype_name(in.q.dtype()), " on ",
              device_name(in.q.device()), " with Dqk = ", in.q.size(3), ", Dv = ", in.v.size(3),
-             " (the CPU runs f32; CUDA builds run bf16 with Dqk % 16 == 0 and Dv % 8 == 0)");
+              " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16)");
 }
 
 // The layout lives on the CPU; a GPU kernel reads its device copy.
@@ -117,7 +117,7 @@ void run(const AttnDenseInputs& in, AttnDenseParams p, bool backward) {
 bool attn_dense_supports(const AttnDenseInputs& in) {
   if (in.q.device() == Device::cpu) return in.q.dtype() == DType::f32;
 #ifdef HMLA_HAVE_CUDA
-  return in.q.dtype() == DType::bf16 && in.q.size(3) % 16 == 0 && in.v.size(3) % 8 == 0;
+  return in.q.dtype() == DType::bf16 && in.q.size(3) % 16 == 0 && in.v.size(3) % 16 == 0;
 #else
   return false;
 #endif

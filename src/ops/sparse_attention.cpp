@@ -37,8 +37,8 @@ void check(const AttnSparseInputs& in) {
              "] tensor on q's device, got ", in.kv.defined() ? shape_str(in.kv.shape()) : "undefined");
   HMLA_CHECK(in.idx.defined() && in.idx.device() == dev, ShapeError, "sparse attention: idx must be on q's device");
   if (dev == Device::cuda)
-    HMLA_CHECK(Dqk % 16 == 0 && in.Dv % 8 == 0, ShapeError, "sparse attention on CUDA: Dqk = ", Dqk,
-               " must be a multiple of 16 and Dv = ", in.Dv, " of 8");
+    HMLA_CHECK(Dqk % 16 == 0 && in.Dv % 16 == 0, ShapeError, "sparse attention on CUDA: Dqk = ", Dqk,
+               " and Dv = ", in.Dv, " must be multiples of 16");
   const int64_t skv = in.kv.size(1);
   HMLA_CHECK(in.Dv >= 1 && in.Dv <= Dqk, ShapeError, "sparse attention: Dv = ", in.Dv, " must be in [1, Dqk = ",
              Dqk, "]");

@@ -65,7 +65,7 @@ struct AttnDenseGrads {
 };
 
 // Whether a backend implements the op for these inputs: f32 on the CPU; bf16 on CUDA (in a CUDA
-// build) with Dqk a multiple of 16 and Dv of 8.
+// build) with Dqk and Dv multiples of 16.
 bool attn_dense_supports(const AttnDenseInputs& in);
 
 // Into preallocated tensors (validated) ...
@@ -82,7 +82,8 @@ namespace cpu {  // f32
 void attn_dense_fwd(const AttnDenseParams& p);
 void attn_dense_bwd(const AttnDenseParams& p);
 }  // namespace cpu
-namespace cuda {  // bf16 on the GPU (builds with the CUDA backend); Dqk % 16 == 0, Dv % 8 == 0
+namespace cuda {  // bf16 on the GPU (builds with the CUDA backend); Dqk and Dv multiples of 16 (the
+                  // backward's dO V^T runs over Dv in k-steps of 16)
 void attn_dense_fwd(const AttnDenseParams& p);
 void attn_dense_bwd(const AttnDenseParams& p);
 }  // namespace cuda
