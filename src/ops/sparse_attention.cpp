@@ -18,14 +18,13 @@ void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, 
 }  // namespace cpu
 namespace cuda {
 void attn_sparse_check_table(const Tensor& idx, int64_t skv);
-void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
 }  // namespace cuda
 
 namespace {
 
 void check(const AttnSparseInputs& in) {
-  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.stride(3) == 1, ShapeError,
-             "sparse attention: q must be [b, s, H, Dqk] with its last dim contiguous");
+  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.stride(3) == 1 && in.q.size(2) >= 1, ShapeError,
+             "sparse attention: q must be [b, s, H >= 1, Dqk] with its last dim contiguous");
   const Device dev = in.q.device();
   const DType dt = dev == Device::cpu ? DType::f32 : DType::bf16;
   HMLA_CHECK(in.q.dtype() == dt, ShapeError, "sparse attention: q must be ", dtype_name(dt), " on ",

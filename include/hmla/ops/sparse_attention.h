@@ -40,6 +40,9 @@ struct AttnSparseGrads {
 };
 
 AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in);
+namespace cuda {  // the kernel behind the CUDA forward, into preallocated outputs, without the table check
+void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
+}  // namespace cuda
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& saved, const Tensor& dout);
 
 }  // namespace hmla
