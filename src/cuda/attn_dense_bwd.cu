@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     attn_bwd_dq_kernel(const AttnDenseParams p, const float* D, int nchunks, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   constexpr int kNt = T::kBk / 8, kCt = T::kChunk / 8;
-  extern __shared__ __align__(16) unsigned char smem[];
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
   __nv_bfloat16* dOs = Qs + T::kRows * ldq;                      // [kRows, Dv]
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     attn_bwd_dkdv_kernel(const AttnDenseParams p, const float* D, int nk_chunks, int nchunks, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   constexpr int kNt = T::kBk / 8, kCt = T::kChunk / 8;
-  extern __shared__ __align__(16) unsigned char smem[];
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad;
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk] this block's keys
   __nv_bfloat16* Vs = Ks + T::kRows * ldq;                       // [kRows, Dv]
@@ -331,7 +331,7 @@ void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
     check(cudaFuncSetAttribute(attn_bwd_dq_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dq: shared memory");
     dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
-    attn_bwd_dq_kernel<kWide><<<grid, 32 * T::kWarps, smem, st>>>(p, D, nchunks, vec);
+    HMLA_LAUNCH(attn_bwd_dq_kernel<kWide>, grid, 32 * T::kWarps, smem, st, p, D, nchunks, vec);
     check_launch("attn_dense_bwd dq");
   }
   {
@@ -339,7 +339,7 @@ void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
     check(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dkdv: shared memory");
     dim3 grid(unsigned((p.s + T::kRows - 1) / T::kRows), unsigned(p.Hkv * (nk + nv)), unsigned(p.b));
-    attn_bwd_dkdv_kernel<kWide><<<grid, 32 * T::kWarps, smem, st>>>(p, D, nk, nk + nv, vec);
+    HMLA_LAUNCH(attn_bwd_dkdv_kernel<kWide>, grid, 32 * T::kWarps, smem, st, p, D, nk, nk + nv, vec);
     check_launch("attn_dense_bwd dkdv");
   }
 }
@@ -352,13 +352,13 @@ void attn_dense_bwd(const AttnDenseParams& p) {
   Tensor D = Tensor::empty({p.b, p.H, p.sq}, DType::f32, Device::cuda);
   if (p.sq > 0) {
     const int64_t warps = p.b * p.sq * p.H;
-    attn_bwd_dot_kernel<<<unsigned((warps * 32 + 255) / 256), 256, 0, st>>>(p, D.data<float>());
+    HMLA_LAUNCH(attn_bwd_dot_kernel, unsigned((warps * 32 + 255) / 256), 256, 0, st, p, D.data<float>());
     check_launch("attn_dense_bwd dot");
   }
   if (attn_is_wide(p)) launch_bwd<true>(p, D.data<float>(), vec_flags(p));
   else launch_bwd<false>(p, D.data<float>(), vec_flags(p));
   if (p.dsink) {
-    attn_bwd_dsink_kernel<<<unsigned(p.H), 256, 0, st>>>(p, D.data<float>());
+    HMLA_LAUNCH(attn_bwd_dsink_kernel, unsigned(p.H), 256, 0, st, p, D.data<float>());
     check_launch("attn_dense_bwd dsink");
   }
   // D is freed (returned to the cache) when this returns; the stream orders its reuse.

@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     attn_dense_fwd_kernel(const AttnDenseParams p, int nchunks, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   constexpr int kNt = T::kBk / 8, kDt = T::kDvChunk / 8;
-  extern __shared__ __align__(16) unsigned char smem[];
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = p.Dqk + T::kPad, ldvt = T::kBk + T::kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
   __nv_bfloat16* Ks = Qs + T::kRows * ldq;                       // [kBk, Dqk]
@@ -165,7 +165,7 @@ void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
   check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "attn_dense_fwd: shared memory");
   dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
-  attn_dense_fwd_kernel<kWide><<<grid, 32 * T::kWarps, smem, current_stream().get()>>>(p, nchunks, vec);
+  HMLA_LAUNCH(attn_dense_fwd_kernel<kWide>, grid, 32 * T::kWarps, smem, current_stream().get(), p, nchunks, vec);
   check_launch("attn_dense_fwd");
 }
 

@@ -90,7 +90,7 @@ __device__ void gather_tile(__nv_bfloat16* s, int lds, const __nv_bfloat16* kv, 
 
 __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparseParams p, int nchunks, bool vec) {
   constexpr int kNt = kBk / 8, kDt = kChunk / 8;
-  extern __shared__ __align__(16) unsigned char smem[];
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = int(p.Dqk) + kPad, ldvt = kBk + kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kHeads, Dqk]
   __nv_bfloat16* Ks = Qs + kHeads * ldq;                         // [kBk, Dqk] gathered keys
@@ -260,7 +260,7 @@ void attn_sparse_check_table(const Tensor& idx, int64_t skv) {
   HMLA_CHECK(KW <= kMaxKW, ShapeError, "sparse attention on CUDA: K + W = ", KW, " exceeds ", kMaxKW);
   Tensor err = Tensor::zeros({1}, DType::i32).to(Device::cuda);
   if (rows > 0) {
-    check_table_kernel<<<unsigned(rows), 256, 0, current_stream().get()>>>(idx.data<int32_t>(), KW, skv,
+    HMLA_LAUNCH(check_table_kernel, unsigned(rows), 256, 0, current_stream().get(), idx.data<int32_t>(), KW, skv,
                                                                            err.data<int32_t>());
     check_launch("sparse attention: table check");
   }
@@ -285,7 +285,7 @@ void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
   check(cudaFuncSetAttribute(sparse_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "attn_sparse_fwd: shared memory");
   dim3 grid(unsigned(p.b * p.sq), unsigned(groups * nchunks));
-  sparse_fwd_kernel<<<grid, 32 * kWarps, smem, current_stream().get()>>>(p, nchunks, vec);
+  HMLA_LAUNCH(sparse_fwd_kernel, grid, 32 * kWarps, smem, current_stream().get(), p, nchunks, vec);
   check_launch("attn_sparse_fwd");
 }
 

@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
     scores_kernel(const __nv_bfloat16* qI, const __nv_bfloat16* kI, const float* w,
                   const int32_t* doc_start, int64_t b_idx, int64_t s, int64_t sq, int64_t q_row0, int HI, int DI,
                   int64_t r_begin, int64_t nrows, bool vec, float* ws) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = DI + kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRowsPerBlock * HI, DI]
   __nv_bfloat16* Ks = Qs + kRowsPerBlock * HI * ldq;            // [kKeyTile, DI]
@@ -227,7 +227,7 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
   Tensor out = Tensor::empty({b, sq, K + W}, DType::i32, Device::cuda);
   const Tensor ds = on_device(layout.doc_start);
   if (b * sq == 0) return out;
-  select_kernel<<<unsigned(b * sq), kSelThreads, 0, current_stream().get()>>>(
+  HMLA_LAUNCH(select_kernel, unsigned(b * sq), kSelThreads, 0, current_stream().get(),
       scores.data<float>(), s, 0, sq, q_row0, ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());
   check_launch("indexer_select");
   return out;
@@ -251,11 +251,11 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t r = 0; r < sq; r += chunk) {
       const int64_t n = std::min(chunk, sq - r);
-      scores_kernel<<<unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st>>>(
+      HMLA_LAUNCH(scores_kernel, unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st,
           static_cast<const __nv_bfloat16*>(sc.qI.raw_data()), static_cast<const __nv_bfloat16*>(sc.kI.raw_data()),
           sc.w.data<float>(), ds.data<int32_t>(), bb, s, sq, sc.q_row0, int(HI), int(DI), r, n, vec, ws.data<float>());
       check_launch("indexer scores");
-      select_kernel<<<unsigned(n), kSelThreads, 0, st>>>(ws.data<float>(), s, bb * sq + r, sq, sc.q_row0,
+      HMLA_LAUNCH(select_kernel, unsigned(n), kSelThreads, 0, st, ws.data<float>(), s, bb * sq + r, sq, sc.q_row0,
                                                          ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());
       check_launch("indexer select");
     }

@@ -13,14 +13,23 @@
 
 #include <cstdint>
 
+// A kernel's dynamic shared memory (the SIMT emulator of tests/cuda/emu defines its own).
+#ifndef HMLA_DYNAMIC_SHARED
+#define HMLA_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
 namespace hmla::cuda {
 
 __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef HMLA_CUDA_EMULATE
+  emu::mma_bf16_16816(c, a, b);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

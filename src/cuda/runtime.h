@@ -6,6 +6,12 @@
 
 #include "hmla/core/error.h"
 
+// kernel<<<grid, block, smem, stream>>>(args...), spelled so that the SIMT emulator
+// (tests/cuda/emu) can run the same launch on the CPU.
+#ifndef HMLA_LAUNCH
+#define HMLA_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
 namespace hmla::cuda {
 
 inline void check(cudaError_t e, const char* what) {

@@ -5,7 +5,9 @@
 // Correctness rule (STYLE.md, in bf16): on the same bf16 inputs, the kernel's max error against the
 // float64 oracle is at most twice the error of a naive bf16 implementation (scores, P, dP, dS and
 // every output rounded to bf16, f32 sums: what a framework's math path does) plus the kernel's own
-// final rounding: 2^-8 of the largest reference value for bf16 outputs, 8 f32 ulps for f32 ones.
+// final rounding: 2^-8 of the largest reference value for bf16 outputs, 8 f32 ulps for f32 ones,
+// and for dsink (which reads the forward's stored bf16 output) what rounding the exact output to
+// bf16 does to the exact dsink.
 #pragma once
 #include <cstdint>
 #include <ostream>
