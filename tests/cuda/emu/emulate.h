@@ -21,6 +21,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <csetjmp>
 #include <ucontext.h>
 #include <vector>
@@ -50,9 +52,10 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 namespace hmla::emu {
 
 // One block at a time; its threads are fibers (ucontext) on the calling OS thread, switched at
-// barriers. A fiber runs until it reaches a barrier or ends; a barrier releases its waiters when
-// every live thread of its scope (block or warp) has arrived; threads that have ended count as
-// arrived. No runnable fiber while some wait is a divergent barrier: reported, then abort.
+// barriers, in a shuffled order each round. A fiber runs until it reaches a barrier or ends; a
+// barrier releases its waiters when every live thread of its scope (block or warp) has arrived;
+// threads that have ended count as arrived. No runnable fiber while some wait is a divergent
+// barrier: reported, then abort.
 struct Fiber {
   ucontext_t uc;   // for the first entry
   jmp_buf jb;      // every later switch: _setjmp/_longjmp, no signal-mask system call
@@ -165,9 +168,16 @@ inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void(
           ++w.alive;
           w.members.push_back(t);
         }
+        // Each round runs the runnable threads in a fresh pseudo-random order (seeded by the block),
+        // so that a read racing a write without a barrier between them sees different orders
+        // across blocks and rounds instead of one convenient order.
+        std::vector<unsigned> order(n);
+        std::iota(order.begin(), order.end(), 0u);
+        std::minstd_rand rng(1u + bx + 7919u * by + 104729u * bz);
         for (unsigned live = n; live > 0;) {
           bool ran = false;
-          for (unsigned t = 0; t < n; ++t) {
+          std::shuffle(order.begin(), order.end(), rng);
+          for (unsigned t : order) {
             Fiber& f = L.fibers[t];
             if (f.done || f.waiting) continue;
             L.cur = t;
