@@ -55,4 +55,11 @@ inline VecFlags vec_flags(const AttnDenseParams& p) {
               (!p.dout || reinterpret_cast<uintptr_t>(p.dout) % 16 == 0)};
 }
 
+// Backward helpers shared with the sparse attention (attn_dense_bwd.cu):
+// D[b, h, t] = rowsum(dO * O) over Dv of bf16 [b, sq, H, Dv] tensors, into f32 [b, H, sq];
+void launch_rowdot(const __nv_bfloat16* out, const __nv_bfloat16* dout, int64_t b, int64_t sq, int64_t H, int64_t Dv,
+                   float* D);
+// dsink[h] = -sum over (b, t) with finite lse of exp(sink_h - lse) D (fixed-order block reduction).
+void launch_dsink(const float* lse, const float* D, const float* sink, int64_t b, int64_t sq, int64_t H, float* dsink);
+
 }  // namespace hmla::cuda

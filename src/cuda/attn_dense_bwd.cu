@@ -20,28 +20,30 @@ namespace hmla::cuda {
 namespace {
 
 // D[b, h, t] = sum_c dO[t, h, c] O[t, h, c]; one warp per (row, head).
-__global__ void attn_bwd_dot_kernel(const AttnDenseParams p, float* D) {
+__global__ void rowdot_kernel(const __nv_bfloat16* out, const __nv_bfloat16* dout, int64_t rows, int64_t sq, int64_t H,
+                              int64_t Dv, float* D) {
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (w >= p.b * p.sq * p.H) return;
-  const int64_t row = w / p.H, h = w % p.H;  // row = b * sq + t
-  const __nv_bfloat16* o = bf(p.out) + (row * p.H + h) * p.Dv;
-  const __nv_bfloat16* d = bf(p.dout) + (row * p.H + h) * p.Dv;
+  if (w >= rows * H) return;
+  const int64_t row = w / H, h = w % H;  // row = b * sq + t
+  const __nv_bfloat16* o = out + (row * H + h) * Dv;
+  const __nv_bfloat16* d = dout + (row * H + h) * Dv;
   float acc = 0.f;
-  for (int64_t c = lane; c < p.Dv; c += 32) acc += __bfloat162float(o[c]) * __bfloat162float(d[c]);
+  for (int64_t c = lane; c < Dv; c += 32) acc += __bfloat162float(o[c]) * __bfloat162float(d[c]);
   for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) D[((row / p.sq) * p.H + h) * p.sq + row % p.sq] = acc;
+  if (lane == 0) D[((row / sq) * H + h) * sq + row % sq] = acc;
 }
 
 // dsink[h] = -sum over (b, t) with finite lse of exp(sink_h - lse) D; one block per head.
-__global__ void attn_bwd_dsink_kernel(const AttnDenseParams p, const float* D) {
+__global__ void dsink_kernel(const float* lse, const float* D, const float* sink, int64_t b, int64_t sq, int64_t H,
+                             float* dsink) {
   __shared__ float part[256];
   const int h = blockIdx.x;
   float acc = 0.f;
-  for (int64_t i = threadIdx.x; i < p.b * p.sq; i += blockDim.x) {
-    const int64_t b = i / p.sq, t = i % p.sq, k = (b * p.H + h) * p.sq + t;
-    const float l = p.lse[k];
-    if (l != INFINITY) acc -= expf(p.sink[h] - l) * D[k];
+  for (int64_t i = threadIdx.x; i < b * sq; i += blockDim.x) {
+    const int64_t k = ((i / sq) * H + h) * sq + i % sq;
+    const float l = lse[k];
+    if (l != INFINITY) acc -= expf(sink[h] - l) * D[k];
   }
   part[threadIdx.x] = acc;
   __syncthreads();
@@ -49,7 +51,7 @@ __global__ void attn_bwd_dsink_kernel(const AttnDenseParams p, const float* D) {
     if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
     __syncthreads();
   }
-  if (threadIdx.x == 0) p.dsink[h] = part[0];
+  if (threadIdx.x == 0) dsink[h] = part[0];
 }
 
 // dq for kRows query rows of one (b, h) and one chunk of kChunk columns.
@@ -346,21 +348,26 @@ void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
 
 }  // namespace
 
+void launch_rowdot(const __nv_bfloat16* out, const __nv_bfloat16* dout, int64_t b, int64_t sq, int64_t H, int64_t Dv,
+                   float* D) {
+  if (b * sq * H == 0) return;
+  HMLA_LAUNCH(rowdot_kernel, unsigned((b * sq * H * 32 + 255) / 256), 256, 0, current_stream().get(), out, dout, b * sq,
+              sq, H, Dv, D);
+  check_launch("attention backward: rowsum(dO * O)");
+}
+
+void launch_dsink(const float* lse, const float* D, const float* sink, int64_t b, int64_t sq, int64_t H, float* dsink) {
+  HMLA_LAUNCH(dsink_kernel, unsigned(H), 256, 0, current_stream().get(), lse, D, sink, b, sq, H, dsink);
+  check_launch("attention backward: dsink");
+}
+
 void attn_dense_bwd(const AttnDenseParams& p) {
   if (p.b == 0 || p.s == 0) return;
-  cudaStream_t st = current_stream().get();
   Tensor D = Tensor::empty({p.b, p.H, p.sq}, DType::f32, Device::cuda);
-  if (p.sq > 0) {
-    const int64_t warps = p.b * p.sq * p.H;
-    HMLA_LAUNCH(attn_bwd_dot_kernel, unsigned((warps * 32 + 255) / 256), 256, 0, st, p, D.data<float>());
-    check_launch("attn_dense_bwd dot");
-  }
+  launch_rowdot(bf(p.out), bf(p.dout), p.b, p.sq, p.H, p.Dv, D.data<float>());
   if (attn_is_wide(p)) launch_bwd<true>(p, D.data<float>(), vec_flags(p));
   else launch_bwd<false>(p, D.data<float>(), vec_flags(p));
-  if (p.dsink) {
-    HMLA_LAUNCH(attn_bwd_dsink_kernel, unsigned(p.H), 256, 0, st, p, D.data<float>());
-    check_launch("attn_dense_bwd dsink");
-  }
+  if (p.dsink) launch_dsink(p.lse, D.data<float>(), p.sink, p.b, p.sq, p.H, p.dsink);
   // D is freed (returned to the cache) when this returns; the stream orders its reuse.
 }
 

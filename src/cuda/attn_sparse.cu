@@ -10,7 +10,9 @@
 // duplicate in a row), one block per row sorting its entries in shared memory.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "attn_dense.cuh"
 #include "hmla/ops/sparse_attention.h"
@@ -38,13 +40,13 @@ struct SparseParams {
 // The row's listed keys, candidates (slots < K) first, each in slot order; returns their count
 // and sets *nc to the candidates'. All threads take part.
 __device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc) {
-  __shared__ int warp_counts[kWarps];
+  __shared__ int warp_counts[32];
   __shared__ int total;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = int(blockDim.x) / 32;
   if (tid == 0) total = 0;
   for (int pass = 0; pass < 2; ++pass) {
     const int begin = pass ? K : 0, end = pass ? KW : K;
-    for (int base = begin; base < end; base += 32 * kWarps) {
+    for (int base = begin; base < end; base += int(blockDim.x)) {
       __syncthreads();
       const int i = base + tid;
       const int32_t j = i < end ? row[i] : -1;
@@ -53,7 +55,7 @@ __device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc
       __syncthreads();
       int pos = total + __popc(ballot & ((1u << lane) - 1u));
       int sum = 0;
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < nwarps; ++w) {
         if (w < warp) pos += warp_counts[w];
         sum += warp_counts[w];
       }
@@ -253,6 +255,245 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
     if (v[i] != INT32_MAX && v[i] == v[i + 1]) atomicCAS(err, 0, int(row) + 1);
 }
 
+// ---- backward -----------------------------------------------------------------------------
+//   D[h] = rowsum(dO_h * O_h);  P = exp(l - lse);  dS = P (dP - D) scale with dP = dO_h . v_j
+//   dq_h = sum_j dS[h, j] kv_j                      (kernel dq: per row, heads, column chunk)
+//   dkv_j = sum over (row, h) listing j of dS[h, j] q_h + P[h, j] dO_h (value channels)
+// dkv is deterministic without atomics: kernel dkg writes each (row, listed key)'s contribution,
+// summed over heads in order, to a workspace for a chunk of rows; kernel reduce adds, per key, the
+// contributions of the chunk in (row, slot) order through an inverse index built on the host, into
+// an f32 accumulator; chunks go in row order. Column chunks of 128 keep accumulators in registers.
+
+constexpr int kBwdWarps = 2, kBwdHeads = 16 * kBwdWarps;  // 32 heads or keys per block
+constexpr int kHeadStep = 16;                              // heads per k-step of dkg
+
+struct SparseBwdParams {
+  SparseParams f;            // the forward's (out = the saved output)
+  const __nv_bfloat16* dout;  // [b, sq, H, Dv]
+  const float* D;             // [b, H, sq]
+  __nv_bfloat16* dq;          // [b, sq, H, Dqk]
+};
+
+__global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseBwdParams bp, int nchunks, bool vec) {
+  const SparseParams& p = bp.f;
+  constexpr int kNt = kBk / 8, kCt = kChunk / 8;
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
+  const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldt = kBk + kPad;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kBwdHeads, Dqk]
+  __nv_bfloat16* dOs = Qs + kBwdHeads * ldq;                     // [kBwdHeads, Dv]
+  __nv_bfloat16* Ks = dOs + kBwdHeads * ldv;                     // [kBk, Dqk] gathered keys
+  __nv_bfloat16* Kt = Ks + kBk * ldq;                            // [kChunk, kBk] their chunk, transposed
+  int32_t* list = reinterpret_cast<int32_t*>(Kt + kChunk * ldt);
+  __shared__ int s_nc;
+
+  const int64_t row = blockIdx.x, bb = row / p.sq, t = row % p.sq;
+  const int hg = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks;
+  const int h0 = hg * kBwdHeads, nh = int(p.H - h0 < kBwdHeads ? p.H - h0 : kBwdHeads);
+  const int c0 = chunk * kChunk, cn = int(p.Dqk - c0 < kChunk ? p.Dqk - c0 : kChunk);
+  const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
+  load_tile(Qs, ldq, p.q + bb * p.qb + t * p.qr + h0 * p.qh, p.qh, kBwdHeads, nh, int(p.Dqk), vec);
+  load_tile(dOs, ldv, bp.dout + (row * p.H + h0) * p.Dv, p.Dv, kBwdHeads, nh, int(p.Dv), p.Dv % 8 == 0);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int hA = h0 + warp * 16 + g, hB = hA + 8;
+  const float c2 = p.scale * kLog2e;
+  const float lseA = hA < p.H ? p.lse[(bb * p.H + hA) * p.sq + t] * kLog2e : INFINITY;
+  const float lseB = hB < p.H ? p.lse[(bb * p.H + hB) * p.sq + t] * kLog2e : INFINITY;
+  const float DA = hA < p.H ? bp.D[(bb * p.H + hA) * p.sq + t] : 0.f, DB = hB < p.H ? bp.D[(bb * p.H + hB) * p.sq + t] : 0.f;
+  float dq[kCt][4];
+#pragma unroll
+  for (int ct = 0; ct < kCt; ++ct) dq[ct][0] = dq[ct][1] = dq[ct][2] = dq[ct][3] = 0.f;
+  const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
+  for (int j0 = 0; j0 < n; j0 += kBk) {
+    const int nk = n - j0 < kBk ? n - j0 : kBk;
+    __syncthreads();
+    gather_tile(Ks, ldq, kv, p.Dqk, list + j0, nk, int(p.Dqk), vec);
+    for (int i = threadIdx.x; i < kBk * cn; i += blockDim.x) {  // Kt[col][key] = kv[key][c0 + col]
+      const int r = i % kBk, col = i / kBk;
+      Kt[col * ldt + r] = r < nk ? kv[list[j0 + r] * p.Dqk + c0 + col] : __float2bfloat16(0.f);
+    }
+    __syncthreads();
+    float s[kNt][4], dp[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
+      uint32_t a[4];
+      load_a(a, Qs, ldq, warp * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        uint32_t b2[2];
+        load_b(b2, Ks, ldq, nt * 8, k0, lane);
+        mma_bf16_16816(s[nt], a, b2);
+      }
+    }
+    for (int k0 = 0; k0 < p.Dv; k0 += 16) {  // dP = dO v^T: the value is the key's first Dv channels
+      uint32_t a[4];
+      load_a(a, dOs, ldv, warp * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        uint32_t b2[2];
+        load_b(b2, Ks, ldq, nt * 8, k0, lane);
+        mma_bf16_16816(dp[nt], a, b2);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const bool lo = e < 2, ok = j0 + nt * 8 + 2 * c + (e & 1) < n;
+        const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
+        s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
+      }
+#pragma unroll
+    for (int kt = 0; kt < kNt / 2; ++kt) {
+      uint32_t a[4];
+      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
+#pragma unroll
+      for (int ct = 0; ct < kCt; ++ct) {
+        if (ct * 8 >= cn) break;
+        uint32_t b2[2];
+        load_b(b2, Kt, ldt, ct * 8, kt * 16, lane);
+        mma_bf16_16816(dq[ct], a, b2);
+      }
+    }
+  }
+#pragma unroll
+  for (int ct = 0; ct < kCt; ++ct) {
+    if (ct * 8 >= cn) break;
+    const int col = c0 + ct * 8 + 2 * c;
+    if (hA < p.H)
+      *reinterpret_cast<uint32_t*>(bp.dq + (row * p.H + hA) * p.Dqk + col) = pack_bf16(dq[ct][0], dq[ct][1]);
+    if (hB < p.H)
+      *reinterpret_cast<uint32_t*>(bp.dq + (row * p.H + hB) * p.Dqk + col) = pack_bf16(dq[ct][2], dq[ct][3]);
+  }
+}
+
+// Contributions of row `row0 + blockIdx.x`'s listed keys [32 by, +32) to dkv, columns
+// [c0, c0 + 128): ws[(local row * KW + position) * Dqk + col] = sum_h dS[h, j] q_h + P[h, j] dO_h.
+__global__ void __launch_bounds__(32 * kBwdWarps)
+    sparse_dkg_kernel(const SparseBwdParams bp, int64_t row0, bool vec, float* ws) {
+  const SparseParams& p = bp.f;
+  constexpr int kCt = kChunk / 8;
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
+  const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldh = kHeadStep + kPad;
+  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kBwdHeads keys, Dqk]
+  __nv_bfloat16* Qh = Ks + kBwdHeads * ldq;                      // [kHeadStep, Dqk]
+  __nv_bfloat16* dOh = Qh + kHeadStep * ldq;                     // [kHeadStep, Dv]
+  __nv_bfloat16* Qt = dOh + kHeadStep * ldv;                     // [kChunk, kHeadStep] q chunk, transposed
+  __nv_bfloat16* dOt = Qt + kChunk * ldh;                        // [kChunk, kHeadStep] dO chunk, transposed
+  int32_t* list = reinterpret_cast<int32_t*>(dOt + kChunk * ldh);
+  __shared__ int s_nc;
+
+  const int64_t row = row0 + blockIdx.x, bb = row / p.sq, t = row % p.sq;
+  const int j0 = blockIdx.y * kBwdHeads;  // first listed position of this block's keys
+  const int c0 = blockIdx.z * kChunk, cn = int(p.Dqk - c0 < kChunk ? p.Dqk - c0 : kChunk);
+  const int vn = int(p.Dv - c0 < cn ? (p.Dv - c0 > 0 ? p.Dv - c0 : 0) : cn);  // value columns in the chunk
+  const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
+  if (j0 >= n) return;  // uniform: every thread computed the same n
+  const int nk = n - j0 < kBwdHeads ? n - j0 : kBwdHeads;
+  const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
+  gather_tile(Ks, ldq, kv, p.Dqk, list + j0, nk, int(p.Dqk), vec);  // kBk == kBwdHeads rows
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const float c2 = p.scale * kLog2e;
+  float acc[kCt][4];
+#pragma unroll
+  for (int ct = 0; ct < kCt; ++ct) acc[ct][0] = acc[ct][1] = acc[ct][2] = acc[ct][3] = 0.f;
+  for (int h0 = 0; h0 < p.H; h0 += kHeadStep) {
+    __syncthreads();
+    const __nv_bfloat16* qrow = p.q + bb * p.qb + t * p.qr + h0 * p.qh;
+    const __nv_bfloat16* orow = bp.dout + (row * p.H + h0) * p.Dv;
+    load_tile(Qh, ldq, qrow, p.qh, kHeadStep, kHeadStep, int(p.Dqk), vec);
+    load_tile(dOh, ldv, orow, p.Dv, kHeadStep, kHeadStep, int(p.Dv), p.Dv % 8 == 0);
+    load_tile_t(Qt, ldh, qrow + c0, p.qh, kHeadStep, kHeadStep, cn);
+    if (vn > 0) load_tile_t(dOt, ldh, orow + c0, p.Dv, kHeadStep, kHeadStep, vn);
+    __syncthreads();
+    // S^T and dP^T: rows = the warp's 16 keys, columns = 16 heads (2 n-tiles).
+    float s[2][4], dp[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
+      uint32_t a[4];
+      load_a(a, Ks, ldq, warp * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t b2[2];
+        load_b(b2, Qh, ldq, nt * 8, k0, lane);
+        mma_bf16_16816(s[nt], a, b2);
+      }
+    }
+    for (int k0 = 0; k0 < p.Dv; k0 += 16) {
+      uint32_t a[4];
+      load_a(a, Ks, ldq, warp * 16, k0, lane);
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        uint32_t b2[2];
+        load_b(b2, dOh, ldv, nt * 8, k0, lane);
+        mma_bf16_16816(dp[nt], a, b2);
+      }
+    }
+    float ds[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = h0 + nt * 8 + 2 * c + (e & 1);
+        const int pos = j0 + warp * 16 + g + (e < 2 ? 0 : 8);
+        const int64_t k = (bb * p.H + h) * p.sq + t;
+        const float pr = pos < n ? exp2f(s[nt][e] * c2 - p.lse[k] * kLog2e) : 0.f;
+        ds[nt][e] = pr * (dp[nt][e] - bp.D[k]) * p.scale;
+        s[nt][e] = pr;
+      }
+    uint32_t a[4];
+    acc_to_a(a, ds[0], ds[1]);  // dS^T: keys x 16 heads
+#pragma unroll
+    for (int ct = 0; ct < kCt; ++ct) {
+      if (ct * 8 >= cn) break;
+      uint32_t b2[2];
+      load_b(b2, Qt, ldh, ct * 8, 0, lane);
+      mma_bf16_16816(acc[ct], a, b2);
+    }
+    acc_to_a(a, s[0], s[1]);  // P^T, into the value columns
+#pragma unroll
+    for (int ct = 0; ct < kCt; ++ct) {
+      if (ct * 8 >= vn) break;
+      uint32_t b2[2];
+      load_b(b2, dOt, ldh, ct * 8, 0, lane);
+      mma_bf16_16816(acc[ct], a, b2);
+    }
+  }
+  const int64_t base = (row - row0) * p.KW;
+  const int pA = j0 + warp * 16 + g, pB = pA + 8;
+#pragma unroll
+  for (int ct = 0; ct < kCt; ++ct) {
+    if (ct * 8 >= cn) break;
+    const int col = c0 + ct * 8 + 2 * c;
+    if (pA < n) ws[(base + pA) * p.Dqk + col] = acc[ct][0], ws[(base + pA) * p.Dqk + col + 1] = acc[ct][1];
+    if (pB < n) ws[(base + pB) * p.Dqk + col] = acc[ct][2], ws[(base + pB) * p.Dqk + col + 1] = acc[ct][3];
+  }
+}
+
+// dkv_acc[key] += the chunk's contributions to it, in the inverse index's (row, position) order.
+__global__ void sparse_dkv_reduce_kernel(const int64_t* offsets, const int64_t* entries, const float* ws, int64_t Dqk,
+                                         float* dkv_acc) {
+  const int64_t key = blockIdx.x, e0 = offsets[key], e1 = offsets[key + 1];
+  if (e0 == e1) return;
+  for (int64_t col = threadIdx.x; col < Dqk; col += blockDim.x) {
+    float acc = dkv_acc[key * Dqk + col];
+    for (int64_t e = e0; e < e1; ++e) acc += ws[entries[e] * Dqk + col];
+    dkv_acc[key * Dqk + col] = acc;
+  }
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16(x[i]);
+}
+
 }  // namespace
 
 void attn_sparse_check_table(const Tensor& idx, int64_t skv) {
@@ -287,6 +528,90 @@ void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
   dim3 grid(unsigned(p.b * p.sq), unsigned(groups * nchunks));
   HMLA_LAUNCH(sparse_fwd_kernel, grid, 32 * kWarps, smem, current_stream().get(), p, nchunks, vec);
   check_launch("attn_sparse_fwd");
+}
+
+}  // namespace hmla::cuda
+
+namespace hmla::cuda {
+
+void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout, AttnSparseGrads& g) {
+  SparseParams f{in.q.size(0),  in.q.size(1),  in.kv.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2),
+                 in.K,
+                 static_cast<const __nv_bfloat16*>(in.q.raw_data()), in.q.stride(0), in.q.stride(1), in.q.stride(2),
+                 static_cast<const __nv_bfloat16*>(in.kv.raw_data()), in.idx.data<int32_t>(),
+                 in.sink.defined() ? in.sink.data<float>() : nullptr, in.scale,
+                 static_cast<__nv_bfloat16*>(sv.out.raw_data()), sv.lse.data<float>(), nullptr};
+  const int64_t rows = f.b * f.sq;
+  Tensor D = Tensor::empty({f.b, f.H, f.sq}, DType::f32, Device::cuda);
+  Tensor acc = Tensor::zeros({f.b * f.skv, f.Dqk}, DType::f32).to(Device::cuda);
+  SparseBwdParams bp{f, static_cast<const __nv_bfloat16*>(dout.raw_data()), D.data<float>(),
+                     static_cast<__nv_bfloat16*>(g.dq.raw_data())};
+  cudaStream_t st = current_stream().get();
+  if (rows > 0) {
+    launch_rowdot(static_cast<const __nv_bfloat16*>(sv.out.raw_data()), bp.dout, f.b, f.sq, f.H, f.Dv, D.data<float>());
+    const bool vec = rows_aligned(f.q, f.qr, f.qb, f.qh, f.Dqk) && rows_aligned(f.kv, f.Dqk, f.skv * f.Dqk, 0, f.Dqk);
+    const int nchunks = int((f.Dqk + kChunk - 1) / kChunk);
+    // dq
+    const size_t smem_dq = sizeof(__nv_bfloat16) * (kBwdHeads * (f.Dqk + kPad) + kBwdHeads * (f.Dv + kPad) +
+                                                    kBk * (f.Dqk + kPad) + kChunk * (kBk + kPad)) +
+                           sizeof(int32_t) * f.KW;
+    check(cudaFuncSetAttribute(sparse_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dq)),
+          "attn_sparse_bwd dq: shared memory");
+    HMLA_LAUNCH(sparse_dq_kernel, dim3(unsigned(rows), unsigned(((f.H + kBwdHeads - 1) / kBwdHeads) * nchunks)),
+                32 * kBwdWarps, smem_dq, st, bp, nchunks, vec);
+    check_launch("attn_sparse_bwd dq");
+    // dkv, a chunk of rows at a time.
+    const size_t smem_dkg = sizeof(__nv_bfloat16) * (kBwdHeads * (f.Dqk + kPad) + kHeadStep * (f.Dqk + kPad) +
+                                                     kHeadStep * (f.Dv + kPad) + 2 * kChunk * (kHeadStep + kPad)) +
+                            sizeof(int32_t) * f.KW;
+    check(cudaFuncSetAttribute(sparse_dkg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkg)),
+          "attn_sparse_bwd dkg: shared memory");
+    const int64_t per_row = f.KW * f.Dqk * int64_t(sizeof(float));
+    const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t(512) << 20) / per_row));
+    Tensor ws = Tensor::empty({chunk_rows * f.KW, f.Dqk}, DType::f32, Device::cuda);
+    const std::vector<int32_t> idx = in.idx.to(Device::cpu).to_vector<int32_t>();
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+      const int64_t nr = std::min(chunk_rows, rows - r0);
+      // The inverse index of rows [r0, r0 + nr): per key, (local row * KW + position) in row order,
+      // positions as compact() numbers them (candidates first, then the window).
+      std::vector<int64_t> offsets(f.b * f.skv + 1, 0), entries;
+      auto walk = [&](auto&& visit) {
+        for (int64_t r = r0; r < r0 + nr; ++r) {
+          int64_t pos = 0;
+          for (int pass = 0; pass < 2; ++pass)
+            for (int64_t i = pass ? f.K : 0; i < (pass ? f.KW : f.K); ++i) {
+              const int32_t j = idx[r * f.KW + i];
+              if (j >= 0) visit((r / f.sq) * f.skv + j, (r - r0) * f.KW + pos++);
+            }
+        }
+      };
+      walk([&](int64_t key, int64_t) { ++offsets[key + 1]; });
+      for (size_t k = 1; k < offsets.size(); ++k) offsets[k] += offsets[k - 1];
+      entries.resize(offsets.back());
+      std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
+      walk([&](int64_t key, int64_t e) { entries[fill[key]++] = e; });
+      const Tensor off_d = Tensor::from_vector<int64_t>({int64_t(offsets.size())}, offsets).to(Device::cuda);
+      const Tensor ent_d =
+          Tensor::from_vector<int64_t>({std::max<int64_t>(int64_t(entries.size()), 1)},
+                                       entries.empty() ? std::vector<int64_t>{0} : entries)
+              .to(Device::cuda);
+      HMLA_LAUNCH(sparse_dkg_kernel, dim3(unsigned(nr), unsigned((f.KW + kBwdHeads - 1) / kBwdHeads), unsigned(nchunks)),
+                  32 * kBwdWarps, smem_dkg, st, bp, r0, vec, ws.data<float>());
+      check_launch("attn_sparse_bwd dkg");
+      HMLA_LAUNCH(sparse_dkv_reduce_kernel, unsigned(f.b * f.skv), 128, 0, st, off_d.data<int64_t>(),
+                  ent_d.data<int64_t>(), ws.data<float>(), f.Dqk, acc.data<float>());
+      check_launch("attn_sparse_bwd dkv reduce");
+    }
+    if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, g.dsink.data<float>());
+  } else if (f.sink) {
+    g.dsink.copy_from(Tensor::zeros({f.H}, DType::f32));
+  }
+  const int64_t n = acc.numel();
+  if (n > 0) {
+    HMLA_LAUNCH(to_bf16_kernel, unsigned((n + 255) / 256), 256, 0, st, acc.data<float>(), n,
+                static_cast<__nv_bfloat16*>(g.dkv.raw_data()));
+    check_launch("attn_sparse_bwd dkv to bf16");
+  }
 }
 
 }  // namespace hmla::cuda

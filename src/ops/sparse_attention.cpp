@@ -1,7 +1,6 @@
 // Entry points of sparse latent MQA attention: the index table's contract is checked here
 // (entries in [-1, skv), no duplicate in a row; on the GPU by a device-side check), then the
-// backend's kernel runs: f32 on the CPU; bf16 forward on CUDA (the CUDA backward is not written
-// yet: a clear error).
+// backend's kernel runs: f32 on the CPU; bf16 on CUDA (the backward with H a multiple of 16).
 #include "hmla/ops/sparse_attention.h"
 
 #include <cmath>
@@ -93,18 +92,25 @@ AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
 }
 
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout) {
-  HMLA_CHECK(in.q.device() == Device::cpu, ShapeError,
-             "sparse attention: the backward runs on the CPU only so far (the CUDA one is issue 8's open part)");
   check(in);
   const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
+  const Device dev = in.q.device();
   HMLA_CHECK(dout.defined() && dout.shape() == Shape({b, s, H, in.Dv}) && dout.is_contiguous() &&
-                 dout.dtype() == DType::f32,
-             ShapeError, "sparse attention: dout must be a contiguous f32 ", shape_str({b, s, H, in.Dv}));
+                 dout.dtype() == in.q.dtype() && dout.device() == dev,
+             ShapeError, "sparse attention: dout must be a contiguous ", dtype_name(in.q.dtype()), " ",
+             shape_str({b, s, H, in.Dv}), " on q's device");
   HMLA_CHECK(sv.out.defined() && sv.out.shape() == Shape({b, s, H, in.Dv}) && sv.lse.defined() &&
                  sv.lse.shape() == Shape({b, H, s}),
              ShapeError, "sparse attention: the saved out/lse do not match the inputs");
-  AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, DType::f32), Tensor::empty(in.kv.shape(), DType::f32),
-                    in.sink.defined() ? Tensor::empty({H}, DType::f32) : Tensor()};
+  AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, in.q.dtype(), dev), Tensor::empty(in.kv.shape(), in.q.dtype(), dev),
+                    in.sink.defined() ? Tensor::empty({H}, DType::f32, dev) : Tensor()};
+#ifdef HMLA_HAVE_CUDA
+  if (dev == Device::cuda) {
+    HMLA_CHECK(H % 16 == 0, ShapeError, "sparse attention backward on CUDA: H = ", H, " must be a multiple of 16");
+    cuda::attn_sparse_bwd(in, sv, dout, g);
+    return g;
+  }
+#endif
   cpu::attn_sparse_bwd_cpu(in, sv, dout, g);
   return g;
 }

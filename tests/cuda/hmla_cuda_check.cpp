@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
         ok &= r.ok;
       }
       for (const SparseCase& c : {SparseCase{"sparse_576_512_h16", 1, 96, 16, 576, 512, 24, 4, false},
-                                  SparseCase{"sparse_576_512_h64_b2_sink", 2, 80, 64, 576, 512, 16, 0, true},
-                                  SparseCase{"sparse_128_128_h128", 1, 64, 128, 128, 128, 40, 8, true},
-                                  SparseCase{"sparse_192_160_h80_kw210", 1, 200, 80, 192, 160, 150, 60, true},
+                                  SparseCase{"sparse_576_512_h64_b2_sink", 2, 48, 64, 576, 512, 16, 0, true},
+                                  SparseCase{"sparse_128_128_h128", 1, 48, 128, 128, 128, 40, 8, true},
+                                  SparseCase{"sparse_192_160_h32_kw140", 1, 140, 32, 192, 160, 100, 40, true},
                                   SparseCase{"sparse_k0_window_only", 1, 64, 16, 128, 128, 0, 12, false}}) {
         const SparseResult r = check_sparse(c, 3);
         std::cout << r.json() << std::endl;

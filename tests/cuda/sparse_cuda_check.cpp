@@ -74,13 +74,18 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
-// Naive bf16 forward: scores, P and the output rounded to bf16, f32 sums.
-void naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const std::vector<float>& kv,
-                const std::vector<int32_t>& idx, const std::vector<float>& sink, float scale, std::vector<float>& out,
-                std::vector<float>& lse, std::vector<float>& lse_c) {
-  out.assign(d.b * d.s * d.H * d.Dv, 0.f);
-  lse.assign(d.b * d.H * d.s, INFINITY);
-  lse_c.assign(d.b * d.H * d.s, INFINITY);
+// Naive bf16 forward and backward: scores, P, dP, dS and every output rounded to bf16, f32 sums.
+struct Naive {
+  std::vector<float> out, lse, lse_c, dq, dkv, dsink;
+};
+
+Naive naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const std::vector<float>& kv,
+                 const std::vector<int32_t>& idx, const std::vector<float>& sink, float scale,
+                 const std::vector<float>& dout) {
+  Naive r{std::vector<float>(d.b * d.s * d.H * d.Dv, 0.f), std::vector<float>(d.b * d.H * d.s, INFINITY),
+          std::vector<float>(d.b * d.H * d.s, INFINITY), std::vector<float>(q.size(), 0.f),
+          std::vector<float>(kv.size(), 0.f), std::vector<float>(sink.size(), 0.f)};
+  std::vector<float> dkv(kv.size(), 0.f);
   for (int64_t row = 0; row < d.b * d.s; ++row) {
     const int64_t b = row / d.s, t = row % d.s;
     std::vector<int64_t> js;
@@ -89,11 +94,13 @@ void naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const std
       if (idx[row * d.KW + i] >= 0) js.push_back(idx[row * d.KW + i]), cand.push_back(i < d.K);
     if (js.empty()) continue;
     for (int64_t h = 0; h < d.H; ++h) {
-      std::vector<float> l(js.size());
+      const float* qh = &q[(row * d.H + h) * d.Dqk];
+      auto key = [&](size_t i) { return &kv[(b * d.s + js[i]) * d.Dqk]; };
+      std::vector<float> l(js.size()), P(js.size());
       float m = -INFINITY, mc = -INFINITY;
       for (size_t i = 0; i < js.size(); ++i) {
         float acc = 0.f;
-        for (int64_t c = 0; c < d.Dqk; ++c) acc += q[(row * d.H + h) * d.Dqk + c] * kv[(b * d.s + js[i]) * d.Dqk + c];
+        for (int64_t c = 0; c < d.Dqk; ++c) acc += qh[c] * key(i)[c];
         l[i] = scale * rbf(acc);
         m = std::max(m, l[i]);
         if (cand[i]) mc = std::max(mc, l[i]);
@@ -103,16 +110,37 @@ void naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const std
         z += std::exp(l[i] - m);
         if (cand[i]) zc += std::exp(l[i] - mc);
       }
-      lse[(b * d.H + h) * d.s + t] = m + std::log(z);
-      if (zc > 0.f) lse_c[(b * d.H + h) * d.s + t] = mc + std::log(zc);
+      const float lse = m + std::log(z);
+      r.lse[(b * d.H + h) * d.s + t] = lse;
+      if (zc > 0.f) r.lse_c[(b * d.H + h) * d.s + t] = mc + std::log(zc);
       std::vector<float> acc(d.Dv, 0.f);
       for (size_t i = 0; i < js.size(); ++i) {
-        const float p = rbf(std::exp(l[i] - m) / z);
-        for (int64_t c = 0; c < d.Dv; ++c) acc[c] += p * kv[(b * d.s + js[i]) * d.Dqk + c];
+        P[i] = rbf(std::exp(l[i] - m) / z);
+        for (int64_t c = 0; c < d.Dv; ++c) acc[c] += P[i] * key(i)[c];
       }
-      for (int64_t c = 0; c < d.Dv; ++c) out[(row * d.H + h) * d.Dv + c] = rbf(acc[c]);
+      float* o = &r.out[(row * d.H + h) * d.Dv];
+      for (int64_t c = 0; c < d.Dv; ++c) o[c] = rbf(acc[c]);
+      if (dout.empty()) continue;
+      const float* g = &dout[(row * d.H + h) * d.Dv];
+      float D = 0.f;
+      for (int64_t c = 0; c < d.Dv; ++c) D += g[c] * o[c];
+      if (!sink.empty()) r.dsink[h] -= std::exp(sink[h] - lse) * D;
+      std::vector<float> dqh(d.Dqk, 0.f);
+      for (size_t i = 0; i < js.size(); ++i) {
+        float dp = 0.f;
+        for (int64_t c = 0; c < d.Dv; ++c) dp += g[c] * key(i)[c];
+        const float dS = rbf(P[i] * (rbf(dp) - D));
+        float* dk = &dkv[(b * d.s + js[i]) * d.Dqk];
+        for (int64_t c = 0; c < d.Dqk; ++c) {
+          dqh[c] += dS * key(i)[c];
+          dk[c] += scale * dS * qh[c] + (c < d.Dv ? P[i] * g[c] : 0.f);
+        }
+      }
+      for (int64_t c = 0; c < d.Dqk; ++c) r.dq[(row * d.H + h) * d.Dqk + c] = rbf(scale * dqh[c]);
     }
   }
+  for (size_t i = 0; i < dkv.size(); ++i) r.dkv[i] = rbf(dkv[i]);
+  return r;
 }
 
 }  // namespace
@@ -132,28 +160,60 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float 
   AttnSparseInputs in{put({c.b, c.s, c.H, c.Dqk}, q, dev), put({c.b, c.s, c.Dqk}, kv, dev), c.Dv,
                       Tensor::from_vector<int32_t>({c.b, c.s, c.K + c.W}, idx).to(dev), c.K,
                       c.sink ? Tensor::from_vector<float>({c.H}, snk).to(dev) : Tensor(), scale * scale_factor};
-  std::vector<float> run[2][3];
+  std::vector<float> dout(c.b * c.s * c.H * c.Dv);
+  for (float& x : dout) x = rbf(nd(rng));
+  const Tensor dout_dev = put({c.b, c.s, c.H, c.Dv}, dout, dev);
+  const bool backward = dev == Device::cpu || c.H % 16 == 0;
+  std::vector<float> run[2][6];  // out, lse, lse_c, dq, dkv, dsink
   for (auto& got : run) {
     AttnSparseSaved sv = attn_sparse_fwd(in);
     got[0] = host(sv.out), got[1] = host(sv.lse);
     if (c.K > 0) got[2] = host(sv.lse_c);  // K = 0: no candidates, no lse_c
+    if (!backward) continue;
+    AttnSparseGrads g = attn_sparse_bwd(in, sv, dout_dev);
+    got[3] = host(g.dq), got[4] = host(g.dkv);
+    if (c.sink) got[5] = host(g.dsink);
   }
-  r.deterministic = run[0][0] == run[1][0] && run[0][1] == run[1][1] && run[0][2] == run[1][2];
+  r.deterministic = true;
+  for (int i = 0; i < 6; ++i) r.deterministic &= run[0][i] == run[1][i];
   const ref::SparseDims d{c.b, c.s, c.H, c.Dqk, c.Dv, c.K + c.W, c.K};
   auto f64 = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
-  const auto o64 = ref::attn_sparse_ref<double>(d, f64(q), f64(kv), idx, f64(snk), double(scale), {});
-  std::vector<float> nout, nlse, nlse_c;
-  naive_bf16(d, q, kv, idx, snk, scale, nout, nlse, nlse_c);
+  const auto o64 = ref::attn_sparse_ref<double>(d, f64(q), f64(kv), idx, f64(snk), double(scale), f64(dout));
+  const Naive nb = naive_bf16(d, q, kv, idx, snk, scale, dout);
   auto rule = [&](const std::vector<float>& got, const std::vector<float>& naive, const std::vector<double>& ref,
-                  bool bf16_out, double& err, double& bound) {
+                  bool bf16_out, double extra, double& err, double& bound) {
     err = max_err(got, ref);
-    bound = 2 * max_err(naive, ref) + (bf16_out ? std::ldexp(1.0, -8) : 8 * FLT_EPSILON) * max_abs(ref);
+    bound = 2 * max_err(naive, ref) + (bf16_out ? std::ldexp(1.0, -8) : 8 * FLT_EPSILON) * max_abs(ref) + extra;
     return err <= bound;
   };
   r.ok = r.deterministic;
-  r.ok &= rule(run[0][0], nout, o64.out, true, r.out_err, r.out_bound);
-  r.ok &= rule(run[0][1], nlse, o64.lse, false, r.lse_err, r.lse_bound);
-  if (c.K > 0) r.ok &= rule(run[0][2], nlse_c, o64.lse_c, false, r.lse_c_err, r.lse_c_bound);
+  r.ok &= rule(run[0][0], nb.out, o64.out, true, 0, r.out_err, r.out_bound);
+  r.ok &= rule(run[0][1], nb.lse, o64.lse, false, 0, r.lse_err, r.lse_bound);
+  if (c.K > 0) r.ok &= rule(run[0][2], nb.lse_c, o64.lse_c, false, 0, r.lse_c_err, r.lse_c_bound);
+  if (!backward) return r;
+  r.ok &= rule(run[0][3], nb.dq, o64.dq, true, 0, r.dq_err, r.dq_bound);
+  r.ok &= rule(run[0][4], nb.dkv, o64.dkv, true, 0, r.dkv_err, r.dkv_bound);
+  if (c.sink) {
+    // dsink reads the stored bf16 output (attn_cuda_check.h): that rounding's effect on the exact dsink.
+    double extra = 0;
+    for (int64_t h = 0; h < c.H; ++h) {
+      double exact = 0, rounded = 0;
+      for (int64_t row = 0; row < c.b * c.s; ++row) {
+        const double l = o64.lse[((row / c.s) * c.H + h) * c.s + row % c.s];
+        if (!std::isfinite(l)) continue;
+        double D = 0, Dr = 0;
+        for (int64_t k = 0; k < c.Dv; ++k) {
+          const double o = o64.out[(row * c.H + h) * c.Dv + k], g = dout[(row * c.H + h) * c.Dv + k];
+          D += g * o;
+          Dr += g * double(rbf(float(o)));
+        }
+        exact -= std::exp(double(snk[h]) - l) * D;
+        rounded -= std::exp(double(snk[h]) - l) * Dr;
+      }
+      extra = std::max(extra, std::abs(rounded - exact));
+    }
+    r.ok &= rule(run[0][5], nb.dsink, o64.dsink, false, extra, r.dsink_err, r.dsink_bound);
+  }
   return r;
 }
 
@@ -199,23 +259,33 @@ SparseBench bench_sparse(int64_t s, int64_t H, int64_t K, int reps) {
   cudaEvent_t e0, e1;
   cuda::check(cudaEventCreate(&e0), "cudaEventCreate");
   cuda::check(cudaEventCreate(&e1), "cudaEventCreate");
+  const Tensor dout = put({1, s, H, Dv}, std::vector<float>(size_t(s * H * Dv), 0.5f), Device::cuda);
+  AttnSparseGrads g{Tensor::empty({1, s, H, Dqk}, DType::bf16, Device::cuda),
+                    Tensor::empty({1, s, Dqk}, DType::bf16, Device::cuda), Tensor()};
   Allocator& a = allocator(Device::cuda);
   a.reset_peak();
-  std::vector<float> ms;
-  for (int i = 0; i < reps + 2; ++i) {
-    cuda::check(cudaEventRecord(e0, st), "cudaEventRecord");
-    cuda::attn_sparse_fwd(in, sv);
-    cuda::check(cudaEventRecord(e1, st), "cudaEventRecord");
-    cuda::check(cudaEventSynchronize(e1), "cudaEventSynchronize");
-    float t = 0;
-    cuda::check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
-    if (i >= 2) ms.push_back(t);
-  }
+  auto time = [&](bool backward) {
+    std::vector<float> ms;
+    for (int i = 0; i < reps + 2; ++i) {
+      cuda::check(cudaEventRecord(e0, st), "cudaEventRecord");
+      cuda::attn_sparse_fwd(in, sv);
+      if (backward) cuda::attn_sparse_bwd(in, sv, dout, g);
+      cuda::check(cudaEventRecord(e1, st), "cudaEventRecord");
+      cuda::check(cudaEventSynchronize(e1), "cudaEventSynchronize");
+      float t = 0;
+      cuda::check(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+      if (i >= 2) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return double(ms[ms.size() / 2]);
+  };
+  r.fwd_ms = time(false);
+  r.fwdbwd_ms = time(true);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  std::sort(ms.begin(), ms.end());
-  r.fwd_ms = ms[ms.size() / 2];
-  r.fwd_tflops = 2.0 * double(r.valid_pairs) * double(H) * double(Dqk + Dv) / (r.fwd_ms * 1e-3) / 1e12;
+  const double fwd_flops = 2.0 * double(r.valid_pairs) * double(H) * double(Dqk + Dv);
+  r.fwd_tflops = fwd_flops / (r.fwd_ms * 1e-3) / 1e12;
+  r.bwd_tflops = 2.5 * fwd_flops / ((r.fwdbwd_ms - r.fwd_ms) * 1e-3) / 1e12;  // bwd time = fwd+bwd - fwd
   r.peak_bytes = int64_t(a.peak_bytes());
   return r;
 }
@@ -224,7 +294,8 @@ std::string SparseBench::json() const {
   std::ostringstream os;
   os << "{\"bench\":\"cuda-sparse-mla\",\"s\":" << s << ",\"H\":" << H << ",\"K\":" << K << ",\"dqk\":" << Dqk
      << ",\"dv\":" << Dv << ",\"valid_pairs\":" << valid_pairs << ",\"hmla_fwd_ms\":" << fwd_ms
-     << ",\"hmla_fwd_tflops\":" << fwd_tflops << ",\"hmla_bwd_tflops\":null,\"peak_bytes\":" << peak_bytes << "}";
+     << ",\"hmla_fwdbwd_ms\":" << fwdbwd_ms << ",\"hmla_fwd_tflops\":" << fwd_tflops << ",\"hmla_bwd_tflops\":"
+     << bwd_tflops << ",\"peak_bytes\":" << peak_bytes << "}";
   return os.str();
 }
 
@@ -233,7 +304,9 @@ std::string SparseResult::json() const {
   os << "{\"check\":\"cuda-sparse-mla\",\"case\":\"" << name << "\",\"ok\":" << (ok ? "true" : "false")
      << ",\"deterministic\":" << (deterministic ? "true" : "false") << ",\"out\":{\"err\":" << out_err
      << ",\"bound\":" << out_bound << "},\"lse\":{\"err\":" << lse_err << ",\"bound\":" << lse_bound
-     << "},\"lse_c\":{\"err\":" << lse_c_err << ",\"bound\":" << lse_c_bound << "}}";
+     << "},\"lse_c\":{\"err\":" << lse_c_err << ",\"bound\":" << lse_c_bound << "},\"dq\":{\"err\":" << dq_err
+     << ",\"bound\":" << dq_bound << "},\"dkv\":{\"err\":" << dkv_err << ",\"bound\":" << dkv_bound
+     << "},\"dsink\":{\"err\":" << dsink_err << ",\"bound\":" << dsink_bound << "}}";
   return os.str();
 }
 

@@ -1,4 +1,4 @@
-// The CUDA sparse latent MQA forward against the CPU references (the bf16 rule of
+// The CUDA sparse latent MQA forward and backward (H a multiple of 16) against the CPU references (the bf16 rule of
 // attn_cuda_check.h: twice a naive bf16 implementation's error against the float64 oracle plus the
 // kernel's own final rounding; bit-identical reruns), and the device-side table check (a duplicate
 // or an out-of-range key is a clear error). Shared by the gtest suite and hmla_cuda_check.
@@ -20,6 +20,7 @@ struct SparseResult {
   std::string name;
   bool ok = false, deterministic = false;
   double out_err = 0, out_bound = 0, lse_err = 0, lse_bound = 0, lse_c_err = 0, lse_c_bound = 0;
+  double dq_err = 0, dq_bound = 0, dkv_err = 0, dkv_bound = 0, dsink_err = 0, dsink_bound = 0;  // backward
   std::string json() const;
 };
 
@@ -29,12 +30,12 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev = Devic
 // True when a table listing a key twice is refused with an hmla error on the device.
 bool sparse_rejects_duplicates();
 
-// Sparse MLA forward on one causal document: row t lists K keys evenly spread over [0, t] (all of
+// Sparse MLA forward and forward+backward on one causal document: row t lists K keys evenly spread over [0, t] (all of
 // them while t < K; the rest -1), the shape of the torch baseline (tests/cuda/torch_attention_bench.py
 // builds the same table). FLOPs count valid slots only: 2 (Dqk + Dv) per listed (row, key) and head.
 struct SparseBench {
   int64_t s, H, K, Dqk, Dv, valid_pairs = 0;
-  double fwd_ms = 0, fwd_tflops = 0;
+  double fwd_ms = 0, fwdbwd_ms = 0, fwd_tflops = 0, bwd_tflops = 0;  // bwd: 2.5x the forward's FLOPs
   int64_t peak_bytes = 0;
   std::string json() const;
 };

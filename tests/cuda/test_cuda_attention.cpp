@@ -37,9 +37,9 @@ TEST(CudaIndexer, TopkFromBf16InputsMatchesTheReferenceSets) {
 
 const std::vector<cuda_check::SparseCase> kSparseCases{
     {"sparse_576_512_h16", 1, 96, 16, 576, 512, 24, 4, false},
-    {"sparse_576_512_h64_b2_sink", 2, 80, 64, 576, 512, 16, 0, true},
-    {"sparse_128_128_h128", 1, 64, 128, 128, 128, 40, 8, true},
-    {"sparse_192_160_h80_kw210", 1, 200, 80, 192, 160, 150, 60, true},  // 2 compaction rounds, partial chunk and group
+    {"sparse_576_512_h64_b2_sink", 2, 48, 64, 576, 512, 16, 0, true},
+    {"sparse_128_128_h128", 1, 48, 128, 128, 128, 40, 8, true},
+    {"sparse_192_160_h32_kw140", 1, 140, 32, 192, 160, 100, 40, true},  // compaction over 2 rounds, partial chunk and head group
     {"sparse_k0_window_only", 1, 64, 16, 128, 128, 0, 12, false},
 };
 
