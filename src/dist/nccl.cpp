@@ -49,17 +49,24 @@ std::shared_ptr<Group> create(const void* mpi_comm, int rank, int size) {
   return g;
 }
 
+// The buffers come from kernels on hmla's own stream: wait for every stream of the device first
+// (the collectives run on the group's stream and are waited for too).
+void after_device_work() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before an NCCL collective"); }
+
 void allreduce_sum(Group& g, float* x, int64_t n) {
+  after_device_work();
   check(ncclAllReduce(x, x, size_t(n), ncclFloat32, ncclSum, g.comm, g.stream), "ncclAllReduce");
   g.sync();
 }
 
 void allgather(Group& g, const void* send, void* recv, int64_t nbytes) {
+  after_device_work();
   check(ncclAllGather(send, recv, size_t(nbytes), ncclUint8, g.comm, g.stream), "ncclAllGather");
   g.sync();
 }
 
 void reduce_scatter_sum(Group& g, const float* send, float* recv, int64_t n) {
+  after_device_work();
   check(ncclReduceScatter(send, recv, size_t(n), ncclFloat32, ncclSum, g.comm, g.stream), "ncclReduceScatter");
   g.sync();
 }
