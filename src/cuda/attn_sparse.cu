@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "attn_dense.cuh"
@@ -292,7 +293,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
   const int c0 = chunk * kChunk, cn = int(p.Dqk - c0 < kChunk ? p.Dqk - c0 : kChunk);
   const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
   load_tile(Qs, ldq, p.q + bb * p.qb + t * p.qr + h0 * p.qh, p.qh, kBwdHeads, nh, int(p.Dqk), vec);
-  load_tile(dOs, ldv, bp.dout + (row * p.H + h0) * p.Dv, p.Dv, kBwdHeads, nh, int(p.Dv), p.Dv % 8 == 0);
+  load_tile(dOs, ldv, bp.dout + (row * p.H + h0) * p.Dv, p.Dv, kBwdHeads, nh, int(p.Dv), vec && p.Dv % 8 == 0);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int hA = h0 + warp * 16 + g, hB = hA + 8;
@@ -406,7 +407,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
     const __nv_bfloat16* qrow = p.q + bb * p.qb + t * p.qr + h0 * p.qh;
     const __nv_bfloat16* orow = bp.dout + (row * p.H + h0) * p.Dv;
     load_tile(Qh, ldq, qrow, p.qh, kHeadStep, kHeadStep, int(p.Dqk), vec);
-    load_tile(dOh, ldv, orow, p.Dv, kHeadStep, kHeadStep, int(p.Dv), p.Dv % 8 == 0);
+    load_tile(dOh, ldv, orow, p.Dv, kHeadStep, kHeadStep, int(p.Dv), vec && p.Dv % 8 == 0);
     load_tile_t(Qt, ldh, qrow + c0, p.qh, kHeadStep, kHeadStep, cn);
     if (vn > 0) load_tile_t(dOt, ldh, orow + c0, p.Dv, kHeadStep, kHeadStep, vn);
     __syncthreads();
@@ -542,14 +543,20 @@ void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, cons
                  in.sink.defined() ? in.sink.data<float>() : nullptr, in.scale,
                  static_cast<__nv_bfloat16*>(sv.out.raw_data()), sv.lse.data<float>(), nullptr};
   const int64_t rows = f.b * f.sq;
+  HMLA_CHECK(f.H % kHeadStep == 0, ShapeError, "sparse attention backward on CUDA: H = ", f.H,
+             " must be a multiple of ", kHeadStep);
+  // The table on the host for the inverse index, before any kernel is queued (a copy waits for them).
+  const std::vector<int32_t> idx = in.idx.to(Device::cpu).to_vector<int32_t>();
   Tensor D = Tensor::empty({f.b, f.H, f.sq}, DType::f32, Device::cuda);
-  Tensor acc = Tensor::zeros({f.b * f.skv, f.Dqk}, DType::f32).to(Device::cuda);
+  Tensor acc = Tensor::empty({f.b * f.skv, f.Dqk}, DType::f32, Device::cuda);
+  check(cudaMemsetAsync(acc.raw_data(), 0, acc.nbytes(), current_stream().get()), "cudaMemsetAsync");
   SparseBwdParams bp{f, static_cast<const __nv_bfloat16*>(dout.raw_data()), D.data<float>(),
                      static_cast<__nv_bfloat16*>(g.dq.raw_data())};
   cudaStream_t st = current_stream().get();
   if (rows > 0) {
     launch_rowdot(static_cast<const __nv_bfloat16*>(sv.out.raw_data()), bp.dout, f.b, f.sq, f.H, f.Dv, D.data<float>());
-    const bool vec = rows_aligned(f.q, f.qr, f.qb, f.qh, f.Dqk) && rows_aligned(f.kv, f.Dqk, f.skv * f.Dqk, 0, f.Dqk);
+    const bool vec = rows_aligned(f.q, f.qr, f.qb, f.qh, f.Dqk) && rows_aligned(f.kv, f.Dqk, f.skv * f.Dqk, 0, f.Dqk) &&
+                     reinterpret_cast<uintptr_t>(bp.dout) % 16 == 0;
     const int nchunks = int((f.Dqk + kChunk - 1) / kChunk);
     // dq
     const size_t smem_dq = sizeof(__nv_bfloat16) * (kBwdHeads * (f.Dqk + kPad) + kBwdHeads * (f.Dv + kPad) +
@@ -566,10 +573,13 @@ void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, cons
                             sizeof(int32_t) * f.KW;
     check(cudaFuncSetAttribute(sparse_dkg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkg)),
           "attn_sparse_bwd dkg: shared memory");
+    // Workspace: 512 MB of rows (HMLA_SPARSE_BWD_WORKSPACE_BYTES overrides it; the tests shrink it to
+    // exercise several chunks).
+    const char* budget_env = std::getenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES");
+    const int64_t budget = budget_env ? std::atoll(budget_env) : (int64_t(512) << 20);
     const int64_t per_row = f.KW * f.Dqk * int64_t(sizeof(float));
-    const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, (int64_t(512) << 20) / per_row));
+    const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, budget / per_row));
     Tensor ws = Tensor::empty({chunk_rows * f.KW, f.Dqk}, DType::f32, Device::cuda);
-    const std::vector<int32_t> idx = in.idx.to(Device::cpu).to_vector<int32_t>();
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t nr = std::min(chunk_rows, rows - r0);
       // The inverse index of rows [r0, r0 + nr): per key, (local row * KW + position) in row order,

@@ -99,9 +99,11 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
                  dout.dtype() == in.q.dtype() && dout.device() == dev,
              ShapeError, "sparse attention: dout must be a contiguous ", dtype_name(in.q.dtype()), " ",
              shape_str({b, s, H, in.Dv}), " on q's device");
-  HMLA_CHECK(sv.out.defined() && sv.out.shape() == Shape({b, s, H, in.Dv}) && sv.lse.defined() &&
-                 sv.lse.shape() == Shape({b, H, s}),
-             ShapeError, "sparse attention: the saved out/lse do not match the inputs");
+  HMLA_CHECK(sv.out.defined() && sv.out.shape() == Shape({b, s, H, in.Dv}) && sv.out.dtype() == in.q.dtype() &&
+                 sv.out.device() == dev && sv.out.is_contiguous() && sv.lse.defined() &&
+                 sv.lse.shape() == Shape({b, H, s}) && sv.lse.dtype() == DType::f32 && sv.lse.device() == dev &&
+                 sv.lse.is_contiguous(),
+             ShapeError, "sparse attention: the saved out/lse do not match the inputs (the forward's outputs)");
   AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, in.q.dtype(), dev), Tensor::empty(in.kv.shape(), in.q.dtype(), dev),
                     in.sink.defined() ? Tensor::empty({H}, DType::f32, dev) : Tensor()};
 #ifdef HMLA_HAVE_CUDA

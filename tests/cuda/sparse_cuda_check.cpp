@@ -145,7 +145,7 @@ Naive naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const st
 
 }  // namespace
 
-SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float scale_factor) {
+SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float scale_factor, float bwd_factor) {
   SparseResult r{c.name};
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
@@ -162,7 +162,9 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float 
                       c.sink ? Tensor::from_vector<float>({c.H}, snk).to(dev) : Tensor(), scale * scale_factor};
   std::vector<float> dout(c.b * c.s * c.H * c.Dv);
   for (float& x : dout) x = rbf(nd(rng));
-  const Tensor dout_dev = put({c.b, c.s, c.H, c.Dv}, dout, dev);
+  std::vector<float> kernel_dout = dout;
+  for (float& x : kernel_dout) x = rbf(x * bwd_factor);
+  const Tensor dout_dev = put({c.b, c.s, c.H, c.Dv}, kernel_dout, dev);
   const bool backward = dev == Device::cpu || c.H % 16 == 0;
   std::vector<float> run[2][6];  // out, lse, lse_c, dq, dkv, dsink
   for (auto& got : run) {

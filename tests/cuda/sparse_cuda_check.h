@@ -25,8 +25,10 @@ struct SparseResult {
 };
 
 // dev = cpu runs the f32 CPU kernel on the same bf16-valued inputs (the harness's self-test);
-// scale_factor != 1 perturbs the kernel's scale (a wrong kernel must fail).
-SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev = Device::cuda, float scale_factor = 1.f);
+// scale_factor != 1 perturbs the kernel's scale, bwd_factor != 1 the grad_output only the kernel sees
+// (a wrong forward, a wrong backward: each must fail).
+SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev = Device::cuda, float scale_factor = 1.f,
+                          float bwd_factor = 1.f);
 // True when a table listing a key twice is refused with an hmla error on the device.
 bool sparse_rejects_duplicates();
 

@@ -2,6 +2,8 @@
 // without a device. Label gpu.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "attn_cuda_check.h"
 #include "indexer_cuda_check.h"
 #include "sparse_cuda_check.h"
@@ -49,16 +51,25 @@ TEST(CudaSparse, ForwardMatchesTheReferencesAndIsDeterministic) {
     const auto r = cuda_check::check_sparse(c, 3);
     EXPECT_TRUE(r.ok) << r.json();
   }
+  // The backward's dkv a row at a time (a workspace of one row): many chunks, the same result.
+  setenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES", "1", 1);
+  const auto chunked = cuda_check::check_sparse(kSparseCases[3], 3);
+  unsetenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES");
+  EXPECT_TRUE(chunked.ok) << chunked.json();
   EXPECT_TRUE(cuda_check::sparse_rejects_duplicates());
 }
 
-// The sparse rule passes the f32 CPU kernel and fails a 2% scale error.
+// The sparse rule passes the f32 CPU kernel and fails a 2% scale error, and a backward fed a
+// grad_output 2% off (the forward then passes).
 TEST(CudaCheckHarness, TheSparseRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
   for (const auto& c : kSparseCases) {
     const auto good = cuda_check::check_sparse(c, 3, Device::cpu);
     EXPECT_TRUE(good.ok) << good.json();
     const auto bad = cuda_check::check_sparse(c, 3, Device::cpu, 1.02f);
     EXPECT_FALSE(bad.ok) << bad.json();
+    const auto bad_bwd = cuda_check::check_sparse(c, 3, Device::cpu, 1.f, 1.02f);
+    EXPECT_FALSE(bad_bwd.ok) << bad_bwd.json();
+    EXPECT_LE(bad_bwd.out_err, bad_bwd.out_bound) << bad_bwd.json();
   }
 }
 

@@ -324,6 +324,10 @@ inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyK
   std::memcpy(d, s, n);
   return cudaSuccess;
 }
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
 inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(d, s, n, k, nullptr); }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   static int dummy;
