@@ -2,8 +2,8 @@
 // backend makes (memory, copies, streams, events), the bf16 types and intrinsics, and the
 // execution model. A launch runs its blocks one after another; a block's threads are fibers that
 // meet at real barriers: __syncthreads is a block barrier, warp shuffles, ballots and mma.sync are
-// warp-collective (every lane deposits its operands, a warp barrier, each lane reads what it
-// needs, a second barrier). __shared__ variables are statics, which is right because only one
+// warp-collective (every lane deposits its operands into a double-buffered slot, one warp barrier,
+// each lane reads what it needs). __shared__ variables are statics, which is right because only one
 // block runs at a time. It checks indexing, fragment layouts, masking and the algebra of a
 // kernel against the CPU references; it says nothing about speed, and it can hide races that
 // depend on real warp scheduling (compute-sanitizer's racecheck on a GPU is for those).
@@ -23,9 +23,10 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <vector>
+
 #include <csetjmp>
 #include <ucontext.h>
-#include <vector>
 
 #include "hmla/core/tensor.h"  // hmla::bf16 conversions (round to nearest even, as __float2bfloat16_rn)
 
