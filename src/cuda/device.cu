@@ -51,6 +51,9 @@ void check_cuda(cudaError_t e, const char* what) { check(e, what); }
 // cached block of at least its (512-byte rounded) size and at most twice it; when cudaMalloc
 // fails, the cache is released and the call retried once. The base class counts requested bytes.
 class CudaAllocator final : public Allocator {
+ public:
+  ~CudaAllocator() override { release_locked(); }  // the cache (live blocks are their tensors')
+
  protected:
   void* raw_allocate(size_t bytes) override {
     if (bytes == 0) return nullptr;
