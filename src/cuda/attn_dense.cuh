@@ -32,7 +32,6 @@ inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv 
 __device__ __forceinline__ bool allowed(int ds_t, int64_t t, int64_t j) { return ds_t <= j && j <= t; }
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 __host__ __device__ inline const __nv_bfloat16* bf(const void* p) { return static_cast<const __nv_bfloat16*>(p); }
 __host__ __device__ inline __nv_bfloat16* bf(void* p) { return static_cast<__nv_bfloat16*>(p); }

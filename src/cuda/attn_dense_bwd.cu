@@ -103,8 +103,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const float DA = rA < nrows ? D[lrow + rA] : 0.f, DB = rB < nrows ? D[lrow + rB] : 0.f;
   const float c2 = p.scale * kLog2e;
   float dq[kCt][4];
-#pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) dq[ct][0] = dq[ct][1] = dq[ct][2] = dq[ct][3] = 0.f;
+  zero_acc(dq);
 
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride;
@@ -117,30 +116,10 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     __syncthreads();
 
     float s[kNt][4], dp[kNt][4];
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, Qs, ldq, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t bb[2];
-        load_b(bb, Ks, ldq, nt * 8, k0, lane);
-        mma_bf16_16816(s[nt], a, bb);
-      }
-    }
-    for (int k0 = 0; k0 < p.Dv; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, dOs, ldv, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t bb[2];
-        load_b(bb, Vs, ldv, nt * 8, k0, lane);
-        mma_bf16_16816(dp[nt], a, bb);
-      }
-    }
+    zero_acc(s);
+    zero_acc(dp);
+    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
+    mma_abt(dp, dOs, ldv, warp * 16, Vs, ldv, int(p.Dv), lane);
     // dS = P (dP - D) * scale, in place of s.
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
@@ -152,18 +131,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
         const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
         s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
       }
-#pragma unroll
-    for (int kt = 0; kt < kNt / 2; ++kt) {
-      uint32_t a[4];
-      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-      for (int ct = 0; ct < kCt; ++ct) {
-        if (ct * 8 >= cn) break;
-        uint32_t bb[2];
-        load_b(bb, Kt, ldt, ct * 8, kt * 16, lane);
-        mma_bf16_16816(dq[ct], a, bb);
-      }
-    }
+    mma_acc_x(dq, s, Kt, ldt, cn, lane);
   }
   __nv_bfloat16* dQ = bf(p.dq);
 #pragma unroll
@@ -227,8 +195,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const int64_t jA = j0 + warp * 16 + g, jB = jA + 8;  // this thread's two keys
   const float c2 = p.scale * kLog2e;
   float acc[kCt][4];
-#pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) acc[ct][0] = acc[ct][1] = acc[ct][2] = acc[ct][3] = 0.f;
+  zero_acc(acc);
 
   const int group = int(p.H / p.Hkv);
   for (int h = hk * group; h < (hk + 1) * group; ++h) {
@@ -247,18 +214,8 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
 
       // S^T = K Q^T (rows: keys, columns: queries), then P^T.
       float s[kNt][4];
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
-        uint32_t a[4];
-        load_a(a, Ks, ldq, warp * 16, k0, lane);
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) {
-          uint32_t bb[2];
-          load_b(bb, Qs, ldq, nt * 8, k0, lane);
-          mma_bf16_16816(s[nt], a, bb);
-        }
-      }
+      zero_acc(s);
+      mma_abt<kNt, true>(s, Ks, ldq, warp * 16, Qs, ldq, int(p.Dqk), lane);  // unrolled, it spills
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -270,18 +227,8 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
         }
       if (is_dk) {  // dS^T = P^T (dP^T - D) scale with dP^T = V dO^T
         float dp[kNt][4];
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.f;
-        for (int k0 = 0; k0 < p.Dv; k0 += 16) {
-          uint32_t a[4];
-          load_a(a, Vs, ldv, warp * 16, k0, lane);
-#pragma unroll
-          for (int nt = 0; nt < kNt; ++nt) {
-            uint32_t bb[2];
-            load_b(bb, dOs, ldv, nt * 8, k0, lane);
-            mma_bf16_16816(dp[nt], a, bb);
-          }
-        }
+        zero_acc(dp);
+        mma_abt<kNt, true>(dp, Vs, ldv, warp * 16, dOs, ldv, int(p.Dv), lane);
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -291,19 +238,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
             s[nt][e] = s[nt][e] * (dp[nt][e] - Dq) * p.scale;
           }
       }
-      // acc += (dS^T or P^T) X with X = Q or dO (chunk columns; Xt holds X^T).
-#pragma unroll
-      for (int kt = 0; kt < kNt / 2; ++kt) {
-        uint32_t a[4];
-        acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-        for (int ct = 0; ct < kCt; ++ct) {
-          if (ct * 8 >= cn) break;
-          uint32_t bb[2];
-          load_b(bb, Xt, ldt, ct * 8, kt * 16, lane);
-          mma_bf16_16816(acc[ct], a, bb);
-        }
-      }
+      mma_acc_x(acc, s, Xt, ldt, cn, lane);  // acc += (dS^T or P^T) X, X = Q or dO (Xt holds X^T)
     }
   }
   // Keys no local query sees (and padding keys) get zeros, written like the rest.

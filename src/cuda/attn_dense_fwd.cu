@@ -60,8 +60,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const float c2 = p.scale * kLog2e;  // scores in log2 units
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   float o[kDt][4];
-#pragma unroll
-  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  zero_acc(o);
 
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride + dv0;
@@ -73,71 +72,26 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     __syncthreads();
 
     float s[kNt][4];
+    zero_acc(s);
+    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, Qs, ldq, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t bb[2];
-        load_b(bb, Ks, ldq, nt * 8, k0, lane);
-        mma_bf16_16816(s[nt], a, bb);
-      }
-    }
-    // Mask, then the online softmax in log2 units.
-    float mxA = -INFINITY, mxB = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int nt = 0; nt < kNt; ++nt)  // mask; log2 units
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + nt * 8 + 2 * c + (e & 1);
         const bool ok = e < 2 ? allowed(dsA, tA, j) : allowed(dsB, tB, j);
         s[nt][e] = ok ? s[nt][e] * c2 : -INFINITY;
-        if (e < 2) mxA = fmaxf(mxA, s[nt][e]);
-        else mxB = fmaxf(mxB, s[nt][e]);
       }
-    const float nmA = fmaxf(mA, quad_max(mxA)), nmB = fmaxf(mB, quad_max(mxB));
-    const float baseA = nmA == -INFINITY ? 0.f : nmA, baseB = nmB == -INFINITY ? 0.f : nmB;
-    const float alA = exp2f(mA - baseA), alB = exp2f(mB - baseB);  // 0 while nothing was allowed
-    mA = nmA, mB = nmB;
-    lA *= alA, lB *= alB;
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - baseA), s[nt][1] = exp2f(s[nt][1] - baseA);
-      s[nt][2] = exp2f(s[nt][2] - baseB), s[nt][3] = exp2f(s[nt][3] - baseB);
-      lA += s[nt][0] + s[nt][1];
-      lB += s[nt][2] + s[nt][3];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) o[dt][0] *= alA, o[dt][1] *= alA, o[dt][2] *= alB, o[dt][3] *= alB;
-    // O += P V over this tile's keys: P stays in registers as the A operand.
-#pragma unroll
-    for (int kt = 0; kt < kNt / 2; ++kt) {
-      uint32_t a[4];
-      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-      for (int dt = 0; dt < kDt; ++dt) {
-        if (dt * 8 >= dvn) break;
-        uint32_t bb[2];
-        load_b(bb, Vt, ldvt, dt * 8, kt * 16, lane);
-        mma_bf16_16816(o[dt], a, bb);
-      }
-    }
+    online_softmax_step(s, mA, mB, lA, lB, o);
+    mma_acc_x(o, s, Vt, ldvt, dvn, lane);  // O += P V: P stays in registers as the A operand
   }
 
   // Finish: out = O / (l + exp(sink - m)), lse = ln(l + ...) + m; empty rows 0 and +inf.
   lA = quad_sum(lA), lB = quad_sum(lB);
   const float sink2 = p.sink ? p.sink[h] * kLog2e : 0.f;
-  float invA = 0.f, invB = 0.f, lseA = INFINITY, lseB = INFINITY;
-  if (lA > 0.f) {
-    const float den = lA + (p.sink ? exp2f(sink2 - mA) : 0.f);
-    invA = 1.f / den, lseA = (mA + log2f(den)) * kLn2;
-  }
-  if (lB > 0.f) {
-    const float den = lB + (p.sink ? exp2f(sink2 - mB) : 0.f);
-    invB = 1.f / den, lseB = (mB + log2f(den)) * kLn2;
-  }
+  float invA, invB, lseA, lseB;
+  softmax_finish(mA, lA, p.sink != nullptr, sink2, invA, lseA);
+  softmax_finish(mB, lB, p.sink != nullptr, sink2, invB, lseB);
   __nv_bfloat16* out = bf(p.out);
 #pragma unroll
   for (int dt = 0; dt < kDt; ++dt) {

@@ -71,26 +71,6 @@ __device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc
   return total;
 }
 
-// Rows list[0, n) of kv (row stride ld) into a shared tile [kBk, width] (rows >= n zero).
-__device__ void gather_tile(__nv_bfloat16* s, int lds, const __nv_bfloat16* kv, int64_t ld, const int32_t* list, int n,
-                            int width, bool vec) {
-  const __nv_bfloat16 zero = __float2bfloat16(0.f);
-  if (vec) {
-    const int per = width / 8;
-    for (int i = threadIdx.x; i < kBk * per; i += blockDim.x) {
-      const int r = i / per, c = (i % per) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < n) v = *reinterpret_cast<const uint4*>(kv + list[r] * ld + c);
-      *reinterpret_cast<uint4*>(s + r * lds + c) = v;
-    }
-  } else {
-    for (int i = threadIdx.x; i < kBk * width; i += blockDim.x) {
-      const int r = i / width, c = i % width;
-      s[r * lds + c] = r < n ? kv[list[r] * ld + c] : zero;
-    }
-  }
-}
-
 __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparseParams p, int nchunks, bool vec) {
   constexpr int kNt = kBk / 8, kDt = kChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
@@ -115,98 +95,39 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparsePar
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;     // all listed keys
   float cmA = -INFINITY, cmB = -INFINITY, clA = 0.f, clB = 0.f;  // candidates only (lse_c)
   float o[kDt][4];
-#pragma unroll
-  for (int dt = 0; dt < kDt; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  zero_acc(o);
   const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
   for (int j0 = 0; j0 < n; j0 += kBk) {
     const int nk = n - j0 < kBk ? n - j0 : kBk;
     __syncthreads();
-    gather_tile(Ks, ldq, kv, p.Dqk, list + j0, nk, int(p.Dqk), vec);
-    for (int i = threadIdx.x; i < kBk * dvn; i += blockDim.x) {  // Vt[col][key] = kv[key][dv0 + col]
-      const int r = i % kBk, col = i / kBk;
-      Vt[col * ldvt + r] = r < nk ? kv[list[j0 + r] * p.Dqk + dv0 + col] : __float2bfloat16(0.f);
-    }
+    load_tile(Ks, ldq, kv, p.Dqk, kBk, nk, int(p.Dqk), vec, list + j0);   // gathered keys
+    load_tile_t(Vt, ldvt, kv + dv0, p.Dqk, kBk, nk, dvn, list + j0);       // their values, transposed
     __syncthreads();
-    float s[kNt][4];
+    float s[kNt][4], sc[kNt][4];
+    zero_acc(s);
+    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, Qs, ldq, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t b2[2];
-        load_b(b2, Ks, ldq, nt * 8, k0, lane);
-        mma_bf16_16816(s[nt], a, b2);
-      }
-    }
-    float mxA = -INFINITY, mxB = -INFINITY, cxA = -INFINITY, cxB = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int nt = 0; nt < kNt; ++nt)  // mask (log2 units); the candidates' copy for lse_c
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pos = j0 + nt * 8 + 2 * c + (e & 1);
         s[nt][e] = pos < n ? s[nt][e] * c2 : -INFINITY;
-        const float cand = pos < nc ? s[nt][e] : -INFINITY;
-        if (e < 2) mxA = fmaxf(mxA, s[nt][e]), cxA = fmaxf(cxA, cand);
-        else mxB = fmaxf(mxB, s[nt][e]), cxB = fmaxf(cxB, cand);
+        sc[nt][e] = pos < nc ? s[nt][e] : -INFINITY;
       }
-    // lse_c: the candidates' running max and sum (no output, no sink).
-    const float ncA = fmaxf(cmA, quad_max(cxA)), ncB = fmaxf(cmB, quad_max(cxB));
-    const float cbA = ncA == -INFINITY ? 0.f : ncA, cbB = ncB == -INFINITY ? 0.f : ncB;
-    clA *= exp2f(cmA - cbA), clB *= exp2f(cmB - cbB);
-    cmA = ncA, cmB = ncB;
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int pos = j0 + nt * 8 + 2 * c + (e & 1);
-        if (pos < nc) {
-          if (e < 2) clA += exp2f(s[nt][e] - cbA);
-          else clB += exp2f(s[nt][e] - cbB);
-        }
-      }
-    // The main online softmax over every listed key.
-    const float nmA = fmaxf(mA, quad_max(mxA)), nmB = fmaxf(mB, quad_max(mxB));
-    const float baseA = nmA == -INFINITY ? 0.f : nmA, baseB = nmB == -INFINITY ? 0.f : nmB;
-    const float alA = exp2f(mA - baseA), alB = exp2f(mB - baseB);
-    mA = nmA, mB = nmB;
-    lA *= alA, lB *= alB;
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-      s[nt][0] = exp2f(s[nt][0] - baseA), s[nt][1] = exp2f(s[nt][1] - baseA);
-      s[nt][2] = exp2f(s[nt][2] - baseB), s[nt][3] = exp2f(s[nt][3] - baseB);
-      lA += s[nt][0] + s[nt][1];
-      lB += s[nt][2] + s[nt][3];
-    }
-#pragma unroll
-    for (int dt = 0; dt < kDt; ++dt) o[dt][0] *= alA, o[dt][1] *= alA, o[dt][2] *= alB, o[dt][3] *= alB;
-#pragma unroll
-    for (int kt = 0; kt < kNt / 2; ++kt) {
-      uint32_t a[4];
-      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-      for (int dt = 0; dt < kDt; ++dt) {
-        if (dt * 8 >= dvn) break;
-        uint32_t b2[2];
-        load_b(b2, Vt, ldvt, dt * 8, kt * 16, lane);
-        mma_bf16_16816(o[dt], a, b2);
-      }
-    }
+    float alA, alB;
+    online_max_sum(sc, cmA, cmB, clA, clB, alA, alB);  // lse_c: no output, no sink
+    online_softmax_step(s, mA, mB, lA, lB, o);
+    mma_acc_x(o, s, Vt, ldvt, dvn, lane);
   }
 
   lA = quad_sum(lA), lB = quad_sum(lB), clA = quad_sum(clA), clB = quad_sum(clB);
   // out = O / (l + exp(sink - m)); lse = ln(that); lse_c over the candidates; empty rows 0, +inf.
   const int hA = h0 + warp * 16 + g, hB = hA + 8;
-  float invA = 0.f, invB = 0.f, lseA = INFINITY, lseB = INFINITY;
-  if (lA > 0.f && hA < p.H) {
-    const float den = lA + (p.sink ? exp2f(p.sink[hA] * kLog2e - mA) : 0.f);
-    invA = 1.f / den, lseA = (mA + log2f(den)) * kLn2;
-  }
-  if (lB > 0.f && hB < p.H) {
-    const float den = lB + (p.sink ? exp2f(p.sink[hB] * kLog2e - mB) : 0.f);
-    invB = 1.f / den, lseB = (mB + log2f(den)) * kLn2;
-  }
+  float invA = 0.f, invB = 0.f, lseA = INFINITY, lseB = INFINITY, lsecA = INFINITY, lsecB = INFINITY, unused;
+  if (hA < p.H) softmax_finish(mA, lA, p.sink != nullptr, p.sink ? p.sink[hA] * kLog2e : 0.f, invA, lseA);
+  if (hB < p.H) softmax_finish(mB, lB, p.sink != nullptr, p.sink ? p.sink[hB] * kLog2e : 0.f, invB, lseB);
+  softmax_finish(cmA, clA, false, 0.f, unused, lsecA);
+  softmax_finish(cmB, clB, false, 0.f, unused, lsecB);
 #pragma unroll
   for (int dt = 0; dt < kDt; ++dt) {
     if (dt * 8 >= dvn) break;
@@ -220,11 +141,11 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparsePar
     const int64_t t = row % p.sq;
     if (hA < p.H) {
       p.lse[(bb * p.H + hA) * p.sq + t] = lseA;
-      if (p.lse_c) p.lse_c[(bb * p.H + hA) * p.sq + t] = clA > 0.f ? (cmA + log2f(clA)) * kLn2 : INFINITY;
+      if (p.lse_c) p.lse_c[(bb * p.H + hA) * p.sq + t] = lsecA;
     }
     if (hB < p.H) {
       p.lse[(bb * p.H + hB) * p.sq + t] = lseB;
-      if (p.lse_c) p.lse_c[(bb * p.H + hB) * p.sq + t] = clB > 0.f ? (cmB + log2f(clB)) * kLn2 : INFINITY;
+      if (p.lse_c) p.lse_c[(bb * p.H + hB) * p.sq + t] = lsecB;
     }
   }
 }
@@ -302,43 +223,19 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
   const float lseB = hB < p.H ? p.lse[(bb * p.H + hB) * p.sq + t] * kLog2e : INFINITY;
   const float DA = hA < p.H ? bp.D[(bb * p.H + hA) * p.sq + t] : 0.f, DB = hB < p.H ? bp.D[(bb * p.H + hB) * p.sq + t] : 0.f;
   float dq[kCt][4];
-#pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) dq[ct][0] = dq[ct][1] = dq[ct][2] = dq[ct][3] = 0.f;
+  zero_acc(dq);
   const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
   for (int j0 = 0; j0 < n; j0 += kBk) {
     const int nk = n - j0 < kBk ? n - j0 : kBk;
     __syncthreads();
-    gather_tile(Ks, ldq, kv, p.Dqk, list + j0, nk, int(p.Dqk), vec);
-    for (int i = threadIdx.x; i < kBk * cn; i += blockDim.x) {  // Kt[col][key] = kv[key][c0 + col]
-      const int r = i % kBk, col = i / kBk;
-      Kt[col * ldt + r] = r < nk ? kv[list[j0 + r] * p.Dqk + c0 + col] : __float2bfloat16(0.f);
-    }
+    load_tile(Ks, ldq, kv, p.Dqk, kBk, nk, int(p.Dqk), vec, list + j0);  // gathered keys
+    load_tile_t(Kt, ldt, kv + c0, p.Dqk, kBk, nk, cn, list + j0);        // their chunk, transposed
     __syncthreads();
     float s[kNt][4], dp[kNt][4];
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, Qs, ldq, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t b2[2];
-        load_b(b2, Ks, ldq, nt * 8, k0, lane);
-        mma_bf16_16816(s[nt], a, b2);
-      }
-    }
-    for (int k0 = 0; k0 < p.Dv; k0 += 16) {  // dP = dO v^T: the value is the key's first Dv channels
-      uint32_t a[4];
-      load_a(a, dOs, ldv, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        uint32_t b2[2];
-        load_b(b2, Ks, ldq, nt * 8, k0, lane);
-        mma_bf16_16816(dp[nt], a, b2);
-      }
-    }
+    zero_acc(s);
+    zero_acc(dp);
+    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
+    mma_abt(dp, dOs, ldv, warp * 16, Ks, ldq, int(p.Dv), lane);  // dP = dO v^T: v = the key's first Dv
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -347,18 +244,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
         const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
         s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
       }
-#pragma unroll
-    for (int kt = 0; kt < kNt / 2; ++kt) {
-      uint32_t a[4];
-      acc_to_a(a, s[2 * kt], s[2 * kt + 1]);
-#pragma unroll
-      for (int ct = 0; ct < kCt; ++ct) {
-        if (ct * 8 >= cn) break;
-        uint32_t b2[2];
-        load_b(b2, Kt, ldt, ct * 8, kt * 16, lane);
-        mma_bf16_16816(dq[ct], a, b2);
-      }
-    }
+    mma_acc_x(dq, s, Kt, ldt, cn, lane);
   }
 #pragma unroll
   for (int ct = 0; ct < kCt; ++ct) {
@@ -395,13 +281,12 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
   if (j0 >= n) return;  // uniform: every thread computed the same n
   const int nk = n - j0 < kBwdHeads ? n - j0 : kBwdHeads;
   const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
-  gather_tile(Ks, ldq, kv, p.Dqk, list + j0, nk, int(p.Dqk), vec);  // kBk == kBwdHeads rows
+  load_tile(Ks, ldq, kv, p.Dqk, kBwdHeads, nk, int(p.Dqk), vec, list + j0);  // the block's gathered keys
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const float c2 = p.scale * kLog2e;
   float acc[kCt][4];
-#pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) acc[ct][0] = acc[ct][1] = acc[ct][2] = acc[ct][3] = 0.f;
+  zero_acc(acc);
   for (int h0 = 0; h0 < p.H; h0 += kHeadStep) {
     __syncthreads();
     const __nv_bfloat16* qrow = p.q + bb * p.qb + t * p.qr + h0 * p.qh;
@@ -413,30 +298,10 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
     __syncthreads();
     // S^T and dP^T: rows = the warp's 16 keys, columns = 16 heads (2 n-tiles).
     float s[2][4], dp[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-    for (int k0 = 0; k0 < p.Dqk; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, Ks, ldq, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        uint32_t b2[2];
-        load_b(b2, Qh, ldq, nt * 8, k0, lane);
-        mma_bf16_16816(s[nt], a, b2);
-      }
-    }
-    for (int k0 = 0; k0 < p.Dv; k0 += 16) {
-      uint32_t a[4];
-      load_a(a, Ks, ldq, warp * 16, k0, lane);
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        uint32_t b2[2];
-        load_b(b2, dOh, ldv, nt * 8, k0, lane);
-        mma_bf16_16816(dp[nt], a, b2);
-      }
-    }
+    zero_acc(s);
+    zero_acc(dp);
+    mma_abt(s, Ks, ldq, warp * 16, Qh, ldq, int(p.Dqk), lane);
+    mma_abt(dp, Ks, ldq, warp * 16, dOh, ldv, int(p.Dv), lane);
     float ds[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -449,23 +314,8 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
         ds[nt][e] = pr * (dp[nt][e] - bp.D[k]) * p.scale;
         s[nt][e] = pr;
       }
-    uint32_t a[4];
-    acc_to_a(a, ds[0], ds[1]);  // dS^T: keys x 16 heads
-#pragma unroll
-    for (int ct = 0; ct < kCt; ++ct) {
-      if (ct * 8 >= cn) break;
-      uint32_t b2[2];
-      load_b(b2, Qt, ldh, ct * 8, 0, lane);
-      mma_bf16_16816(acc[ct], a, b2);
-    }
-    acc_to_a(a, s[0], s[1]);  // P^T, into the value columns
-#pragma unroll
-    for (int ct = 0; ct < kCt; ++ct) {
-      if (ct * 8 >= vn) break;
-      uint32_t b2[2];
-      load_b(b2, dOt, ldh, ct * 8, 0, lane);
-      mma_bf16_16816(acc[ct], a, b2);
-    }
+    mma_acc_x(acc, ds, Qt, ldh, cn, lane);  // dS^T (keys x 16 heads) q
+    mma_acc_x(acc, s, dOt, ldh, vn, lane);   // P^T dO, into the value columns
   }
   const int64_t base = (row - row0) * p.KW;
   const int pA = j0 + warp * 16 + g, pB = pA + 8;

@@ -179,18 +179,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
       for (int nt = 0; nt < 4; ++nt) part[nt][0] = part[nt][1] = 0.f;
       for (int mt = 0; mt < HI / 16; ++mt) {  // 16 heads at a time
         float acc[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-        for (int k0 = 0; k0 < DI; k0 += 16) {
-          uint32_t a[4];
-          load_a(a, Qs + warp * HI * ldq, ldq, mt * 16, k0, lane);
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            uint32_t bb[2];
-            load_b(bb, Ks, ldq, half * 32 + nt * 8, k0, lane);
-            mma_bf16_16816(acc[nt], a, bb);
-          }
-        }
+        zero_acc(acc);
+        mma_abt(acc, Qs + warp * HI * ldq, ldq, mt * 16, Ks + half * 32 * ldq, ldq, DI, lane);
         const float wa = wt[mt * 16 + g], wb = wt[mt * 16 + g + 8];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {

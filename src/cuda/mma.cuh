@@ -66,34 +66,92 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float lo[4], const
 }
 
 // Rows [0, nrows) of a [rows, ncols] bf16 tile into shared memory (row stride ld), reading global
-// row r at g + r * rstride; rows >= valid are zero. 16-byte accesses when `vec` (ncols, rstride
-// and g 8-element aligned), else element by element. All threads of the block take part.
+// row r at g + row(r) * rstride with row(r) = r, or rows[r] when a list is given (a gather); rows
+// >= valid are zero. 16-byte accesses when `vec` (ncols, rstride and g 8-element aligned), else
+// element by element. All threads of the block take part.
 __device__ inline void load_tile(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
-                                 int valid, int ncols, bool vec) {
+                                 int valid, int ncols, bool vec, const int32_t* rows = nullptr) {
   const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  auto src = [&](int r) { return g + int64_t(rows ? rows[r] : r) * rstride; };
   if (vec) {
     const int per_row = ncols / 8;
     for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
       const int r = i / per_row, c = (i % per_row) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < valid) v = *reinterpret_cast<const uint4*>(g + r * rstride + c);
+      if (r < valid) v = *reinterpret_cast<const uint4*>(src(r) + c);
       *reinterpret_cast<uint4*>(s + r * ld + c) = v;
     }
   } else {
     for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
       const int r = i / ncols, c = i % ncols;
-      s[r * ld + c] = r < valid ? g[r * rstride + c] : zero;
+      s[r * ld + c] = r < valid ? src(r)[c] : zero;
     }
   }
 }
 
-// The transpose of columns [0, ncols) of such a tile: s[c * ld + r] = g[r][c]; rows >= valid are 0.
+// The transpose of columns [0, ncols) of such a tile: s[c * ld + r] = row(r)[c]; rows >= valid are 0.
 __device__ inline void load_tile_t(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
-                                   int valid, int ncols) {
+                                   int valid, int ncols, const int32_t* rows = nullptr) {
   const __nv_bfloat16 zero = __float2bfloat16(0.f);
   for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
     const int r = i % nrows, c = i / nrows;  // consecutive threads walk rows: conflict-free stores
-    s[c * ld + r] = r < valid ? g[r * rstride + c] : zero;
+    s[c * ld + r] = r < valid ? g[int64_t(rows ? rows[r] : r) * rstride + c] : zero;
+  }
+}
+
+// ---- warp-level products: one warp, 16 rows of A ------------------------------------------------
+
+template <int N>
+__device__ __forceinline__ void zero_acc(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+}
+
+// One k-step of 16 of mma_abt.
+template <int kNt>
+__device__ __forceinline__ void mma_abt_step(float (&acc)[kNt][4], const __nv_bfloat16* A, int lda, int r0,
+                                             const __nv_bfloat16* Bt, int ldb, int k0, int lane) {
+  uint32_t a[4];
+  load_a(a, A, lda, r0, k0, lane);
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+    uint32_t b[2];
+    load_b(b, Bt, ldb, nt * 8, k0, lane);
+    mma_bf16_16816(acc[nt], a, b);
+  }
+}
+
+// acc[nt] += A[r0, r0 + 16) x B^T over k in [0, K), for the kNt n-tiles of 8: A and B^T are
+// row-major shared tiles (B^T's row n is B's column n: K rows for Q K^T, V rows for dO V^T).
+// kRolled keeps the k loop rolled, for a kernel where unrolling it makes ptxas spill.
+template <int kNt, bool kRolled = false>
+__device__ __forceinline__ void mma_abt(float (&acc)[kNt][4], const __nv_bfloat16* A, int lda, int r0,
+                                        const __nv_bfloat16* Bt, int ldb, int K, int lane) {
+  if constexpr (kRolled) {
+#pragma unroll 1
+    for (int k0 = 0; k0 < K; k0 += 16) mma_abt_step(acc, A, lda, r0, Bt, ldb, k0, lane);
+  } else {
+    for (int k0 = 0; k0 < K; k0 += 16) mma_abt_step(acc, A, lda, r0, Bt, ldb, k0, lane);
+  }
+}
+
+// out[ct] += P X for the first `width` columns: P is a 16 x (8 kNt) accumulator tile (scores,
+// probabilities or their gradients) turned into A operands in registers, X^T a row-major shared
+// tile (its row n is output column n, along the k of P's columns).
+template <int kNt, int kCt>
+__device__ __forceinline__ void mma_acc_x(float (&out)[kCt][4], const float (&p)[kNt][4], const __nv_bfloat16* Xt,
+                                          int ldx, int width, int lane) {
+#pragma unroll
+  for (int kt = 0; kt < kNt / 2; ++kt) {
+    uint32_t a[4];
+    acc_to_a(a, p[2 * kt], p[2 * kt + 1]);
+#pragma unroll
+    for (int ct = 0; ct < kCt; ++ct) {
+      if (ct * 8 >= width) break;
+      uint32_t b[2];
+      load_b(b, Xt, ldx, ct * 8, kt * 16, lane);
+      mma_bf16_16816(out[ct], a, b);
+    }
   }
 }
 
@@ -105,6 +163,55 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The running max m and sum l of the warp's rows A (g) and B (g + 8) over one more tile of masked
+// scores in log2 units (-inf where masked); s becomes exp2(s - m). Returns in alA/alB the factors
+// that rescale what was accumulated against the old max. While a row has seen nothing allowed, its
+// base is 0 (and its factor 0).
+template <int kNt>
+__device__ __forceinline__ void online_max_sum(float (&s)[kNt][4], float& mA, float& mB, float& lA, float& lB,
+                                               float& alA, float& alB) {
+  float mxA = -INFINITY, mxB = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e < 2) mxA = fmaxf(mxA, s[nt][e]);
+      else mxB = fmaxf(mxB, s[nt][e]);
+    }
+  const float nmA = fmaxf(mA, quad_max(mxA)), nmB = fmaxf(mB, quad_max(mxB));
+  const float baseA = nmA == -INFINITY ? 0.f : nmA, baseB = nmB == -INFINITY ? 0.f : nmB;
+  alA = exp2f(mA - baseA), alB = exp2f(mB - baseB);
+  mA = nmA, mB = nmB;
+  lA *= alA, lB *= alB;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+    s[nt][0] = exp2f(s[nt][0] - baseA), s[nt][1] = exp2f(s[nt][1] - baseA);
+    s[nt][2] = exp2f(s[nt][2] - baseB), s[nt][3] = exp2f(s[nt][3] - baseB);
+    lA += s[nt][0] + s[nt][1];
+    lB += s[nt][2] + s[nt][3];
+  }
+}
+
+// One online-softmax step: online_max_sum, then the output accumulator o rescaled.
+template <int kNt, int kDt>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kNt][4], float& mA, float& mB, float& lA, float& lB,
+                                                    float (&o)[kDt][4]) {
+  float alA, alB;
+  online_max_sum(s, mA, mB, lA, lB, alA, alB);
+#pragma unroll
+  for (int dt = 0; dt < kDt; ++dt) o[dt][0] *= alA, o[dt][1] *= alA, o[dt][2] *= alB, o[dt][3] *= alB;
+}
+
+// A finished row (l summed over its quad): the output scale 1 / (l + exp(sink - m)) and
+// lse = ln of that denominator; 0 and +inf for a row that saw no key. m, sink2 in log2 units.
+__device__ __forceinline__ void softmax_finish(float m, float l, bool sink, float sink2, float& inv, float& lse) {
+  inv = 0.f, lse = INFINITY;
+  if (l > 0.f) {
+    const float den = l + (sink ? exp2f(sink2 - m) : 0.f);
+    inv = 1.f / den, lse = (m + log2f(den)) * 0.6931471805599453f;
+  }
 }
 
 }  // namespace hmla::cuda

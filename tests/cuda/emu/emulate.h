@@ -208,7 +208,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void(
 #define blockDim (::hmla::emu::g_launch->block_dim)
 #define gridDim (::hmla::emu::g_launch->grid)
 #define HMLA_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ::hmla::emu::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); })
+  ((void)(stream), ::hmla::emu::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); }))
 
 inline void __syncthreads() { ::hmla::emu::block_barrier(); }
 
