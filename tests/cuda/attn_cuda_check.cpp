@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "attn_dense_ref.h"
+#include "check_util.h"
 #include "hmla/core/cuda.h"
 #include "hmla/ops/attention.h"
 #include "runtime.h"
@@ -16,30 +17,6 @@
 namespace hmla::cuda_check {
 
 namespace {
-
-float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
-std::vector<float> randn_bf16(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = rbf(nd(rng));
-  return v;
-}
-
-Tensor to_device_bf16(const Shape& shape, const std::vector<float>& v) {
-  Tensor h = Tensor::empty(shape, DType::bf16);
-  for (size_t i = 0; i < v.size(); ++i) h.data<bf16>()[i] = f32_to_bf16(v[i]);
-  return h.to(Device::cuda);
-}
-
-std::vector<float> to_host_f32(const Tensor& t) {
-  Tensor h = t.to(Device::cpu);
-  std::vector<float> v(h.numel());
-  if (h.dtype() == DType::f32) return h.to_vector<float>();
-  for (int64_t i = 0; i < h.numel(); ++i) v[i] = bf16_to_f32(h.data<bf16>()[i]);
-  return v;
-}
 
 // The naive bf16 implementation of the rule: materialised scores, every stored intermediate and
 // output rounded to bf16, f32 sums. Same conventions as ref::attn_dense_ref.
@@ -110,28 +87,6 @@ Naive naive_bf16(const ref::AttnDims& d, const std::vector<float>& q, const std:
   return r;
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
-}
-
-template <class A>
-double max_err(const std::vector<A>& x, const std::vector<double>& ref) {
-  double e = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double xi = double(x[i]);
-    if (std::isinf(ref[i]) || std::isinf(xi)) {
-      if (xi != ref[i]) return INFINITY;
-      continue;
-    }
-    if (std::isnan(xi)) return INFINITY;
-    e = std::max(e, std::abs(xi - ref[i]));
-  }
-  return e;
-}
-
 // Rows [r0, s) of a [b, s, width] or ([b*H], s) vector.
 template <class T>
 std::vector<T> rows_from(const std::vector<T>& x, int64_t outer, int64_t s, int64_t width, int64_t r0) {
@@ -175,24 +130,21 @@ CaseResult check_case(const Case& c, uint64_t seed, Device dev) {
   const float scale = 1.f / std::sqrt(float(c.Dqk));
 
   // The kernel under test, twice (determinism).
-  auto put = [&](const Shape& sh, const std::vector<float>& x) {
-    return dev == Device::cuda ? to_device_bf16(sh, x) : Tensor::from_vector<float>(sh, x);
-  };
   AttnDenseInputs in;
-  in.q = put({c.b, sq, c.H, c.Dqk}, rows_from(q, c.b, c.s, c.H * c.Dqk, r0));
-  in.k = put({c.b, c.s, c.Hkv, c.Dqk}, k);
-  in.v = c.v_from_k ? in.k.slice(3, 0, c.Dv) : put({c.b, c.s, c.Hkv, c.Dv}, v);
+  in.q = put({c.b, sq, c.H, c.Dqk}, rows_from(q, c.b, c.s, c.H * c.Dqk, r0), dev);
+  in.k = put({c.b, c.s, c.Hkv, c.Dqk}, k, dev);
+  in.v = c.v_from_k ? in.k.slice(3, 0, c.Dv) : put({c.b, c.s, c.Hkv, c.Dv}, v, dev);
   if (c.sink) in.sink = Tensor::from_vector<float>({c.H}, sink).to(dev);
   in.layout = &layout;
   in.scale = scale * c.kernel_scale_factor;
   in.q_row0 = r0;
-  const Tensor dout_dev = put({c.b, sq, c.H, c.Dv}, rows_from(dout, c.b, c.s, c.H * c.Dv, r0));
+  const Tensor dout_dev = put({c.b, sq, c.H, c.Dv}, rows_from(dout, c.b, c.s, c.H * c.Dv, r0), dev);
   std::vector<std::vector<float>> run[2];
   for (auto& got : run) {
     AttnDenseSaved sv = attn_dense_fwd(in);
     AttnDenseGrads g = attn_dense_bwd(in, sv, dout_dev);
-    got = {to_host_f32(sv.out), to_host_f32(sv.lse), to_host_f32(g.dq), to_host_f32(g.dk), to_host_f32(g.dv)};
-    if (c.sink) got.push_back(to_host_f32(g.dsink));
+    got = {host(sv.out), host(sv.lse), host(g.dq), host(g.dk), host(g.dv)};
+    if (c.sink) got.push_back(host(g.dsink));
   }
   res.deterministic = run[0] == run[1];
 
@@ -288,12 +240,12 @@ BenchResult bench(const BenchShape& sh, int reps) {
   for (int64_t i = 0; i <= sh.docs; ++i) cu.push_back(std::min(i * doc, sh.s));
   const DocLayout layout = layout_from_cu_seqlens(sh.s, {cu});
   AttnDenseInputs in;
-  in.q = to_device_bf16({b, sh.s, sh.H, sh.Dqk}, randn_bf16(b * sh.s * sh.H * sh.Dqk, 1));
-  in.k = to_device_bf16({b, sh.s, sh.H, sh.Dqk}, randn_bf16(b * sh.s * sh.H * sh.Dqk, 2));
-  in.v = to_device_bf16({b, sh.s, sh.H, sh.Dv}, randn_bf16(b * sh.s * sh.H * sh.Dv, 3));
+  in.q = put({b, sh.s, sh.H, sh.Dqk}, randn_bf16(b * sh.s * sh.H * sh.Dqk, 1));
+  in.k = put({b, sh.s, sh.H, sh.Dqk}, randn_bf16(b * sh.s * sh.H * sh.Dqk, 2));
+  in.v = put({b, sh.s, sh.H, sh.Dv}, randn_bf16(b * sh.s * sh.H * sh.Dv, 3));
   in.layout = &layout;
   in.scale = 1.f / std::sqrt(float(sh.Dqk));
-  const Tensor dout = to_device_bf16({b, sh.s, sh.H, sh.Dv}, randn_bf16(b * sh.s * sh.H * sh.Dv, 4));
+  const Tensor dout = put({b, sh.s, sh.H, sh.Dv}, randn_bf16(b * sh.s * sh.H * sh.Dv, 4));
   AttnDenseSaved sv{Tensor::empty({b, sh.s, sh.H, sh.Dv}, DType::bf16, Device::cuda),
                     Tensor::empty({b, sh.H, sh.s}, DType::f32, Device::cuda)};
   AttnDenseGrads g{Tensor::empty(in.q.shape(), DType::bf16, Device::cuda),

@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "check_util.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_ref.h"
 #include "runtime.h"
@@ -14,14 +15,6 @@
 namespace hmla::cuda_check {
 
 namespace {
-
-float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
-Tensor bf16_on_device(const Shape& shape, const std::vector<float>& v) {
-  Tensor h = Tensor::empty(shape, DType::bf16);
-  for (size_t i = 0; i < v.size(); ++i) h.data<bf16>()[i] = f32_to_bf16(v[i]);
-  return h.to(Device::cuda);
-}
 
 // Two documents and tail padding in row 0, one document in row 1.
 DocLayout layout_for(int64_t s) { return layout_from_cu_seqlens(s, {{0, s / 3, s / 3 + 1, s - 7}, {0, s}}); }
@@ -68,8 +61,7 @@ IndexerCheck check_topk(int64_t s, int64_t HI, int64_t DI, int64_t K, int64_t W,
   for (float& x : qI) x = rbf(nd(rng));
   for (float& x : kI) x = rbf(nd(rng));
   for (float& x : w) x = nd(rng);
-  IndexerScores sc{dev == Device::cuda ? bf16_on_device({b, s, HI, DI}, qI) : Tensor::from_vector<float>({b, s, HI, DI}, qI),
-                   dev == Device::cuda ? bf16_on_device({b, s, DI}, kI) : Tensor::from_vector<float>({b, s, DI}, kI),
+  IndexerScores sc{put({b, s, HI, DI}, qI, dev), put({b, s, DI}, kI, dev),
                    Tensor::from_vector<float>({b, s, HI}, w).to(dev), &layout};
   const auto got = indexer_topk(sc, K, W).to(Device::cpu).to_vector<int32_t>();
   const ref::IndexerDims d{b, s, HI, DI};
@@ -120,7 +112,7 @@ IndexerBench bench_indexer(int64_t s, int64_t HI, int64_t DI, int64_t K, int rep
   for (float& x : qI) x = nd(rng);
   for (float& x : kI) x = nd(rng);
   for (float& x : w) x = nd(rng);
-  IndexerScores sc{bf16_on_device({1, s, HI, DI}, qI), bf16_on_device({1, s, DI}, kI),
+  IndexerScores sc{put({1, s, HI, DI}, qI), put({1, s, DI}, kI),
                    Tensor::from_vector<float>({1, s, HI}, w).to(Device::cuda), &layout};
   cudaStream_t st = cuda::current_stream().get();
   cudaEvent_t e0, e1;

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "attn_sparse_ref.h"
+#include "check_util.h"
 #include "runtime.h"
 #include "hmla/core/error.h"
 #include "hmla/ops/sparse_attention.h"
@@ -17,23 +18,6 @@
 namespace hmla::cuda_check {
 
 namespace {
-
-float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
-Tensor put(const Shape& shape, const std::vector<float>& v, Device dev) {
-  if (dev == Device::cpu) return Tensor::from_vector<float>(shape, v);
-  Tensor h = Tensor::empty(shape, DType::bf16);
-  for (size_t i = 0; i < v.size(); ++i) h.data<bf16>()[i] = f32_to_bf16(v[i]);
-  return h.to(dev);
-}
-
-std::vector<float> host(const Tensor& t) {
-  Tensor h = t.to(Device::cpu);
-  if (h.dtype() == DType::f32) return h.to_vector<float>();
-  std::vector<float> v(h.numel());
-  for (int64_t i = 0; i < h.numel(); ++i) v[i] = bf16_to_f32(h.data<bf16>()[i]);
-  return v;
-}
 
 // Causal tables: up to K distinct keys of [0, t] with -1 holes, then a window of W more.
 std::vector<int32_t> table(int64_t b, int64_t s, int64_t K, int64_t W, uint64_t seed) {
@@ -52,26 +36,6 @@ std::vector<int32_t> table(int64_t b, int64_t s, int64_t K, int64_t W, uint64_t 
     for (int64_t i = 0; i < W && n < int64_t(keys.size()); ++i) idx[r * (K + W) + K + i] = keys[n++];
   }
   return idx;
-}
-
-double max_err(const std::vector<float>& x, const std::vector<double>& ref) {
-  double e = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isinf(ref[i]) || std::isinf(x[i])) {
-      if (double(x[i]) != ref[i]) return INFINITY;
-      continue;
-    }
-    if (std::isnan(x[i])) return INFINITY;
-    e = std::max(e, std::abs(double(x[i]) - ref[i]));
-  }
-  return e;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v)
-    if (std::isfinite(x)) m = std::max(m, std::abs(x));
-  return m;
 }
 
 // Naive bf16 forward and backward: scores, P, dP, dS and every output rounded to bf16, f32 sums.
