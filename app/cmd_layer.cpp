@@ -89,8 +89,9 @@ void add_layer_command(CLI::App& app) {
                " ranks (mpirun -np ", o->cp, "); this job has ", world.size());
     Comm& cp = o->cp == 1 ? Comm::self() : world;
     const RowShard sh = row_shard(cp, s);
+    const Tensor x_own = take_rows(x, sh);
     MlaSaved saved;
-    Tensor y = mla_forward(L, take_rows(x, sh), layout, saved, cp);
+    Tensor y = mla_forward(L, x_own, layout, saved, cp);
     MlaBackwardOptions opt;
     opt.backbone = !settings.train_indexer_only;
     if (is_dsa(mode)) {
@@ -98,7 +99,7 @@ void add_layer_command(CLI::App& app) {
       const Tensor rw = loss_row_weights(layout, ids.defined() ? &ids : nullptr, cfg.pad_token_id);
       opt.row_weight = take_rows(rw.view({b, s, 1}), sh).view({b, sh.rows});
     }
-    MlaGrads g = mla_backward(L, take_rows(x, sh), layout, saved, take_rows(in.at("grad_output"), sh), opt, cp);
+    MlaGrads g = mla_backward(L, x_own, layout, saved, take_rows(in.at("grad_output"), sh), opt, cp);
     const int64_t sent = cp.bytes_sent();
     const CpTraffic want = mla_cp_traffic(cfg, mode, b, s, o->cp, opt.backbone);
 

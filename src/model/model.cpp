@@ -45,6 +45,7 @@ struct LayerSaved {
 };
 
 struct Forward {
+  Tensor ids;  // this rank's token ids [b, s] (its row shard)
   std::vector<LayerSaved> layers;
   Tensor h_final, rstd_final, n_final;  // before/after model.norm
   Tensor logits;                        // [N, V]
@@ -65,6 +66,7 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int32_t* ids = local_ids.data<int32_t>();
   Forward f;
+  f.ids = local_ids;
   Tensor h = Tensor::empty({b, s, hid}, DType::f32);
   const float* E = P(m, "model.embed_tokens.weight");
   for (int64_t n = 0; n < N; ++n) {
@@ -362,8 +364,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   }
   if (opt.backbone) {  // embedding rows, in token order
     float* dE = grads.at("model.embed_tokens.weight").data<float>();
-    const Tensor local_ids = shard_ids(batch, cp);
-    const int32_t* tok = local_ids.data<int32_t>();
+    const int32_t* tok = f.ids.data<int32_t>();
     for (int64_t n = 0; n < N; ++n) {
       float* row = dE + int64_t(tok[n]) * hid;
       const float* src = dh.data<float>() + n * hid;
