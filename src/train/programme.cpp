@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "hmla/core/error.h"
@@ -37,6 +38,7 @@ void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const st
   else if (k == "weight_decay") o.weight_decay = get<double>(v, k, where);
   else if (k == "beta1") o.beta1 = get<double>(v, k, where);
   else if (k == "beta2") o.beta2 = get<double>(v, k, where);
+  else if (k == "eps") o.eps = get<double>(v, k, where);
   else if (k == "clip_backbone") o.clip_backbone = get<double>(v, k, where);
   else if (k == "clip_indexer") o.clip_indexer = get<double>(v, k, where);
   else if (k == "muon_momentum") o.muon_momentum = get<double>(v, k, where);
@@ -55,7 +57,27 @@ void validate(const PhaseSettings& p, const std::string& where) {
   HMLA_CHECK(p.batch >= 1 && p.micro_batches >= 1 && p.batch % p.micro_batches == 0, ConfigError, where,
              ": batch (", p.batch, ") must be a positive multiple of micro_batches (", p.micro_batches, ")");
   HMLA_CHECK(p.seq_len >= 2, ConfigError, where, ": seq_len must be >= 2");
-  HMLA_CHECK(p.optim.lr > 0 && p.optim.indexer_lr > 0, ConfigError, where, ": learning rates must be positive");
+  const OptimSettings& o = p.optim;
+  auto positive = [&](const char* key, double v, bool zero_ok) {
+    HMLA_CHECK(std::isfinite(v) && (v > 0 || (zero_ok && v == 0)), ConfigError, where, ": ", key, " = ", v,
+               ": it must be finite and ", zero_ok ? ">= 0" : "> 0");
+  };
+  auto fraction = [&](const char* key, double v, bool one_ok) {
+    HMLA_CHECK(v >= 0 && (v < 1 || (one_ok && v == 1)), ConfigError, where, ": ", key, " = ", v,
+               ": it must be in [0, 1", one_ok ? "]" : ")");
+  };
+  positive("lr", o.lr, false);
+  positive("indexer_lr", o.indexer_lr, false);
+  positive("eps", o.eps, false);
+  positive("weight_decay", o.weight_decay, true);
+  positive("equivalence_rtol", p.equivalence_rtol, false);
+  fraction("min_lr_ratio", o.min_lr_ratio, true);
+  fraction("beta1", o.beta1, false);
+  fraction("beta2", o.beta2, false);
+  fraction("muon_momentum", o.muon_momentum, false);
+  HMLA_CHECK(std::isfinite(o.clip_backbone) && std::isfinite(o.clip_indexer), ConfigError, where,
+             ": clip_backbone and clip_indexer must be finite (<= 0: no clipping)");
+  HMLA_CHECK(o.warmup_steps >= 0, ConfigError, where, ": warmup_steps = ", o.warmup_steps, ": it must be >= 0");
   HMLA_CHECK(p.optim.optimizer == "adamw" || p.optim.optimizer == "muon", ConfigError, where, ": optimizer '",
              p.optim.optimizer, "': use adamw or muon");
   HMLA_CHECK(p.log_every >= 1 && p.eval_rows >= 1 && p.checkpoint_every >= 0, ConfigError, where,

@@ -26,3 +26,56 @@ class Checker:
 
     def exit(self):
         sys.exit(0 if self.ok else 1)
+
+
+F32_EPS = 2.0 ** -23
+
+
+def compare_training(check, label, ref_dir, run_dir, rows, lr_over_eps, steps, seq_len):
+    """Two runs of one programme whose gradient sums are grouped differently (another rank grid, or
+    other micro-batches) agree up to f32 reassociation. Each tolerance comes from the computation:
+    a step's loss, gradients and moments are sums over its `rows` (batch x seq_len) tokens, so
+    regrouping moves them by at most rows * eps relative to the magnitude of the summed terms.
+    - loss and gradient norms: sums of same-sign terms, so rtol = rows * eps of the value.
+    - indexer KL: sum P (log P - log Q) cancels; its terms are bounded by H(P, Q) + H(P) <=
+      kl + 2 ln(seq_len), so atol = rows * eps * (kl + 2 ln seq_len).
+    - each phase's Adam first moment (a linear image of the gradients): rows * eps of its largest entry.
+    - weights: with AdamW's eps >= 1 and gradients clipped to norm <= 1, the update
+      lr m / (sqrt(v) + eps) is 2 lr/eps-Lipschitz in the gradient, so each step moves a weight by
+      at most 2 (lr/eps) rows * eps more; x2 for the second-order effect of earlier differences.
+      (With eps = 1e-8 an element whose gradient cancels to the f32 floor moves by a whole +-lr
+      either way: weights are comparable only where the update is well-conditioned.)"""
+    import json
+    import numpy as np
+    import safetensors_lite as st
+
+    def metrics(path):
+        rows_ = [json.loads(line) for line in open(path)]
+        return np.array([[r[k] or 0.0 for k in ("lm_loss", "indexer_kl", "grad_norm_backbone", "grad_norm_indexer")]
+                         for r in rows_ if "step" in r])
+
+    tol = rows * F32_EPS
+    m1, m2 = metrics(f"{ref_dir}/metrics.jsonl"), metrics(f"{run_dir}/metrics.jsonl")
+    same = m1.shape == m2.shape
+    d = np.abs(m1 - m2) if same else np.ones((1, 4))
+    bound = np.abs(m1) * tol if same else np.zeros((1, 4))
+    if same:
+        bound[:, 1] = tol * (np.abs(m1[:, 1]) + 2 * np.log(seq_len))
+    check(f"{label}: per-step loss, KL and gradient norms equal the reference's", same and (d <= bound).all(),
+          "(max difference / bound: loss %.2f, kl %.2f, norms %.2f / %.2f)" %
+          tuple((d / np.maximum(bound, 1e-300)).max(axis=0)))
+
+    def rel(x, y):
+        return float(np.abs(x - y).max() / max(np.abs(x).max(), 1e-30))
+
+    import os
+    phases = sorted(p for p in os.listdir(f"{ref_dir}/checkpoints") if p.endswith("-end"))
+    worst = max(rel(st.load(f"{ref_dir}/checkpoints/{p}/optimizer.safetensors")["optimizer.m"],
+                    st.load(f"{run_dir}/checkpoints/{p}/optimizer.safetensors")["optimizer.m"]) for p in phases)
+    check(f"{label}: every phase's gradient moments equal the reference's", worst <= tol,
+          f"(max relative difference {worst:.2e}, bound {tol:.2e}, {len(phases)} phases)")
+    w1, w2 = st.load(f"{ref_dir}/model.safetensors"), st.load(f"{run_dir}/model.safetensors")
+    wbound = 2 * 2 * lr_over_eps * steps * tol
+    dw = max(float(np.abs(w1[n] - w2[n]).max()) for n in w1) if set(w1) == set(w2) else float("inf")
+    check(f"{label}: final weights equal the reference's", dw <= wbound,
+          f"(max |difference| {dw:.2e}, bound {wbound:.2e})")
