@@ -9,12 +9,16 @@
 #include "commands.h"
 #include "hmla/core/error.h"
 #include "hmla/model/mla_layer.h"
+#include "hmla/ops/cpu_blas.h"
 
 namespace hmla::app {
 
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each side by side with its baseline");
   bench->require_subcommand(1);
+  bench->preparse_callback([](size_t) {
+    if (const std::string hint = cpu_blas_hint(); !hint.empty()) std::cerr << hint << "\n";
+  });
   auto o = std::make_shared<bench::AttentionBenchOptions>();
   CLI::App* att = bench->add_subcommand(
       "attention",

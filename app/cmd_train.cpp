@@ -2,7 +2,9 @@
 #include <iostream>
 
 #include "commands.h"
+#include "hmla/dist/comm.h"
 #include "hmla/dist/cp.h"
+#include "hmla/ops/cpu_blas.h"
 #include "hmla/train/data.h"
 #include "hmla/train/trainer.h"
 
@@ -28,6 +30,7 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")->capture_default_str();
   train->callback([o] {
     check_cp_split(o->t.cp_split);
+    if (const std::string hint = cpu_blas_hint(); !hint.empty() && Comm::world().is_root()) std::cerr << hint << "\n";
     run_programme(load_programme(o->programme), o->t, std::cout);
   });
 

@@ -17,6 +17,7 @@
 #include "bench_util.h"
 #include "gemm.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/cpu_blas.h"
 
 namespace hmla::bench {
 
@@ -131,6 +132,7 @@ void run_attention_bench(const AttentionBenchOptions& opt, std::ostream& os) {
         }
         if (sgemm > 0) j["sgemm_gflops"] = sgemm;
         j["openblas_coretype"] = coretype ? nlohmann::ordered_json(coretype) : nlohmann::ordered_json();
+        j["blas_core"] = cpu_blas_info().core;
         os << j.dump() << std::endl;
       } else {
         os << std::left << std::setw(6) << s << std::setw(6) << docs << std::right << std::fixed
@@ -148,7 +150,8 @@ void run_attention_bench(const AttentionBenchOptions& opt, std::ostream& os) {
       }
     }
   if (!opt.json)
-    os << "threads " << threads << ", OPENBLAS_CORETYPE " << (coretype ? coretype : "(unset)") << "\n";
+    os << "threads " << threads << ", OPENBLAS_CORETYPE " << (coretype ? coretype : "(unset)") << ", kernels "
+       << cpu_blas_info().core << "\n";
 }
 
 }  // namespace hmla::bench
