@@ -3,6 +3,8 @@
 // mla_twin.py) checks each mode against autograd.
 #include <gtest/gtest.h>
 
+#include <cfloat>
+
 #include <cstring>
 
 #include "hmla/model/indexer.h"
@@ -122,8 +124,13 @@ TEST(MlaLayer, SplitFormComputesTheSameLayer) {
   Tensor dy = Tensor::from_vector<float>({1, 20, 48}, testing::randn(20 * 48, 9));
   DocLayout layout = layout_causal(1, 20);
   LayerRun a = run(c, w, false, x, dy, layout), b = run(c, w, true, x, dy, layout);
-  EXPECT_LE(max_rel(b.y, a.y), 1e-6);
-  for (const auto& [name, t] : a.g.dweights) EXPECT_LE(max_rel(b.g.dweights.at(name), t), 1e-6) << name;
+  // The forms differ only in how the products with W_kb / W_vb group their Rkv-long sums (separate
+  // GEMMs vs one fused one, in whatever order the BLAS kernels take): a reassociation of sums of
+  // Rkv terms moves each by at most Rkv * eps of their magnitudes; x4 for the two products a
+  // gradient passes through and the magnitude/result ratio.
+  const double tol = 4.0 * double(c.kv_lora_rank) * FLT_EPSILON;
+  EXPECT_LE(max_rel(b.y, a.y), tol);
+  for (const auto& [name, t] : a.g.dweights) EXPECT_LE(max_rel(b.g.dweights.at(name), t), tol) << name;
 }
 
 TEST(MlaLayer, WeightTableAndModeChecks) {
