@@ -23,7 +23,11 @@ void add_train_commands(CLI::App& app) {
       "RUN_DIR/summary.json and the final config.json + model.safetensors.");
   train->add_option("programme", o->programme, "programme YAML")->required();
   train->add_option("--out", o->t.out_dir, "run directory")->capture_default_str();
-  train->add_flag("--resume", o->t.resume, "continue from RUN_DIR/checkpoints/latest");
+  train->add_flag("--resume", o->t.resume, "continue from RUN_DIR/checkpoints/latest (the programme and data\n"
+                                           "must be those the run started with)");
+  train->add_flag("--allow-safe-changes", o->t.allow_safe_changes,
+                  "with --resume: accept changed steps, log_every, checkpoint_every and eval_rows\n"
+                  "of the current and later phases");
   train->add_option("--cp", o->t.cp, "context-parallel ranks per replica (under mpirun -np CP * DP): each\n"
                                      "group of CP consecutive ranks splits every sequence by rows; the\n"
                                      "DP groups are data parallel")->capture_default_str();

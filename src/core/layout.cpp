@@ -2,14 +2,22 @@
 // input and reports the first inconsistency with its row and position.
 #include "hmla/core/layout.h"
 
+#include <limits>
+
 namespace hmla {
 
 namespace {
 
-DocLayout empty_layout(int64_t b, int64_t s) {
+void check_dims(int64_t b, int64_t s) {
   HMLA_CHECK(b >= 1 && s >= 1, LayoutError, "layout needs b >= 1 and s >= 1, got b = ", b,
              ", s = ", s);
   HMLA_CHECK(s < (int64_t(1) << 31) - 1, LayoutError, "s = ", s, " does not fit int32 positions");
+  HMLA_CHECK(b <= std::numeric_limits<int64_t>::max() / s, LayoutError, "layout of b = ", b, " rows of s = ",
+             s, " positions overflows int64");
+}
+
+DocLayout empty_layout(int64_t b, int64_t s) {
+  check_dims(b, s);
   DocLayout l;
   l.b = b;
   l.s = s;
@@ -64,9 +72,9 @@ DocLayout layout_causal(int64_t b, int64_t s) {
   return l;
 }
 
-DocLayout layout_from_cu_seqlens(int64_t s, const std::vector<std::vector<int64_t>>& cu) {
-  DocLayout l = empty_layout(static_cast<int64_t>(cu.size()), s);
-  for (int64_t r = 0; r < l.b; ++r) {
+// Every entry is checked before anything is written: monotone, from 0, ending within s.
+static void check_cu_seqlens(int64_t s, const std::vector<std::vector<int64_t>>& cu) {
+  for (size_t r = 0; r < cu.size(); ++r) {
     const auto& c = cu[r];
     HMLA_CHECK(c.size() >= 2, LayoutError, "cu_seqlens of row ", r,
                " needs at least two entries (a start and an end), got ", c.size());
@@ -74,15 +82,23 @@ DocLayout layout_from_cu_seqlens(int64_t s, const std::vector<std::vector<int64_
     for (size_t i = 1; i < c.size(); ++i) {
       HMLA_CHECK(c[i] > c[i - 1], LayoutError, "cu_seqlens of row ", r,
                  " must be strictly increasing: entry ", i, " = ", c[i], " after ", c[i - 1]);
-      mark_doc(l, r, c[i - 1], c[i]);
+      HMLA_CHECK(c[i] <= s, LayoutError, "cu_seqlens of row ", r, " has entry ", i, " = ", c[i],
+                 ", past s = ", s);
     }
-    HMLA_CHECK(c.back() <= s, LayoutError, "cu_seqlens of row ", r, " ends at ", c.back(),
-               ", past s = ", s);
   }
+}
+
+DocLayout layout_from_cu_seqlens(int64_t s, const std::vector<std::vector<int64_t>>& cu) {
+  check_dims(static_cast<int64_t>(cu.size()), s);
+  check_cu_seqlens(s, cu);
+  DocLayout l = empty_layout(static_cast<int64_t>(cu.size()), s);
+  for (int64_t r = 0; r < l.b; ++r)
+    for (size_t i = 1; i < cu[r].size(); ++i) mark_doc(l, r, cu[r][i - 1], cu[r][i]);
   return l;
 }
 
 DocLayout layout_from_end_rows(int64_t b, int64_t s, const std::vector<int64_t>& end_rows) {
+  check_dims(b, s);
   HMLA_CHECK(static_cast<int64_t>(end_rows.size()) == b * s, LayoutError, "end rows: expected b*s = ",
              b * s, " entries, got ", end_rows.size());
   DocLayout l = empty_layout(b, s);
@@ -109,6 +125,7 @@ DocLayout layout_from_end_rows(int64_t b, int64_t s, const std::vector<int64_t>&
 
 DocLayout layout_from_eos(int64_t b, int64_t s, const std::vector<int64_t>& ids, int64_t eos_id,
                           int64_t pad_id) {
+  check_dims(b, s);
   HMLA_CHECK(static_cast<int64_t>(ids.size()) == b * s, LayoutError, "token ids: expected b*s = ",
              b * s, " entries, got ", ids.size());
   DocLayout l = empty_layout(b, s);

@@ -2,6 +2,8 @@
 // CUDA backend's copy hook (src/cuda), so this file needs nothing but the standard library.
 #include "hmla/core/tensor.h"
 
+#include <cmath>
+
 #include <cstring>
 #include <sstream>
 
@@ -203,6 +205,15 @@ void Tensor::fill_zero() {
     Tensor z = zeros(shape_, dtype_, Device::cpu);
     copy_from(z);
   }
+}
+
+int64_t first_non_finite(const Tensor& t) {
+  HMLA_CHECK(t.dtype() == DType::f32 && t.device() == Device::cpu && t.is_contiguous(), ShapeError,
+             "first_non_finite needs a contiguous f32 CPU tensor");
+  const float* x = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (!std::isfinite(x[i])) return i;
+  return -1;
 }
 
 }  // namespace hmla

@@ -247,6 +247,9 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
       const bf16* src = t.data<bf16>();
       for (int64_t i = 0; i < t.numel(); ++i) dst.data<float>()[i] = bf16_to_f32(src[i]);
     }
+    const int64_t bad = first_non_finite(dst);
+    HMLA_CHECK(bad < 0, IoError, what, ": tensor '", p.name, "' holds a non-finite value (", dst.data<float>()[bad],
+               " at flat index ", bad, ")");
   }
 }
 

@@ -1,6 +1,7 @@
 #include "hmla/train/data.h"
 
 #include <algorithm>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -83,8 +84,10 @@ TokenSet load_token_set(const std::string& path) {
              IoError, path, ": a token file needs tokens (i32) and doc_offsets (i64); run hmla prepare-data");
   TokenSet s{m.at("tokens").to_vector<int32_t>(), m.at("doc_offsets").to_vector<int64_t>()};
   HMLA_CHECK(s.doc_offsets.size() >= 2 && s.doc_offsets.front() == 0 &&
-                 s.doc_offsets.back() == int64_t(s.tokens.size()) && std::is_sorted(s.doc_offsets.begin(), s.doc_offsets.end()),
-             IoError, path, ": doc_offsets must rise from 0 to the token count");
+                 s.doc_offsets.back() == int64_t(s.tokens.size()) &&
+                 std::adjacent_find(s.doc_offsets.begin(), s.doc_offsets.end(), std::greater_equal<>()) ==
+                     s.doc_offsets.end(),
+             IoError, path, ": doc_offsets must rise strictly from 0 to the token count (no empty documents)");
   for (int32_t t : s.tokens)
     HMLA_CHECK(t >= 0 && t < kByteVocab, IoError, path, ": token id ", t, " is outside the byte vocabulary");
   return s;
@@ -104,10 +107,13 @@ void PackedLoader::shuffle() {
 }
 
 void PackedLoader::seek(const std::vector<int64_t>& pos) {
-  HMLA_CHECK(pos.size() == 3 && pos[1] >= 0 && pos[1] <= data_.docs() && pos[2] >= 0, IoError,
+  HMLA_CHECK(pos.size() == 3 && pos[0] >= 0 && pos[1] >= 0 && pos[1] <= data_.docs() && pos[2] >= 0, IoError,
              "data position in the checkpoint is malformed");
   epoch_ = pos[0];
   shuffle();
+  const int64_t len = pos[1] < data_.docs() ? data_.doc_offsets[order_[pos[1]] + 1] - data_.doc_offsets[order_[pos[1]]] : 1;
+  HMLA_CHECK(pos[2] < len, IoError, "data position in the checkpoint: offset ", pos[2],
+             " is past the end of its document (", len, " tokens); was the data prepared again?");
   index_ = pos[1];
   offset_ = pos[2];
 }

@@ -74,6 +74,11 @@ OptimStats Optimizer::step(Model& m, io::TensorMap& grads, int64_t step) {
   OptimStats st;
   st.grad_norm_backbone = group_norm(table_, grads, false);
   st.grad_norm_indexer = group_norm(table_, grads, true);
+  // Checked before any weight moves, so a non-finite gradient never reaches the parameters.
+  HMLA_CHECK(std::isfinite(st.grad_norm_backbone), DivergenceError, "the backbone's gradient norm is ",
+             st.grad_norm_backbone);
+  HMLA_CHECK(std::isfinite(st.grad_norm_indexer), DivergenceError, "the indexers' gradient norm is ",
+             st.grad_norm_indexer);
   const double t = double(step + 1);
   const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
   st.lr = lr_at(o_, o_.lr, step);

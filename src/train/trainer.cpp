@@ -14,6 +14,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/train/data.h"
+#include "hmla/train/run_state.h"
 
 namespace hmla {
 
@@ -24,11 +25,6 @@ namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 void on_sigint(int) { g_stop = 1; }
-
-struct RunState {
-  int64_t phase = 0, step = 0;  // the next step to run
-  std::vector<int64_t> data_pos;
-};
 
 std::vector<bool> hybrid_mask(const Programme& pr, int64_t layers) {
   std::vector<bool> h(layers, pr.hybrid_layers.empty());
@@ -78,16 +74,23 @@ void write_json_atomic(const fs::path& p, const json& j) { io::write_file_atomic
 
 // out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
 // built in a temporary directory and renamed into place; then `latest` names it.
+void check_finite_weights(const Model& m) {
+  for (const auto& [name, t] : m.params)
+    if (const int64_t i = first_non_finite(t); i >= 0)
+      throw DivergenceError("parameter '" + name + "' became non-finite (" + std::to_string(t.data<float>()[i]) +
+                            " at flat index " + std::to_string(i) + ")");
+}
+
 void save_checkpoint(const fs::path& root, const std::string& name, const Model& m, const Optimizer& o,
                      const RunState& st) {
+  check_finite_weights(m);  // a diverged model is never saved
   const fs::path dir = root / name, tmp = root / ("." + name + ".tmp"), old = root / ("." + name + ".old");
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   save_model_config((tmp / "config.json").string(), m.cfg);
   io::save_safetensors((tmp / "model.safetensors").string(), m.params, {{"format", "pt"}});
   io::save_safetensors((tmp / "optimizer.safetensors").string(), o.state());
-  json s{{"phase", st.phase}, {"step", st.step}, {"data_pos", st.data_pos}};
-  write_json_atomic(tmp / "state.json", s);
+  io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
   if (fs::exists(dir)) fs::rename(dir, old);
   fs::rename(tmp, dir);
   fs::remove_all(old);
@@ -113,6 +116,77 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
   double s = 0;
   for (size_t i = from; i < to; ++i) s += v[i];
   return s / double(to - from);
+}
+
+// metrics.jsonl as JSON objects (a line that does not parse is an error naming it).
+std::vector<json> read_metrics(const fs::path& p) {
+  std::vector<json> rows;
+  if (!fs::exists(p)) return rows;
+  std::istringstream in(io::read_file(p.string()));
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    try {
+      rows.push_back(json::parse(line));
+    } catch (const json::exception&) {
+      throw IoError(p.string() + ": line " + std::to_string(n) + " is not JSON");
+    }
+  }
+  return rows;
+}
+
+double number_or_nan(const json& row, const char* key) {
+  auto it = row.find(key);
+  return it != row.end() && it->is_number() ? it->get<double>() : std::nan("");
+}
+
+// On --resume: metrics.jsonl back to the length it had at the checkpoint, so a resumed run's file
+// equals an uninterrupted one's (-1: a checkpoint from before hmla recorded it; left as it is).
+void truncate_metrics(const fs::path& p, int64_t bytes) {
+  if (bytes < 0) return;
+  const int64_t size = fs::exists(p) ? int64_t(fs::file_size(p)) : 0;
+  HMLA_CHECK(size >= bytes, IoError, p.string(), ": ", size, " bytes, shorter than the ", bytes,
+             " the checkpoint recorded; it was changed after the run");
+  fs::resize_file(p, uintmax_t(bytes));
+}
+
+// The step lines of the phase in progress: those after the last phase-end line.
+void phase_history(const std::vector<json>& rows, std::vector<double>& losses, std::vector<double>& kls) {
+  for (const json& r : rows) {
+    if (r.contains("heldout_lm_loss")) losses.clear(), kls.clear();
+    if (!r.contains("step")) continue;
+    losses.push_back(number_or_nan(r, "lm_loss"));
+    kls.push_back(number_or_nan(r, "indexer_kl"));
+  }
+}
+
+// The end-of-run table from metrics.jsonl (so phases run before a resume are in it too).
+std::vector<PhaseSummary> summaries_from_metrics(const Programme& pr, const std::vector<json>& rows) {
+  std::vector<PhaseSummary> out;
+  size_t peak = 0;
+  for (const json& r : rows) {
+    if (r.contains("step")) peak = std::max(peak, r.value("peak_bytes", size_t(0)));
+    if (!r.contains("heldout_lm_loss") || out.size() >= pr.phases.size()) continue;
+    const PhaseSettings& ph = pr.phases[out.size()];
+    out.push_back({ph.name, mode_name(ph.mode), ph.steps, number_or_nan(r, "first20_lm_loss"),
+                   number_or_nan(r, "last20_lm_loss"), number_or_nan(r, "last20_indexer_kl"),
+                   number_or_nan(r, "heldout_lm_loss"), number_or_nan(r, "seconds"), peak});
+    peak = 0;
+  }
+  return out;
+}
+
+// The programme of a resumed run must be the one that wrote it (programme.json), but for the keys
+// --allow-safe-changes admits.
+void check_same_programme(const Programme& pr, const fs::path& saved, int64_t from_phase, bool allow_safe) {
+  if (!fs::exists(saved)) return;  // a run from before hmla kept it
+  const std::vector<std::string> changed =
+      programme_changes(io::read_file(saved.string()), programme_json(pr), from_phase, allow_safe);
+  if (changed.empty()) return;
+  std::string list;
+  for (const std::string& c : changed) list += (list.empty() ? "" : "; ") + c;
+  throw ConfigError(pr.path + ": the programme differs from the one this run started with (" + saved.string() +
+                    "): " + list + (allow_safe ? "" : " (--allow-safe-changes admits steps, log_every, "
+                                                        "checkpoint_every and eval_rows of the current and later phases)"));
 }
 
 }  // namespace
@@ -144,6 +218,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
   const TokenSet train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
   const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
+  const std::string fingerprint = data_fingerprint(train, held);
   const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
   HMLA_CHECK(opt.resume || !fs::exists(ckroot / "latest"), ConfigError, out.string(),
              " already holds a run; continue it with --resume or choose another --out (nothing was changed)");
@@ -160,18 +235,11 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     name.erase(name.find_last_not_of("\n") + 1);
     const fs::path dir = ckroot / name;
     ModelConfig saved = load_model_config((dir / "config.json").string());
-    try {
-      json s = json::parse(io::read_file((dir / "state.json").string()));
-      st.phase = s.at("phase").get<int64_t>();
-      st.step = s.at("step").get<int64_t>();
-      st.data_pos = s.at("data_pos").get<std::vector<int64_t>>();
-    } catch (const json::exception& e) {
-      throw IoError((dir / "state.json").string() + ": malformed (" + e.what() + ")");
-    }
-    HMLA_CHECK(st.phase >= 0 && st.phase <= int64_t(pr.phases.size()) &&
-                   (st.phase == int64_t(pr.phases.size()) || (st.step >= 0 && st.step <= pr.phases[st.phase].steps)),
-               IoError, (dir / "state.json").string(), ": phase ", st.phase, ", step ", st.step,
-               " does not fit this programme; resume with the programme that wrote it");
+    st = parse_run_state(io::read_file((dir / "state.json").string()), (dir / "state.json").string(), pr, train);
+    HMLA_CHECK(st.data_fingerprint.empty() || st.data_fingerprint == fingerprint, ConfigError, pr.data_dir,
+               ": the data differs from what the run read (checkpoint: ", st.data_fingerprint, "; now: ", fingerprint,
+               "); resume with the data the run started on");
+    check_same_programme(pr, out / "programme.json", st.phase, opt.allow_safe_changes);
     io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
@@ -193,10 +261,16 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     }
   }
 
+  std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
+  if (root && opt.resume) {
+    truncate_metrics(out / "metrics.jsonl", st.metrics_bytes);
+    phase_history(read_metrics(out / "metrics.jsonl"), resumed_losses, resumed_kls);
+  }
+  if (root && !opt.resume) io::write_file_atomic((out / "programme.json").string(), programme_json(pr));
   std::ofstream metrics_file;
   if (root) metrics_file.open(out / "metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
+  auto metrics_bytes = [&] { return root ? int64_t(metrics_file.tellp()) : int64_t(0); };
   std::ostream& metrics = root ? static_cast<std::ostream&>(metrics_file) : sink;
-  std::vector<PhaseSummary> summaries;
   Allocator& alloc = allocator(Device::cpu);
   for (int64_t p = st.phase; p < int64_t(pr.phases.size()); ++p) {
     const PhaseSettings& ph = pr.phases[p];
@@ -213,7 +287,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     if (created > 0) log << "[" << ph.name << "] initialised " << created << " missing indexer tensors\n";
     const Batch eval = fixed_rows(held, ph.seq_len, ph.eval_rows);
     const bool any_hybrid = std::find(hybrid.begin(), hybrid.end(), true) != hybrid.end();
-    if (any_hybrid && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse)) {
+    // At the phase's entry only: a run resumed inside the phase checked it before its checkpoint.
+    if (any_hybrid && !resuming_here && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse)) {
       auto [diff, mag] = equivalence(model, hybrid, eval, cp);
       log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << std::scientific << std::setprecision(3)
           << diff << ", max|logits_mha| = " << mag << " (rtol " << ph.equivalence_rtol << ")\n" << std::defaultfloat
@@ -225,6 +300,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
     Optimizer optim(model, ph.optim, indexer_only);
     if (resuming_here) optim.load_state(opt_state, "checkpoint");
+    opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
     PackedLoader loader(train, ph.seq_len, pr.seed + 7919ull * uint64_t(p + 1));
     if (resuming_here) loader.seek(st.data_pos);
     Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32);
@@ -232,6 +308,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
 
     PhaseSummary sum{ph.name, mode_name(ph.mode), ph.steps};
     std::vector<double> losses, kls;
+    if (resuming_here) losses = resumed_losses, kls = resumed_kls;
     const auto t_phase = std::chrono::steady_clock::now();
     for (int64_t step = resuming_here ? st.step : 0; step < ph.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -256,7 +333,16 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
       comm.allreduce_sum(sums, 3);
       const double lm = sums[0], kl = sums[1];
       const int64_t tokens = int64_t(sums[2]);
-      OptimStats os = optim.step(model, grads, step);
+      const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
+      HMLA_CHECK(std::isfinite(lm) && std::isfinite(kl), DivergenceError, at, "the ",
+                 std::isfinite(lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(lm) ? kl : lm,
+                 "; the run stops and the last checkpoint is kept as it was");
+      OptimStats os;
+      try {
+        os = optim.step(model, grads, step);
+      } catch (const DivergenceError& e) {
+        throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
+      }
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       losses.push_back(lm);
       kls.push_back(kl);
@@ -282,7 +368,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
       }
       if (ckpt && root)
         save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-step" + std::to_string(step + 1), model, optim,
-                        {p, step + 1, loader.position()});
+                        {p, step + 1, loader.position(), fingerprint, metrics_bytes()});
     }
     sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
     const size_t w = std::min<size_t>(20, losses.size());
@@ -294,14 +380,18 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     metrics << json{{"phase", ph.name}, {"heldout_lm_loss", sum.heldout}, {"first20_lm_loss", sum.first_loss},
                     {"last20_lm_loss", sum.final_loss},
                     {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
-                    {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}}
+                    {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}, {"seconds", sum.seconds}}
                    .dump()
             << "\n" << std::flush;
-    if (root) save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim, {p + 1, 0, {}});
-    summaries.push_back(sum);
+    if (root)
+      save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim,
+                      {p + 1, 0, {}, fingerprint, metrics_bytes()});
   }
   std::signal(SIGINT, old_handler);
   if (!root) return;
+  metrics_file.close();
+  const std::vector<PhaseSummary> summaries = summaries_from_metrics(pr, read_metrics(out / "metrics.jsonl"));
+  check_finite_weights(model);
   save_model_config((out / "config.json").string(), model.cfg);
   io::save_safetensors((out / "model.safetensors").string(), model.params, {{"format", "pt"}});
 

@@ -76,22 +76,85 @@ TEST(Trainer, ATrainedIndexerIsNeverReinitialised) {
   fs::remove_all(b);
 }
 
+// metrics.jsonl / summary.json without their timing fields (tokens_per_s, seconds).
+std::string without_timing(const fs::path& p) {
+  std::string text = io::read_file(p.string()), out;
+  for (const char* key : {"\"tokens_per_s\":", "\"seconds\":"}) {
+    out.clear();
+    for (size_t i = 0; i < text.size();) {
+      const size_t k = text.find(key, i);
+      if (k == std::string::npos) {
+        out += text.substr(i);
+        break;
+      }
+      out += text.substr(i, k - i);
+      i = text.find_first_of(",}\n", k);
+    }
+    text = out;
+  }
+  return text;
+}
+
 TEST(Trainer, ResumeContinuesExactly) {
   const std::string phases =
       "  - {name: pre, mode: mha, steps: 4, checkpoint_every: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 4, "
       "checkpoint_every: 2}\n";
   const fs::path full = tmpdir("full"), part = tmpdir("part");
   run(programme(phases), full);
-  // Stop after the sparse phase's step 2: keep that checkpoint only, then resume.
+  // Interrupted after the sparse phase's step 3: its step-2 checkpoint is the latest, and
+  // metrics.jsonl already holds step 3 (as the whole run's does).
   fs::create_directories(part / "checkpoints");
   fs::copy(full / "checkpoints" / "1-sparse-step2", part / "checkpoints" / "1-sparse-step2", fs::copy_options::recursive);
   std::ofstream(part / "checkpoints" / "latest") << "1-sparse-step2\n";
+  fs::copy(full / "programme.json", part / "programme.json");
+  fs::copy(full / "metrics.jsonl", part / "metrics.jsonl");
   run(programme(phases), part, true);
   io::TensorMap a = weights(full), b = weights(part);
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, t] : a) EXPECT_TRUE(same(t, b.at(name))) << name << " differs after resume";
+  // The files equal an uninterrupted run's: steps after the checkpoint are not repeated, and the
+  // phase means and the end-of-run table cover the steps before the resume too.
+  EXPECT_EQ(without_timing(full / "metrics.jsonl"), without_timing(part / "metrics.jsonl"));
+  EXPECT_EQ(without_timing(full / "summary.json"), without_timing(part / "summary.json"));
+  EXPECT_NE(without_timing(full / "summary.json").find("\"pre\""), std::string::npos);
+
+  // A changed programme or changed data is refused, naming what changed; nothing is touched.
+  const std::string before = io::read_file((part / "metrics.jsonl").string());
+  std::ofstream(part / "checkpoints" / "latest") << "1-sparse-step2\n";
+  const std::string lr_changed = std::string(phases).replace(phases.find("steps: 4, checkpoint_every: 2}\n  -"), 5,
+                                                             "lr: 0.1, steps");
+  try {
+    run(programme(lr_changed), part, true);
+    ADD_FAILURE() << "a changed lr was accepted on --resume";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("phases[0].lr"), std::string::npos) << e.what();
+  }
+  auto safe = parse_programme(programme(std::string(phases).replace(phases.rfind("steps: 4"), 8, "steps: 5")),
+                              (part / "p.yaml").string());
+  std::ostringstream log;
+  EXPECT_THROW(run_programme(safe, {part.string(), true}, log), ConfigError);
+  EXPECT_EQ(before, io::read_file((part / "metrics.jsonl").string()));
   fs::remove_all(full);
   fs::remove_all(part);
+}
+
+TEST(Trainer, DivergenceStopsTheRunWithoutSavingIt) {
+  const fs::path out = tmpdir("diverge");
+  // A finite but absurd learning rate: the weights overflow within a few steps.
+  const std::string p = programme("  - {name: pre, mode: mha, steps: 6, checkpoint_every: 1, lr: 1.0e+30}\n");
+  try {
+    run(p, out);
+    ADD_FAILURE() << "a diverged run ended normally";
+  } catch (const DivergenceError& e) {
+    EXPECT_NE(std::string(e.what()).find("phase 'pre' step"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+  for (const auto& d : fs::directory_iterator(out / "checkpoints")) {
+    if (!d.is_directory()) continue;
+    io::TensorMap w = io::load_safetensors((d.path() / "model.safetensors").string());
+    for (const auto& [name, t] : w) EXPECT_LT(first_non_finite(t), 0) << d.path() << " " << name;
+  }
+  fs::remove_all(out);
 }
 
 TEST(Trainer, FailedEquivalenceStopsTheProgramme) {

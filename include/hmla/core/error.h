@@ -22,6 +22,9 @@ struct ConfigError : Error {
 struct IoError : Error {  // files: missing, truncated, malformed
   using Error::Error;
 };
+struct DivergenceError : Error {  // a non-finite loss, gradient or weight: the run stops, unsaved
+  using Error::Error;
+};
 
 namespace detail {
 template <class E, class... Args>

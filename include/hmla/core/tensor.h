@@ -103,6 +103,9 @@ class Tensor {
 
 Shape contiguous_strides(const Shape& shape);
 
+// Flat index of the first NaN or infinity of a contiguous f32 CPU tensor, or -1 when all are finite.
+int64_t first_non_finite(const Tensor& t);
+
 template <class T>
 Tensor Tensor::from_vector(const Shape& shape, const std::vector<T>& values) {
   HMLA_CHECK(shape_numel(shape) == static_cast<int64_t>(values.size()), ShapeError, "shape ",

@@ -13,6 +13,7 @@ namespace hmla {
 struct TrainOptions {
   std::string out_dir = "runs/latest";
   bool resume = false;  // continue from out_dir/checkpoints/latest
+  bool allow_safe_changes = false;  // --resume may change steps/log_every/checkpoint_every/eval_rows ahead
   int cp = 1;           // context-parallel ranks; the rest of the world is data parallel
   std::string cp_split = "contiguous";  // the only split (check_cp_split)
 };
