@@ -1,8 +1,8 @@
 // `hmla report RUN_DIR`: a self-contained HTML page (inline SVG, no scripts) with the LM loss and
 // the indexer KL per phase and the phase table, from metrics.jsonl and summary.json.
 #include <algorithm>
-#include <iomanip>
 #include <cmath>
+#include <iomanip>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +18,19 @@ namespace {
 
 using json = nlohmann::json;
 
+// A number, or NaN where the field is missing, null or not a number (drawn as a gap).
+double number(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
+}
+
+std::string text(const json& j, const char* key) {
+  auto it = j.find(key);
+  std::string v = it != j.end() && it->is_string() ? it->get<std::string>() : "?", out;
+  for (char c : v) out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '\'' ? "&#39;" : std::string(1, c);
+  return out;
+}
+
 struct Series {
   std::string phase;
   std::vector<std::pair<double, double>> pts;  // (global step, value)
@@ -28,6 +41,7 @@ std::string svg_plot(const std::string& title, const std::vector<Series>& series
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : series)
     for (auto [x, y] : s.pts) {
+      if (!std::isfinite(y)) continue;
       x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
   std::ostringstream os;
@@ -51,7 +65,10 @@ std::string svg_plot(const std::string& title, const std::vector<Series>& series
   for (const Series& s : series) {
     const char* c = colors[k % 6];
     os << "<polyline fill='none' stroke='" << c << "' stroke-width='1.2' points='";
-    for (auto [x, y] : s.pts) os << X(x) << "," << Y(y) << " ";
+    for (auto [x, y] : s.pts) {
+      if (std::isfinite(y)) os << X(x) << "," << Y(y) << " ";
+      else os << "'/>\n<polyline fill='none' stroke='" << c << "' stroke-width='1.2' points='";  // a gap
+    }
     os << "'/>\n<text x='" << W - R + 10 << "' y='" << T + 16 * (k + 1) << "' fill='" << c << "'>" << s.phase << "</text>\n";
     ++k;
   }
@@ -72,24 +89,26 @@ void add_report_command(CLI::App& app) {
     std::map<std::string, size_t> idx;
     std::string line;
     double global = 0;
+    int64_t skipped = 0;
     while (std::getline(in, line)) {
       if (line.empty()) continue;
       json j;
       try {
         j = json::parse(line);
-      } catch (const json::exception&) {
-        throw IoError((run / "metrics.jsonl").string() + ": malformed line: " + line.substr(0, 80));
+      } catch (const json::exception&) {  // e.g. a line cut by a crash: draw the rest
+        ++skipped;
+        continue;
       }
-      if (!j.contains("step")) continue;
-      const std::string ph = j["phase"];
+      if (!j.is_object() || !j.contains("step")) continue;
+      const std::string ph = text(j, "phase");
       if (!idx.count(ph)) {
         idx[ph] = loss.size();
         loss.push_back({ph, {}});
         kl.push_back({ph, {}});
       }
       global += 1;
-      loss[idx[ph]].pts.push_back({global, j["lm_loss"].get<double>()});
-      if (!j["indexer_kl"].is_null()) kl[idx[ph]].pts.push_back({global, j["indexer_kl"].get<double>()});
+      loss[idx[ph]].pts.push_back({global, number(j, "lm_loss")});
+      if (j.contains("indexer_kl") && !j["indexer_kl"].is_null()) kl[idx[ph]].pts.push_back({global, number(j, "indexer_kl")});
     }
     std::erase_if(kl, [](const Series& s) { return s.pts.empty(); });
     std::ostringstream html;
@@ -101,23 +120,30 @@ void add_report_command(CLI::App& app) {
             "<th>steps</th><th>loss (first 20)</th><th>loss (last 20)</th><th>KL (last 20)</th><th>held-out loss</th>"
             "<th>time (s)</th><th>peak MiB</th></tr>\n";
     if (fs::exists(run / "summary.json")) {
-      for (const json& r : json::parse(io::read_file((run / "summary.json").string()))) {
-        auto cell = [&](const char* k, int prec) {
+      json table;
+      try {
+        table = json::parse(io::read_file((run / "summary.json").string()));
+      } catch (const json::exception&) {
+        throw IoError((run / "summary.json").string() + ": not JSON");
+      }
+      for (const json& r : table.is_array() ? table : json::array()) {
+        auto cell = [&](const char* k, int prec, double div = 1) {
           std::ostringstream c;
-          if (r[k].is_null()) c << "-";
-          else c << std::fixed << std::setprecision(prec) << r[k].get<double>();
+          const double v = number(r, k);
+          if (std::isfinite(v)) c << std::fixed << std::setprecision(prec) << v / div;
+          else c << "-";
           return c.str();
         };
-        html << "<tr><td>" << r["phase"].get<std::string>() << "</td><td>" << r["mode"].get<std::string>() << "</td><td>"
-             << r["steps"] << "</td><td>" << cell("first20_lm_loss", 4) << "</td><td>" << cell("last20_lm_loss", 4)
-             << "</td><td>" << cell("last20_indexer_kl", 4) << "</td><td>" << cell("heldout_lm_loss", 4) << "</td><td>"
-             << cell("seconds", 1) << "</td><td>" << std::fixed << std::setprecision(1)
-             << r["peak_bytes"].get<double>() / 1048576.0 << "</td></tr>\n";
+        html << "<tr><td>" << text(r, "phase") << "</td><td>" << text(r, "mode") << "</td><td>" << cell("steps", 0)
+             << "</td><td>" << cell("first20_lm_loss", 4) << "</td><td>" << cell("last20_lm_loss", 4) << "</td><td>"
+             << cell("last20_indexer_kl", 4) << "</td><td>" << cell("heldout_lm_loss", 4) << "</td><td>"
+             << cell("seconds", 1) << "</td><td>" << cell("peak_bytes", 1, 1048576.0) << "</td></tr>\n";
       }
     }
     html << "</table>\n</body></html>\n";
     io::write_file_atomic((run / "report.html").string(), html.str());
     std::cout << "wrote " << (run / "report.html").string() << "\n";
+    if (skipped > 0) std::cerr << "hmla: note: skipped " << skipped << " malformed line(s) of metrics.jsonl\n";
   });
 }
 

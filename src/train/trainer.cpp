@@ -118,6 +118,8 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
   return s / double(to - from);
 }
 
+uint64_t loader_seed(const Programme& pr, int64_t phase) { return pr.seed + 7919ull * uint64_t(phase + 1); }
+
 // metrics.jsonl as JSON objects (a line that does not parse is an error naming it).
 std::vector<json> read_metrics(const fs::path& p) {
   std::vector<json> rows;
@@ -240,6 +242,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
                ": the data differs from what the run read (checkpoint: ", st.data_fingerprint, "; now: ", fingerprint,
                "); resume with the data the run started on");
     check_same_programme(pr, out / "programme.json", st.phase, opt.allow_safe_changes);
+    if (st.step > 0)  // the position must lie inside its document before anything is written
+      PackedLoader(train, pr.phases[st.phase].seq_len, loader_seed(pr, st.phase)).seek(st.data_pos);
     io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
@@ -301,7 +305,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     Optimizer optim(model, ph.optim, indexer_only);
     if (resuming_here) optim.load_state(opt_state, "checkpoint");
     opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
-    PackedLoader loader(train, ph.seq_len, pr.seed + 7919ull * uint64_t(p + 1));
+    PackedLoader loader(train, ph.seq_len, loader_seed(pr, p));
     if (resuming_here) loader.seek(st.data_pos);
     Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32);
     io::TensorMap grads = arena_views(model.table, garena);
