@@ -127,7 +127,7 @@ void validate(const ModelConfig& c, const std::string& what) {
 
 }  // namespace
 
-ModelConfig parse_model_config(const json& j, const std::string& what) {
+static ModelConfig parse_fields(const json& j, const std::string& what) {
   HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
   ModelConfig c;
   c.source = j;
@@ -139,8 +139,8 @@ ModelConfig parse_model_config(const json& j, const std::string& what) {
   c.qk_rope_head_dim = need_positive(j, "qk_rope_head_dim", what);
   c.v_head_dim = need_positive(j, "v_head_dim", what);
   c.q_lora_rank = get_int(j, "q_lora_rank", 0, what);
-  c.vocab_size = get_int(j, "vocab_size", 0, what);
-  c.intermediate_size = get_int(j, "intermediate_size", 0, what);
+  c.vocab_size = need_positive(j, "vocab_size", what);
+  c.intermediate_size = need_positive(j, "intermediate_size", what);
   c.max_position_embeddings = get_int(j, "max_position_embeddings", 4096, what);
   c.index_n_heads = get_int(j, "index_n_heads", 0, what);
   c.index_head_dim = get_int(j, "index_head_dim", 0, what);
@@ -173,6 +173,14 @@ ModelConfig parse_model_config(const json& j, const std::string& what) {
   }
   validate(c, what);
   return c;
+}
+
+ModelConfig parse_model_config(const json& j, const std::string& what) {
+  try {
+    return parse_fields(j, what);
+  } catch (const json::exception& e) {  // a field of the wrong JSON type deeper down (lists, rope)
+    throw ConfigError(what + ": a field has the wrong type (" + e.what() + ")");
+  }
 }
 
 ModelConfig load_model_config(const std::string& path) {
