@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iostream>
 
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/ops/attention.h"
 
@@ -65,6 +66,7 @@ void add_attention_command(CLI::App& app) {
                   "the value is the first N channels of k (latent MQA); grad.k then includes "
                   "the value's gradient");
   cmd->callback([o] {
+    io::check_output_file(o->out, "--out");  // before the work, not only when writing
     io::TensorMap m = io::load_safetensors(o->inputs);
     AttnDenseInputs in;
     in.q = need(m, "q", o->inputs);

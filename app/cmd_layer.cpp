@@ -6,6 +6,7 @@
 
 #include "commands.h"
 #include "hmla/dist/cp.h"
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
@@ -43,6 +44,7 @@ void add_layer_command(CLI::App& app) {
   cmd->add_option("--cp-split", o->cp_split, "how the rows are split (only contiguous)")->capture_default_str();
   cmd->callback([o] {
     check_cp_split(o->cp_split);
+    if (Comm::world().is_root()) io::check_output_file(o->out, "--out");  // before the work; rank 0 writes
     ModelConfig cfg = load_model_config(o->config);
     if (!o->mode.empty()) set_all_modes(cfg, parse_mode(o->mode, "--mode"));
     HMLA_CHECK(o->layer >= 0 && o->layer < cfg.num_hidden_layers, ConfigError, "--layer ", o->layer,

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "commands.h"
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
 #include "hmla/train/data.h"
@@ -43,6 +44,7 @@ void add_model_commands(CLI::App& app) {
   fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required();
   fwd->add_option("--out", f->out, "safetensors to write")->required();
   fwd->callback([f] {
+    io::check_output_file(f->out, "--out");  // before the work, not only when writing
     Model m = load_checkpoint_model(f->checkpoint);
     io::TensorMap in = io::load_safetensors(f->inputs);
     HMLA_CHECK(in.count("input_ids") && in.at("input_ids").dim() == 2, IoError, f->inputs,

@@ -3,14 +3,20 @@
 // (100 MiB) and every offset is checked against the data block before any copy.
 #include "hmla/io/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unistd.h>
 #include <vector>
+
+#include "hmla/io/paths.h"
 
 namespace hmla::io {
 
@@ -189,26 +195,52 @@ std::string serialize_safetensors(const TensorMap& tensors,
   return out;
 }
 
+namespace {
+
+// Creates `tmp` for writing, never through an existing entry (O_EXCL | O_NOFOLLOW): a stale
+// temporary of an earlier process with the same pid is removed first, whatever it is.
+int create_temporary(const std::filesystem::path& tmp) {
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0 && errno == EEXIST) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    fd = ::open(tmp.c_str(), flags, 0644);
+  }
+  HMLA_CHECK(fd >= 0, IoError, tmp.string(), ": cannot open for writing (", std::strerror(errno), ")");
+  return fd;
+}
+
+bool write_all(int fd, const std::string& bytes) {
+  for (size_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += size_t(n);
+  }
+  return true;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& bytes) {
   namespace fs = std::filesystem;
+  check_output_file(path, "");  // every writer refuses FIFOs, symlinks, devices and directories
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  HMLA_CHECK(fs::is_directory(dir), IoError, path, ": directory ", dir.string(), " does not exist");
   std::string name = target.filename().string();
   name.insert(0, 1, '.');
   name.append(".tmp.").append(std::to_string(::getpid()));
-  fs::path tmp = dir / name;
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    HMLA_CHECK(f.good(), IoError, tmp.string(), ": cannot open for writing");
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    f.flush();
-    if (!f.good()) {
-      f.close();
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw IoError(tmp.string() + ": write failed (disk full?); " + path + " is unchanged");
-    }
+  const fs::path tmp = dir / name;
+  const int fd = create_temporary(tmp);
+  const bool written = write_all(fd, bytes);
+  const int write_errno = errno;
+  const bool closed = ::close(fd) == 0;  // NFS and quotas may report a failed write only here
+  if (!written || !closed) {
+    const std::string why = std::strerror(written ? errno : write_errno);
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw IoError(tmp.string() + ": write failed (" + why + "); " + path + " is unchanged");
   }
   std::error_code ec;
   fs::rename(tmp, target, ec);

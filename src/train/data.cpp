@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 
 namespace hmla {
@@ -42,6 +43,17 @@ void save_token_set(const std::string& path, const TokenSet& set) {
                        {{"tokenizer", "bytes+3; pad 0, bos 1, eos 2"}});
 }
 
+// prepare-data's --out: a new path or a directory whose token files may be replaced.
+void check_output_dir(const std::filesystem::path& out) {
+  std::error_code ec;
+  const std::filesystem::file_type t = std::filesystem::status(out, ec).type();
+  if (t == std::filesystem::file_type::not_found) return;
+  HMLA_CHECK(t == std::filesystem::file_type::directory, IoError, "prepare-data: --out ", out.string(),
+             " exists and is not a directory (nothing was written)");
+  for (const char* f : {"train.safetensors", "heldout.safetensors"})
+    io::check_output_file((out / f).string(), "prepare-data: --out");
+}
+
 // Packs documents (as [begin, end) token ranges, consumed by `take`) into one row.
 struct RowBuilder {
   std::vector<int32_t> ids;
@@ -54,7 +66,7 @@ void prepare_data(const std::vector<std::string>& files, const std::string& out_
                   int64_t heldout_every) {
   HMLA_CHECK(!files.empty(), ConfigError, "prepare-data: give at least one text file");
   HMLA_CHECK(heldout_every >= 2, ConfigError, "prepare-data: --heldout-every must be >= 2");
-  std::filesystem::create_directories(out_dir);
+  HMLA_CHECK(!out_dir.empty(), ConfigError, "prepare-data: --out is empty: name the output directory");
   TokenSet train, held;
   train.doc_offsets = held.doc_offsets = {0};
   int64_t n = 0;
@@ -73,8 +85,15 @@ void prepare_data(const std::vector<std::string>& files, const std::string& out_
   }
   HMLA_CHECK(train.docs() > 0 && held.docs() > 0, ConfigError, "prepare-data: found ", n,
              " documents; need enough for both a training and a held-out set");
-  save_token_set((std::filesystem::path(out_dir) / "train.safetensors").string(), train);
-  save_token_set((std::filesystem::path(out_dir) / "heldout.safetensors").string(), held);
+  // Validate first, create last: every input is read and split and the outputs are checked
+  // before the directory exists, so a bad input leaves the disk as it was.
+  const std::filesystem::path out(out_dir);
+  check_output_dir(out);
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  HMLA_CHECK(!ec, IoError, "prepare-data: --out ", out_dir, ": cannot create the directory (", ec.message(), ")");
+  save_token_set((out / "train.safetensors").string(), train);
+  save_token_set((out / "heldout.safetensors").string(), held);
 }
 
 TokenSet load_token_set(const std::string& path) {

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "hmla/core/error.h"
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 
 namespace hmla {
@@ -53,6 +54,10 @@ void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const st
 
 void validate(const PhaseSettings& p, const std::string& where) {
   HMLA_CHECK(!p.name.empty(), ConfigError, where, ": every phase needs a name");
+  // The name becomes part of checkpoint directories (checkpoints/<index>-<name>-end): it must
+  // stay one plain component, or "a/../../x" would write outside the run.
+  HMLA_CHECK(io::is_plain_name(p.name), ConfigError, where, ": phase name '", p.name, "' must be ",
+             io::plain_name_rule(), " (it names checkpoint directories)");
   HMLA_CHECK(p.steps >= 0, ConfigError, where, ": steps must be >= 0");
   HMLA_CHECK(p.batch >= 1 && p.micro_batches >= 1 && p.batch % p.micro_batches == 0, ConfigError, where,
              ": batch (", p.batch, ") must be a positive multiple of micro_batches (", p.micro_batches, ")");

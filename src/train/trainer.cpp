@@ -14,6 +14,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/train/data.h"
+#include "hmla/train/run_dir.h"
 #include "hmla/train/run_state.h"
 
 namespace hmla {
@@ -72,6 +73,27 @@ std::pair<double, double> equivalence(const Model& m, const std::vector<bool>& h
 
 void write_json_atomic(const fs::path& p, const json& j) { io::write_file_atomic(p.string(), j.dump(2) + "\n"); }
 
+// Removes a checkpoint's temporary directory unless the save got as far as renaming it into
+// place, so a failed save (disk full, a bad tensor) leaves no .tmp directory behind.
+struct RemoveUnlessKept {
+  fs::path path;
+  bool kept = false;
+  ~RemoveUnlessKept() {
+    std::error_code ec;
+    if (!kept) fs::remove_all(path, ec);
+  }
+};
+
+// Rank 0 alone owns the run directory: it checks, creates, locks and marks it (claim_run_dir).
+// The other ranks wait here for its verdict: a refusal ends the job with rank 0's message
+// (main's Comm::abort reaches them in this barrier), so no rank trains on a directory nobody holds.
+io::FileLock claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm) {
+  io::FileLock lock;
+  if (comm.is_root()) lock = claim_run_dir(pr, opt.out_dir, opt.resume);
+  comm.barrier();
+  return lock;
+}
+
 // out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
 // built in a temporary directory and renamed into place; then `latest` names it.
 void check_finite_weights(const Model& m) {
@@ -86,13 +108,15 @@ void save_checkpoint(const fs::path& root, const std::string& name, const Model&
   check_finite_weights(m);  // a diverged model is never saved
   const fs::path dir = root / name, tmp = root / ("." + name + ".tmp"), old = root / ("." + name + ".old");
   fs::remove_all(tmp);
-  fs::create_directories(tmp);
+  fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
+  RemoveUnlessKept cleanup{tmp};
   save_model_config((tmp / "config.json").string(), m.cfg);
   io::save_safetensors((tmp / "model.safetensors").string(), m.params, {{"format", "pt"}});
   io::save_safetensors((tmp / "optimizer.safetensors").string(), o.state());
   io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
   if (fs::exists(dir)) fs::rename(dir, old);
   fs::rename(tmp, dir);
+  cleanup.kept = true;
   fs::remove_all(old);
   io::write_file_atomic((root / "latest").string(), name + "\n");
 }
@@ -222,9 +246,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   const std::string fingerprint = data_fingerprint(train, held);
   const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
-  HMLA_CHECK(opt.resume || !fs::exists(ckroot / "latest"), ConfigError, out.string(),
-             " already holds a run; continue it with --resume or choose another --out (nothing was changed)");
-  if (root) fs::create_directories(ckroot);
+  const io::FileLock run_lock = claim_on_root(pr, opt, comm);  // held until the run ends, however it ends
 
   // Start: fresh, from init_checkpoint, or from the latest checkpoint of this run.
   RunState st;
@@ -232,10 +254,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   Model model;
   io::TensorMap opt_state;
   if (opt.resume) {
-    HMLA_CHECK(fs::exists(ckroot / "latest"), IoError, (ckroot / "latest").string(), ": nothing to resume");
-    std::string name = io::read_file((ckroot / "latest").string());
-    name.erase(name.find_last_not_of("\n") + 1);
-    const fs::path dir = ckroot / name;
+    const fs::path dir = latest_checkpoint(ckroot);
+    const std::string name = dir.filename().string();
     ModelConfig saved = load_model_config((dir / "config.json").string());
     st = parse_run_state(io::read_file((dir / "state.json").string()), (dir / "state.json").string(), pr, train);
     HMLA_CHECK(st.data_fingerprint.empty() || st.data_fingerprint == fingerprint, ConfigError, pr.data_dir,

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Bad input at the CLI: each case must exit non-zero with a one-line `hmla: error:` message
-naming the problem, and must leave an existing --out file untouched."""
+naming the problem, and must leave an existing --out file untouched. Output paths: every writer
+refuses a FIFO, symlink or directory at its --out, phase names stay one path component, and
+prepare-data validates its inputs before it creates anything (each leaves the tree byte-identical)."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,7 +14,63 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
+from harness import Checker, check_refused  # noqa: E402
 from mla_twin import base_config, make_weights  # noqa: E402
+
+
+def output_path_cases(hmla, w, layer, check):
+    """--out FILE of every writer is a regular file or a new path; prepare-data and phase names."""
+    d = os.path.join(w, "owned")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    q = lambda n: os.path.join(d, n)  # noqa: E731
+    with open(q("target"), "w") as f:
+        f.write("the user's file\n")
+    os.mkfifo(q("fifo"))
+    os.symlink(q("target"), q("link"))
+    os.symlink(q("nowhere"), q("dangling"))
+    os.makedirs(q("dir"))
+    writers = {
+        "layer": layer[:-1],  # valid inputs: only the --out is wrong
+        "forward": [hmla, "forward", "--checkpoint", q("none"), "--inputs", q("none.safetensors"), "--out"],
+        "attention": [hmla, "attention", "--inputs", q("none.safetensors"), "--out"],
+    }
+    for cmd, argv in writers.items():
+        for target, needle in (("fifo", "is a FIFO"), ("link", "symbolic link"), ("dangling", "symbolic link"),
+                               ("dir", "is a directory")):
+            check_refused(check, f"{cmd} --out {target}", argv + [q(target)], needle, d)
+    os.makedirs(q("run"))
+    with open(q("run/metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"phase": "pre", "step": 1, "lm_loss": 5.0, "indexer_kl": None}) + "\n")
+    os.symlink(q("target"), q("run/report.html"))
+    check_refused(check, "report onto a symlinked report.html", [hmla, "report", q("run")], "symbolic link", d)
+
+    # prepare-data: inputs read and checked before the output directory is created.
+    with open(q("text.txt"), "w") as f:
+        f.write("".join(f"Document {i}.\n%\n" for i in range(10)))
+    with open(q("one.txt"), "w") as f:
+        f.write("A single document.\n")
+    prep = [hmla, "prepare-data", q("text.txt"), "--heldout-every", "2", "--out"]
+    check_refused(check, "prepare-data --heldout-every 1", prep[:3] + ["--heldout-every", "1", "--out", q("data")],
+                  "--heldout-every", d)
+    check_refused(check, "prepare-data with too few documents",
+                  [hmla, "prepare-data", q("one.txt"), "--out", q("data")], "found 1 documents", d)
+    check_refused(check, "prepare-data --out a file", prep + [q("target")], "not a directory", d)
+    os.makedirs(q("data_link"))
+    os.symlink(q("target"), q("data_link/train.safetensors"))
+    check_refused(check, "prepare-data onto a symlinked token file", prep + [q("data_link")], "symbolic link", d)
+    if os.geteuid() != 0:  # root reads a mode-000 file anyway
+        os.chmod(q("one.txt"), 0)
+        check_refused(check, "prepare-data with an unreadable file", prep[:2] + [q("one.txt")] + prep[2:] + [q("data")],
+                      "one.txt", d)
+        os.chmod(q("one.txt"), 0o644)
+
+    # Phase names become checkpoint directories: refused when the programme loads.
+    for bad in ("../evil", "a/b", ".hidden", "x" * 65, "two words", ""):
+        with open(q("names.yaml"), "w") as f:
+            f.write(f"model: m.json\ndata: data\nphases:\n  - {{name: {json.dumps(bad)}, steps: 1}}\n")
+        check_refused(check, f"phase name {bad[:12]!r}", [hmla, "train", q("names.yaml"), "--out", q("newrun")],
+                      "phase" if bad else "needs a name", d)
 
 
 def main():
@@ -58,6 +117,9 @@ def main():
                                                   "--s", "10", "--cp", "3"], "must divide"),
     ]
     ok = True
+    check = Checker()
+    output_path_cases(a.hmla, a.workdir, layer, check)
+    ok &= check.ok
     for name, cmd, needle in cases:
         r = subprocess.run(cmd, capture_output=True, text=True)
         good = r.returncode != 0 and needle in r.stderr and "hmla: error:" in r.stderr

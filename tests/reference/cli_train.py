@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The training CLI end to end on a tiny model: prepare-data, train, report, forward, generate,
-refusing to overwrite a run, and Ctrl-C (SIGINT) leaving the last checkpoint intact."""
+refusing to overwrite a run, a run owning only its directory (no init checkpoint, foreign files or
+non-run overwritten, checkpoints/latest resolved inside the run, one run at a time under a lock
+that a dead process never holds), and Ctrl-C (SIGINT) leaving the last checkpoint intact."""
 import json
 import os
 import shutil
@@ -13,7 +15,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
-from harness import Checker, parse_args  # noqa: E402
+from harness import Checker, check_refused, parse_args  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,6 +31,51 @@ phases:
 """
 
 
+def run_directory_cases(hmla, w, check):
+    """`hmla train --out DIR` writes only into a new or empty directory or into its own run, and
+    `checkpoints/latest` leads only to a checkpoint of the run; every refusal changes nothing."""
+    def train(prog, out, *extra):
+        return [hmla, "train", f"{w}/{prog}", "--out", f"{w}/{out}", *extra]
+
+    os.makedirs(f"{w}/ckpt")
+    for n in ("config.json", "model.safetensors"):
+        shutil.copy(f"{w}/run/{n}", f"{w}/ckpt/{n}")
+    with open(f"{w}/init.yaml", "w") as f:
+        f.write(programme(w, 3, 0) + f"init_checkpoint: {w}/ckpt\n")
+    check_refused(check, "train --out the init_checkpoint's directory", train("init.yaml", "ckpt"),
+                  "is the directory of init_checkpoint", w)
+    os.makedirs(f"{w}/mine")
+    with open(f"{w}/mine/notes.txt", "w") as f:
+        f.write("the user's notes\n")
+    check_refused(check, "train --out a directory holding other files", train("p.yaml", "mine"),
+                  "neither empty nor an hmla run", w)
+    check_refused(check, "--resume of a missing directory", train("p.yaml", "nothing", "--resume"), "does not exist", w)
+    os.makedirs(f"{w}/empty")
+    check_refused(check, "--resume of an empty directory", train("p.yaml", "empty", "--resume"), "is empty", w)
+    check_refused(check, "--resume of a directory that is no run", train("p.yaml", "mine", "--resume"),
+                  "is not an hmla run", w)
+
+    shutil.copytree(f"{w}/run", f"{w}/tampered", symlinks=True)
+    os.symlink(f"{w}/ckpt", f"{w}/tampered/checkpoints/linked")
+    for bad, needle in (("../../ckpt", "not a plain name"), ("/tmp", "not a plain name"),
+                        ("0-gone-end", "not a checkpoint directory"), ("linked", "not a checkpoint directory")):
+        with open(f"{w}/tampered/checkpoints/latest", "w") as f:
+            f.write(bad + "\n")
+        check_refused(check, f"--resume with checkpoints/latest = {bad}", train("p.yaml", "tampered", "--resume"),
+                      needle, w)
+
+    # A copy of the run resumed from its first phase's end: the copied lock file names a process
+    # that is gone, which never blocks, and the result equals the uninterrupted run's.
+    shutil.copytree(f"{w}/run", f"{w}/resumed", symlinks=True)
+    with open(f"{w}/resumed/checkpoints/latest", "w") as f:
+        f.write("0-pre-end\n")
+    r = subprocess.run(train("p.yaml", "resumed", "--resume"), capture_output=True, text=True)
+    same = r.returncode == 0 and open(f"{w}/run/model.safetensors", "rb").read() == \
+        open(f"{w}/resumed/model.safetensors", "rb").read()
+    check("--resume past a dead holder's lock file, bit-exact", same and "resuming 0-pre-end" in r.stdout,
+          r.stderr.strip()[-300:])
+
+
 def main():
     a = parse_args(__doc__)
     w = a.workdir
@@ -41,6 +88,7 @@ def main():
     check("prepare-data", r.returncode == 0 and os.path.exists(f"{w}/data/train.safetensors"), r.stderr)
     with open(f"{w}/p.yaml", "w") as f:
         f.write(programme(w, 3, 0))
+    os.makedirs(f"{w}/run")  # an empty directory may become a run
     r = subprocess.run([a.hmla, "train", f"{w}/p.yaml", "--out", f"{w}/run"], capture_output=True, text=True)
     check("train", r.returncode == 0 and "heldout" in r.stdout, r.stderr[-300:])
     r = subprocess.run([a.hmla, "train", f"{w}/p.yaml", "--out", f"{w}/run"], capture_output=True, text=True)
@@ -77,6 +125,8 @@ def main():
                        capture_output=True, text=True)
     check("generate", r.returncode == 0 and r.stdout.startswith("Document"), r.stderr)
 
+    run_directory_cases(a.hmla, w, check)
+
     # SIGINT after the first checkpoint: exit 130, the checkpoint it names stays complete.
     with open(f"{w}/long.yaml", "w") as f:
         f.write(programme(w, 100000, 2))
@@ -86,6 +136,10 @@ def main():
     t0 = time.time()
     while not os.path.exists(latest) and time.time() - t0 < 60:
         time.sleep(0.05)
+    busy = subprocess.run([a.hmla, "train", f"{w}/long.yaml", "--out", f"{w}/long", "--resume"], capture_output=True,
+                          text=True, timeout=60)
+    check("a second train into a running run is refused at once", busy.returncode != 0
+          and f"in use by pid {p.pid} " in busy.stderr, busy.stderr.strip())
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     name = open(latest).read().strip()
@@ -94,6 +148,8 @@ def main():
     check("SIGINT", p.returncode == 130 and "intact" in err, f"exit {p.returncode}: {err.strip()}")
     check("checkpoint intact", files == ["config.json", "model.safetensors", "optimizer.safetensors", "state.json"]
           and "model.norm.weight" in model, str(files))
+    left = [n for n in os.listdir(f"{w}/long/checkpoints") if n.endswith(".tmp")]
+    check("no temporary checkpoint left", not left, str(left))
     check.exit()
 
 

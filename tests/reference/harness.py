@@ -1,8 +1,11 @@
 """Shared scaffolding of the CLI-level test scripts: arguments (--hmla, --workdir, the workdir
 made afresh) and a checker that prints one ok/FAIL line per property and sets the exit status."""
 import argparse
+import hashlib
 import os
 import shutil
+import stat
+import subprocess
 import sys
 
 
@@ -26,6 +29,39 @@ class Checker:
 
     def exit(self):
         sys.exit(0 if self.ok else 1)
+
+
+def tree_digest(root):
+    """Every entry under root (symlinks not followed): files by a hash of their bytes, symlinks by
+    their target, anything else by its type. Equal digests: nothing was created, changed or removed."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            mode = os.lstat(p).st_mode
+            if stat.S_ISLNK(mode):
+                out[os.path.relpath(p, root)] = "link " + os.readlink(p)
+            elif stat.S_ISREG(mode):
+                with open(p, "rb") as f:
+                    out[os.path.relpath(p, root)] = hashlib.sha256(f.read()).hexdigest()
+            else:
+                out[os.path.relpath(p, root)] = "type %o" % stat.S_IFMT(mode)
+    return out
+
+
+def check_refused(check, name, cmd, needle, root, one_line=True, timeout=120):
+    """`cmd` must fail with an `hmla: error:` line containing `needle` (the only stderr line unless
+    one_line is False: mpirun adds its own) and leave every file under `root` byte-identical."""
+    before = tree_digest(root)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    after = tree_digest(root)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    lines = r.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("hmla: error:") and needle in ln]
+    good = r.returncode != 0 and errors and (len(lines) == 1 or not one_line) and not changed
+    check(name, good, f"exit {r.returncode}: {(errors or lines or [''])[0][:220]}" +
+          (f" CHANGED: {changed[:6]}" if changed else ""))
+    return r
 
 
 F32_EPS = 2.0 ** -23

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Data parallelism over MPI: `mpirun -np 2 hmla train` equals one rank with the same global batch
 (each step's micro-batches dealt to the ranks; rows carry different amounts of padding), rank 0
-alone writes, and a failing rank ends the whole job with its message instead of hanging. Context
+alone writes, and a failing rank ends the whole job with its message instead of hanging (so does
+a run directory another process holds: rank 0 alone takes the lock, the others wait for its verdict). Context
 parallelism (and CP x DP grids) is tests/reference/mpi_cp.py's."""
+import fcntl
 import os
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Checker, compare_training, parse_args  # noqa: E402
+from harness import Checker, check_refused, compare_training, parse_args  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
@@ -55,6 +57,13 @@ phases:
                          capture_output=True, text=True, timeout=120)
     check("a failing rank ends the job", bad.returncode != 0 and "injected failure on rank 1" in bad.stderr,
           f"exit {bad.returncode}")
+    os.makedirs(f"{w}/held")
+    with open(f"{w}/held/hmla-run.lock", "w") as lock:
+        lock.write("pid 4242 on host elsewhere since 2000-01-01T00:00:00Z (hmla train p.yaml)\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        check_refused(check, "a held run directory ends the whole job", MPIRUN + [a.hmla, "train", prog, "--out",
+                      f"{w}/held"], "in use by pid 4242 on host elsewhere", w, one_line=False)
     check.exit()
 
 

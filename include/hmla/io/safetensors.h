@@ -25,7 +25,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 std::string serialize_safetensors(const TensorMap& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
-// Writes bytes to path atomically (temporary file in the same directory, then rename).
+// Writes bytes to path atomically (temporary file in the same directory, then rename). The
+// target must be a regular file or a new path (io::check_output_file): anything else is refused.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 std::string read_file(const std::string& path);
 

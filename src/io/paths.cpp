@@ -1,0 +1,148 @@
+// Output-path checks, plain names and flock-based locks (include/hmla/io/paths.h). The checks
+// look at the path itself (symlink_status), never through it: a rename over a symlink replaces
+// the link, and opening a FIFO or device node writes into whatever is behind it.
+#include "hmla/io/paths.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+
+#include "hmla/core/error.h"
+
+namespace hmla::io {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string named(const std::string& what, const std::string& path) {
+  return what.empty() ? path : what + " " + path;
+}
+
+// Why a path of this type may not be written, or "" when it may.
+const char* refusal(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::regular:
+    case fs::file_type::not_found: return "";
+    case fs::file_type::symlink:
+      return "is a symbolic link (writing would replace the link, not write its target)";
+    case fs::file_type::directory: return "is a directory";
+    case fs::file_type::fifo: return "is a FIFO";
+    case fs::file_type::block:
+    case fs::file_type::character: return "is a device node";
+    case fs::file_type::socket: return "is a socket";
+    default: return "is not a regular file";
+  }
+}
+
+}  // namespace
+
+void check_output_file(const std::string& path, const std::string& what) {
+  HMLA_CHECK(!path.empty(), IoError, what.empty() ? "output path" : what, " is empty: name the file to write");
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  HMLA_CHECK(!ec || st.type() == fs::file_type::not_found, IoError, named(what, path), ": cannot inspect it (",
+             ec.message(), ")");
+  const std::string why = refusal(st.type());
+  HMLA_CHECK(why.empty(), IoError, named(what, path), ": ", why,
+             "; hmla writes only to a regular file or a new path (nothing was written)");
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  HMLA_CHECK(fs::is_directory(dir, ec), IoError, named(what, path), ": directory ", dir.string(), " does not exist");
+  HMLA_CHECK(::access(dir.c_str(), W_OK) == 0, IoError, named(what, path), ": directory ", dir.string(),
+             " is not writable (", std::strerror(errno), ")");
+}
+
+bool is_plain_name(const std::string& name, size_t max_length) {
+  if (name.empty() || name.size() > max_length || name[0] == '.' || name.find("..") != std::string::npos) return false;
+  for (unsigned char c : name)
+    if (c >= 0x80 || !(std::isalnum(c) || c == '_' || c == '.' || c == '-')) return false;
+  return true;
+}
+
+std::string plain_name_rule(size_t max_length) {
+  return "1 to " + std::to_string(max_length) +
+         " characters of A-Z a-z 0-9 _ . -, not starting with '.' and without '..'";
+}
+
+void check_path_name(const std::string& name, const std::string& what, size_t max_length) {
+  HMLA_CHECK(is_plain_name(name, max_length), IoError, what, " '", name, "' is not a plain name (",
+             plain_name_rule(max_length), ")");
+}
+
+FileLock& FileLock::operator=(FileLock&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+FileLock::~FileLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+namespace {
+
+// Takes the lock on `fd` (LOCK_EX or LOCK_SH) without waiting; when another process holds it, closes `fd` and
+// throws an IoError that names the holder (the line it wrote into the file).
+void lock_or_throw(int fd, int op, const std::string& path, const std::string& what) {
+  if (::flock(fd, op | LOCK_NB) == 0) return;
+  const int err = errno;
+  char buf[512] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  ::close(fd);
+  std::string who(buf, n > 0 ? size_t(n) : 0);
+  who.erase(who.find_last_not_of(" \n") + 1);
+  HMLA_CHECK(err == EWOULDBLOCK, IoError, path, ": cannot lock (", std::strerror(err), ")");
+  throw IoError(what + " is in use by " + (who.empty() ? std::string("another process") : who) +
+                "; wait for it to end or choose another directory (nothing was changed)");
+}
+
+}  // namespace
+
+FileLock FileLock::acquire(const std::string& path, const std::string& holder, const std::string& what) {
+  // No O_TRUNC: the holder's line must survive until we own the lock.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  HMLA_CHECK(fd >= 0, IoError, path, ": cannot open the lock file (", std::strerror(errno), ")");
+  struct stat sb {};
+  if (::fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    ::close(fd);
+    throw IoError(path + ": the lock file is not a regular file");
+  }
+  lock_or_throw(fd, LOCK_EX, path, what);
+  const std::string line = holder + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) != ssize_t(line.size())) {
+    ::close(fd);
+    throw IoError(path + ": cannot write the lock holder (" + std::strerror(errno) + ")");
+  }
+  return FileLock(fd);
+}
+
+void FileLock::check_free(const std::string& path, const std::string& what) {
+  // O_NONBLOCK: a FIFO planted at the lock's path must not hang the check (acquire refuses it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return;  // missing (free) or unusable: acquire reports the latter
+  lock_or_throw(fd, LOCK_SH, path, what);  // shared: two probes never refuse each other
+  ::close(fd);  // releases the probe's lock
+}
+
+std::string process_identity() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
+  char when[32] = "?";
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return "pid " + std::to_string(::getpid()) + " on host " + host + " since " + when;
+}
+
+}  // namespace hmla::io
