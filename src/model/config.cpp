@@ -139,8 +139,10 @@ static ModelConfig parse_fields(const json& j, const std::string& what) {
   c.qk_rope_head_dim = need_positive(j, "qk_rope_head_dim", what);
   c.v_head_dim = need_positive(j, "v_head_dim", what);
   c.q_lora_rank = get_int(j, "q_lora_rank", 0, what);
-  c.vocab_size = need_positive(j, "vocab_size", what);
-  c.intermediate_size = need_positive(j, "intermediate_size", what);
+  c.vocab_size = get_int(j, "vocab_size", 0, what);  // 0: a layer-only config (hmla layer)
+  c.intermediate_size = get_int(j, "intermediate_size", 0, what);
+  HMLA_CHECK(c.vocab_size >= 0 && c.intermediate_size >= 0, ConfigError, what,
+             ": vocab_size and intermediate_size must be >= 0");
   c.max_position_embeddings = get_int(j, "max_position_embeddings", 4096, what);
   c.index_n_heads = get_int(j, "index_n_heads", 0, what);
   c.index_head_dim = get_int(j, "index_head_dim", 0, what);

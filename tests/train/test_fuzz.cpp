@@ -165,7 +165,7 @@ TEST(Fuzz, ConfigJson) {
     }
     try {
       ModelConfig c = parse_model_config(j, "config.json");
-      EXPECT_TRUE(c.hidden_size >= 1 && c.num_hidden_layers >= 1 && c.vocab_size >= 1);
+      EXPECT_TRUE(c.hidden_size >= 1 && c.num_hidden_layers >= 1 && c.vocab_size >= 0 && c.intermediate_size >= 0);
     } catch (const Error&) {
     } catch (const std::exception& e) {
       ADD_FAILURE() << "library exception escaped: " << e.what() << "\n" << text;
