@@ -4,12 +4,14 @@
 #include "hmla/io/paths.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -81,6 +83,7 @@ FileLock& FileLock::operator=(FileLock&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
+    path_ = std::move(o.path_);
     o.fd_ = -1;
   }
   return *this;
@@ -92,8 +95,8 @@ FileLock::~FileLock() {
 
 namespace {
 
-// Takes the lock on `fd` (LOCK_EX or LOCK_SH) without waiting; when another process holds it, closes `fd` and
-// throws an IoError that names the holder (the line it wrote into the file).
+// Takes the lock on `fd` (LOCK_EX or LOCK_SH) without waiting; when another process holds it,
+// closes `fd` and throws an IoError that names the holder (the line it wrote into the file).
 void lock_or_throw(int fd, int op, const std::string& path, const std::string& what) {
   if (::flock(fd, op | LOCK_NB) == 0) return;
   const int err = errno;
@@ -103,14 +106,15 @@ void lock_or_throw(int fd, int op, const std::string& path, const std::string& w
   std::string who(buf, n > 0 ? size_t(n) : 0);
   who.erase(who.find_last_not_of(" \n") + 1);
   HMLA_CHECK(err == EWOULDBLOCK, IoError, path, ": cannot lock (", std::strerror(err), ")");
-  throw IoError(what + " is in use by " + (who.empty() ? std::string("another process") : who) +
-                "; wait for it to end or choose another directory (nothing was changed)");
+  if (who.empty()) who = "another process";
+  else if (!names_live_process(who)) who = "another process, starting up (the lock file still names " + who + ")";
+  throw IoError(what + " is in use by " + who + "; wait for it to end or choose another directory (nothing was changed)");
 }
 
 }  // namespace
 
-FileLock FileLock::acquire(const std::string& path, const std::string& holder, const std::string& what) {
-  // No O_TRUNC: the holder's line must survive until we own the lock.
+FileLock FileLock::acquire(const std::string& path, const std::string& what) {
+  // No O_TRUNC: the holder's line must survive until we own the lock (and announce ourselves).
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
   HMLA_CHECK(fd >= 0, IoError, path, ": cannot open the lock file (", std::strerror(errno), ")");
   struct stat sb {};
@@ -119,12 +123,7 @@ FileLock FileLock::acquire(const std::string& path, const std::string& holder, c
     throw IoError(path + ": the lock file is not a regular file");
   }
   lock_or_throw(fd, LOCK_EX, path, what);
-  const std::string line = holder + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) != ssize_t(line.size())) {
-    ::close(fd);
-    throw IoError(path + ": cannot write the lock holder (" + std::strerror(errno) + ")");
-  }
-  return FileLock(fd);
+  return FileLock(fd, path);
 }
 
 void FileLock::check_free(const std::string& path, const std::string& what) {
@@ -135,6 +134,13 @@ void FileLock::check_free(const std::string& path, const std::string& what) {
   ::close(fd);  // releases the probe's lock
 }
 
+void FileLock::announce(const std::string& holder) {
+  HMLA_CHECK(fd_ >= 0, Error, "internal: announce without holding the lock on ", path_);
+  const std::string line = holder + "\n";
+  HMLA_CHECK(::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, line.data(), line.size(), 0) == ssize_t(line.size()), IoError,
+             path_, ": cannot write the lock holder (", std::strerror(errno), ")");
+}
+
 std::string process_identity() {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "?");
@@ -143,6 +149,14 @@ std::string process_identity() {
   std::tm tm{};
   if (::gmtime_r(&now, &tm)) std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return "pid " + std::to_string(::getpid()) + " on host " + host + " since " + when;
+}
+
+bool names_live_process(const std::string& identity) {
+  long pid = 0;
+  char host[256] = {}, here[256] = {};
+  if (std::sscanf(identity.c_str(), "pid %ld on host %255s", &pid, host) != 2 || pid <= 0) return true;
+  if (::gethostname(here, sizeof(here) - 1) != 0 || std::strcmp(host, here) != 0) return true;  // cannot tell
+  return ::kill(pid_t(pid), 0) == 0 || errno != ESRCH;
 }
 
 }  // namespace hmla::io

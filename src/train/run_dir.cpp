@@ -1,6 +1,7 @@
 // Claiming a run directory (include/hmla/train/run_dir.h). Everything is checked read-only
-// first; only then is the directory created, locked and marked, and the checks are repeated
-// under the lock, because the lock (not the first look) is what makes the directory this run's.
+// first; the directory is created, locked, announced and marked only when the run begins to
+// write, and the checks are repeated under the lock, because the lock (not the first look) is
+// what makes the directory this run's.
 #include "hmla/train/run_dir.h"
 
 #include <algorithm>
@@ -20,10 +21,10 @@ namespace {
 constexpr size_t kMaxCheckpointName = io::kMaxNameLength + 48;
 
 // A run's own files at the top of its directory (besides checkpoints/ and the lock).
-constexpr const char* kRunFiles[] = {kRunMarker, "metrics.jsonl", "summary.json", "config.json", "model.safetensors",
-                                     "report.html"};
+constexpr const char* kRunFiles[] = {kRunMarker,    "programme.json",    "metrics.jsonl", "summary.json",
+                                     "config.json", "model.safetensors", "report.html"};
 // Those a run that never reached a checkpoint may lose when it starts again.
-constexpr const char* kRestartable[] = {kRunMarker, "metrics.jsonl"};
+constexpr const char* kRestartable[] = {kRunMarker, "programme.json", "metrics.jsonl"};
 
 bool is_temporary(const std::string& name) {  // save_checkpoint's ".<name>.tmp"
   return name.size() > 5 && name[0] == '.' && name.ends_with(".tmp");
@@ -154,12 +155,6 @@ void check_inputs_outside(const Programme& pr, const fs::path& out) {
   refuse_within(pr.data_dir, "the data", pr.data_dir, only_own);
 }
 
-void mark_run(const fs::path& out, const Programme& pr) {
-  if (type_of(out / kRunMarker) == fs::file_type::regular) return;  // kept from the run's start
-  const nlohmann::ordered_json j{{"hmla_run", 1}, {"created_by", io::process_identity()}, {"programme", pr.path}};
-  io::write_file_atomic((out / kRunMarker).string(), j.dump(2) + "\n");
-}
-
 // A run killed while saving leaves checkpoints/.<name>.tmp; the lock says no one is writing it.
 void remove_stale_temporaries(const fs::path& ckroot) {
   if (type_of(ckroot) != fs::file_type::directory) return;
@@ -186,21 +181,38 @@ fs::path latest_checkpoint(const fs::path& ckroot) {
   return ckroot / name;
 }
 
-io::FileLock claim_run_dir(const Programme& pr, const std::string& out_dir, bool resume) {
+RunDir RunDir::claim(const Programme& pr, const std::string& out_dir, bool resume) {
   HMLA_CHECK(!out_dir.empty(), ConfigError, "--out is empty: name the run directory");
   const fs::path out(out_dir);
-  const std::string lock_path = (out / kRunLock).string(), what = "--out " + out.string();
-  io::FileLock::check_free(lock_path, what);  // a busy run is the first thing to say
+  io::FileLock::check_free((out / kRunLock).string(), "--out " + out_dir);  // a busy run is the first thing to say
   check_inputs_outside(pr, out);
   check_run_dir(inspect(out), out, resume);
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  HMLA_CHECK(!ec, IoError, out.string(), ": cannot create the run directory (", ec.message(), ")");
-  io::FileLock lock = io::FileLock::acquire(lock_path, io::process_identity() + " (hmla train " + pr.path + ")", what);
-  check_run_dir(inspect(out), out, resume);  // another run may have claimed it before we held the lock
-  mark_run(out, pr);
+  RunDir d;
+  d.out_ = out_dir;
+  d.programme_ = pr.path;
+  d.resume_ = resume;
+  if (resume) {  // the run exists: read its checkpoint under the lock
+    d.lock_ = io::FileLock::acquire((out / kRunLock).string(), "--out " + out_dir);
+    check_run_dir(inspect(out), out, resume);
+  }
+  return d;
+}
+
+void RunDir::begin() {
+  const fs::path out(out_);
+  if (!lock_.held()) {
+    std::error_code ec;
+    fs::create_directories(out, ec);
+    HMLA_CHECK(!ec, IoError, out_, ": cannot create the run directory (", ec.message(), ")");
+    lock_ = io::FileLock::acquire((out / kRunLock).string(), "--out " + out_);
+    check_run_dir(inspect(out), out, resume_);  // another run may have claimed it since claim()
+  }
+  lock_.announce(io::process_identity() + " (hmla train " + programme_ + ")");
+  if (type_of(out / kRunMarker) != fs::file_type::regular) {  // kept from the run's start
+    const nlohmann::ordered_json j{{"hmla_run", 1}, {"created_by", io::process_identity()}, {"programme", programme_}};
+    io::write_file_atomic((out / kRunMarker).string(), j.dump(2) + "\n");
+  }
   remove_stale_temporaries(out / "checkpoints");
-  return lock;
 }
 
 }  // namespace hmla

@@ -84,14 +84,18 @@ struct RemoveUnlessKept {
   }
 };
 
-// Rank 0 alone owns the run directory: it checks, creates, locks and marks it (claim_run_dir).
-// The other ranks wait here for its verdict: a refusal ends the job with rank 0's message
-// (main's Comm::abort reaches them in this barrier), so no rank trains on a directory nobody holds.
-io::FileLock claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm) {
-  io::FileLock lock;
-  if (comm.is_root()) lock = claim_run_dir(pr, opt.out_dir, opt.resume);
+// Rank 0 alone owns the run directory (RunDir). The other ranks wait in these barriers for its
+// verdict: a refusal ends the job with rank 0's message (main's Comm::abort reaches them here),
+// so no rank trains on a directory nobody holds.
+RunDir claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm) {
+  RunDir d;
+  if (comm.is_root()) d = RunDir::claim(pr, opt.out_dir, opt.resume);
   comm.barrier();
-  return lock;
+  return d;
+}
+void begin_on_root(RunDir& d, Comm& comm) {
+  if (comm.is_root()) d.begin();
+  comm.barrier();
 }
 
 // out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
@@ -246,7 +250,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   const std::string fingerprint = data_fingerprint(train, held);
   const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
-  const io::FileLock run_lock = claim_on_root(pr, opt, comm);  // held until the run ends, however it ends
+  RunDir run_dir = claim_on_root(pr, opt, comm);  // checked; nothing written before begin_on_root
 
   // Start: fresh, from init_checkpoint, or from the latest checkpoint of this run.
   RunState st;
@@ -285,6 +289,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     }
   }
 
+  begin_on_root(run_dir, comm);  // every check passed: create, lock (until the run ends), mark
   std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
   if (root && opt.resume) {
     truncate_metrics(out / "metrics.jsonl", st.metrics_bytes);

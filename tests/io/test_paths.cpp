@@ -92,18 +92,34 @@ TEST(PlainNames, OneComponentFromAConservativeCharset) {
 
 TEST(FileLock, HeldLocksRefuseWithTheirHolderAndStaleOnesDoNot) {
   TempDir t;
-  write(t / "lock", "pid 999999 on host gone since 2000-01-01T00:00:00Z\n");  // a dead holder's line
+  const std::string dead = "pid 999999 on host gone since 2000-01-01T00:00:00Z";  // a dead holder's line
+  write(t / "lock", dead + "\n");
   {
-    FileLock a = FileLock::acquire(t / "lock", "pid 1 on host here", "the run");
+    FileLock a = FileLock::acquire(t / "lock", "the run");
     EXPECT_TRUE(a.held());
+    EXPECT_EQ(read_file(t / "lock"), dead + "\n");  // taking the lock writes nothing
+    a.announce("pid 1 on host here");
     // flock belongs to the open file: a second open in this very process conflicts like another process.
-    const std::string msg = message_of([&] { FileLock::acquire(t / "lock", "pid 2", "the run"); });
+    std::string msg = message_of([&] { FileLock::acquire(t / "lock", "the run"); });
     EXPECT_NE(msg.find("the run is in use by pid 1 on host here"), std::string::npos) << msg;
+    msg = message_of([&] { FileLock::check_free(t / "lock", "the run"); });
+    EXPECT_NE(msg.find("in use by pid 1 on host here"), std::string::npos) << msg;
   }
-  FileLock b = FileLock::acquire(t / "lock", "pid 2", "the run");  // released with its holder
+  EXPECT_NO_THROW(FileLock::check_free(t / "lock", "the run"));
+  FileLock b = FileLock::acquire(t / "lock", "the run");  // released with its holder
+  b.announce("pid 2");
   EXPECT_EQ(read_file(t / "lock"), "pid 2\n");
   fs::create_symlink(t / "lock", t / "linked");
-  EXPECT_THROW(FileLock::acquire(t / "linked", "pid 3", "the run"), IoError);
+  EXPECT_THROW(FileLock::acquire(t / "linked", "the run"), IoError);
+}
+
+TEST(FileLock, ALineNamingADeadProcessOfThisHostIsNotReportedAsTheHolder) {
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  EXPECT_TRUE(names_live_process(process_identity()));
+  EXPECT_FALSE(names_live_process("pid 2147483646 on host " + std::string(host) + " since then"));
+  EXPECT_TRUE(names_live_process("pid 2147483646 on host elsewhere.example since then"));  // cannot tell
+  EXPECT_TRUE(names_live_process("anything else"));
 }
 
 }  // namespace

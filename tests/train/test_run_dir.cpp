@@ -1,7 +1,7 @@
-// A run owns only its directory: what claim_run_dir accepts (new, empty, an hmla run being
-// resumed, a run that never reached a checkpoint), what it refuses without changing anything
-// (foreign files, its own inputs, a held lock, nothing to resume), and where checkpoints/latest
-// may lead (only to a checkpoint directory of the run).
+// A run owns only its directory: what RunDir accepts (new, empty, an hmla run being resumed, a
+// run that never reached a checkpoint), what it refuses without changing anything (foreign
+// files, its own inputs, a held lock, nothing to resume; claiming writes nothing before begin),
+// and where checkpoints/latest may lead (only to a checkpoint directory of the run).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -56,7 +56,7 @@ Programme programme(const fs::path& dir) {
 template <class E>
 std::string refusal(const Programme& pr, const fs::path& out, bool resume) {
   try {
-    claim_run_dir(pr, out.string(), resume);
+    RunDir::claim(pr, out.string(), resume).begin();
   } catch (const E& e) {
     return e.what();
   }
@@ -67,16 +67,17 @@ TEST(RunDir, NewAndEmptyDirectoriesBecomeLockedMarkedRuns) {
   TempDir t;
   const Programme pr = programme(t.dir);
   {
-    io::FileLock lock = claim_run_dir(pr, (t.dir / "new" / "run").string(), false);
-    EXPECT_TRUE(lock.held());
+    RunDir d = RunDir::claim(pr, (t.dir / "new" / "run").string(), false);
+    EXPECT_FALSE(fs::exists(t.dir / "new"));  // created when the run begins, after all its checks
+    d.begin();
     EXPECT_TRUE(fs::is_regular_file(t.dir / "new" / "run" / kRunMarker));
     const std::string msg = refusal<IoError>(pr, t.dir / "new" / "run", false);
     EXPECT_NE(msg.find("in use by pid " + std::to_string(::getpid())), std::string::npos) << msg;
   }
   // The holder is gone (its lock file stays): a run that never reached a checkpoint starts again.
-  EXPECT_TRUE(claim_run_dir(pr, (t.dir / "new" / "run").string(), false).held());
+  EXPECT_NO_THROW(RunDir::claim(pr, (t.dir / "new" / "run").string(), false).begin());
   fs::create_directories(t.dir / "empty");
-  EXPECT_TRUE(claim_run_dir(pr, (t.dir / "empty").string(), false).held());
+  EXPECT_NO_THROW(RunDir::claim(pr, (t.dir / "empty").string(), false).begin());
 }
 
 TEST(RunDir, RefusalsChangeNothing) {
@@ -134,12 +135,18 @@ TEST(RunDir, ResumesRunsWithAndWithoutTheMarkerAndCleansTemporaries) {
   write(run / "checkpoints" / "latest", "0-pre-end\n");
   fs::create_directories(run / "checkpoints" / "0-pre-end");
   fs::create_directories(run / "checkpoints" / ".0-pre-step4.tmp");  // a save killed half-way
-  EXPECT_TRUE(claim_run_dir(pr, run.string(), true).held());
+  {
+    RunDir d = RunDir::claim(pr, run.string(), true);  // locked now, but nothing written
+    EXPECT_FALSE(fs::exists(run / kRunMarker));
+    EXPECT_TRUE(fs::exists(run / "checkpoints" / ".0-pre-step4.tmp"));
+    EXPECT_NE(refusal<IoError>(pr, run, true).find("in use by another process"), std::string::npos);
+    d.begin();
+  }
   EXPECT_TRUE(fs::is_regular_file(run / kRunMarker));
   EXPECT_FALSE(fs::exists(run / "checkpoints" / ".0-pre-step4.tmp"));
   fs::create_symlink(t.dir / "elsewhere", run / "metrics.jsonl");
   const auto before = snapshot(t.dir);
-  EXPECT_THROW(claim_run_dir(pr, run.string(), true), IoError);  // its writes would leave the run
+  EXPECT_THROW(RunDir::claim(pr, run.string(), true), IoError);  // its writes would leave the run
   EXPECT_EQ(snapshot(t.dir), before);
 }
 

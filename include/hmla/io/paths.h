@@ -5,6 +5,7 @@
 // writer, including a new command's, refuses what it does not own.
 #pragma once
 #include <string>
+#include <utility>
 
 namespace hmla::io {
 
@@ -25,18 +26,21 @@ void check_path_name(const std::string& name, const std::string& what, size_t ma
 
 // An exclusive advisory lock (flock) on a file, held until destruction. The kernel releases it
 // when the process dies however it dies, so a lock left by a dead process never blocks; the
-// file itself stays (deleting a lock file races with the next locker) and holds a line naming
-// the holder, which a refused locker reports.
+// file itself stays (deleting a lock file races with the next locker). The holder writes a line
+// naming itself into it (announce) once it starts changing what the lock guards, so that taking
+// the lock for a run that is then refused changes nothing; a refused locker reports that line.
 class FileLock {
  public:
   FileLock() = default;  // holds nothing
-  // Creates `path` if needed and takes the lock without waiting; on success writes `holder`
-  // into the file. Throws IoError naming the current holder when another process holds it.
-  static FileLock acquire(const std::string& path, const std::string& holder, const std::string& what);
+  // Creates `path` if needed and takes the lock without waiting. Throws IoError naming the
+  // current holder when another process holds it; `what` names the guarded thing for the user.
+  static FileLock acquire(const std::string& path, const std::string& what);
   // Throws the same IoError as acquire when another process holds the lock on `path`; creates
   // and writes nothing (a missing file is free), so a caller can report a busy directory first.
   static void check_free(const std::string& path, const std::string& what);
-  FileLock(FileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  // Replaces the file's content with `holder` (one line); the lock must be held.
+  void announce(const std::string& holder);
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
   FileLock& operator=(FileLock&& o) noexcept;
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
@@ -44,11 +48,15 @@ class FileLock {
   bool held() const { return fd_ >= 0; }
 
  private:
-  explicit FileLock(int fd) : fd_(fd) {}
+  FileLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   int fd_ = -1;
+  std::string path_;
 };
 
 // "pid 1234 on host h since 2025-01-31T12:00:00Z": who this process is, for lock files.
 std::string process_identity();
+// False when `identity` (as process_identity writes it) names a process of this host that no
+// longer exists: a lock file still naming its previous holder while a new one starts up.
+bool names_live_process(const std::string& identity);
 
 }  // namespace hmla::io
