@@ -21,12 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def tree_hash(root):
-    """Every file's hash but the lock's: each attempt takes the run's lock and records its holder there."""
     h = {}
     for d, _, files in os.walk(root):
         for f in files:
-            if f == "hmla-run.lock":
-                continue
             p = os.path.join(d, f)
             h[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
     return h
