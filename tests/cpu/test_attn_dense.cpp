@@ -275,6 +275,7 @@ TEST(AttnDense, BadInputIsAClearError) {
   try {
     in.k = mk({1, 8, 3, 16});
     attn_dense_fwd(in);
+    ADD_FAILURE() << "Hkv = 3 with H = 4 was accepted";
   } catch (const ShapeError& e) {
     EXPECT_NE(std::string(e.what()).find("must divide"), std::string::npos) << e.what();
   }
