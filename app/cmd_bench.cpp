@@ -4,6 +4,7 @@
 #include "attention_bench.h"
 #include "dsa_bench.h"
 #include "indexer_bench.h"
+#include "train_bench.h"
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -96,6 +97,27 @@ void add_bench_command(CLI::App& app) {
   sp->callback([so] {
     HMLA_CHECK(so->dv <= so->dqk, ConfigError, "--dv ", so->dv, " must be <= --dqk ", so->dqk);
     bench::run_sparse_bench(*so, std::cout);
+  });
+
+  auto to = std::make_shared<bench::TrainBenchOptions>();
+  CLI::App* tr = bench->add_subcommand(
+      "train",
+      "hmla's whole training step (forward + backward + AdamW, f32) next to a PyTorch twin of the\n"
+      "same model, weights and batch (tests/reference/train_twin.py under Debian's python3 with\n"
+      "python3-torch; SDPA with a document mask), interleaved rep by rep. JSON lines.");
+  tr->add_flag("--json", to->json, "JSON lines (the only output format)");
+  tr->add_option("--config", to->config, "HF config.json of the model")->capture_default_str();
+  tr->add_option("--seq-len", to->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
+  tr->add_option("--mode", to->modes, "modes (mha, dsa_sparse, ...)")->delimiter(',')->capture_default_str();
+  tr->add_option("--batch", to->batch, "rows per step")->capture_default_str()->check(CLI::PositiveNumber);
+  tr->add_option("--reps", to->reps, "timed steps per arm (after one warm-up)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  tr->add_option("--python", to->python, "python with torch for the twin (\"\": hmla only)")->capture_default_str();
+  tr->add_option("--twin", to->twin, "train_twin.py (default: the source tree's)");
+  tr->callback([to] {
+    for (int64_t s : to->seq_lens)
+      HMLA_CHECK(s >= 8, ConfigError, "--seq-len: sequence lengths must be >= 8, got ", s);
+    bench::run_train_bench(*to, std::cout);
   });
 
   struct CpOpts {

@@ -1,0 +1,180 @@
+// hmla's training step against the PyTorch twin. The twin runs as a child process that answers one
+// step per request, so the two arms alternate rep by rep and machine noise hits both alike. Batch:
+// b rows of seeded byte tokens packed as two documents and a padded tail (s/2, 3s/8, s/8 of pad),
+// so document masks and loss-row rules are exercised. In dsa_sparse the twin attends over hmla's
+// selection table of the first step (it does not re-select; its indexer scores and KL are still
+// computed each step), so its step is, if anything, slightly cheaper than a real one.
+#include "train_bench.h"
+
+#include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "bench_util.h"
+#include "hmla/core/error.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/train/optim.h"
+
+namespace hmla::bench {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The PyTorch twin as a child process: "step\n" in, one JSON line out.
+class Twin {
+ public:
+  Twin(const std::string& python, const std::string& script, const fs::path& dir) {
+    int to[2], from[2];
+    HMLA_CHECK(pipe(to) == 0 && pipe(from) == 0, Error, "bench train: pipe failed");
+    pid_ = fork();
+    HMLA_CHECK(pid_ >= 0, Error, "bench train: fork failed");
+    if (pid_ == 0) {
+      dup2(to[0], 0);
+      dup2(from[1], 1);
+      close(to[1]);
+      close(from[0]);
+      execl(python.c_str(), python.c_str(), script.c_str(), "--serve", dir.c_str(), (char*)nullptr);
+      _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    in_ = fdopen(to[1], "w");
+    out_ = fdopen(from[0], "r");
+  }
+  ~Twin() {
+    if (in_) std::fputs("quit\n", in_), std::fclose(in_);
+    if (out_) std::fclose(out_);
+    int st = 0;
+    waitpid(pid_, &st, 0);
+  }
+  std::string attention, version;  // what the twin reports: "sdpa" or "matmul", torch's version
+  // One step: (ms, LM loss), or nothing when the twin failed.
+  bool step(double& ms, double& loss) {
+    if (std::fputs("step\n", in_) < 0 || std::fflush(in_) != 0) return false;
+    char buf[512];
+    if (!std::fgets(buf, sizeof buf, out_)) return false;
+    try {
+      auto j = nlohmann::json::parse(buf);
+      ms = j.at("ms").get<double>();
+      loss = j.at("loss").get<double>();
+      attention = j.value("attention", "");
+      version = j.value("torch", "");
+      return true;
+    } catch (const nlohmann::json::exception&) {
+      return false;
+    }
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* in_ = nullptr;
+  FILE* out_ = nullptr;
+};
+
+Batch bench_batch(int64_t b, int64_t s, int64_t vocab) {
+  std::mt19937_64 rng(7);
+  std::vector<int32_t> ids(b * s, 0);
+  std::vector<std::vector<int64_t>> cu(b, {0, s / 2, s - s / 8});
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t t = 0; t < s - s / 8; ++t) ids[r * s + t] = int32_t(3 + rng() % uint64_t(std::min<int64_t>(vocab, 259) - 3));
+  return {Tensor::from_vector<int32_t>({b, s}, ids), layout_from_cu_seqlens(s, cu)};
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
+  const int threads = omp_get_max_threads();
+  const ModelConfig base = load_model_config(opt.config);
+  const std::string script = opt.twin.empty() ? HMLA_SOURCE_DIR "/tests/reference/train_twin.py" : opt.twin;
+  const bool twin_ok = !opt.python.empty() && fs::exists(opt.python) && fs::exists(script);
+  if (!twin_ok)
+    std::cerr << "hmla: note: bench train runs without the PyTorch arm (" << opt.python << " or " << script
+              << " not found)\n";
+  for (const std::string& mode_text : opt.modes)
+    for (int64_t s : opt.seq_lens) {
+      const LayerMode mode = parse_mode(mode_text, "--mode");
+      ModelConfig cfg = base;
+      set_all_modes(cfg, mode);
+      Model m = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, is_dsa(mode)));
+      init_model(m, 1);
+      const Batch batch = bench_batch(opt.batch, s, cfg.vocab_size);
+      OptimSettings os_;
+      os_.lr = os_.indexer_lr = 1e-3;
+      Optimizer optim(m, os_, false);
+      Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+      io::TensorMap grads = arena_views(m.table, garena);
+
+      // The twin's inputs: the initial weights, the batch, hmla's selection tables.
+      const fs::path dir = fs::temp_directory_path() / ("hmla_bench_train_" + std::to_string(::getpid()));
+      fs::create_directories(dir);
+      std::unique_ptr<Twin> twin;
+      if (twin_ok) {
+        io::save_safetensors((dir / "weights.safetensors").string(), m.params);
+        io::TensorMap bt{{"input_ids", batch.input_ids}, {"doc_start", batch.layout.doc_start},
+                         {"doc_end", batch.layout.doc_end}};
+        std::vector<Tensor> tables;
+        model_logits(m, batch, &tables);
+        for (size_t L = 0; L < tables.size(); ++L)
+          if (tables[L].defined()) bt["table." + std::to_string(L)] = tables[L];
+        io::save_safetensors((dir / "batch.safetensors").string(), bt);
+        io::write_file_atomic((dir / "twin.json").string(),
+                              nlohmann::json{{"config", fs::absolute(opt.config).string()}, {"mode", mode_text},
+                                             {"threads", threads}, {"lr", os_.lr}}
+                                  .dump());
+        twin = std::make_unique<Twin>(opt.python, script, dir);
+      }
+      std::vector<double> hmla_ms, torch_ms;
+      double hmla_loss0 = 0, torch_loss0 = std::nan("");
+      size_t peak = 0;
+      bool torch_running = bool(twin);
+      const int64_t targets = count_lm_targets(batch, cfg.pad_token_id);
+      for (int rep = 0; rep <= opt.reps; ++rep) {  // rep 0 warms both arms up
+        const auto t0 = Clock::now();
+        peak = std::max(peak, peak_above_live([&] {
+          garena.fill_zero();
+          StepStats st = model_step(m, batch, {true, targets, 0, false}, grads);
+          optim.step(m, grads, rep);
+          if (rep == 0) hmla_loss0 = st.lm_loss;
+        }));
+        if (rep > 0) hmla_ms.push_back(ms_since(t0));
+        double ms = 0, loss = 0;
+        if (torch_running && !(torch_running = twin->step(ms, loss)))
+          std::cerr << "hmla: note: the PyTorch twin stopped; see its message above\n";
+        if (torch_running && rep == 0) torch_loss0 = loss;
+        if (torch_running && rep > 0) torch_ms.push_back(ms);
+      }
+      const std::string torch_attention = twin ? twin->attention : "", torch_version = twin ? twin->version : "";
+      twin.reset();
+      fs::remove_all(dir);
+      const double hm = median(hmla_ms), tm = median(torch_ms);
+      const double tokens = double(opt.batch * s);
+      auto num = [](double x) { return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(); };
+      nlohmann::ordered_json j{{"bench", "train"}, {"mode", mode_text}, {"seq_len", s}, {"batch", opt.batch},
+                               {"params", m.arena.numel()}, {"threads", threads}, {"reps", opt.reps},
+                               {"hmla_step_ms", hm}, {"torch_step_ms", num(tm)},
+                               {"hmla_tokens_per_s", tokens / hm * 1e3}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
+                               {"speedup", num(tm / hm)}, {"hmla_peak_bytes", peak},
+                               {"activation_plan_bytes", nullptr},
+                               {"loss_rel_diff", num(std::abs(torch_loss0 - hmla_loss0) / std::abs(hmla_loss0))},
+                               {"torch", torch_version}, {"torch_attention", torch_attention}};
+      os << j.dump() << std::endl;
+    }
+}
+
+}  // namespace hmla::bench

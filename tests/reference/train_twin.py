@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""PyTorch twin of hmla's whole training step, for `hmla bench train` (the baseline arm): the same
+model (DESIGN.md section 2: embedding, per layer RMSNorm -> MLA attention -> residual, RMSNorm ->
+SwiGLU MLP -> residual; final norm, lm_head), the same weights and batch, written as a PyTorch user
+would: autograd, torch's scaled_dot_product_attention with a boolean document mask (a masked
+softmax where torch predates it, as Debian 12's 1.13 does; the answer says which) (dsa_sparse:
+the mask of hmla's selection table in the latent MQA form), the materialised indexer KL, and
+torch.optim.AdamW after a per-group norm clip. f32, the bench's thread count.
+
+Protocol (--serve DIR): reads DIR/twin.json, DIR/weights.safetensors and DIR/batch.safetensors,
+then for each line "step" on stdin runs one training step and answers one line
+{"ms": wall time of the step, "loss": its LM loss, "attention", "torch"}; "quit" ends it."""
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_lite as st  # noqa: E402
+from mla_twin import indexer_kl, indexer_scores, rms, rope_freqs, rope_interleaved, softmax_scale, table_mask  # noqa: E402
+
+
+def sdpa(q, k, v, allowed, scale):
+    """q [b,s,H,D], k/v [b,s,Hk,.] (Hk = 1 or H), allowed [b,t,j]; rows with no key attend to
+    themselves (padding: no loss reads them)."""
+    s = q.shape[1]
+    eye = torch.eye(s, dtype=torch.bool).unsqueeze(0)
+    mask = allowed | (eye & ~allowed.any(-1, keepdim=True))
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if k.shape[1] != q.shape[1]:
+        k, v = k.expand(-1, q.shape[1], -1, -1), v.expand(-1, q.shape[1], -1, -1)
+    if ATTENTION == "sdpa":  # its default scale is D^-1/2: fold ours into q (no `scale` before 2.1)
+        q = q * (scale * math.sqrt(q.shape[-1]))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.unsqueeze(1)).transpose(1, 2)
+    logits = (q @ k.transpose(-1, -2)) * scale  # torch < 2.0 (Debian 12's 1.13): masked softmax
+    logits = logits.masked_fill(~mask.unsqueeze(1), -float("inf"))
+    return (torch.softmax(logits, dim=-1) @ v).transpose(1, 2)
+
+
+ATTENTION = "sdpa" if hasattr(F, "scaled_dot_product_attention") else "matmul"
+
+
+def attention(cfg, w, x, allowed, mode, table, rw):
+    b, s, _ = x.shape
+    H, Dn, Dr, Dv = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    Rkv, eps = cfg["kv_lora_rank"], cfg.get("rms_norm_eps", 1e-6)
+    cq = rms(x @ w["q_a_proj.weight"].T, w["q_a_layernorm.weight"], eps)
+    q = (cq @ w["q_b_proj.weight"].T).view(b, s, H, Dn + Dr)
+    q_nope, q_pe = q[..., :Dn], q[..., Dn:]
+    kva = x @ w["kv_a_proj_with_mqa.weight"].T
+    c = rms(kva[..., :Rkv], w["kv_a_layernorm.weight"], eps)
+    inv, af = rope_freqs(cfg)
+    ang = torch.from_numpy(np.arange(s, dtype=np.float64)[:, None] * inv[None, :])
+    cos, sin = (torch.cos(ang) * af).float(), (torch.sin(ang) * af).float()
+    q_pe = rope_interleaved(q_pe, cos[:, None, :], sin[:, None, :])
+    k_pe = rope_interleaved(kva[..., Rkv:], cos, sin)
+    scale = softmax_scale(cfg)
+    kl = None
+    if mode == "mha":
+        kv = (c @ w["kv_b_proj.weight"].T).view(b, s, H, Dn + Dv)
+        k = torch.cat([kv[..., :Dn], k_pe[:, :, None, :].expand(b, s, H, Dr)], dim=-1)
+        o = sdpa(torch.cat([q_nope, q_pe], -1), k, kv[..., Dn:], allowed, scale)
+    else:  # dsa_sparse: latent MQA over hmla's selection, the sparse KL trains the indexer
+        kvb = w["kv_b_proj.weight"].view(H, Dn + Dv, Rkv)
+        qa = torch.cat([torch.einsum("bshd,hdr->bshr", q_nope, kvb[:, :Dn]), q_pe], dim=-1)
+        ka = torch.cat([c, k_pe], dim=-1)[:, :, None, :]
+        selected = table_mask(table, s, 0, table.shape[-1])
+        oa = sdpa(qa, ka, c[:, :, None, :], selected, scale)
+        o = torch.einsum("bshr,hvr->bshv", oa, kvb[:, Dn:])
+        I = indexer_scores(cfg, w, x.detach(), cq.detach(), cos, sin)
+        kl = indexer_kl(cfg, I, qa.detach(), ka.detach(), table_mask(table, s, 0, cfg["index_topk"]), scale, rw)
+    return o.reshape(b, s, H * Dv) @ w["o_proj.weight"].T, kl
+
+
+def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw):
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    h = p["model.embed_tokens.weight"][ids]
+    kls = []
+    for L in range(cfg["num_hidden_layers"]):
+        pre = f"model.layers.{L}."
+        w = {n[len(pre) + 10:]: t for n, t in p.items() if n.startswith(pre + "self_attn.")}
+        a, kl = attention(cfg, w, rms(h, p[pre + "input_layernorm.weight"], eps), allowed, mode,
+                          tables.get(L), rw)
+        h = h + a
+        if kl is not None:
+            kls.append(kl)
+        m = rms(h, p[pre + "post_attention_layernorm.weight"], eps)
+        g, u = m @ p[pre + "mlp.gate_proj.weight"].T, m @ p[pre + "mlp.up_proj.weight"].T
+        h = h + (F.silu(g) * u) @ p[pre + "mlp.down_proj.weight"].T
+    logits = rms(h, p["model.norm.weight"], eps) @ p["lm_head.weight"].T
+    ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), reduction="none")
+    lm = (ce * keep.view(-1)).sum() / keep.sum().clamp(min=1)
+    return lm, sum(kls) if kls else None
+
+
+def main():
+    d = sys.argv[sys.argv.index("--serve") + 1]
+    opt = json.load(open(f"{d}/twin.json"))
+    torch.set_num_threads(opt["threads"])
+    cfg = json.load(open(opt["config"]))
+    mode = opt["mode"]
+    p = {n: torch.tensor(a, dtype=torch.float32, requires_grad=True)
+         for n, a in st.load(f"{d}/weights.safetensors").items()}
+    bt = st.load(f"{d}/batch.safetensors")
+    ids = torch.from_numpy(bt["input_ids"].astype(np.int64))
+    ds = torch.from_numpy(bt["doc_start"].astype(np.int64))
+    de = torch.from_numpy(bt["doc_end"].astype(np.int64))
+    b, s = ids.shape
+    t = torch.arange(s)
+    allowed = (t.view(1, 1, s) <= t.view(1, s, 1)) & (t.view(1, 1, s) >= ds.view(b, s, 1))
+    pad = cfg.get("pad_token_id") or 0
+    nxt = torch.cat([ids[:, 1:], torch.full((b, 1), pad)], 1)
+    keep = ((ds <= t) & (t + 1 < de) & (nxt != pad)).float()
+    targets = torch.where(keep > 0, nxt, torch.zeros_like(nxt))
+    rowmask = ((ids != pad) & (ds <= t)).double().numpy()
+    rw = torch.from_numpy(rowmask / max(rowmask.sum(), 1)).float()
+    tables = {int(n.split(".")[1]): a for n, a in bt.items() if n.startswith("table.")}
+    backbone = [x for n, x in p.items() if "indexer." not in n]
+    indexer = [x for n, x in p.items() if "indexer." in n]
+    optim = torch.optim.AdamW(list(p.values()), lr=opt["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        t0 = time.perf_counter()
+        optim.zero_grad(set_to_none=True)
+        lm, kl = step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw)
+        (lm + kl if kl is not None else lm).backward()
+        torch.nn.utils.clip_grad_norm_(backbone, 1.0)
+        if indexer:
+            torch.nn.utils.clip_grad_norm_(indexer, 1.0)
+        optim.step()
+        ms = (time.perf_counter() - t0) * 1e3
+        print(json.dumps({"ms": ms, "loss": float(lm), "attention": ATTENTION, "torch": torch.__version__}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
