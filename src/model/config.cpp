@@ -2,11 +2,13 @@
 // and softmax scale (section 4), computed as transformers' _compute_yarn_parameters does.
 #include "hmla/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <numbers>
 
 #include "hmla/core/error.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 
 namespace hmla {
@@ -37,6 +39,8 @@ int64_t get_int(const json& j, const char* key, int64_t def, const std::string& 
   if (!j.contains(key) || j[key].is_null()) return def;
   HMLA_CHECK(j[key].is_number_integer(), ConfigError, what, ": ", key, " must be an integer, got ",
              j[key].dump());
+  HMLA_CHECK(!j[key].is_number_unsigned() || j[key].get<uint64_t>() <= uint64_t(INT64_MAX), ConfigError, what,
+             ": ", key, " = ", j[key].dump(), " does not fit int64");
   return j[key].get<int64_t>();
 }
 
@@ -77,8 +81,11 @@ RopeConfig parse_rope(const json& j, const std::string& what) {
     HMLA_CHECK(p->is_object(), ConfigError, f, " must be an object");
     r.theta = get_num(*p, "rope_theta", r.theta, f);
     std::string type = "default";
-    if (p->contains("rope_type")) type = (*p)["rope_type"].get<std::string>();
-    else if (p->contains("type")) type = (*p)["type"].get<std::string>();
+    for (const char* k : {"type", "rope_type"})
+      if (p->contains(k)) {
+        HMLA_CHECK((*p)[k].is_string(), ConfigError, f, ".", k, " must be a string, got ", (*p)[k].dump());
+        type = (*p)[k].get<std::string>();
+      }
     HMLA_CHECK(type == "default" || type == "yarn", ConfigError, f, ".rope_type = '", type,
                "': hmla supports 'default' and 'yarn'");
     r.type = type;
@@ -148,8 +155,14 @@ ModelConfig parse_model_config(const json& j, const std::string& what) {
   c.index_window = get_int(j, "index_window", 0, what);
   c.pad_token_id = get_int(j, "pad_token_id", 0, what);  // null means 0, never an error
   c.first_k_dense_replace = get_int(j, "first_k_dense_replace", 3, what);
-  if (j.contains("mlp_layer_types") && !j["mlp_layer_types"].is_null())
-    c.mlp_layer_types = j["mlp_layer_types"].get<std::vector<std::string>>();
+  if (j.contains("mlp_layer_types") && !j["mlp_layer_types"].is_null()) {
+    const json& t = j["mlp_layer_types"];
+    HMLA_CHECK(t.is_array() && std::all_of(t.begin(), t.end(), [](const json& e) { return e.is_string(); }) &&
+                   int64_t(t.size()) >= c.num_hidden_layers,
+               ConfigError, what, ": mlp_layer_types must be a list of num_hidden_layers = ", c.num_hidden_layers,
+               " strings (\"dense\" or \"sparse\"), got ", t.dump().substr(0, 80));
+    c.mlp_layer_types = t.get<std::vector<std::string>>();
+  }
   c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
@@ -176,13 +189,7 @@ ModelConfig parse_model_config(const json& j, const std::string& what) {
 }
 
 ModelConfig load_model_config(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(io::read_file(path));
-  } catch (const json::exception& e) {
-    throw ConfigError(path + ": not valid JSON: " + e.what());
-  }
-  return parse_model_config(j, path);
+  return parse_model_config(io::parse_json(io::read_file(path), path), path);
 }
 
 void set_all_modes(ModelConfig& c, LayerMode m) {

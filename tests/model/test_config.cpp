@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 
 #include "hmla/core/error.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/model/config.h"
 #include "hmla/train/settings.h"
 
@@ -127,12 +130,39 @@ TEST(Rope, RopeParametersAndRopeScalingAgree) {
   EXPECT_DOUBLE_EQ(rope_tables(parse_model_config(a, "a")).attention_factor, 0.5);
 }
 
+TEST(ModelConfig, LibraryTypeErrorsBecomeFieldErrors) {
+  json j = tiny();
+  j["mlp_layer_types"] = 3;
+  expect_config_error(j, "mlp_layer_types must be a list");
+  j = tiny();
+  j["rope_scaling"] = {{"type", 5}};
+  expect_config_error(j, "rope_scaling.type must be a string, got 5");
+}
+
+TEST(ModelConfig, ADuplicatedJsonKeyIsAnError) {
+  const std::string path = ::testing::TempDir() + "/hmla_dup_config.json";
+  std::string text = tiny().dump();
+  text.insert(text.size() - 1, ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_type\":\"yarn\"}");
+  std::ofstream(path) << text;
+  try {
+    load_model_config(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'rope_type' appears twice in 'rope_parameters'"), std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
+  EXPECT_THROW(io::parse_json("{\"a\": [{\"b\": 1, \"b\": 2}]}", "x"), IoError);
+  EXPECT_NO_THROW(io::parse_json("{\"a\": {\"b\": 1}, \"c\": {\"b\": 2}}", "x"));  // same key, other objects
+}
+
 TEST(Settings, UnknownKeysAndCrossFileRules) {
   EXPECT_NO_THROW(parse_train_settings("mqa_split_kv_b_proj: true\nseed: 3\n", "s"));
   EXPECT_THROW(parse_train_settings("mqa_split_kv_b_proj: true\nmqa_split_kvb: 1\n", "s"), ConfigError);
   EXPECT_THROW(parse_train_settings("seed: [1, 2]", "s"), ConfigError);
   EXPECT_THROW(parse_train_settings("train_indexer_only: maybe", "s"), ConfigError);
   EXPECT_THROW(parse_train_settings("- a\n- b\n", "s"), ConfigError);
+  EXPECT_THROW(parse_train_settings("seed: 1\nseed: 2\n", "s"), ConfigError);  // never last-wins
   json j = tiny();
   j["hmla_layer_modes"] = {"mqa_full_causal", "mha"};
   ModelConfig c = parse_model_config(j, "cfg");
