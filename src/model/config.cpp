@@ -134,7 +134,7 @@ void validate(const ModelConfig& c, const std::string& what) {
 
 }  // namespace
 
-ModelConfig parse_model_config(const json& j, const std::string& what) {
+ModelConfig parse_model_config(const json& j, const std::string& what, LayerModesFrom modes) {
   HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
   ModelConfig c;
   c.source = j;
@@ -180,16 +180,21 @@ ModelConfig parse_model_config(const json& j, const std::string& what) {
       c.layer_modes.push_back(parse_mode(m.get<std::string>(), what + ": hmla_layer_modes[" + std::to_string(L) + "]"));
       ++L;
     }
+    HMLA_CHECK(int64_t(c.layer_modes.size()) == c.num_hidden_layers, ConfigError, what, ": hmla_layer_modes has ",
+               c.layer_modes.size(), " entries for num_hidden_layers = ", c.num_hidden_layers);
   } else {  // as transformers runs it: sparse when the indexer is configured
     LayerMode m = c.has_indexer_fields() ? LayerMode::dsa_sparse : LayerMode::mha;
     c.layer_modes.assign(c.num_hidden_layers, m);
   }
+  // A programme's phases set every layer's mode; until the first phase the model is plain mha, so
+  // neither the key nor DESIGN.md's default (dsa_sparse) may demand an indexer here.
+  if (modes == LayerModesFrom::programme) c.layer_modes.assign(c.num_hidden_layers, LayerMode::mha);
   validate(c, what);
   return c;
 }
 
-ModelConfig load_model_config(const std::string& path) {
-  return parse_model_config(io::parse_json(io::read_file(path), path), path);
+ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
+  return parse_model_config(io::parse_json(io::read_file(path), path), path, modes);
 }
 
 void set_all_modes(ModelConfig& c, LayerMode m) {

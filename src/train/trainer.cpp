@@ -138,7 +138,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     throw Error("injected failure on rank " + std::to_string(comm.rank()) + " (HMLA_TEST_FAIL_RANK)");
   g_stop = 0;
   auto old_handler = std::signal(SIGINT, on_sigint);
-  ModelConfig cfg = load_model_config(pr.model_config);
+  ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
   HMLA_CHECK(cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", cfg.vocab_size,
              " is smaller than the byte tokenizer's ", kByteVocab);
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);

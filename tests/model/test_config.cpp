@@ -130,6 +130,20 @@ TEST(Rope, RopeParametersAndRopeScalingAgree) {
   EXPECT_DOUBLE_EQ(rope_tables(parse_model_config(a, "a")).attention_factor, 0.5);
 }
 
+// A programme's phases set the modes: a plain HF config (index_* fields, no hmla_layer_modes)
+// must load for training, where DESIGN.md's default (dsa_sparse) would demand indexers.
+TEST(ModelConfig, AProgrammeSetsTheModesItself) {
+  json j = tiny();
+  j["q_lora_rank"] = nullptr;  // dsa_sparse by default would need a q latent
+  expect_config_error(j, "q_lora_rank 0");
+  ModelConfig c = parse_model_config(j, "cfg", LayerModesFrom::programme);
+  EXPECT_EQ(c.layer_modes, std::vector<LayerMode>(2, LayerMode::mha));
+  j["hmla_layer_modes"] = {"mha", "bogus"};  // the key is still checked
+  EXPECT_THROW(parse_model_config(j, "cfg", LayerModesFrom::programme), ConfigError);
+  j["hmla_layer_modes"] = {"mha"};
+  EXPECT_THROW(parse_model_config(j, "cfg", LayerModesFrom::programme), ConfigError);
+}
+
 TEST(ModelConfig, LibraryTypeErrorsBecomeFieldErrors) {
   json j = tiny();
   j["mlp_layer_types"] = 3;

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "hmla/io/safetensors.h"
 #include "hmla/train/trainer.h"
 
@@ -100,6 +102,22 @@ TEST(Trainer, FailedEquivalenceStopsTheProgramme) {
                              "  - {name: eq, mode: mqa_full_causal, steps: 0, equivalence_rtol: 0.0}\n"),
                    out),
                ConfigError);
+  fs::remove_all(out);
+}
+
+// A plain Hugging Face config (index_* fields, no hmla_layer_modes) defaults to dsa_sparse
+// everywhere (DESIGN.md section 2); a programme sets the modes itself, so an mha phase trains.
+TEST(Trainer, APlainHfConfigWithoutLayerModesTrains) {
+  const fs::path out = tmpdir("plain");
+  nlohmann::json cfg = nlohmann::json::parse(io::read_file(HMLA_SOURCE_DIR "/tests/train/tiny_model.json"));
+  cfg.erase("hmla_layer_modes");
+  std::ofstream(out / "plain.json") << cfg.dump();
+  std::string text = programme("  - {name: pre, mode: mha, steps: 1}\n");
+  text.replace(text.find(HMLA_SOURCE_DIR "/tests/train/tiny_model.json"),
+               std::string(HMLA_SOURCE_DIR "/tests/train/tiny_model.json").size(), (out / "plain.json").string());
+  ASSERT_NO_THROW(run(text, out / "run"));
+  const auto written = nlohmann::json::parse(io::read_file((out / "run" / "config.json").string()));
+  EXPECT_EQ(written["hmla_layer_modes"], nlohmann::json({"mha", "mha"}));
   fs::remove_all(out);
 }
 
