@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
@@ -105,8 +106,30 @@ struct PhaseSummary {
   std::string name, mode;
   int64_t steps = 0;
   double first_loss = 0, final_loss = 0, final_kl = 0, heldout = 0, seconds = 0;
+  std::string heldout_unavailable;  // why there is no held-out loss (heldout is NaN then)
   size_t peak = 0;
 };
+
+// The held-out LM loss over the phase's fixed rows, or NaN and why there is none: a number only
+// when some target was evaluated (a loss over no targets would print as a perfect 0).
+std::pair<double, std::string> heldout_loss(const Model& model, const Batch& eval, const TokenSet& held,
+                                            int64_t seq_len, Comm& cp) {
+  if (count_lm_targets(eval, model.cfg.pad_token_id) == 0) {
+    int64_t shortest = -1;
+    for (int64_t d = 0; d < held.docs(); ++d) {
+      const int64_t len = held.doc_offsets[d + 1] - held.doc_offsets[d];
+      shortest = shortest < 0 ? len : std::min(shortest, len);
+    }
+    if (shortest < 0) return {std::nan(""), "the held-out set has no documents"};
+    if (shortest > seq_len)
+      return {std::nan(""), "no held-out document fits in seq_len = " + std::to_string(seq_len) + " (the shortest has " +
+                                std::to_string(shortest) + " tokens)"};
+    return {std::nan(""), "the held-out documents that fit in seq_len have no next-token targets"};
+  }
+  double loss = model_lm_loss(model, eval, cp);
+  cp.allreduce_sum(&loss, 1);
+  return {loss, ""};
+}
 
 double mean(const std::vector<double>& v, size_t from, size_t to) {
   if (to <= from) return std::nan("");
@@ -289,14 +312,16 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     sum.first_loss = mean(losses, 0, w);
     sum.final_loss = mean(losses, losses.size() - w, losses.size());
     sum.final_kl = is_dsa(ph.mode) ? mean(kls, kls.size() - w, kls.size()) : std::nan("");
-    sum.heldout = model_lm_loss(model, eval, cp);
-    cp.allreduce_sum(&sum.heldout, 1);
-    metrics << json{{"phase", ph.name}, {"heldout_lm_loss", sum.heldout}, {"first20_lm_loss", sum.first_loss},
-                    {"last20_lm_loss", sum.final_loss},
-                    {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
-                    {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}}
-                   .dump()
-            << "\n" << std::flush;
+    std::tie(sum.heldout, sum.heldout_unavailable) = heldout_loss(model, eval, held, ph.seq_len, cp);
+    json end{{"phase", ph.name}, {"heldout_lm_loss", std::isnan(sum.heldout) ? json() : json(sum.heldout)},
+             {"first20_lm_loss", sum.first_loss}, {"last20_lm_loss", sum.final_loss},
+             {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
+             {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}};
+    if (!sum.heldout_unavailable.empty()) {
+      end["heldout_unavailable"] = sum.heldout_unavailable;
+      log << "[" << ph.name << "] held-out loss not evaluated: " << sum.heldout_unavailable << "\n";
+    }
+    metrics << end.dump() << "\n" << std::flush;
     if (root) save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim, {p + 1, 0, {}});
     summaries.push_back(sum);
   }
@@ -318,13 +343,17 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     };
     log << std::left << std::setw(14) << s.name << std::setw(17) << s.mode << std::right << std::setw(7) << s.steps
         << std::setw(11) << num(s.first_loss) << std::setw(11) << num(s.final_loss) << std::setw(10) << num(s.final_kl)
-        << std::fixed << std::setprecision(4) << std::setw(11) << s.heldout << std::setw(10) << fmt_time(s.seconds)
-        << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";
+        << std::setw(11) << (s.heldout_unavailable.empty() ? num(s.heldout) : "n/a") << std::setw(10) << fmt_time(s.seconds)
+        << std::fixed << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";
     table.push_back({{"phase", s.name}, {"mode", s.mode}, {"steps", s.steps},
                      {"first20_lm_loss", std::isnan(s.first_loss) ? json() : json(s.first_loss)},
                      {"last20_lm_loss", std::isnan(s.final_loss) ? json() : json(s.final_loss)}, {"last20_indexer_kl", std::isnan(s.final_kl) ? json() : json(s.final_kl)},
-                     {"heldout_lm_loss", s.heldout}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
+                     {"heldout_lm_loss", std::isnan(s.heldout) ? json() : json(s.heldout)}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
+    if (!s.heldout_unavailable.empty()) table.back()["heldout_unavailable"] = s.heldout_unavailable;
   }
+  for (const PhaseSummary& s : summaries)
+    if (!s.heldout_unavailable.empty())
+      log << "heldout n/a in phase '" << s.name << "': " << s.heldout_unavailable << "\n";
   write_json_atomic(out / "summary.json", table);
 }
 
