@@ -8,6 +8,7 @@
 #include <numbers>
 
 #include "hmla/core/error.h"
+#include "hmla/core/size_check.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 
@@ -105,7 +106,29 @@ RopeConfig parse_rope(const json& j, const std::string& what) {
   return r;
 }
 
+// Every weight's element count from the fields that drive it, in checked arithmetic: a config
+// whose sizes overflow int64 is refused here, naming the fields, before any table or shape is
+// built from them. (Whether the sizes fit in memory is the MemoryPlan's question.)
+void check_sizes(const ModelConfig& c, const std::string& what) {
+  const std::string f = what + ": the sizes of";
+  const int64_t Dqk = checked_add(c.qk_nope_head_dim, c.qk_rope_head_dim, f + " qk_nope_head_dim + qk_rope_head_dim");
+  const int64_t Dkv = checked_add(c.qk_nope_head_dim, c.v_head_dim, f + " qk_nope_head_dim + v_head_dim");
+  const int64_t Wa = checked_add(c.kv_lora_rank, c.qk_rope_head_dim, f + " kv_lora_rank + qk_rope_head_dim");
+  checked_add(c.index_topk, c.index_window, f + " index_topk + index_window");
+  const SizeFactor H{"num_attention_heads", c.num_attention_heads}, hid{"hidden_size", c.hidden_size};
+  const SizeFactor q_in = c.q_lora_rank > 0 ? SizeFactor{"q_lora_rank", c.q_lora_rank} : hid;
+  checked_product({{"vocab_size", c.vocab_size}, hid}, f + " model.embed_tokens");
+  checked_product({H, {"qk_nope_head_dim + qk_rope_head_dim", Dqk}, q_in}, f + " the q projection");
+  checked_product({{"kv_lora_rank + qk_rope_head_dim", Wa}, hid}, f + " kv_a_proj_with_mqa");
+  checked_product({H, {"qk_nope_head_dim + v_head_dim", Dkv}, {"kv_lora_rank", c.kv_lora_rank}}, f + " kv_b_proj");
+  checked_product({hid, H, {"v_head_dim", c.v_head_dim}}, f + " o_proj");
+  checked_product({{"intermediate_size", c.intermediate_size}, hid}, f + " the MLP");
+  checked_product({{"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}, q_in},
+                  f + " indexer.wq_b");
+}
+
 void validate(const ModelConfig& c, const std::string& what) {
+  check_sizes(c, what);
   HMLA_CHECK(c.qk_rope_head_dim % 2 == 0, ConfigError, what, ": qk_rope_head_dim = ",
              c.qk_rope_head_dim, " is odd; RoPE rotates pairs, so it must be even");
   HMLA_CHECK(c.q_lora_rank >= 0, ConfigError, what, ": q_lora_rank = ", c.q_lora_rank,

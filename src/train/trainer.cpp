@@ -110,6 +110,26 @@ struct PhaseSummary {
   size_t peak = 0;
 };
 
+// Before anything is created or allocated: each phase's training step and held-out evaluation
+// fit in memory (MemoryPlan; a rank under --cp holds seq_len / cp rows).
+void check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid, int cp) {
+  for (const PhaseSettings& ph : pr.phases) {
+    ModelConfig pc = cfg;
+    set_modes(pc, hybrid, ph.mode);
+    std::vector<bool> indexer(hybrid.size());
+    for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = hybrid[L] && is_dsa(ph.mode);
+    const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
+    const std::string where = pr.path + ": phase '" + ph.name + "'";
+    MemoryPlan step, eval;
+    plan_parameters(step, pc, indexer, true);
+    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
+    step.check(where + ": a training step");
+    plan_parameters(eval, pc, indexer, false);
+    plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
+    eval.check(where + ": the held-out evaluation");
+  }
+}
+
 // The held-out LM loss over the phase's fixed rows, or NaN and why there is none: a number only
 // when some target was evaluated (a loss over no targets would print as a perfect 0).
 std::pair<double, std::string> heldout_loss(const Model& model, const Batch& eval, const TokenSet& held,
@@ -165,6 +185,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   HMLA_CHECK(cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", cfg.vocab_size,
              " is smaller than the byte tokenizer's ", kByteVocab);
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
+  check_programme_memory(pr, cfg, hybrid, opt.cp);
   const TokenSet train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
   const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   const fs::path out(opt.out_dir), ckroot = out / "checkpoints";

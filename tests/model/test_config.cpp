@@ -144,6 +144,20 @@ TEST(ModelConfig, AProgrammeSetsTheModesItself) {
   EXPECT_THROW(parse_model_config(j, "cfg", LayerModesFrom::programme), ConfigError);
 }
 
+TEST(ModelConfig, SizesThatOverflowInt64AreErrorsNamingTheFields) {
+  json j = tiny();
+  j["vocab_size"] = int64_t(1) << 40;
+  j["hidden_size"] = int64_t(1) << 30;
+  expect_config_error(j, "model.embed_tokens: vocab_size x hidden_size = 1099511627776 x 1073741824 overflows int64");
+  j = tiny();
+  j["num_attention_heads"] = int64_t(1) << 40;
+  j["qk_nope_head_dim"] = int64_t(1) << 30;
+  expect_config_error(j, "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)");
+  j = tiny();
+  j["hidden_size"] = json::number_unsigned_t(18446744073709551615ull);  // would read back as -1
+  expect_config_error(j, "hidden_size = 18446744073709551615 does not fit int64");
+}
+
 TEST(ModelConfig, LibraryTypeErrorsBecomeFieldErrors) {
   json j = tiny();
   j["mlp_layer_types"] = 3;
