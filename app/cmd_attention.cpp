@@ -8,6 +8,7 @@
 
 #include "hmla/io/safetensors.h"
 #include "hmla/ops/attention.h"
+#include "validators.h"
 
 namespace hmla::app {
 
@@ -47,8 +48,8 @@ std::vector<int64_t> index_values(const Tensor& t, const std::string& what) {
 void add_attention_command(CLI::App& app) {
   struct Opts {
     std::string inputs, out;
-    double scale = 0;
-    int64_t v_from_k = 0;
+    double scale = 0;      // 0: not given, 1/sqrt(Dqk)
+    int64_t v_from_k = 0;  // 0: not given, v is read from the file
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -58,12 +59,13 @@ void add_attention_command(CLI::App& app) {
       "[b,s,H,Dv], optional sink [H], and the layout: cu_seqlens (b = 1) or end_rows [b,s]\n"
       "(one causal document per row when neither is given). All f32.\n"
       "Output: output, lse [b,H,s], grad.q, grad.k, grad.v (without --v-from-k), grad.sink.");
-  cmd->add_option("--inputs", o->inputs, "safetensors file with the inputs")->required();
-  cmd->add_option("--out", o->out, "safetensors file to write")->required();
-  cmd->add_option("--scale", o->scale, "softmax scale (default 1/sqrt(Dqk))");
+  cmd->add_option("--inputs", o->inputs, "safetensors file with the inputs")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--out", o->out, "safetensors file to write")->required()->check(NonEmpty());
+  cmd->add_option("--scale", o->scale, "softmax scale (default 1/sqrt(Dqk))")->check(Real(0, true));
   cmd->add_option("--v-from-k", o->v_from_k,
-                  "the value is the first N channels of k (latent MQA); grad.k then includes "
-                  "the value's gradient");
+                  "the value is the first N channels of k (latent MQA), 1 <= N <= Dqk; grad.k then "
+                  "includes the value's gradient")
+      ->check(Int(1));
   cmd->callback([o] {
     io::TensorMap m = io::load_safetensors(o->inputs);
     AttnDenseInputs in;

@@ -10,6 +10,7 @@
 #include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
 #include "hmla/train/settings.h"
+#include "validators.h"
 
 namespace hmla::app {
 
@@ -27,20 +28,29 @@ void add_layer_command(CLI::App& app) {
       "hidden_states [b,s,hidden], grad_output [b,s,hidden], optionally input_ids [b,s] and\n"
       "cu_seqlens (b = 1). OUT gets output, grad.hidden_states and grad.<name> for every tensor of W;\n"
       "dsa modes add indexer_loss [1] and topk_indices [b,s,K+W] (L then includes the indexer loss).");
-  cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")->required();
-  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup | dsa_sparse");
-  cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str();
-  cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)");
-  cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")->required();
-  cmd->add_option("--inputs", o->inputs, "safetensors with hidden_states, grad_output, ...")->required();
-  cmd->add_option("--out", o->out, "safetensors to write")->required();
+  cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup | dsa_sparse")
+      ->check(OneOf({"mha", "mqa_full_causal", "dsa_warmup", "dsa_sparse"}, "mode"));
+  cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str()->check(Int(0));
+  cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--inputs", o->inputs, "safetensors with hidden_states, grad_output, ...")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", o->out, "safetensors to write")->required()->check(NonEmpty());
   cmd->add_flag("--train-indexer-only", o->train_indexer_only,
                 "dsa modes: compute only the indexer's gradients; the backbone's backward is not run");
   cmd->add_option("--cp", o->cp,
                   "context-parallel ranks (run under mpirun -np CP): rank r computes rows [r*s/CP, (r+1)*s/CP);\n"
                   "rank 0 gathers and writes the same OUT as one rank, and prints each rank's bytes sent")
-      ->capture_default_str();
-  cmd->add_option("--cp-split", o->cp_split, "how the rows are split (only contiguous)")->capture_default_str();
+      ->capture_default_str()
+      ->check(Int(1));
+  cmd->add_option("--cp-split", o->cp_split, "how the rows are split (only contiguous)")->capture_default_str()->check(NonEmpty());
   cmd->callback([o] {
     check_cp_split(o->cp_split);
     ModelConfig cfg = load_model_config(o->config);

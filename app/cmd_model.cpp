@@ -8,6 +8,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
 #include "hmla/train/data.h"
+#include "validators.h"
 
 namespace hmla::app {
 
@@ -39,9 +40,11 @@ void add_model_commands(CLI::App& app) {
   CLI::App* fwd = app.add_subcommand(
       "forward", "Logits of a checkpoint: reads input_ids [b, s] (i32 or i64; one document per row) from\n"
                  "INPUTS and writes logits [b, s, vocab] (f32) to OUT.");
-  fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")->required();
-  fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required();
-  fwd->add_option("--out", f->out, "safetensors to write")->required();
+  fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required()->check(CLI::ExistingFile);
+  fwd->add_option("--out", f->out, "safetensors to write")->required()->check(NonEmpty());
   fwd->callback([f] {
     Model m = load_checkpoint_model(f->checkpoint);
     io::TensorMap in = io::load_safetensors(f->inputs);
@@ -61,15 +64,14 @@ void add_model_commands(CLI::App& app) {
   };
   auto g = std::make_shared<GenOpts>();
   CLI::App* gen = app.add_subcommand("generate", "Continue a prompt with a checkpoint (byte-level tokenizer).");
-  gen->add_option("--checkpoint", g->checkpoint, "checkpoint directory")->required();
-  gen->add_option("--prompt", g->prompt, "text to continue")->required();
-  gen->add_option("--tokens", g->tokens, "new tokens at most")->capture_default_str()->check(CLI::PositiveNumber);
-  gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str();
-  gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str();
+  gen->add_option("--checkpoint", g->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  gen->add_option("--prompt", g->prompt, "text to continue")->required()->check(NonEmpty());
+  gen->add_option("--tokens", g->tokens, "new tokens at most")->capture_default_str()->check(Int(1));
+  gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str()->check(Real(0, false));
+  gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str()->check(Int(0));
   gen->callback([g] {
     Model m = load_checkpoint_model(g->checkpoint);
     std::vector<int32_t> ids = tokenize_bytes(g->prompt);
-    HMLA_CHECK(!ids.empty(), ConfigError, "--prompt is empty");
     std::mt19937_64 rng(g->seed);
     std::cout << g->prompt << std::flush;
     for (int64_t k = 0; k < g->tokens; ++k) {  // full recompute per token: simple, fine at demo scale
