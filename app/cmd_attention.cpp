@@ -7,49 +7,49 @@
 #include <iostream>
 
 #include "hmla/io/paths.h"
+#include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/ops/attention.h"
+#include "inputs.h"
+#include "validators.h"
 
 namespace hmla::app {
 
 namespace {
 
-const Tensor& need(const io::TensorMap& m, const std::string& name, const std::string& file) {
-  auto it = m.find(name);
-  HMLA_CHECK(it != m.end(), IoError, file, ": tensor '", name, "' is missing");
-  return it->second;
+// What the command reads, by name. The layout is cu_seqlens (one row) or end_rows, never both;
+// with --v-from-k the value is k's first N channels, so a v tensor would be silently ignored.
+std::vector<InputSpec> attention_inputs(int64_t v_from_k, bool has_cu, bool has_end_rows) {
+  using P = InputSpec::Presence;
+  const std::vector<DType> index{DType::i32, DType::i64};
+  const char* both = "give cu_seqlens or end_rows, not both";
+  return {{"q", {"b", "s", "H", "Dqk"}, {DType::f32}},
+          {"k", {"b", "s", "Hkv", "Dqk"}, {DType::f32}},
+          {"v", {"b", "s", "Hkv", "Dv"}, {DType::f32}, v_from_k > 0 ? P::forbidden : P::required,
+           v_from_k > 0 ? "--v-from-k takes the value from k" : "or pass --v-from-k N"},
+          {"grad_output", {"b", "s", "H", "Dv"}, {DType::f32}},
+          {"sink", {"H"}, {DType::f32}, P::optional},
+          {"cu_seqlens", {"documents + 1"}, index, has_end_rows ? P::forbidden : P::optional, both},
+          {"end_rows", {"b", "s"}, index, has_cu ? P::forbidden : P::optional, both}};
 }
 
 DocLayout read_layout(const io::TensorMap& m, int64_t b, int64_t s, const std::string& file) {
   if (auto it = m.find("cu_seqlens"); it != m.end()) {
-    HMLA_CHECK(it->second.dim() == 1, IoError, file, ": cu_seqlens must be 1-D (b = 1)");
     HMLA_CHECK(b == 1, IoError, file, ": cu_seqlens describes one row, but b = ", b,
                "; use end_rows [b, s] for several rows");
     return layout_from_cu_seqlens(s, {index_values(it->second, "cu_seqlens")});
   }
-  if (auto it = m.find("end_rows"); it != m.end()) {
-    HMLA_CHECK(it->second.shape() == Shape({b, s}), IoError, file, ": end_rows must be [b, s] = ",
-               shape_str({b, s}), ", got ", shape_str(it->second.shape()));
-    return layout_from_end_rows(b, s, index_values(it->second, "end_rows"));
-  }
+  if (auto it = m.find("end_rows"); it != m.end()) return layout_from_end_rows(b, s, index_values(it->second, "end_rows"));
   return layout_causal(b, s);
 }
 
 }  // namespace
 
-std::vector<int64_t> index_values(const Tensor& t, const std::string& what) {
-  if (t.dtype() == DType::i64) return t.to_vector<int64_t>();
-  HMLA_CHECK(t.dtype() == DType::i32, IoError, what, " must be i32 or i64, got ", dtype_name(t.dtype()));
-  std::vector<int64_t> v;
-  for (int32_t x : t.to_vector<int32_t>()) v.push_back(x);
-  return v;
-}
-
 void add_attention_command(CLI::App& app) {
   struct Opts {
     std::string inputs, out;
-    double scale = 0;
-    int64_t v_from_k = 0;
+    double scale = 0;      // 0: not given, 1/sqrt(Dqk)
+    int64_t v_from_k = 0;  // 0: not given, v is read from the file
   };
   auto o = std::make_shared<Opts>();
   CLI::App* cmd = app.add_subcommand(
@@ -59,32 +59,37 @@ void add_attention_command(CLI::App& app) {
       "[b,s,H,Dv], optional sink [H], and the layout: cu_seqlens (b = 1) or end_rows [b,s]\n"
       "(one causal document per row when neither is given). All f32.\n"
       "Output: output, lse [b,H,s], grad.q, grad.k, grad.v (without --v-from-k), grad.sink.");
-  cmd->add_option("--inputs", o->inputs, "safetensors file with the inputs")->required();
-  cmd->add_option("--out", o->out, "safetensors file to write")->required();
-  cmd->add_option("--scale", o->scale, "softmax scale (default 1/sqrt(Dqk))");
+  cmd->add_option("--inputs", o->inputs, "safetensors file with the inputs")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--out", o->out, "safetensors file to write")->required()->check(NonEmpty());
+  cmd->add_option("--scale", o->scale, "softmax scale (default 1/sqrt(Dqk))")->check(Real(0, true));
   cmd->add_option("--v-from-k", o->v_from_k,
-                  "the value is the first N channels of k (latent MQA); grad.k then includes "
-                  "the value's gradient");
+                  "the value is the first N channels of k (latent MQA), 1 <= N <= Dqk; grad.k then "
+                  "includes the value's gradient")
+      ->check(Int(1));
   cmd->callback([o] {
     io::check_output_file(o->out, "--out");  // before the work, not only when writing
     io::TensorMap m = io::load_safetensors(o->inputs);
+    const DimSizes d =
+        check_inputs(m, attention_inputs(o->v_from_k, m.count("cu_seqlens"), m.count("end_rows")), o->inputs);
     AttnDenseInputs in;
-    in.q = need(m, "q", o->inputs);
-    in.k = need(m, "k", o->inputs);
-    HMLA_CHECK(in.q.dim() == 4 && in.k.dim() == 4, ShapeError, "q and k must be 4-D");
+    in.q = m.at("q");
+    in.k = m.at("k");
     if (o->v_from_k > 0) {
-      HMLA_CHECK(o->v_from_k <= in.k.size(3), ShapeError, "--v-from-k ", o->v_from_k,
-                 " exceeds the key width ", in.k.size(3));
+      HMLA_CHECK(o->v_from_k <= d.at("Dqk"), ConfigError, "--v-from-k ", o->v_from_k, ": it must be in [1, ",
+                 d.at("Dqk"), "], the key width Dqk of k in ", o->inputs);
+      HMLA_CHECK(d.at("Dv") == o->v_from_k, IoError, o->inputs, ": grad_output is ", d.at("Dv"),
+                 " wide (Dv), but --v-from-k ", o->v_from_k, " makes the value and the output ", o->v_from_k, " wide");
       in.v = in.k.slice(3, 0, o->v_from_k);
     } else {
-      in.v = need(m, "v", o->inputs);
+      in.v = m.at("v");
     }
     if (m.count("sink")) in.sink = m.at("sink");
-    DocLayout layout = read_layout(m, in.q.size(0), in.q.size(1), o->inputs);
+    DocLayout layout = read_layout(m, d.at("b"), d.at("s"), o->inputs);
     in.layout = &layout;
-    in.scale = o->scale > 0 ? static_cast<float>(o->scale)
-                            : 1.f / std::sqrt(static_cast<float>(in.q.size(3)));
-    const Tensor& dout = need(m, "grad_output", o->inputs);
+    in.scale = o->scale > 0 ? static_cast<float>(o->scale) : 1.f / std::sqrt(static_cast<float>(d.at("Dqk")));
+    HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ConfigError, "--scale ", o->scale,
+               ": it must be a positive number that f32 represents (it under- or overflows)");
+    const Tensor& dout = m.at("grad_output");
     AttnDenseSaved saved = attn_dense_fwd(in);
     AttnDenseGrads g = attn_dense_bwd(in, saved, dout);
     io::TensorMap out{{"output", saved.out}, {"lse", saved.lse}, {"grad.q", g.dq}};

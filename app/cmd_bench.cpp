@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "validators.h"
 #include "hmla/core/error.h"
 #include "hmla/model/mla_layer.h"
 #include "hmla/ops/cpu_blas.h"
@@ -26,18 +27,18 @@ void add_bench_command(CLI::App& app) {
       "Dense per-document causal attention, fwd and fwd+bwd, against the naive materialised\n"
       "arm and OpenBLAS sgemm 2048^3 at the same thread count (OMP_NUM_THREADS).");
   att->add_flag("--json", o->json, "one JSON object per line instead of a table");
-  att->add_option("--s", o->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
+  att->add_option("--s", o->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str()->check(Int(1));
   att->add_option("--doc-len", o->doc_lens,
                   "document lengths of the packed layouts; 0 = one document per row")
-      ->delimiter(',')->capture_default_str();
-  att->add_option("--batch", o->batch, "rows per batch")->capture_default_str()->check(CLI::PositiveNumber);
-  att->add_option("--heads", o->heads, "query heads H")->capture_default_str()->check(CLI::PositiveNumber);
-  att->add_option("--kv-heads", o->kv_heads, "key/value heads (divides H)")->capture_default_str()->check(CLI::PositiveNumber);
-  att->add_option("--dqk", o->dqk, "query/key head width")->capture_default_str()->check(CLI::PositiveNumber);
-  att->add_option("--dv", o->dv, "value head width")->capture_default_str()->check(CLI::PositiveNumber);
+      ->delimiter(',')->capture_default_str()->check(Int(0));
+  att->add_option("--batch", o->batch, "rows per batch")->capture_default_str()->check(Int(1));
+  att->add_option("--heads", o->heads, "query heads H")->capture_default_str()->check(Int(1));
+  att->add_option("--kv-heads", o->kv_heads, "key/value heads (divides H)")->capture_default_str()->check(Int(1));
+  att->add_option("--dqk", o->dqk, "query/key head width")->capture_default_str()->check(Int(1));
+  att->add_option("--dv", o->dv, "value head width")->capture_default_str()->check(Int(1));
   att->add_option("--reps", o->reps, "timed repetitions (0: 5 up to s=2048, 3 at 4096, 2 above)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  att->add_option("--naive-max-s", o->naive_max_s, "omit the naive arm above this s")->capture_default_str();
+      ->capture_default_str()->check(Int(0, 1000000));
+  att->add_option("--naive-max-s", o->naive_max_s, "omit the naive arm above this s")->capture_default_str()->check(Int(0));
   att->callback([o] {
     for (int64_t s : o->seq_lens)
       HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
@@ -54,12 +55,12 @@ void add_bench_command(CLI::App& app) {
       "Lightning indexer on one causal document: scores + top-k, and the fused dense KL (time and\n"
       "workspace) against the materialised [s, s] arm.");
   ind->add_flag("--json", io->json, "one JSON object per line");
-  ind->add_option("--s", io->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
-  ind->add_option("--heads", io->heads, "attention heads H (the KL target)")->capture_default_str()->check(CLI::PositiveNumber);
-  ind->add_option("--dqk", io->dqk, "attention q/k width")->capture_default_str()->check(CLI::PositiveNumber);
-  ind->add_option("--index-heads", io->index_heads, "HI")->capture_default_str()->check(CLI::PositiveNumber);
-  ind->add_option("--index-dim", io->index_dim, "DI")->capture_default_str()->check(CLI::PositiveNumber);
-  ind->add_option("--topk", io->topk, "K")->capture_default_str()->check(CLI::PositiveNumber);
+  ind->add_option("--s", io->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str()->check(Int(1));
+  ind->add_option("--heads", io->heads, "attention heads H (the KL target)")->capture_default_str()->check(Int(1));
+  ind->add_option("--dqk", io->dqk, "attention q/k width")->capture_default_str()->check(Int(1));
+  ind->add_option("--index-heads", io->index_heads, "HI")->capture_default_str()->check(Int(1));
+  ind->add_option("--index-dim", io->index_dim, "DI")->capture_default_str()->check(Int(1));
+  ind->add_option("--topk", io->topk, "K")->capture_default_str()->check(Int(1));
   ind->add_flag("!--no-materialized", io->materialized, "skip the materialised arm");
   ind->callback([io] {
     for (int64_t s : io->seq_lens) HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
@@ -75,7 +76,7 @@ void add_bench_command(CLI::App& app) {
       "geometry (H 64, Dn 192, Dr 64, Dv 256, Rkv 512, HI 64, DI 128; s 1024-4096) and a small one\n"
       "(H = HI = 8; s 1024-16384).");
   mem->add_flag("--json", mo->json, "one JSON object per line");
-  mem->add_option("--s", *mem_s, "sequence lengths for every geometry (default: per geometry)")->delimiter(',');
+  mem->add_option("--s", *mem_s, "sequence lengths for every geometry (default: per geometry)")->delimiter(',')->check(Int(1));
   mem->add_flag("!--no-legacy", mo->legacy, "skip the legacy arm");
   mem->callback([mo, mem_s] {
     if (!mem_s->empty())
@@ -89,11 +90,11 @@ void add_bench_command(CLI::App& app) {
       "Sparse latent MQA attention forward and forward+backward over the indexer's top-k on one\n"
       "causal document (default H 16 of DeepSeek's 128, to fit CPU time; 576/512 heads, K 2048).");
   sp->add_flag("--json", so->json, "one JSON object per line");
-  sp->add_option("--s", so->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
-  sp->add_option("--heads", so->heads, "query heads H")->capture_default_str()->check(CLI::PositiveNumber);
-  sp->add_option("--dqk", so->dqk, "key width (Rkv + Dr)")->capture_default_str()->check(CLI::PositiveNumber);
-  sp->add_option("--dv", so->dv, "value width (Rkv), <= dqk")->capture_default_str()->check(CLI::PositiveNumber);
-  sp->add_option("--topk", so->topk, "K")->capture_default_str()->check(CLI::PositiveNumber);
+  sp->add_option("--s", so->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str()->check(Int(1));
+  sp->add_option("--heads", so->heads, "query heads H")->capture_default_str()->check(Int(1));
+  sp->add_option("--dqk", so->dqk, "key width (Rkv + Dr)")->capture_default_str()->check(Int(1));
+  sp->add_option("--dv", so->dv, "value width (Rkv), <= dqk")->capture_default_str()->check(Int(1));
+  sp->add_option("--topk", so->topk, "K")->capture_default_str()->check(Int(1));
   sp->callback([so] {
     HMLA_CHECK(so->dv <= so->dqk, ConfigError, "--dv ", so->dv, " must be <= --dqk ", so->dqk);
     bench::run_sparse_bench(*so, std::cout);
@@ -131,10 +132,10 @@ void add_bench_command(CLI::App& app) {
       "Bytes one rank sends per MLA layer under context parallelism, per mode, as the layer sends\n"
       "them (mla_cp_traffic; `hmla layer --cp` checks its count against the wire), next to what\n"
       "gathering per-head K/V instead would send. JSON lines; f32 activations (CPU path).");
-  cpt->add_option("--config", co->config, "HF config.json of the geometry")->capture_default_str();
-  cpt->add_option("--s", co->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str();
-  cpt->add_option("--cp", co->ranks, "context-parallel ranks")->delimiter(',')->capture_default_str();
-  cpt->add_option("--batch", co->batch, "rows per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  cpt->add_option("--config", co->config, "HF config.json of the geometry")->capture_default_str()->check(CLI::ExistingFile);
+  cpt->add_option("--s", co->seq_lens, "sequence lengths")->delimiter(',')->capture_default_str()->check(Int(1));
+  cpt->add_option("--cp", co->ranks, "context-parallel ranks")->delimiter(',')->capture_default_str()->check(Int(1));
+  cpt->add_option("--batch", co->batch, "rows per batch")->capture_default_str()->check(Int(1));
   cpt->callback([co] {
     const ModelConfig cfg = load_model_config(co->config);
     const int64_t H = cfg.num_attention_heads, Dqk = cfg.qk_head_dim(), Dv = cfg.v_head_dim;

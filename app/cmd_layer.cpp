@@ -5,14 +5,31 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "hmla/core/index_values.h"
 #include "hmla/dist/cp.h"
 #include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
 #include "hmla/train/settings.h"
+#include "inputs.h"
+#include "validators.h"
 
 namespace hmla::app {
+
+namespace {
+
+// What the command reads, by name (hidden is the config's hidden_size).
+std::vector<InputSpec> layer_inputs() {
+  using P = InputSpec::Presence;
+  const std::vector<DType> index{DType::i32, DType::i64};
+  return {{"hidden_states", {"b", "s", "hidden"}, {DType::f32}},
+          {"grad_output", {"b", "s", "hidden"}, {DType::f32}},
+          {"input_ids", {"b", "s"}, index, P::optional},
+          {"cu_seqlens", {"documents + 1"}, index, P::optional}};
+}
+
+}  // namespace
 
 void add_layer_command(CLI::App& app) {
   struct Opts {
@@ -28,20 +45,29 @@ void add_layer_command(CLI::App& app) {
       "hidden_states [b,s,hidden], grad_output [b,s,hidden], optionally input_ids [b,s] and\n"
       "cu_seqlens (b = 1). OUT gets output, grad.hidden_states and grad.<name> for every tensor of W;\n"
       "dsa modes add indexer_loss [1] and topk_indices [b,s,K+W] (L then includes the indexer loss).");
-  cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")->required();
-  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup | dsa_sparse");
-  cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str();
-  cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)");
-  cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")->required();
-  cmd->add_option("--inputs", o->inputs, "safetensors with hidden_states, grad_output, ...")->required();
-  cmd->add_option("--out", o->out, "safetensors to write")->required();
+  cmd->add_option("--config", o->config, "HF config.json (DeepSeek-V3.2 fields + hmla keys)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--mode", o->mode, "override hmla_layer_modes: mha | mqa_full_causal | dsa_warmup | dsa_sparse")
+      ->check(OneOf({"mha", "mqa_full_causal", "dsa_warmup", "dsa_sparse"}, "mode"));
+  cmd->add_option("--layer", o->layer, "which layer of the config this is (its mode)")->capture_default_str()->check(Int(0));
+  cmd->add_option("--settings", o->settings, "hmla settings YAML (e.g. mqa_split_kv_b_proj: true)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--weights", o->weights, "safetensors (or sharded index) with the layer's tensors")
+      ->required()
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--inputs", o->inputs, "safetensors with hidden_states, grad_output, ...")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", o->out, "safetensors to write")->required()->check(NonEmpty());
   cmd->add_flag("--train-indexer-only", o->train_indexer_only,
                 "dsa modes: compute only the indexer's gradients; the backbone's backward is not run");
   cmd->add_option("--cp", o->cp,
                   "context-parallel ranks (run under mpirun -np CP): rank r computes rows [r*s/CP, (r+1)*s/CP);\n"
                   "rank 0 gathers and writes the same OUT as one rank, and prints each rank's bytes sent")
-      ->capture_default_str();
-  cmd->add_option("--cp-split", o->cp_split, "how the rows are split (only contiguous)")->capture_default_str();
+      ->capture_default_str()
+      ->check(Int(1));
+  cmd->add_option("--cp-split", o->cp_split, "how the rows are split (only contiguous)")->capture_default_str()->check(NonEmpty());
   cmd->callback([o] {
     check_cp_split(o->cp_split);
     if (Comm::world().is_root()) io::check_output_file(o->out, "--out");  // before the work; rank 0 writes
@@ -68,20 +94,18 @@ void add_layer_command(CLI::App& app) {
     }
 
     io::TensorMap in = io::load_safetensors(o->inputs);
-    for (const char* name : {"hidden_states", "grad_output"})
-      HMLA_CHECK(in.count(name), IoError, o->inputs, ": tensor '", name, "' is missing");
+    const DimSizes dims = check_inputs(in, layer_inputs(), o->inputs, {{"hidden", cfg.hidden_size}});
     const Tensor& x = in.at("hidden_states");
-    HMLA_CHECK(x.dim() == 3 && x.dtype() == DType::f32, IoError, o->inputs,
-               ": hidden_states must be f32 [b, s, hidden], got ", dtype_name(x.dtype()), shape_str(x.shape()));
-    const int64_t b = x.size(0), s = x.size(1);
-    if (in.count("input_ids"))
-      HMLA_CHECK(in.at("input_ids").shape() == Shape({b, s}), IoError, o->inputs, ": input_ids must be [b, s] = ",
-                 shape_str({b, s}));
+    const int64_t b = dims.at("b"), s = dims.at("s");
+    MemoryPlan plan;  // a rank under --cp keeps s / cp query rows
+    mla_memory_plan(plan, cfg, mode, {"", 1}, {"b", b}, o->cp > 1 ? SizeFactor{"s / cp", s / o->cp} : SizeFactor{"s", s});
+    plan.check(o->config + ": layer " + std::to_string(o->layer) + " over hidden_states " + shape_str(x.shape()));
+    const Tensor ids =
+        in.count("input_ids") ? token_ids(in.at("input_ids"), cfg.vocab_size, o->inputs + ": input_ids") : Tensor();
     DocLayout layout = layout_causal(b, s);
     if (in.count("cu_seqlens")) {
-      const Tensor& cu = in.at("cu_seqlens");
-      HMLA_CHECK(cu.dim() == 1 && b == 1, IoError, o->inputs, ": cu_seqlens must be 1-D and needs b = 1");
-      layout = layout_from_cu_seqlens(s, {index_values(cu, "cu_seqlens")});
+      HMLA_CHECK(b == 1, IoError, o->inputs, ": cu_seqlens describes one row, but b = ", b);
+      layout = layout_from_cu_seqlens(s, {index_values(in.at("cu_seqlens"), "cu_seqlens")});
     }
 
     // Context parallelism: the world is the group; every rank reads the whole inputs and keeps
@@ -97,7 +121,6 @@ void add_layer_command(CLI::App& app) {
     MlaBackwardOptions opt;
     opt.backbone = !settings.train_indexer_only;
     if (is_dsa(mode)) {
-      const Tensor ids = in.count("input_ids") ? in.at("input_ids") : Tensor();
       const Tensor rw = loss_row_weights(layout, ids.defined() ? &ids : nullptr, cfg.pad_token_id);
       opt.row_weight = take_rows(rw.view({b, s, 1}), sh).view({b, sh.rows});
     }

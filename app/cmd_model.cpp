@@ -6,20 +6,34 @@
 
 #include "commands.h"
 #include "hmla/io/paths.h"
+#include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
 #include "hmla/train/data.h"
+#include "inputs.h"
+#include "validators.h"
 
 namespace hmla::app {
 
 namespace {
 
-Model load_checkpoint_model(const std::string& dir) {
-  ModelConfig c = load_model_config(dir + "/config.json");
+// `c` is dir/config.json, read first so that inputs can be checked against it before the weights.
+Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
+  MemoryPlan plan;  // before reading the weights: the parameters alone (indexers aside) must fit
+  plan_parameters(plan, c, std::vector<bool>(c.num_hidden_layers, false), false);
+  plan.check(dir + "/config.json: the model");
   io::TensorMap w = io::load_checkpoint_tensors(dir);
   std::vector<bool> has_indexer(c.num_hidden_layers);
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
+    HMLA_CHECK(has_indexer[L] || !is_dsa(c.layer_modes[L]), ConfigError, dir, ": layer ", L, " runs ",
+               mode_name(c.layer_modes[L]),
+               c.source.contains("hmla_layer_modes")
+                   ? " (config.json's hmla_layer_modes)"
+                   : " (config.json has no hmla_layer_modes, and with the index_* fields set every layer runs "
+                     "dsa_sparse, as transformers does)",
+               " but the checkpoint has no indexer tensors for it; set hmla_layer_modes in config.json (e.g. mha)");
+  }
   Model m = build_model(c, has_indexer);
   load_into_model(m, w, dir);
   return m;
@@ -40,18 +54,18 @@ void add_model_commands(CLI::App& app) {
   CLI::App* fwd = app.add_subcommand(
       "forward", "Logits of a checkpoint: reads input_ids [b, s] (i32 or i64; one document per row) from\n"
                  "INPUTS and writes logits [b, s, vocab] (f32) to OUT.");
-  fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")->required();
-  fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required();
-  fwd->add_option("--out", f->out, "safetensors to write")->required();
+  fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required()->check(CLI::ExistingFile);
+  fwd->add_option("--out", f->out, "safetensors to write")->required()->check(NonEmpty());
   fwd->callback([f] {
     io::check_output_file(f->out, "--out");  // before the work, not only when writing
-    Model m = load_checkpoint_model(f->checkpoint);
+    const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");
     io::TensorMap in = io::load_safetensors(f->inputs);
-    HMLA_CHECK(in.count("input_ids") && in.at("input_ids").dim() == 2, IoError, f->inputs,
-               ": input_ids [b, s] is required");
-    std::vector<int64_t> v = index_values(in.at("input_ids"), "input_ids");
-    std::vector<int32_t> v32(v.begin(), v.end());
-    Tensor ids = Tensor::from_vector<int32_t>(in.at("input_ids").shape(), v32);
+    check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, f->inputs);
+    const Tensor ids = token_ids(in.at("input_ids"), cfg.vocab_size, f->inputs + ": input_ids");
+    const Model m = load_checkpoint_model(f->checkpoint, cfg);
     io::save_safetensors(f->out, {{"logits", model_logits(m, one_document_rows(ids))}});
   });
 
@@ -63,15 +77,14 @@ void add_model_commands(CLI::App& app) {
   };
   auto g = std::make_shared<GenOpts>();
   CLI::App* gen = app.add_subcommand("generate", "Continue a prompt with a checkpoint (byte-level tokenizer).");
-  gen->add_option("--checkpoint", g->checkpoint, "checkpoint directory")->required();
-  gen->add_option("--prompt", g->prompt, "text to continue")->required();
-  gen->add_option("--tokens", g->tokens, "new tokens at most")->capture_default_str()->check(CLI::PositiveNumber);
-  gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str();
-  gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str();
+  gen->add_option("--checkpoint", g->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
+  gen->add_option("--prompt", g->prompt, "text to continue")->required()->check(NonEmpty());
+  gen->add_option("--tokens", g->tokens, "new tokens at most")->capture_default_str()->check(Int(1));
+  gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str()->check(Real(0, false));
+  gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str()->check(Int(0));
   gen->callback([g] {
-    Model m = load_checkpoint_model(g->checkpoint);
+    const Model m = load_checkpoint_model(g->checkpoint, load_model_config(g->checkpoint + "/config.json"));
     std::vector<int32_t> ids = tokenize_bytes(g->prompt);
-    HMLA_CHECK(!ids.empty(), ConfigError, "--prompt is empty");
     std::mt19937_64 rng(g->seed);
     std::cout << g->prompt << std::flush;
     for (int64_t k = 0; k < g->tokens; ++k) {  // full recompute per token: simple, fine at demo scale

@@ -80,7 +80,7 @@ std::string svg_plot(const std::string& title, const std::vector<Series>& series
 void add_report_command(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   CLI::App* rep = app.add_subcommand("report", "Write RUN_DIR/report.html: loss and indexer KL plots per phase, phase table.");
-  rep->add_option("run_dir", *dir, "run directory of hmla train")->required();
+  rep->add_option("run_dir", *dir, "run directory of hmla train")->required()->check(CLI::ExistingDirectory);
   rep->callback([dir] {
     namespace fs = std::filesystem;
     const fs::path run(*dir);

@@ -7,6 +7,7 @@
 #include "hmla/ops/cpu_blas.h"
 #include "hmla/train/data.h"
 #include "hmla/train/trainer.h"
+#include "validators.h"
 
 namespace hmla::app {
 
@@ -21,8 +22,8 @@ void add_train_commands(CLI::App& app) {
       "Run a programme: phases of mha / mqa_full_causal / dsa_warmup / dsa_sparse training over a\n"
       "shared base (docs/programme.md). Writes RUN_DIR/metrics.jsonl, RUN_DIR/checkpoints/*,\n"
       "RUN_DIR/summary.json and the final config.json + model.safetensors.");
-  train->add_option("programme", o->programme, "programme YAML")->required();
-  train->add_option("--out", o->t.out_dir, "run directory")->capture_default_str();
+  train->add_option("programme", o->programme, "programme YAML")->required()->check(CLI::ExistingFile);
+  train->add_option("--out", o->t.out_dir, "run directory")->capture_default_str()->check(NonEmpty());
   train->add_flag("--resume", o->t.resume, "continue from RUN_DIR/checkpoints/latest (the programme and data\n"
                                            "must be those the run started with)");
   train->add_flag("--allow-safe-changes", o->t.allow_safe_changes,
@@ -30,8 +31,10 @@ void add_train_commands(CLI::App& app) {
                   "of the current and later phases");
   train->add_option("--cp", o->t.cp, "context-parallel ranks per replica (under mpirun -np CP * DP): each\n"
                                      "group of CP consecutive ranks splits every sequence by rows; the\n"
-                                     "DP groups are data parallel")->capture_default_str();
-  train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")->capture_default_str();
+                                     "DP groups are data parallel")->capture_default_str()->check(Int(1, 1 << 20));
+  train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")
+      ->capture_default_str()
+      ->check(NonEmpty());
   train->callback([o] {
     check_cp_split(o->t.cp_split);
     if (const std::string hint = cpu_blas_hint(); !hint.empty() && Comm::world().is_root()) std::cerr << hint << "\n";
@@ -49,9 +52,12 @@ void add_train_commands(CLI::App& app) {
       "Tokenize text files byte by byte (pad 0, bos 1, eos 2, byte b -> b + 3) into\n"
       "OUT/train.safetensors and OUT/heldout.safetensors (tokens + document offsets).");
   prep->add_option("files", p->files, "text files")->required()->check(CLI::ExistingFile);
-  prep->add_option("--out", p->out, "output directory")->required();
-  prep->add_option("--separator", p->separator, "a line equal to this ends a document")->capture_default_str();
-  prep->add_option("--heldout-every", p->heldout_every, "every N-th document is held out")->capture_default_str();
+  prep->add_option("--out", p->out, "output directory")->required()->check(NonEmpty());
+  prep->add_option("--separator", p->separator, "a line equal to this ends a document (empty: a blank line)")
+      ->capture_default_str();
+  prep->add_option("--heldout-every", p->heldout_every, "every N-th document is held out")
+      ->capture_default_str()
+      ->check(Int(2));
   prep->callback([p] { prepare_data(p->files, p->out, p->separator, p->heldout_every); });
 }
 

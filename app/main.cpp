@@ -1,6 +1,10 @@
 // hmla: hybrid-MLA training through the DeepSeek Sparse Attention programme. One binary with
 // subcommands; errors print one line to stderr and exit non-zero.
+#include <filesystem>
 #include <iostream>
+#include <new>
+
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "hmla/core/cuda.h"
@@ -14,11 +18,36 @@ namespace {
   hmla::Comm& c = hmla::Comm::world();
   hmla::Comm::world().abort(c.size() > 1 ? msg + " (rank " + std::to_string(c.rank()) + ")" : msg, code);
 }
+
+// libstdc++ words it "filesystem error: cannot create directories: Read-only file system [/x]";
+// users read the path first, then what failed.
+std::string describe(const std::filesystem::filesystem_error& e) {
+  std::string op = e.what();
+  const std::string prefix = "filesystem error: ", reason = e.code().message();
+  if (op.rfind(prefix, 0) == 0) op.erase(0, prefix.size());
+  if (const size_t at = op.find(": " + reason); at != std::string::npos) op.erase(at);
+  std::string lower = reason;
+  for (char& ch : lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  std::string paths = e.path1().string();
+  if (!e.path2().empty()) paths += " and " + e.path2().string();
+  return (paths.empty() ? "" : paths + ": ") + op + ": " + lower;
+}
+
+// CLI11's own errors (unknown option, validator messages) in hmla's one-line form.
+std::string cli_failure(const CLI::App* app, const CLI::Error& e) {
+  std::string cmd = "hmla";
+  for (const CLI::App* a = app; !a->get_subcommands().empty();) {
+    a = a->get_subcommands().front();
+    cmd += " " + a->get_name();
+  }
+  return std::string("hmla: error: ") + e.what() + " (see " + cmd + " --help)\n";
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"hmla: hybrid multi-head latent attention training (DeepSeek Sparse Attention)"};
   app.require_subcommand(1);
+  app.failure_message(cli_failure);
   app.set_version_flag("--version", "hmla 0.1.0");
   hmla::app::add_bench_command(app);
   hmla::app::add_attention_command(app);
@@ -35,6 +64,12 @@ int main(int argc, char** argv) {
     return 130;
   } catch (const hmla::Error& e) {
     fail(std::string("hmla: error: ") + e.what(), 1);
+  } catch (const std::filesystem::filesystem_error& e) {
+    fail("hmla: error: " + describe(e), 1);
+  } catch (const std::bad_alloc&) {
+    fail("hmla: error: out of memory: an allocation failed; reduce batch, seq_len or the model's sizes", 1);
+  } catch (const nlohmann::json::exception& e) {
+    fail(std::string("hmla: error: a JSON file holds a value of the wrong type or shape: ") + e.what(), 1);
   } catch (const std::exception& e) {
     fail(std::string("hmla: internal error: ") + e.what(), 2);
   }

@@ -54,7 +54,8 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    HMLA_CHECK(!__builtin_mul_overflow(n, d, &n), ShapeError, "shape ", shape_str(s), " has more than 2^63 elements");
   return n;
 }
 
@@ -80,7 +81,10 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  int64_t bytes = 0;
+  HMLA_CHECK(!__builtin_mul_overflow(shape_numel(shape), int64_t(dtype_size(dtype)), &bytes), ShapeError, "shape ",
+             shape_str(shape), " of ", dtype_name(dtype), " has more than 2^63 bytes");
+  t.storage_ = std::make_shared<Storage>(size_t(bytes), device);
   return t;
 }
 

@@ -2,6 +2,7 @@
 // data_offsets}, "__metadata__": {str: str}}, then the data block. Header lengths are bounded
 // (100 MiB) and every offset is checked against the data block before any copy.
 #include "hmla/io/safetensors.h"
+#include "hmla/io/json_strict.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -64,12 +65,7 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
   HMLA_CHECK(n <= kMaxHeader, IoError, what, ": header length ", n, " exceeds 100 MiB");
   HMLA_CHECK(n <= bytes.size() - 8, IoError, what, ": header length ", n, " runs past the end of the ",
              bytes.size(), "-byte file (truncated?)");
-  json header;
-  try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(n));
-  } catch (const json::exception& e) {
-    throw IoError(what + ": malformed JSON header: " + e.what());
-  }
+  const json header = parse_json(bytes.substr(8, n), what + ": header");
   HMLA_CHECK(header.is_object(), IoError, what, ": the header must be a JSON object");
   const uint64_t data_size = bytes.size() - 8 - n;
   const char* data = bytes.data() + 8 + n;
@@ -141,12 +137,7 @@ TensorMap load_checkpoint_tensors(const std::string& path) {
     return load_safetensors((p / "model.safetensors").string());
   }
   if (p.extension() != ".json") return load_safetensors(path);
-  json index;
-  try {
-    index = json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    throw IoError(path + ": malformed index: " + e.what());
-  }
+  const json index = parse_json(read_file(path), path);
   HMLA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), IoError,
              path, ": a sharded index needs a \"weight_map\" object");
   std::map<std::string, std::vector<std::string>> by_shard;

@@ -2,11 +2,14 @@
 // and softmax scale (section 4), computed as transformers' _compute_yarn_parameters does.
 #include "hmla/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <numbers>
 
 #include "hmla/core/error.h"
+#include "hmla/core/size_check.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 
 namespace hmla {
@@ -37,6 +40,8 @@ int64_t get_int(const json& j, const char* key, int64_t def, const std::string& 
   if (!j.contains(key) || j[key].is_null()) return def;
   HMLA_CHECK(j[key].is_number_integer(), ConfigError, what, ": ", key, " must be an integer, got ",
              j[key].dump());
+  HMLA_CHECK(!j[key].is_number_unsigned() || j[key].get<uint64_t>() <= uint64_t(INT64_MAX), ConfigError, what,
+             ": ", key, " = ", j[key].dump(), " does not fit int64");
   return j[key].get<int64_t>();
 }
 
@@ -77,8 +82,11 @@ RopeConfig parse_rope(const json& j, const std::string& what) {
     HMLA_CHECK(p->is_object(), ConfigError, f, " must be an object");
     r.theta = get_num(*p, "rope_theta", r.theta, f);
     std::string type = "default";
-    if (p->contains("rope_type")) type = (*p)["rope_type"].get<std::string>();
-    else if (p->contains("type")) type = (*p)["type"].get<std::string>();
+    for (const char* k : {"type", "rope_type"})
+      if (p->contains(k)) {
+        HMLA_CHECK((*p)[k].is_string(), ConfigError, f, ".", k, " must be a string, got ", (*p)[k].dump());
+        type = (*p)[k].get<std::string>();
+      }
     HMLA_CHECK(type == "default" || type == "yarn", ConfigError, f, ".rope_type = '", type,
                "': hmla supports 'default' and 'yarn'");
     r.type = type;
@@ -98,7 +106,29 @@ RopeConfig parse_rope(const json& j, const std::string& what) {
   return r;
 }
 
+// Every weight's element count from the fields that drive it, in checked arithmetic: a config
+// whose sizes overflow int64 is refused here, naming the fields, before any table or shape is
+// built from them. (Whether the sizes fit in memory is the MemoryPlan's question.)
+void check_sizes(const ModelConfig& c, const std::string& what) {
+  const std::string f = what + ": the sizes of";
+  const int64_t Dqk = checked_add(c.qk_nope_head_dim, c.qk_rope_head_dim, f + " qk_nope_head_dim + qk_rope_head_dim");
+  const int64_t Dkv = checked_add(c.qk_nope_head_dim, c.v_head_dim, f + " qk_nope_head_dim + v_head_dim");
+  const int64_t Wa = checked_add(c.kv_lora_rank, c.qk_rope_head_dim, f + " kv_lora_rank + qk_rope_head_dim");
+  checked_add(c.index_topk, c.index_window, f + " index_topk + index_window");
+  const SizeFactor H{"num_attention_heads", c.num_attention_heads}, hid{"hidden_size", c.hidden_size};
+  const SizeFactor q_in = c.q_lora_rank > 0 ? SizeFactor{"q_lora_rank", c.q_lora_rank} : hid;
+  checked_product({{"vocab_size", c.vocab_size}, hid}, f + " model.embed_tokens");
+  checked_product({H, {"qk_nope_head_dim + qk_rope_head_dim", Dqk}, q_in}, f + " the q projection");
+  checked_product({{"kv_lora_rank + qk_rope_head_dim", Wa}, hid}, f + " kv_a_proj_with_mqa");
+  checked_product({H, {"qk_nope_head_dim + v_head_dim", Dkv}, {"kv_lora_rank", c.kv_lora_rank}}, f + " kv_b_proj");
+  checked_product({hid, H, {"v_head_dim", c.v_head_dim}}, f + " o_proj");
+  checked_product({{"intermediate_size", c.intermediate_size}, hid}, f + " the MLP");
+  checked_product({{"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}, q_in},
+                  f + " indexer.wq_b");
+}
+
 void validate(const ModelConfig& c, const std::string& what) {
+  check_sizes(c, what);
   HMLA_CHECK(c.qk_rope_head_dim % 2 == 0, ConfigError, what, ": qk_rope_head_dim = ",
              c.qk_rope_head_dim, " is odd; RoPE rotates pairs, so it must be even");
   HMLA_CHECK(c.q_lora_rank >= 0, ConfigError, what, ": q_lora_rank = ", c.q_lora_rank,
@@ -127,7 +157,7 @@ void validate(const ModelConfig& c, const std::string& what) {
 
 }  // namespace
 
-static ModelConfig parse_fields(const json& j, const std::string& what) {
+static ModelConfig parse_fields(const json& j, const std::string& what, LayerModesFrom modes) {
   HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
   ModelConfig c;
   c.source = j;
@@ -150,8 +180,14 @@ static ModelConfig parse_fields(const json& j, const std::string& what) {
   c.index_window = get_int(j, "index_window", 0, what);
   c.pad_token_id = get_int(j, "pad_token_id", 0, what);  // null means 0, never an error
   c.first_k_dense_replace = get_int(j, "first_k_dense_replace", 3, what);
-  if (j.contains("mlp_layer_types") && !j["mlp_layer_types"].is_null())
-    c.mlp_layer_types = j["mlp_layer_types"].get<std::vector<std::string>>();
+  if (j.contains("mlp_layer_types") && !j["mlp_layer_types"].is_null()) {
+    const json& t = j["mlp_layer_types"];
+    HMLA_CHECK(t.is_array() && std::all_of(t.begin(), t.end(), [](const json& e) { return e.is_string(); }) &&
+                   int64_t(t.size()) >= c.num_hidden_layers,
+               ConfigError, what, ": mlp_layer_types must be a list of num_hidden_layers = ", c.num_hidden_layers,
+               " strings (\"dense\" or \"sparse\"), got ", t.dump().substr(0, 80));
+    c.mlp_layer_types = t.get<std::vector<std::string>>();
+  }
   c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
@@ -169,30 +205,29 @@ static ModelConfig parse_fields(const json& j, const std::string& what) {
       c.layer_modes.push_back(parse_mode(m.get<std::string>(), what + ": hmla_layer_modes[" + std::to_string(L) + "]"));
       ++L;
     }
+    HMLA_CHECK(int64_t(c.layer_modes.size()) == c.num_hidden_layers, ConfigError, what, ": hmla_layer_modes has ",
+               c.layer_modes.size(), " entries for num_hidden_layers = ", c.num_hidden_layers);
   } else {  // as transformers runs it: sparse when the indexer is configured
     LayerMode m = c.has_indexer_fields() ? LayerMode::dsa_sparse : LayerMode::mha;
     c.layer_modes.assign(c.num_hidden_layers, m);
   }
+  // A programme's phases set every layer's mode; until the first phase the model is plain mha, so
+  // neither the key nor DESIGN.md's default (dsa_sparse) may demand an indexer here.
+  if (modes == LayerModesFrom::programme) c.layer_modes.assign(c.num_hidden_layers, LayerMode::mha);
   validate(c, what);
   return c;
 }
 
-ModelConfig parse_model_config(const json& j, const std::string& what) {
+ModelConfig parse_model_config(const json& j, const std::string& what, LayerModesFrom modes) {
   try {
-    return parse_fields(j, what);
+    return parse_fields(j, what, modes);
   } catch (const json::exception& e) {  // a field of the wrong JSON type deeper down (lists, rope)
     throw ConfigError(what + ": a field has the wrong type (" + e.what() + ")");
   }
 }
 
-ModelConfig load_model_config(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(io::read_file(path));
-  } catch (const json::exception& e) {
-    throw ConfigError(path + ": not valid JSON: " + e.what());
-  }
-  return parse_model_config(j, path);
+ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
+  return parse_model_config(io::parse_json(io::read_file(path), path), path, modes);
 }
 
 void set_all_modes(ModelConfig& c, LayerMode m) {

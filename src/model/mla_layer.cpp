@@ -110,6 +110,29 @@ void run_core(const MlaLayer& L, MlaSaved& sv, const Dims& d, const DocLayout& l
 
 }  // namespace
 
+void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
+                     const SizeFactor& rows, const SizeFactor& s) {
+  const std::string in = std::string(" of the ") + mode_name(mode) + " layers";
+  const SizeFactor H{"num_attention_heads", c.num_attention_heads};
+  const int64_t f = sizeof(float);
+  plan.add("the queries" + in, {layers, rows, s, H, {"qk_nope_head_dim + qk_rope_head_dim", c.qk_head_dim()}}, f);
+  ModelConfig one = c;  // latent_mqa_enabled decides per layer: ask it about one layer in `mode`
+  one.num_hidden_layers = 1;
+  one.layer_modes = {mode};
+  if (latent_mqa_enabled(one, 0))
+    plan.add("the absorbed queries" + in, {layers, rows, s, H, {"kv_lora_rank + qk_rope_head_dim", c.kv_lora_rank + c.qk_rope_head_dim}}, f);
+  else
+    plan.add("the per-head keys and values" + in,
+             {layers, rows, s, H, {"2 qk_nope_head_dim + qk_rope_head_dim + v_head_dim",
+                                   c.qk_head_dim() + c.qk_nope_head_dim + c.v_head_dim}},
+             f);
+  if (!is_dsa(mode)) return;
+  plan.add("the indexer's queries" + in,
+           {layers, rows, s, {"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}}, f);
+  plan.add("the top-k tables" + in, {layers, rows, s, {"index_topk + index_window", c.index_topk + c.index_window}},
+           sizeof(int32_t));
+}
+
 CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone) {
   if (R == 1) return {};
   const int64_t block = b * (s / R) * int64_t(sizeof(float)) * (R - 1);  // per channel

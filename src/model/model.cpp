@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "gemm.h"
@@ -56,6 +57,17 @@ Tensor shard_ids(const Batch& batch, const Comm& cp) {
   const int64_t b = batch.input_ids.size(0);
   const RowShard sh = row_shard(cp, batch.input_ids.size(1));
   return take_rows(batch.input_ids.view({b, sh.s, 1}), sh).view({b, sh.rows});
+}
+
+// Before a forward allocates anything: does it fit, next to the parameters (and, training,
+// their gradients and the optimizer's moments)?
+void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bool training) {
+  const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
+  MemoryPlan plan;
+  plan_parameters(plan, m.cfg, m.has_indexer, training);
+  plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training);
+  plan.check(std::string(training ? "a training step" : "a forward") + " over input_ids " +
+             shape_str(batch.input_ids.shape()));
 }
 
 Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false) {
@@ -193,6 +205,52 @@ io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& are
   return views;
 }
 
+namespace {
+
+// The fields behind the model-level tensors, which are the ones vocab_size and intermediate_size
+// blow up (the attention's tensors read their fields off the name and shape).
+std::string param_fields(const std::string& name) {
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return " = vocab_size x hidden_size";
+  if (name.find(".mlp.") != std::string::npos) return " = intermediate_size x hidden_size";
+  return "";
+}
+
+}  // namespace
+
+void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training) {
+  int64_t total = 0;
+  const ParamSpec* big = nullptr;
+  const std::vector<ParamSpec> table = model_param_table(c, has_indexer);
+  for (const ParamSpec& p : table) {
+    total = checked_add(total, shape_numel(p.shape), "the parameter count");
+    if (!big || shape_numel(p.shape) > shape_numel(big->shape)) big = &p;
+  }
+  const std::string largest = big ? "; the largest: " + big->name + " " + shape_str(big->shape) + param_fields(big->name)
+                                  : "";
+  const int64_t copies = training ? 3 : 1;
+  plan.add_bytes(training ? "the parameters, their gradients and the optimizer's moments" : "the parameters",
+                 checked_product({{"parameters", total}, {"copies", copies}, {"bytes", 4}}, "the parameters"),
+                 std::to_string(total) + " values" + (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
+}
+
+void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
+                      bool training) {
+  const int64_t f = sizeof(float);
+  const SizeFactor layers{"num_hidden_layers", c.num_hidden_layers};
+  const SizeFactor V{"vocab_size", c.vocab_size};
+  if (training) plan.add("the logits and their gradient", {{"2", 2}, rows, s, V}, f);
+  else plan.add("the logits", {rows, s, V}, f);
+  plan.add("the layers' hidden states", {layers, {"4", 4}, rows, s, {"hidden_size", c.hidden_size}}, f);
+  plan.add("the MLP activations", {layers, {"3", 3}, rows, s, {"intermediate_size", c.intermediate_size}}, f);
+  std::map<LayerMode, int64_t> count;
+  for (LayerMode m : c.layer_modes) ++count[m];
+  for (const auto& [mode, n] : count) {
+    const SizeFactor in_mode{n == c.num_hidden_layers ? "num_hidden_layers" : std::string("layers in ") + mode_name(mode),
+                             n};
+    mla_memory_plan(plan, c, mode, in_mode, rows, s);
+  }
+}
+
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
   HMLA_CHECK(c.vocab_size > 0 && c.intermediate_size > 0, ConfigError,
              "a model needs vocab_size and intermediate_size (>= 1)");
@@ -204,6 +262,9 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
     HMLA_CHECK(!is_dsa(c.layer_modes[L]) || has_indexer[L], ConfigError, "layer ", L, " runs ",
                mode_name(c.layer_modes[L]), " without an indexer");
   }
+  MemoryPlan plan;
+  plan_parameters(plan, c, has_indexer, false);
+  plan.check("the model");
   Model m;
   m.cfg = c;
   m.has_indexer = has_indexer;
@@ -263,6 +324,7 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
 }
 
 Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp) {
+  check_forward_memory(m, batch, cp, false);
   Forward f = forward(m, batch, cp);
   if (topk) {
     topk->clear();
@@ -272,6 +334,7 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
 }
 
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
+  check_forward_memory(m, batch, cp, false);
   Forward f = forward(m, batch, cp);
   std::vector<int32_t> target;
   std::vector<float> keep;
@@ -285,6 +348,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   const RowShard sh = row_shard(cp, batch.input_ids.size(1));
   const int64_t b = batch.input_ids.size(0), s = sh.rows, N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
+  check_forward_memory(m, batch, cp, true);
   Forward f = forward(m, batch, cp, opt.recompute_attention);
   StepStats st;
   st.tokens = N;

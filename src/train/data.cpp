@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "hmla/io/paths.h"
+#include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
 
 namespace hmla {
@@ -98,17 +99,16 @@ void prepare_data(const std::vector<std::string>& files, const std::string& out_
 
 TokenSet load_token_set(const std::string& path) {
   io::TensorMap m = io::load_safetensors(path);
-  HMLA_CHECK(m.count("tokens") && m.count("doc_offsets") && m.at("tokens").dtype() == DType::i32 &&
+  HMLA_CHECK(m.count("tokens") && m.count("doc_offsets") && m.at("tokens").dim() == 1 &&
                  m.at("doc_offsets").dtype() == DType::i64,
-             IoError, path, ": a token file needs tokens (i32) and doc_offsets (i64); run hmla prepare-data");
-  TokenSet s{m.at("tokens").to_vector<int32_t>(), m.at("doc_offsets").to_vector<int64_t>()};
+             IoError, path, ": a token file needs tokens [n] and doc_offsets (i64); run hmla prepare-data");
+  TokenSet s{token_ids(m.at("tokens"), kByteVocab, path + ": tokens").to_vector<int32_t>(),
+             m.at("doc_offsets").to_vector<int64_t>()};
   HMLA_CHECK(s.doc_offsets.size() >= 2 && s.doc_offsets.front() == 0 &&
                  s.doc_offsets.back() == int64_t(s.tokens.size()) &&
                  std::adjacent_find(s.doc_offsets.begin(), s.doc_offsets.end(), std::greater_equal<>()) ==
                      s.doc_offsets.end(),
              IoError, path, ": doc_offsets must rise strictly from 0 to the token count (no empty documents)");
-  for (int32_t t : s.tokens)
-    HMLA_CHECK(t >= 0 && t < kByteVocab, IoError, path, ": token id ", t, " is outside the byte vocabulary");
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include "hmla/core/error.h"
 #include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
+#include "yaml_map.h"
 
 namespace hmla {
 
@@ -15,11 +16,7 @@ namespace {
 
 template <class T>
 T get(const YAML::Node& n, const std::string& key, const std::string& where) {
-  try {
-    return n.as<T>();
-  } catch (const YAML::Exception&) {
-    throw ConfigError(where + ": " + key + " has the wrong type ('" + YAML::Dump(n) + "')");
-  }
+  return yaml_get<T>(n, key, where);
 }
 
 // Applies one key of a phase (or of the base) to `p`.
@@ -97,51 +94,44 @@ std::string resolve(const std::string& base_dir, const std::string& p) {
 }  // namespace
 
 Programme parse_programme(const std::string& text, const std::string& path) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(path + ": not valid YAML: " + e.what());
-  }
+  const YAML::Node root = load_yaml(text, path);
   HMLA_CHECK(root.IsMap(), ConfigError, path, ": a programme is a mapping (model, data, base, phases, ...)");
   Programme pr;
   pr.path = path;
   const std::string dir = std::filesystem::path(path).parent_path().string();
   YAML::Node base, phases;
-  for (const auto& kv : root) {
-    const std::string k = kv.first.as<std::string>();
-    if (k == "model") pr.model_config = resolve(dir, get<std::string>(kv.second, k, path));
-    else if (k == "data") pr.data_dir = resolve(dir, get<std::string>(kv.second, k, path));
-    else if (k == "init_checkpoint") pr.init_checkpoint = resolve(dir, get<std::string>(kv.second, k, path));
-    else if (k == "seed") pr.seed = get<uint64_t>(kv.second, k, path);
+  for_each_key(root, path, [&](const std::string& k, const YAML::Node& v) {
+    if (k == "model") pr.model_config = resolve(dir, get<std::string>(v, k, path));
+    else if (k == "data") pr.data_dir = resolve(dir, get<std::string>(v, k, path));
+    else if (k == "init_checkpoint") pr.init_checkpoint = resolve(dir, get<std::string>(v, k, path));
+    else if (k == "seed") pr.seed = get<uint64_t>(v, k, path);
     else if (k == "hybrid_layers") {
-      if (!(kv.second.IsScalar() && kv.second.as<std::string>() == "all"))
-        pr.hybrid_layers = get<std::vector<int64_t>>(kv.second, k, path);
-    } else if (k == "base") base = kv.second;
-    else if (k == "phases") phases = kv.second;
+      if (!(v.IsScalar() && v.Scalar() == "all")) pr.hybrid_layers = get<std::vector<int64_t>>(v, k, path);
+    } else if (k == "base") base = v;
+    else if (k == "phases") phases = v;
     else
       throw ConfigError(path + ": unknown key '" + k +
                         "' (known: model, data, init_checkpoint, seed, hybrid_layers, base, phases)");
-  }
+  });
   HMLA_CHECK(!pr.model_config.empty() && !pr.data_dir.empty(), ConfigError, path, ": model and data are required");
   HMLA_CHECK(phases.IsSequence() && phases.size() > 0, ConfigError, path, ": phases must be a non-empty list");
   PhaseSettings b;
   if (base.IsDefined() && !base.IsNull()) {
     HMLA_CHECK(base.IsMap(), ConfigError, path, ": base must be a mapping");
-    for (const auto& kv : base) {
-      apply(b, kv.first.as<std::string>(), kv.second, path + ": base");
-      pr.base_raw[kv.first.as<std::string>()] = YAML::Dump(kv.second);
-    }
+    for_each_key(base, path + ": base", [&](const std::string& k, const YAML::Node& v) {
+      apply(b, k, v, path + ": base");
+      pr.base_raw[k] = YAML::Dump(v);
+    });
   }
   for (size_t i = 0; i < phases.size(); ++i) {
     const std::string where = path + ": phases[" + std::to_string(i) + "]";
     HMLA_CHECK(phases[i].IsMap(), ConfigError, where, " must be a mapping");
     PhaseSettings p = b;
     std::map<std::string, std::string> raw;
-    for (const auto& kv : phases[i]) {
-      apply(p, kv.first.as<std::string>(), kv.second, where);
-      raw[kv.first.as<std::string>()] = YAML::Dump(kv.second);
-    }
+    for_each_key(phases[i], where, [&](const std::string& k, const YAML::Node& v) {
+      apply(p, k, v, where);
+      raw[k] = YAML::Dump(v);
+    });
     p.optim.total_steps = std::max<int64_t>(p.steps, 1);
     validate(p, where + " (" + p.name + ")");
     pr.phases.push_back(p);

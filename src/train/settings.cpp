@@ -4,41 +4,23 @@
 
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
+#include "yaml_map.h"
 
 namespace hmla {
 
-namespace {
-
-template <class T>
-T scalar(const YAML::Node& n, const std::string& key, const std::string& what, const char* kind) {
-  try {
-    return n.as<T>();
-  } catch (const YAML::Exception&) {
-    throw ConfigError(what + ": " + key + " must be " + kind);
-  }
-}
-
-}  // namespace
-
 TrainSettings parse_train_settings(const std::string& text, const std::string& what) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(what + ": not valid YAML: " + e.what());
-  }
+  const YAML::Node root = load_yaml(text, what);
   TrainSettings s;
   if (root.IsNull()) return s;
   HMLA_CHECK(root.IsMap(), ConfigError, what, ": settings must be a mapping of key: value");
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    if (key == "mqa_split_kv_b_proj") s.mqa_split_kv_b_proj = scalar<bool>(kv.second, key, what, "true or false");
-    else if (key == "train_indexer_only") s.train_indexer_only = scalar<bool>(kv.second, key, what, "true or false");
-    else if (key == "seed") s.seed = scalar<uint64_t>(kv.second, key, what, "a non-negative integer");
+  for_each_key(root, what, [&](const std::string& key, const YAML::Node& v) {
+    if (key == "mqa_split_kv_b_proj") s.mqa_split_kv_b_proj = yaml_get<bool>(v, key, what);
+    else if (key == "train_indexer_only") s.train_indexer_only = yaml_get<bool>(v, key, what);
+    else if (key == "seed") s.seed = yaml_get<uint64_t>(v, key, what);
     else
       throw ConfigError(what + ": unknown key '" + key +
                         "' (known: mqa_split_kv_b_proj, train_indexer_only, seed; see docs/config.md)");
-  }
+  });
   return s;
 }
 

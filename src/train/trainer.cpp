@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
@@ -137,7 +138,49 @@ struct PhaseSummary {
   int64_t steps = 0;
   double first_loss = 0, final_loss = 0, final_kl = 0, heldout = 0, seconds = 0;
   size_t peak = 0;
+  std::string heldout_unavailable;  // why there is no held-out loss (heldout is NaN then)
 };
+
+// Before anything is created or allocated: each phase's training step and held-out evaluation
+// fit in memory (MemoryPlan; a rank under --cp holds seq_len / cp rows).
+void check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid, int cp) {
+  for (const PhaseSettings& ph : pr.phases) {
+    ModelConfig pc = cfg;
+    set_modes(pc, hybrid, ph.mode);
+    std::vector<bool> indexer(hybrid.size());
+    for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = hybrid[L] && is_dsa(ph.mode);
+    const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
+    const std::string where = pr.path + ": phase '" + ph.name + "'";
+    MemoryPlan step, eval;
+    plan_parameters(step, pc, indexer, true);
+    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
+    step.check(where + ": a training step");
+    plan_parameters(eval, pc, indexer, false);
+    plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
+    eval.check(where + ": the held-out evaluation");
+  }
+}
+
+// The held-out LM loss over the phase's fixed rows, or NaN and why there is none: a number only
+// when some target was evaluated (a loss over no targets would print as a perfect 0).
+std::pair<double, std::string> heldout_loss(const Model& model, const Batch& eval, const TokenSet& held,
+                                            int64_t seq_len, Comm& cp) {
+  if (count_lm_targets(eval, model.cfg.pad_token_id) == 0) {
+    int64_t shortest = -1;
+    for (int64_t d = 0; d < held.docs(); ++d) {
+      const int64_t len = held.doc_offsets[d + 1] - held.doc_offsets[d];
+      shortest = shortest < 0 ? len : std::min(shortest, len);
+    }
+    if (shortest < 0) return {std::nan(""), "the held-out set has no documents"};
+    if (shortest > seq_len)
+      return {std::nan(""), "no held-out document fits in seq_len = " + std::to_string(seq_len) + " (the shortest has " +
+                                std::to_string(shortest) + " tokens)"};
+    return {std::nan(""), "the held-out documents that fit in seq_len have no next-token targets"};
+  }
+  double loss = model_lm_loss(model, eval, cp);
+  cp.allreduce_sum(&loss, 1);
+  return {loss, ""};
+}
 
 double mean(const std::vector<double>& v, size_t from, size_t to) {
   if (to <= from) return std::nan("");
@@ -200,6 +243,8 @@ std::vector<PhaseSummary> summaries_from_metrics(const Programme& pr, const std:
     out.push_back({ph.name, mode_name(ph.mode), ph.steps, number_or_nan(r, "first20_lm_loss"),
                    number_or_nan(r, "last20_lm_loss"), number_or_nan(r, "last20_indexer_kl"),
                    number_or_nan(r, "heldout_lm_loss"), number_or_nan(r, "seconds"), peak});
+    if (auto it = r.find("heldout_unavailable"); it != r.end() && it->is_string())
+      out.back().heldout_unavailable = it->get<std::string>();
     peak = 0;
   }
   return out;
@@ -242,10 +287,11 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     throw Error("injected failure on rank " + std::to_string(comm.rank()) + " (HMLA_TEST_FAIL_RANK)");
   g_stop = 0;
   auto old_handler = std::signal(SIGINT, on_sigint);
-  ModelConfig cfg = load_model_config(pr.model_config);
+  ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
   HMLA_CHECK(cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", cfg.vocab_size,
              " is smaller than the byte tokenizer's ", kByteVocab);
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
+  check_programme_memory(pr, cfg, hybrid, opt.cp);
   const TokenSet train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
   const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   const std::string fingerprint = data_fingerprint(train, held);
@@ -404,14 +450,16 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     sum.first_loss = mean(losses, 0, w);
     sum.final_loss = mean(losses, losses.size() - w, losses.size());
     sum.final_kl = is_dsa(ph.mode) ? mean(kls, kls.size() - w, kls.size()) : std::nan("");
-    sum.heldout = model_lm_loss(model, eval, cp);
-    cp.allreduce_sum(&sum.heldout, 1);
-    metrics << json{{"phase", ph.name}, {"heldout_lm_loss", sum.heldout}, {"first20_lm_loss", sum.first_loss},
-                    {"last20_lm_loss", sum.final_loss},
-                    {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
-                    {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}, {"seconds", sum.seconds}}
-                   .dump()
-            << "\n" << std::flush;
+    std::tie(sum.heldout, sum.heldout_unavailable) = heldout_loss(model, eval, held, ph.seq_len, cp);
+    json end{{"phase", ph.name}, {"heldout_lm_loss", std::isnan(sum.heldout) ? json() : json(sum.heldout)},
+             {"first20_lm_loss", sum.first_loss}, {"last20_lm_loss", sum.final_loss},
+             {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
+             {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}, {"seconds", sum.seconds}};
+    if (!sum.heldout_unavailable.empty()) {
+      end["heldout_unavailable"] = sum.heldout_unavailable;
+      log << "[" << ph.name << "] held-out loss not evaluated: " << sum.heldout_unavailable << "\n";
+    }
+    metrics << end.dump() << "\n" << std::flush;
     if (root)
       save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim,
                       {p + 1, 0, {}, fingerprint, metrics_bytes()});
@@ -437,13 +485,17 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     };
     log << std::left << std::setw(14) << s.name << std::setw(17) << s.mode << std::right << std::setw(7) << s.steps
         << std::setw(11) << num(s.first_loss) << std::setw(11) << num(s.final_loss) << std::setw(10) << num(s.final_kl)
-        << std::fixed << std::setprecision(4) << std::setw(11) << s.heldout << std::setw(10) << fmt_time(s.seconds)
-        << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";
+        << std::setw(11) << (s.heldout_unavailable.empty() ? num(s.heldout) : "n/a") << std::setw(10) << fmt_time(s.seconds)
+        << std::fixed << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";
     table.push_back({{"phase", s.name}, {"mode", s.mode}, {"steps", s.steps},
                      {"first20_lm_loss", std::isnan(s.first_loss) ? json() : json(s.first_loss)},
                      {"last20_lm_loss", std::isnan(s.final_loss) ? json() : json(s.final_loss)}, {"last20_indexer_kl", std::isnan(s.final_kl) ? json() : json(s.final_kl)},
-                     {"heldout_lm_loss", s.heldout}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
+                     {"heldout_lm_loss", std::isnan(s.heldout) ? json() : json(s.heldout)}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
+    if (!s.heldout_unavailable.empty()) table.back()["heldout_unavailable"] = s.heldout_unavailable;
   }
+  for (const PhaseSummary& s : summaries)
+    if (!s.heldout_unavailable.empty())
+      log << "heldout n/a in phase '" << s.name << "': " << s.heldout_unavailable << "\n";
   write_json_atomic(out / "summary.json", table);
 }
 

@@ -2,8 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 
 #include "hmla/core/error.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/model/config.h"
 #include "hmla/train/settings.h"
 
@@ -127,12 +130,67 @@ TEST(Rope, RopeParametersAndRopeScalingAgree) {
   EXPECT_DOUBLE_EQ(rope_tables(parse_model_config(a, "a")).attention_factor, 0.5);
 }
 
+// A programme's phases set the modes: a plain HF config (index_* fields, no hmla_layer_modes)
+// must load for training, where DESIGN.md's default (dsa_sparse) would demand indexers.
+TEST(ModelConfig, AProgrammeSetsTheModesItself) {
+  json j = tiny();
+  j["q_lora_rank"] = nullptr;  // dsa_sparse by default would need a q latent
+  expect_config_error(j, "q_lora_rank 0");
+  ModelConfig c = parse_model_config(j, "cfg", LayerModesFrom::programme);
+  EXPECT_EQ(c.layer_modes, std::vector<LayerMode>(2, LayerMode::mha));
+  j["hmla_layer_modes"] = {"mha", "bogus"};  // the key is still checked
+  EXPECT_THROW(parse_model_config(j, "cfg", LayerModesFrom::programme), ConfigError);
+  j["hmla_layer_modes"] = {"mha"};
+  EXPECT_THROW(parse_model_config(j, "cfg", LayerModesFrom::programme), ConfigError);
+}
+
+TEST(ModelConfig, SizesThatOverflowInt64AreErrorsNamingTheFields) {
+  json j = tiny();
+  j["vocab_size"] = int64_t(1) << 40;
+  j["hidden_size"] = int64_t(1) << 30;
+  expect_config_error(j, "model.embed_tokens: vocab_size x hidden_size = 1099511627776 x 1073741824 overflows int64");
+  j = tiny();
+  j["num_attention_heads"] = int64_t(1) << 40;
+  j["qk_nope_head_dim"] = int64_t(1) << 30;
+  expect_config_error(j, "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)");
+  j = tiny();
+  j["hidden_size"] = json::number_unsigned_t(18446744073709551615ull);  // would read back as -1
+  expect_config_error(j, "hidden_size = 18446744073709551615 does not fit int64");
+}
+
+TEST(ModelConfig, LibraryTypeErrorsBecomeFieldErrors) {
+  json j = tiny();
+  j["mlp_layer_types"] = 3;
+  expect_config_error(j, "mlp_layer_types must be a list");
+  j = tiny();
+  j["rope_scaling"] = {{"type", 5}};
+  expect_config_error(j, "rope_scaling.type must be a string, got 5");
+}
+
+TEST(ModelConfig, ADuplicatedJsonKeyIsAnError) {
+  const std::string path = ::testing::TempDir() + "/hmla_dup_config.json";
+  std::string text = tiny().dump();
+  text.insert(text.size() - 1, ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_type\":\"yarn\"}");
+  std::ofstream(path) << text;
+  try {
+    load_model_config(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'rope_type' appears twice in 'rope_parameters'"), std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
+  EXPECT_THROW(io::parse_json("{\"a\": [{\"b\": 1, \"b\": 2}]}", "x"), IoError);
+  EXPECT_NO_THROW(io::parse_json("{\"a\": {\"b\": 1}, \"c\": {\"b\": 2}}", "x"));  // same key, other objects
+}
+
 TEST(Settings, UnknownKeysAndCrossFileRules) {
   EXPECT_NO_THROW(parse_train_settings("mqa_split_kv_b_proj: true\nseed: 3\n", "s"));
   EXPECT_THROW(parse_train_settings("mqa_split_kv_b_proj: true\nmqa_split_kvb: 1\n", "s"), ConfigError);
   EXPECT_THROW(parse_train_settings("seed: [1, 2]", "s"), ConfigError);
   EXPECT_THROW(parse_train_settings("train_indexer_only: maybe", "s"), ConfigError);
   EXPECT_THROW(parse_train_settings("- a\n- b\n", "s"), ConfigError);
+  EXPECT_THROW(parse_train_settings("seed: 1\nseed: 2\n", "s"), ConfigError);  // never last-wins
   json j = tiny();
   j["hmla_layer_modes"] = {"mqa_full_causal", "mha"};
   ModelConfig c = parse_model_config(j, "cfg");

@@ -102,6 +102,21 @@ def main():
                         f"{w}/logits.safetensors"], capture_output=True, text=True)
     logits = st.load(f"{w}/logits.safetensors")["logits"] if r.returncode == 0 else np.zeros(0)
     check("forward", logits.shape == (1, 8, 260) and np.isfinite(logits).all(), r.stderr)
+    # A plain HF config (no hmla_layer_modes) runs DESIGN.md's default: dsa_sparse everywhere when the
+    # index_* fields are set, which is what this run's last phase wrote.
+    os.makedirs(f"{w}/plain", exist_ok=True)
+    plain = json.load(open(f"{w}/run/config.json"))
+    check("the run ends in dsa_sparse", plain.pop("hmla_layer_modes") == ["dsa_sparse", "dsa_sparse"])
+    with open(f"{w}/plain/config.json", "w") as f:
+        json.dump(plain, f)
+    shutil.copy(f"{w}/run/model.safetensors", f"{w}/plain/model.safetensors")
+    r = subprocess.run([a.hmla, "forward", "--checkpoint", f"{w}/plain", "--inputs", f"{w}/in.safetensors", "--out",
+                        f"{w}/plain.logits.safetensors"], capture_output=True, text=True)
+    got = st.load(f"{w}/plain.logits.safetensors")["logits"] if r.returncode == 0 else None
+    check("forward without hmla_layer_modes follows the default", got is not None and np.array_equal(got, logits),
+          r.stderr.strip())
+    check("held-out loss that could not be evaluated is not a number", "no held-out document fits" in
+          json.dumps(json.load(open(f"{w}/run/summary.json"))))
     # The same weights as a sharded bf16 checkpoint and as f32 values rounded to bf16: identical logits.
     weights = st.load(f"{w}/run/model.safetensors")
     rounded = {n: (st.to_bf16_bits(x).astype(np.uint32) << 16).view(np.float32) for n, x in weights.items()}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 
 #include "hmla/train/programme.h"
 
@@ -49,6 +50,39 @@ TEST(Programme, BadProgrammesAreClearErrors) {
   EXPECT_THROW(parse_programme("model: m.json\ndata: d\nphases: []\n", "p.yaml"), ConfigError);
   const Programme pr = parse_programme("model: m.json\ndata: d\nphases:\n  - {name: a, steps: 1}\n", "/x/p.yaml");
   EXPECT_EQ(pr.model_config, "/x/m.json");  // relative to the programme file
+}
+
+std::string error_of(const std::string& yaml) {
+  try {
+    parse_programme(yaml, "p.yaml");
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+// yaml-cpp keeps both entries of a duplicated key; last-wins would silently drop the first.
+TEST(Programme, ADuplicatedKeyIsAnErrorAtEveryLevel) {
+  const std::string head = "model: m.json\ndata: d\n";
+  EXPECT_EQ(error_of(head + "seed: 1\nseed: 2\nphases:\n  - {name: a}\n"),
+            "p.yaml: key 'seed' appears twice (lines 3 and 4); give it once");
+  EXPECT_EQ(error_of(head + "base: {lr: 0.1, lr: 0.2}\nphases:\n  - {name: a}\n"),
+            "p.yaml: base: key 'lr' appears twice (line 3); give it once");
+  EXPECT_EQ(error_of(head + "phases:\n  - name: a\n    steps: 1\n    steps: 2\n"),
+            "p.yaml: phases[0]: key 'steps' appears twice (lines 5 and 6); give it once");
+}
+
+TEST(Programme, BadTypesNameTheKeyTheLineAndTheFile) {
+  const std::string head = "model: m.json\ndata: d\n";
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, steps: [1]}\n"),
+            "p.yaml: phases[0]: steps (line 4) must be an integer, got '[1]'");
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, recompute_attention: maybe}\n"),
+            "p.yaml: phases[0]: recompute_attention (line 4) must be true or false, got 'maybe'");
+  EXPECT_EQ(error_of(head + "seed: -1\nphases:\n  - {name: a}\n"),
+            "p.yaml: seed (line 3) must be a non-negative integer, got '-1'");
+  EXPECT_EQ(error_of(head + "? [a, b]\n: 1\nphases:\n  - {name: a}\n"),
+            "p.yaml (line 3): a key must be a plain name, got '[a, b]'");
+  EXPECT_NE(error_of(head + "phases: [\n").find("p.yaml: not valid YAML: line"), std::string::npos);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "hmla/io/safetensors.h"
 #include "hmla/train/trainer.h"
 
@@ -163,6 +165,50 @@ TEST(Trainer, FailedEquivalenceStopsTheProgramme) {
                              "  - {name: eq, mode: mqa_full_causal, steps: 0, equivalence_rtol: 0.0}\n"),
                    out),
                ConfigError);
+  fs::remove_all(out);
+}
+
+// A plain Hugging Face config (index_* fields, no hmla_layer_modes) defaults to dsa_sparse
+// everywhere (DESIGN.md section 2); a programme sets the modes itself, so an mha phase trains.
+TEST(Trainer, APlainHfConfigWithoutLayerModesTrains) {
+  const fs::path out = tmpdir("plain");
+  nlohmann::json cfg = nlohmann::json::parse(io::read_file(HMLA_SOURCE_DIR "/tests/train/tiny_model.json"));
+  cfg.erase("hmla_layer_modes");
+  std::ofstream(out / "plain.json") << cfg.dump();
+  std::string text = programme("  - {name: pre, mode: mha, steps: 1}\n");
+  text.replace(text.find(HMLA_SOURCE_DIR "/tests/train/tiny_model.json"),
+               std::string(HMLA_SOURCE_DIR "/tests/train/tiny_model.json").size(), (out / "plain.json").string());
+  ASSERT_NO_THROW(run(text, out / "run"));
+  const auto written = nlohmann::json::parse(io::read_file((out / "run" / "config.json").string()));
+  EXPECT_EQ(written["hmla_layer_modes"], nlohmann::json({"mha", "mha"}));
+  fs::remove_all(out);
+}
+
+// No held-out document fits in seq_len: the loss over no targets is not a number to print.
+TEST(Trainer, HeldOutLossThatCannotBeEvaluatedIsNullWithAReason) {
+  const fs::path out = tmpdir("heldout");
+  std::string text = programme("  - {name: pre, mode: mha, steps: 1}\n");
+  text.replace(text.find("seq_len: 32"), 11, "seq_len: 4");
+  std::ostringstream log;
+  run_programme(parse_programme(text, (out / "p.yaml").string()), {out.string(), false}, log);
+  EXPECT_NE(log.str().find("[pre] held-out loss not evaluated: no held-out document fits in seq_len = 4 (the "
+                           "shortest has "),
+            std::string::npos)
+      << log.str();
+  EXPECT_EQ(log.str().find("0.0000"), std::string::npos) << log.str();
+  const auto summary = nlohmann::json::parse(io::read_file((out / "summary.json").string()));
+  EXPECT_TRUE(summary[0]["heldout_lm_loss"].is_null());
+  EXPECT_NE(summary[0]["heldout_unavailable"].get<std::string>().find("no held-out document fits"), std::string::npos);
+  std::istringstream metrics(io::read_file((out / "metrics.jsonl").string()));
+  int phase_lines = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("heldout_lm_loss")) continue;
+    ++phase_lines;
+    EXPECT_TRUE(j["heldout_lm_loss"].is_null());
+    EXPECT_TRUE(j.contains("heldout_unavailable"));
+  }
+  EXPECT_EQ(phase_lines, 1);
   fs::remove_all(out);
 }
 

@@ -49,10 +49,16 @@ struct ModelConfig {
   bool has_indexer_fields() const { return index_n_heads > 0 && index_head_dim > 0 && index_topk > 0; }
 };
 
+// Where the layers' modes come from: the file (hmla_layer_modes; without it DESIGN.md section 2's
+// default, dsa_sparse everywhere when the index_* fields are set, else mha), or a programme,
+// whose phases set them: the file's key is still checked, then every layer starts as mha.
+enum class LayerModesFrom { config, programme };
+
 // Parses and validates (ConfigError with the field's name on any problem); `what` names the
 // source in messages.
-ModelConfig parse_model_config(const nlohmann::json& j, const std::string& what);
-ModelConfig load_model_config(const std::string& path);
+ModelConfig parse_model_config(const nlohmann::json& j, const std::string& what,
+                               LayerModesFrom modes = LayerModesFrom::config);
+ModelConfig load_model_config(const std::string& path, LayerModesFrom modes = LayerModesFrom::config);
 // The HF config.json hmla writes: DeepSeek-V3.2 names, no MoE, pad_token_id explicit.
 nlohmann::json model_config_to_json(const ModelConfig& c);
 void save_model_config(const std::string& path, const ModelConfig& c);

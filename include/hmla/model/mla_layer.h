@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "hmla/core/layout.h"
+#include "hmla/core/size_check.h"
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
@@ -98,6 +99,12 @@ struct CpTraffic {
   int64_t forward = 0, backward = 0;
 };
 CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone);
+
+// What `layers` layers in `mode` keep per forward over rows x s query rows (queries, per-head
+// keys and values or absorbed queries, the indexer's scores and selection table), added to `plan`
+// as lower bounds named by the fields that drive them.
+void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
+                     const SizeFactor& rows, const SizeFactor& s);
 
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
                       const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {},

@@ -24,6 +24,14 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
 io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& arena);
 int64_t table_numel(const std::vector<ParamSpec>& table);
 
+// Memory plans (size_check.h): the parameters of this config (training: with their gradients and
+// the optimizer's moments), and what a forward over rows x s tokens keeps (logits, each layer's
+// hidden states, MLP activations and attention, mla_memory_plan; training: the logits' gradient).
+// Lower bounds, each named by the fields that drive it.
+void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training);
+void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
+                      bool training);
+
 struct Model {
   ModelConfig cfg;
   std::vector<bool> has_indexer;  // per layer
