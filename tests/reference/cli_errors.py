@@ -27,8 +27,12 @@ def snapshot(root):
         for n in dirs:
             tree[os.path.join(d, n)] = "dir"
         for n in files:
-            with open(os.path.join(d, n), "rb") as f:
-                tree[os.path.join(d, n)] = hashlib.sha256(f.read()).hexdigest()
+            q = os.path.join(d, n)
+            if os.path.islink(q) or not os.path.isfile(q):  # a FIFO would block a read: record what it is
+                tree[q] = os.readlink(q) if os.path.islink(q) else oct(os.lstat(q).st_mode)
+                continue
+            with open(q, "rb") as f:
+                tree[q] = hashlib.sha256(f.read()).hexdigest()
     return tree
 
 
@@ -56,8 +60,9 @@ def output_path_cases(hmla, w, layer, check):
     os.makedirs(q("dir"))
     writers = {
         "layer": layer[:-1],  # valid inputs: only the --out is wrong
-        "forward": [hmla, "forward", "--checkpoint", q("none"), "--inputs", q("none.safetensors"), "--out"],
-        "attention": [hmla, "attention", "--inputs", q("none.safetensors"), "--out"],
+        # Existing (if unusable) inputs: the --out check comes before any reading.
+        "forward": [hmla, "forward", "--checkpoint", q("dir"), "--inputs", q("target"), "--out"],
+        "attention": [hmla, "attention", "--inputs", q("target"), "--out"],
     }
     for cmd, argv in writers.items():
         for target, needle in (("fifo", "is a FIFO"), ("link", "symbolic link"), ("dangling", "symbolic link"),
@@ -144,6 +149,7 @@ def main():
                                         "attention_mask": np.array([[1, 1]], dtype=np.int32)})
     # Programmes.
     write(p("text.txt"), "one document\n%\nanother one\n")
+    write(p("many.txt"), "".join(f"document {i}\n%\n" for i in range(30)))
     prog = f"model: {HERE}/../train/tiny_model.json\ndata: {a.workdir}/nodata\n"
     write(p("dup_prog.yaml"), prog + "seed: 1\nseed: 2\nphases:\n  - {name: a, steps: 1}\n")
     write(p("dup_phase.yaml"), prog + "phases:\n  - name: a\n    lr: 0.1\n    steps: 1\n    lr: 0.2\n")
@@ -219,8 +225,8 @@ def main():
         ("layer: index_topk 1e12", [a.hmla, "layer", "--config", p("huge_topk.json"), "--mode", "dsa_sparse",
                                     "--weights", p("w_k.safetensors")] + layer[6:], "for the top-k tables"),
         # Library errors, translated: the file and what was wrong.
-        ("prepare-data --out under a file", [a.hmla, "prepare-data", p("text.txt"), "--out", p("text.txt") + "/data"],
-         "text.txt/data: cannot create directories: not a directory"),
+        ("prepare-data --out under a file", [a.hmla, "prepare-data", p("many.txt"), "--out", p("text.txt") + "/data"],
+         "text.txt/data: cannot create the directory (Not a directory)"),
         ("programme: bad type", train("type_prog.yaml"), "phases[0]: steps (line 4) must be an integer, got '[1]'"),
         ("programme: a key that is not a name", train("key_prog.yaml"), "a key must be a plain name"),
         ("config.json: bad type", [a.hmla, "layer", "--config", p("mlp_types.json")] + layer[4:],

@@ -29,11 +29,11 @@ def tree_hash(root):
     return h
 
 
-def programme(data, extra="", base_extra="", pre_steps=3):
+def programme(data, extra="", base_extra="", pre_steps=3, every=2):
     return f"""model: {HERE}/../train/tiny_model.json
 data: {data}
 seed: 2
-{extra}base: {{batch: 4, seq_len: 32, lr: 3.0e-3, log_every: 1, eval_rows: 2, checkpoint_every: 2{base_extra}}}
+{extra}base: {{batch: 4, seq_len: 32, lr: 3.0e-3, log_every: 1, eval_rows: 2, checkpoint_every: {every}{base_extra}}}
 phases:
   - {{name: pre, mode: mha, steps: {pre_steps}}}
 """
@@ -126,7 +126,7 @@ def main():
 
     # Divergence: a finite but absurd learning rate.
     with open(f"{w}/p_div.yaml", "w") as f:
-        f.write(programme(f"{w}/data", base_extra=", lr: 1.0e+30, checkpoint_every: 1", pre_steps=8)
+        f.write(programme(f"{w}/data", base_extra=", lr: 1.0e+30", pre_steps=8, every=1)
                 .replace("lr: 3.0e-3, ", ""))
     r = hmla("train", f"{w}/p_div.yaml", "--out", f"{w}/div")
     check("a diverging run stops", one_line_error(r, "phase 'pre' step", "non-finite") or
@@ -158,7 +158,8 @@ def main():
         f.write(programme(f"{w}/data", extra=f"init_checkpoint: {w}/nan/model.safetensors\n"))
     r = hmla("train", f"{w}/p_nan.yaml", "--out", f"{w}/from_nan")
     check("a NaN init_checkpoint is refused", one_line_error(r, "model.norm.weight", "non-finite"), r.stderr.strip())
-    r = hmla("forward", "--checkpoint", f"{w}/nan", "--inputs", f"{w}/nan/model.safetensors", "--out", f"{w}/o.st")
+    st.save(f"{w}/ids.safetensors", {"input_ids": np.array([[5, 6, 7]], dtype=np.int64)})
+    r = hmla("forward", "--checkpoint", f"{w}/nan", "--inputs", f"{w}/ids.safetensors", "--out", f"{w}/o.st")
     check("forward on a NaN checkpoint is refused", one_line_error(r, "model.norm.weight"), r.stderr.strip())
 
     # report: null, missing and malformed metrics are gaps, not errors.
