@@ -106,7 +106,7 @@ struct PhaseSummary {
   std::string name, mode;
   int64_t steps = 0;
   double first_loss = 0, final_loss = 0, final_kl = 0, heldout = 0, seconds = 0;
-  std::string heldout_unavailable;  // why there is no held-out loss (heldout is NaN then)
+  std::string heldout_unavailable{};  // why there is no held-out loss (heldout is NaN then)
   size_t peak = 0;
 };
 
