@@ -15,7 +15,7 @@ struct InputSpec {
   std::vector<std::string> dims;  // symbols ("b", "s", "hidden"); each size must be >= 1
   std::vector<DType> dtypes;      // any of these
   enum Presence { required, optional, forbidden } presence = required;
-  std::string note;  // why it is forbidden (or a hint when it is missing)
+  std::string note{};  // why it is forbidden (or a hint when it is missing)
 };
 
 // Sizes of the dimension symbols, e.g. {"b": 2, "s": 64}.

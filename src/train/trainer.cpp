@@ -138,7 +138,7 @@ struct PhaseSummary {
   int64_t steps = 0;
   double first_loss = 0, final_loss = 0, final_kl = 0, heldout = 0, seconds = 0;
   size_t peak = 0;
-  std::string heldout_unavailable;  // why there is no held-out loss (heldout is NaN then)
+  std::string heldout_unavailable{};  // why there is no held-out loss (heldout is NaN then)
 };
 
 // Before anything is created or allocated: each phase's training step and held-out evaluation
