@@ -3,7 +3,6 @@
 naming the problem, and must leave every file already in the work directory byte-identical (and
 create none). Output paths: every writer refuses a FIFO, symlink or directory at its --out, phase
 names stay one path component, and prepare-data validates its inputs before it creates anything."""
-import hashlib
 import json
 import os
 import shutil
@@ -14,26 +13,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
-from harness import Checker, check_refused, parse_args  # noqa: E402
+from harness import Checker, check_refused, parse_args, tree_digest  # noqa: E402
 from mla_twin import base_config, make_weights  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def snapshot(root):
-    """Every file and directory under root with a hash of its bytes."""
-    tree = {}
-    for d, dirs, files in os.walk(root):
-        for n in dirs:
-            tree[os.path.join(d, n)] = "dir"
-        for n in files:
-            q = os.path.join(d, n)
-            if os.path.islink(q) or not os.path.isfile(q):  # a FIFO would block a read: record what it is
-                tree[q] = os.readlink(q) if os.path.islink(q) else oct(os.lstat(q).st_mode)
-                continue
-            with open(q, "rb") as f:
-                tree[q] = hashlib.sha256(f.read()).hexdigest()
-    return tree
 
 
 def write_json(path, obj):
@@ -235,12 +218,12 @@ def main():
     check = Checker()
     output_path_cases(a.hmla, a.workdir, layer, check)
     for name, cmd, needle in cases:
-        before = snapshot(a.workdir)
+        before = tree_digest(a.workdir)
         r = subprocess.run(cmd, capture_output=True, text=True)
         err = r.stderr.strip()
         good = (r.returncode != 0 and needle in err and err.startswith("hmla: error:") and "\n" not in err
                 and "internal error" not in err)
-        check(name, good and snapshot(a.workdir) == before, f"exit {r.returncode}: {err[:300]}")
+        check(name, good and tree_digest(a.workdir) == before, f"exit {r.returncode}: {err[:300]}")
     env = dict(os.environ, HMLA_MEMORY_BUDGET="lots")
     r = subprocess.run(fwd("ck", "ids_ok.safetensors"), capture_output=True, text=True, env=env)
     check("HMLA_MEMORY_BUDGET malformed", r.returncode != 0 and "HMLA_MEMORY_BUDGET = 'lots'" in r.stderr,

@@ -4,7 +4,6 @@ programme and a state.json that points outside the data, each with a one-line er
 exit and every file of the run byte-identical; a diverging run stops naming the phase and step and
 saves nothing non-finite; a non-finite init_checkpoint is refused naming the tensor; an absurd
 optimizer setting is refused at load; `hmla report` draws a run whose metrics have gaps."""
-import hashlib
 import json
 import os
 import shutil
@@ -15,18 +14,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
-from harness import Checker, parse_args  # noqa: E402
+from harness import Checker, parse_args, tree_digest  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def tree_hash(root):
-    h = {}
-    for d, _, files in os.walk(root):
-        for f in files:
-            p = os.path.join(d, f)
-            h[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    return h
 
 
 def programme(data, extra="", base_extra="", pre_steps=3, every=2):
@@ -63,21 +53,21 @@ def main():
     # Pretend the run stopped after its step-2 checkpoint.
     with open(f"{w}/run/checkpoints/latest", "w") as f:
         f.write("0-pre-step2\n")
-    before = tree_hash(f"{w}/run")
+    before = tree_digest(f"{w}/run")
 
     # Changed programme: listed key, nothing touched.
     with open(f"{w}/p_lr.yaml", "w") as f:
         f.write(programme(f"{w}/data").replace("lr: 3.0e-3", "lr: 1.0e-3"))
     r = hmla("train", f"{w}/p_lr.yaml", "--out", f"{w}/run", "--resume")
     check("--resume with a changed lr is refused", one_line_error(r, "phases[0].lr"), r.stderr.strip())
-    check("  ... and the run is untouched", tree_hash(f"{w}/run") == before)
+    check("  ... and the run is untouched", tree_digest(f"{w}/run") == before)
     # steps is a safe change with --allow-safe-changes only.
     with open(f"{w}/p_steps.yaml", "w") as f:
         f.write(programme(f"{w}/data", pre_steps=4))
     r = hmla("train", f"{w}/p_steps.yaml", "--out", f"{w}/run", "--resume")
     check("--resume with changed steps needs --allow-safe-changes", one_line_error(r, "phases[0].steps"),
           r.stderr.strip())
-    check("  ... and the run is untouched", tree_hash(f"{w}/run") == before)
+    check("  ... and the run is untouched", tree_digest(f"{w}/run") == before)
 
     # Changed data: the data directory prepared again from other text.
     shutil.copytree(f"{w}/data", f"{w}/data2")
@@ -92,10 +82,10 @@ def main():
     pj["data"] = f"{w}/data2"
     with open(f"{w}/run2/programme.json", "w") as f:
         json.dump(pj, f, indent=2)
-    before2 = tree_hash(f"{w}/run2")
+    before2 = tree_digest(f"{w}/run2")
     r = hmla("train", f"{w}/p2.yaml", "--out", f"{w}/run2", "--resume")
     check("--resume against other data is refused", one_line_error(r, "data differs"), r.stderr.strip())
-    check("  ... and the run is untouched", tree_hash(f"{w}/run2") == before2)
+    check("  ... and the run is untouched", tree_digest(f"{w}/run2") == before2)
 
     # A state.json whose data position lies outside its document (or the data).
     for label, pos in (("past its document's end", [0, 3, 10 ** 6]), ("past the data", [0, 10 ** 9, 0]),
@@ -106,10 +96,10 @@ def main():
         state = json.load(open(sp))
         state["data_pos"] = pos
         json.dump(state, open(sp, "w"))
-        before3 = tree_hash(f"{w}/run3")
+        before3 = tree_digest(f"{w}/run3")
         r = hmla("train", f"{w}/p.yaml", "--out", f"{w}/run3", "--resume")
         check(f"state.json data position {label} is an error", one_line_error(r, "data"), r.stderr.strip())
-        check("  ... and the run is untouched", tree_hash(f"{w}/run3") == before3)
+        check("  ... and the run is untouched", tree_digest(f"{w}/run3") == before3)
 
     # A real resume after all: the metrics equal the uninterrupted run's (timing fields aside).
     full = open(f"{w}/run/metrics.jsonl").read()
