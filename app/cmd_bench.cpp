@@ -18,7 +18,8 @@ namespace hmla::app {
 void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each side by side with its baseline");
   bench->require_subcommand(1);
-  bench->preparse_callback([](size_t) {
+  // After a bench that ran (an error stays the only stderr line); stdout keeps only the results.
+  bench->final_callback([] {
     if (const std::string hint = cpu_blas_hint(); !hint.empty()) std::cerr << hint << "\n";
   });
   auto o = std::make_shared<bench::AttentionBenchOptions>();

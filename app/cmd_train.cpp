@@ -2,9 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
-#include "hmla/dist/comm.h"
 #include "hmla/dist/cp.h"
-#include "hmla/ops/cpu_blas.h"
 #include "hmla/train/data.h"
 #include "hmla/train/trainer.h"
 #include "validators.h"
@@ -37,7 +35,6 @@ void add_train_commands(CLI::App& app) {
       ->check(NonEmpty());
   train->callback([o] {
     check_cp_split(o->t.cp_split);
-    if (const std::string hint = cpu_blas_hint(); !hint.empty() && Comm::world().is_root()) std::cerr << hint << "\n";
     run_programme(load_programme(o->programme), o->t, std::cout);
   });
 

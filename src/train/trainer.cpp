@@ -14,6 +14,7 @@
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
+#include "hmla/ops/cpu_blas.h"
 #include "hmla/train/data.h"
 #include "hmla/train/run_dir.h"
 #include "hmla/train/run_state.h"
@@ -346,6 +347,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   if (root) metrics_file.open(out / "metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
   auto metrics_bytes = [&] { return root ? int64_t(metrics_file.tellp()) : int64_t(0); };
   std::ostream& metrics = root ? static_cast<std::ostream&>(metrics_file) : sink;
+  // Once every check has passed, so that an error stays the only line on stderr.
+  if (const std::string hint = cpu_blas_hint(); !hint.empty()) log << hint << "\n";
   Allocator& alloc = allocator(Device::cpu);
   for (int64_t p = st.phase; p < int64_t(pr.phases.size()); ++p) {
     const PhaseSettings& ph = pr.phases[p];
