@@ -215,12 +215,15 @@ double number_or_nan(const json& row, const char* key) {
 
 // On --resume: metrics.jsonl back to the length it had at the checkpoint, so a resumed run's file
 // equals an uninterrupted one's (-1: a checkpoint from before hmla recorded it; left as it is).
-void truncate_metrics(const fs::path& p, int64_t bytes) {
-  if (bytes < 0) return;
+void check_metrics_length(const fs::path& p, int64_t bytes) {
   const int64_t size = fs::exists(p) ? int64_t(fs::file_size(p)) : 0;
-  HMLA_CHECK(size >= bytes, IoError, p.string(), ": ", size, " bytes, shorter than the ", bytes,
+  HMLA_CHECK(bytes < 0 || size >= bytes, IoError, p.string(), ": ", size, " bytes, shorter than the ", bytes,
              " the checkpoint recorded; it was changed after the run");
-  fs::resize_file(p, uintmax_t(bytes));
+}
+
+void truncate_metrics(const fs::path& p, int64_t bytes) {
+  check_metrics_length(p, bytes);
+  if (bytes >= 0) fs::resize_file(p, uintmax_t(bytes));
 }
 
 // The step lines of the phase in progress: those after the last phase-end line.
@@ -313,6 +316,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
                ": the data differs from what the run read (checkpoint: ", st.data_fingerprint, "; now: ", fingerprint,
                "); resume with the data the run started on");
     check_same_programme(pr, out / "programme.json", st.phase, opt.allow_safe_changes);
+    check_metrics_length(out / "metrics.jsonl", st.metrics_bytes);
     if (st.step > 0)  // the position must lie inside its document before anything is written
       PackedLoader(train, pr.phases[st.phase].seq_len, loader_seed(pr, st.phase)).seek(st.data_pos);
     io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());

@@ -101,6 +101,17 @@ def main():
         check(f"state.json data position {label} is an error", one_line_error(r, "data"), r.stderr.strip())
         check("  ... and the run is untouched", tree_digest(f"{w}/run3") == before3)
 
+    # metrics.jsonl cut shorter than the checkpoint recorded: refused before anything is written.
+    shutil.rmtree(f"{w}/run4", ignore_errors=True)
+    shutil.copytree(f"{w}/run", f"{w}/run4")
+    with open(f"{w}/run4/metrics.jsonl", "r+") as f:
+        f.truncate(10)
+    before4 = tree_digest(f"{w}/run4")
+    r = hmla("train", f"{w}/p.yaml", "--out", f"{w}/run4", "--resume")
+    check("a metrics.jsonl shorter than the checkpoint's is an error", one_line_error(r, "metrics.jsonl", "shorter"),
+          r.stderr.strip())
+    check("  ... and the run is untouched", tree_digest(f"{w}/run4") == before4)
+
     # A real resume after all: the metrics equal the uninterrupted run's (timing fields aside).
     full = open(f"{w}/run/metrics.jsonl").read()
     r = hmla("train", f"{w}/p.yaml", "--out", f"{w}/run", "--resume")
