@@ -428,7 +428,6 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       losses.push_back(lm);
       kls.push_back(kl);
-      sum.peak = std::max(sum.peak, alloc.peak_bytes());
       json line{{"phase", ph.name}, {"step", step + 1}, {"lm_loss", lm}, {"indexer_kl", is_dsa(ph.mode) ? json(kl) : json()},
                 {"lr", os.lr}, {"grad_norm_backbone", os.grad_norm_backbone}, {"grad_norm_indexer", os.grad_norm_indexer},
                 {"tokens_per_s", double(tokens) / sec}, {"peak_bytes", alloc.peak_bytes()}};
