@@ -15,7 +15,7 @@
 
 #include "attn_naive.h"
 #include "bench_util.h"
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/ops/attention.h"
 #include "hmla/ops/cpu_blas.h"
 

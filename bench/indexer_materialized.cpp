@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 
 namespace hmla::bench {
 

@@ -2,6 +2,7 @@
 #include "hmla/core/allocator.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "hmla/core/error.h"
@@ -37,6 +38,9 @@ class CpuAllocator final : public Allocator {
     return p;
   }
   void raw_deallocate(void* p, size_t) override { std::free(p); }
+
+ public:
+  void copy(void* dst, Device, const void* src, Device, size_t bytes) override { std::memcpy(dst, src, bytes); }
 };
 
 Allocator* g_cuda = nullptr;
@@ -54,6 +58,10 @@ Allocator& allocator(Device d) {
   HMLA_CHECK(g_cuda != nullptr, Error,
              "device cuda: this build of hmla has no CUDA backend (rebuild with nvcc on PATH)");
   return *g_cuda;
+}
+
+void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  allocator(dd != Device::cpu ? dd : sd).copy(dst, dd, src, sd, bytes);
 }
 
 }  // namespace hmla

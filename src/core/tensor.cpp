@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include <cstring>
+#include <utility>
 #include <sstream>
 
 namespace hmla {
@@ -150,6 +151,17 @@ Tensor Tensor::select(int64_t d, int64_t i) const {
   return t;
 }
 
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
+  d0 = wrap(d0);
+  d1 = wrap(d1);
+  HMLA_CHECK(d0 >= 0 && d0 < dim() && d1 >= 0 && d1 < dim(), ShapeError, "transpose ", d0, ", ", d1, " of ",
+             shape_str(shape_));
+  Tensor t = *this;
+  std::swap(t.shape_[d0], t.shape_[d1]);
+  std::swap(t.strides_[d0], t.strides_[d1]);
+  return t;
+}
+
 namespace {
 // Strided element-wise copy on the CPU, recursing over dimensions; the innermost contiguous run
 // is one memcpy.
@@ -169,9 +181,6 @@ void copy_strided(char* dst, const Shape& dst_st, const char* src, const Shape& 
 }
 }  // namespace
 
-// Cross-device copies are provided by the CUDA backend when it is built.
-void (*g_device_copy)(void* dst, Device dd, const void* src, Device sd, size_t bytes) = nullptr;
-
 void Tensor::copy_from(const Tensor& src) {
   HMLA_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, ShapeError, "copy ",
              dtype_name(src.dtype_), shape_str(src.shape_), " into ", dtype_name(dtype_),
@@ -184,8 +193,7 @@ void Tensor::copy_from(const Tensor& src) {
   }
   HMLA_CHECK(is_contiguous() && src.is_contiguous(), ShapeError,
              "copies between devices need contiguous tensors");
-  HMLA_CHECK(g_device_copy != nullptr, Error, "no CUDA backend in this build");
-  g_device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
+  device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
 }
 
 Tensor Tensor::clone() const { return to(device()); }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "attn_dense_tile.h"
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/ops/attention.h"
 #include "softmax_tile.h"
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/ops/sparse_attention.h"
 #include "partials.h"
 #include "softmax_tile.h"
@@ -49,7 +49,7 @@ constexpr int64_t kRowChunk = 16;  // static chunks: rows near the start have fe
 
 }  // namespace
 
-void attn_sparse_fwd_cpu(const AttnSparseInputs& in, AttnSparseSaved& sv) {
+void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
   const Geo g = geo(in);
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = g.KW * g.Dqk + g.H * g.KW;
@@ -101,7 +101,7 @@ void attn_sparse_fwd_cpu(const AttnSparseInputs& in, AttnSparseSaved& sv) {
   }
 }
 
-void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
+void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
                          AttnSparseGrads& gr) {
   const Geo g = geo(in);
   const int nthreads = omp_get_max_threads();
@@ -160,6 +160,23 @@ void attn_sparse_bwd_cpu(const AttnSparseInputs& in, const AttnSparseSaved& sv, 
   }
   sum_thread_partials(gr.dkv.data<float>(), partial.data<float>(), nthreads, g.b * g.skv * g.Dqk);
   if (in.sink.defined()) sum_thread_partials(gr.dsink.data<float>(), dsink_part.data<float>(), nthreads, g.H);
+}
+
+// -1 or a position of the row; no key twice (stamps: O(s * (K + W)) in all).
+void attn_sparse_check_table(const Tensor& table, int64_t skv) {
+  const int64_t s = table.size(1), KW = table.size(2);
+  const int32_t* idx = table.data<int32_t>();
+  std::vector<int64_t> stamp(skv, -1);
+  for (int64_t row = 0; row < table.size(0) * s; ++row)
+    for (int64_t i = 0; i < KW; ++i) {
+      const int32_t j = idx[row * KW + i];
+      if (j == -1) continue;
+      HMLA_CHECK(j >= 0 && j < skv, ShapeError, "sparse attention: idx[", row / s, ", ", row % s, ", ", i, "] = ", j,
+                 " is neither -1 nor a key position in [0, ", skv, ")");
+      HMLA_CHECK(stamp[j] != row, ShapeError, "sparse attention: row ", row % s, " of batch ", row / s,
+                 " lists key ", j, " twice; duplicates are not allowed");
+      stamp[j] = row;
+    }
 }
 
 }  // namespace hmla::cpu

@@ -1,7 +1,7 @@
 // sgemm: OpenBLAS behind HMLA_HAVE_BLAS, else a cache-blocked fallback whose inner loop the
 // compiler vectorises (about a quarter of OpenBLAS's speed; it keeps the toolkit-only GPU build
 // and its CPU reference free of any BLAS).
-#include "gemm.h"
+#include "cpu_kernels.h"
 
 #include <algorithm>
 #include <vector>

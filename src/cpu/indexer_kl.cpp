@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "attn_dense_tile.h"
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_tile.h"
 #include "partials.h"
@@ -51,7 +51,7 @@ void finish(const IndexerKlInputs& in, const Geo& g, const Tensor& partial, int 
 
 }  // namespace
 
-void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
+void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res) {
   const Geo g = geo(in);
   const int64_t ntiles = (g.sq + T::kBq - 1) / T::kBq, group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();
@@ -145,7 +145,7 @@ void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
   finish(in, g, partial, nthreads, kl, res);
 }
 
-void indexer_kl_sparse_cpu(const IndexerKlInputs& in, IndexerKlResult& res) {
+void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res) {
   const Geo g = geo(in);
   const int64_t K = in.K, KW = in.topk.size(2), group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "vexp.h"
 
 

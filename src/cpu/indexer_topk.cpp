@@ -11,6 +11,7 @@
 #include "attn_dense_tile.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_tile.h"
+#include "cpu_kernels.h"
 
 namespace hmla::cpu {
 
@@ -38,7 +39,7 @@ void select_row(const float* I, int64_t jbase, int64_t lo, int64_t t, int64_t K,
 
 }  // namespace
 
-Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W) {
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   using T = IndexerCpuTraits;
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
   const int64_t q0 = sc.q_row0;
@@ -77,7 +78,7 @@ Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W) {
   return out;
 }
 
-Tensor indexer_select_cpu(const Tensor& scores, const DocLayout& layout, int64_t q0, int64_t K, int64_t W) {
+Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q0, int64_t K, int64_t W) {
   const int64_t b = scores.size(0), sq = scores.size(1), s = scores.size(2);
   Tensor out = Tensor::empty({b, sq, K + W}, DType::i32);
   const float* I = scores.data<float>();

@@ -1,10 +1,10 @@
-#include "nn.h"
+#include "cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
-#include "gemm.h"
 
 namespace hmla::cpu {
 
@@ -159,6 +159,34 @@ double cross_entropy(const float* logits, const int32_t* target, const float* w,
   double sum = 0;
   for (double x : row_loss) sum += x;
   return sum;
+}
+
+void embedding_fwd(const EmbeddingParams& p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < p.N; ++n)
+    std::memcpy(p.out + n * p.D, p.E + int64_t(p.ids[n]) * p.D, p.D * sizeof(float));
+}
+
+void embedding_bwd(const EmbeddingParams& p) {
+  for (int64_t n = 0; n < p.N; ++n) {  // token order: rows of one id add up in a fixed order
+    float* row = p.dE + int64_t(p.ids[n]) * p.D;
+    const float* src = p.dout + n * p.D;
+    for (int64_t i = 0; i < p.D; ++i) row[i] += src[i];
+  }
+}
+
+void axpy(const AxpyParams& p) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < p.N; ++n) {
+    const float* a = p.a + n * p.lda;
+    float* o = p.out + n * p.ldout;
+    if (p.b) {
+      const float* b = p.b + n * p.ldb;
+      for (int64_t i = 0; i < p.D; ++i) o[i] = a[i] + p.alpha * b[i];
+    } else {
+      for (int64_t i = 0; i < p.D; ++i) o[i] = p.alpha * a[i];
+    }
+  }
 }
 
 }  // namespace hmla::cpu

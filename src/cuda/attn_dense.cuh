@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "hmla/ops/attention.h"
+#include "cuda_kernels.h"
 
 namespace hmla::cuda {
 

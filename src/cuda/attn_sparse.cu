@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "attn_dense.cuh"
-#include "hmla/ops/sparse_attention.h"
+#include "cuda_kernels.h"
 #include "mma.cuh"
 #include "runtime.h"
 

@@ -1,6 +1,6 @@
 // CUDA device plumbing: the caching device allocator (behind the same live/peak counters as the
-// CPU one), the cross-device copy hook used by Tensor::copy_from, and the RAII stream and
-// cuBLASLt handle of runtime.h.
+// CPU one) with the device's copies and synchronisation, and the RAII stream and cuBLASLt handle
+// of runtime.h.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -15,8 +15,6 @@
 #include "runtime.h"
 
 namespace hmla {
-
-extern void (*g_device_copy)(void* dst, Device dd, const void* src, Device sd, size_t bytes);
 
 namespace cuda {
 
@@ -82,6 +80,21 @@ class CudaAllocator final : public Allocator {
     free_.emplace(sizes_.at(p), p);
   }
 
+ public:
+  // Copies run on hmla's stream and wait for it: a read-back sees every kernel before it, an
+  // upload has landed before the call returns, and a block the caching allocator hands out again
+  // is never written by the host while an earlier kernel on the stream still reads it. (The
+  // stream is non-blocking, so plain cudaMemcpy on the legacy stream would order none of this.)
+  void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
+    cudaMemcpyKind kind = dd == Device::cpu ? cudaMemcpyDeviceToHost
+                          : sd == Device::cpu ? cudaMemcpyHostToDevice
+                                              : cudaMemcpyDeviceToDevice;
+    cudaStream_t st = cuda::current_stream().get();
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, st), "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a copy");
+  }
+  void synchronize() override { cuda::current_stream().sync(); }
+
  private:
   void release_locked() {
     for (auto& [size, p] : free_) {
@@ -95,24 +108,10 @@ class CudaAllocator final : public Allocator {
   std::map<void*, size_t> sizes_;      // every block this allocator made, by address
 };
 
-// Copies run on hmla's stream and wait for it: a read-back sees every kernel before it, an upload
-// has landed before the call returns, and a block the caching allocator hands out again is never
-// written by the host while an earlier kernel on the stream still reads it. (The stream is
-// non-blocking, so plain cudaMemcpy on the legacy stream would order none of this.)
-void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
-  cudaMemcpyKind kind = dd == Device::cpu ? cudaMemcpyDeviceToHost
-                        : sd == Device::cpu ? cudaMemcpyHostToDevice
-                                            : cudaMemcpyDeviceToDevice;
-  cudaStream_t st = cuda::current_stream().get();
-  check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, st), "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a copy");
-}
-
 struct Registrar {
   Registrar() {
     static CudaAllocator a;
     register_allocator(Device::cuda, &a);
-    g_device_copy = device_copy;
   }
 } registrar;
 

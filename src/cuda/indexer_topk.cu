@@ -16,7 +16,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "hmla/ops/indexer.h"
+#include "cuda_kernels.h"
 #include "mma.cuh"
 #include "runtime.h"
 

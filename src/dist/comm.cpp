@@ -27,8 +27,6 @@ bool launched_by_mpi() {
 constexpr int64_t kChunk = int64_t(1) << 30;  // MPI counts are int
 }  // namespace
 
-extern void (*g_device_copy)(void* dst, Device dd, const void* src, Device sd, size_t bytes);
-
 #ifdef HMLA_HAVE_MPI
 struct Comm::Handle {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -52,12 +50,11 @@ struct Comm::Handle {};
 namespace {
 // A device buffer's bytes staged on the host (and back): the device path without NCCL.
 [[maybe_unused]] std::vector<char> to_host(const void* p, int64_t nbytes) {
-  HMLA_CHECK(g_device_copy != nullptr, Error, "device collectives need the CUDA backend");
   std::vector<char> h(nbytes);
-  g_device_copy(h.data(), Device::cpu, p, Device::cuda, nbytes);
+  device_copy(h.data(), Device::cpu, p, Device::cuda, nbytes);
   return h;
 }
-[[maybe_unused]] void to_device(void* p, const std::vector<char>& h) { g_device_copy(p, Device::cuda, h.data(), Device::cpu, h.size()); }
+[[maybe_unused]] void to_device(void* p, const std::vector<char>& h) { device_copy(p, Device::cuda, h.data(), Device::cpu, h.size()); }
 }  // namespace
 
 bool Comm::nccl_built() {
@@ -125,7 +122,7 @@ void Comm::allgather(const void* send, void* recv, int64_t nbytes, Device dev) {
   if (size_ == 1) {
     if (recv != send) {
       if (dev == Device::cpu) std::memcpy(recv, send, nbytes);
-      else g_device_copy(recv, dev, send, dev, nbytes);
+      else device_copy(recv, dev, send, dev, nbytes);
     }
     return;
   }
@@ -151,7 +148,7 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, int64_t n, Device 
   if (size_ == 1) {
     if (recv != send) {
       if (dev == Device::cpu) std::memcpy(recv, send, n * sizeof(float));
-      else g_device_copy(recv, dev, send, dev, n * sizeof(float));
+      else device_copy(recv, dev, send, dev, n * sizeof(float));
     }
     return;
   }

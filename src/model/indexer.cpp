@@ -6,9 +6,9 @@
 #include <cstring>
 #include <random>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/dist/cp.h"
-#include "nn.h"
+#include "cpu_kernels.h"
 #include "rope_cache.h"
 
 namespace hmla {

@@ -8,10 +8,10 @@
 
 #include <cstring>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/dist/cp.h"
 #include "hmla/ops/sparse_attention.h"
-#include "nn.h"
+#include "cpu_kernels.h"
 #include "rope_cache.h"
 
 namespace hmla {

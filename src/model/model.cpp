@@ -8,10 +8,10 @@
 #include <map>
 #include <random>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/dist/cp.h"
 #include "hmla/model/indexer.h"
-#include "nn.h"
+#include "cpu_kernels.h"
 
 namespace hmla {
 

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
 
 namespace hmla {
 
@@ -81,12 +82,6 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   return p;
 }
 
-void check_supported(const AttnDenseInputs& in) {
-  HMLA_CHECK(attn_dense_supports(in), ShapeError, "attention: no backend for ", dtype_name(in.q.dtype()), " on ",
-             device_name(in.q.device()), " with Dqk = ", in.q.size(3), ", Dv = ", in.v.size(3),
-              " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16)");
-}
-
 // The layout lives on the CPU; a GPU kernel reads its device copy.
 struct LayoutOnDevice {
   Tensor doc_start, doc_end;
@@ -100,27 +95,25 @@ struct LayoutOnDevice {
 };
 
 void run(const AttnDenseInputs& in, AttnDenseParams p, bool backward) {
-  check_supported(in);
   const Device dev = in.q.device();
+  const Backend& be = backend(dev);
+  HMLA_CHECK(be.supports(p), ShapeError, "attention: no backend for ", dtype_name(p.dtype), " on ", device_name(dev),
+             " with Dqk = ", p.Dqk, ", Dv = ", p.Dv,
+             " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16)");
   LayoutOnDevice on_device(*in.layout, dev, p);
-  if (dev == Device::cpu) {
-    backward ? cpu::attn_dense_bwd(p) : cpu::attn_dense_fwd(p);
-    return;
-  }
-#ifdef HMLA_HAVE_CUDA
-  backward ? cuda::attn_dense_bwd(p) : cuda::attn_dense_fwd(p);
-#endif
+  backward ? be.attn_dense_bwd(p) : be.attn_dense_fwd(p);
 }
 
 }  // namespace
 
 bool attn_dense_supports(const AttnDenseInputs& in) {
-  if (in.q.device() == Device::cpu) return in.q.dtype() == DType::f32;
-#ifdef HMLA_HAVE_CUDA
-  return in.q.dtype() == DType::bf16 && in.q.size(3) % 16 == 0 && in.v.size(3) % 16 == 0;
-#else
-  return false;
-#endif
+  const Backend* be = in.q.device() == Device::cpu ? &cpu_backend() : cuda_backend();
+  if (!be) return false;
+  AttnDenseParams p;
+  p.dtype = in.q.dtype();
+  p.Dqk = in.q.size(3);
+  p.Dv = in.v.size(3);
+  return be->supports(p);
 }
 
 void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {

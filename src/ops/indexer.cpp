@@ -1,19 +1,13 @@
 // Entry points of the indexer ops: validation (shapes, layouts, the selection table's contract)
-// and dispatch to the CPU kernels.
+// and dispatch to the backend of the inputs' device.
 #include "hmla/ops/indexer.h"
 
 #include <unordered_set>
 
 #include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
 
 namespace hmla {
-
-namespace cpu {
-Tensor indexer_topk_cpu(const IndexerScores& sc, int64_t K, int64_t W);
-Tensor indexer_select_cpu(const Tensor& scores, const DocLayout& layout, int64_t q0, int64_t K, int64_t W);
-void indexer_kl_dense_cpu(const IndexerKlInputs& in, IndexerKlResult& res);
-void indexer_kl_sparse_cpu(const IndexerKlInputs& in, IndexerKlResult& res);
-}  // namespace cpu
 
 namespace {
 
@@ -32,7 +26,7 @@ void check_dev(const Tensor& t, const char* name, const Shape& want, DType dtype
 }
 
 // CPU: f32 throughout. CUDA: bf16 qI and kI, f32 w.
-void check_scores(const IndexerScores& sc) {
+const Backend& check_scores(const IndexerScores& sc) {
   HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4 && sc.kI.defined() && sc.kI.dim() == 3, ShapeError,
              "indexer: qI must be [b, sq, HI, DI] and kI [b, s, DI]");
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
@@ -41,16 +35,17 @@ void check_scores(const IndexerScores& sc) {
   check_dev(sc.qI, "qI", {b, sq, HI, DI}, dt, dev);
   check_dev(sc.kI, "kI", {b, s, DI}, dt, dev);
   check_dev(sc.w, "w", {b, sq, HI}, DType::f32, dev);
-  if (dev == Device::cuda)
-    HMLA_CHECK(HI % 16 == 0 && DI % 16 == 0, ShapeError, "indexer on CUDA: HI = ", HI, " and DI = ", DI,
-               " must be multiples of 16");
   HMLA_CHECK(sc.q_row0 >= 0 && sc.q_row0 + sq <= s, ShapeError, "indexer: query rows [", sc.q_row0, ", ",
              sc.q_row0 + sq, ") are not inside the ", s, " key rows");
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
              "indexer: the layout must cover b = ", b, ", s = ", s);
+  const Backend& be = backend(dev);
+  HMLA_CHECK(be.supports(sc), ShapeError, "indexer: the ", be.name(), " backend does not run HI = ", HI, ", DI = ", DI,
+             dev == Device::cuda ? " (CUDA: multiples of 16)" : "");
+  return be;
 }
 
-void check_kl(const IndexerKlInputs& in) {
+const Backend& check_kl(const IndexerKlInputs& in) {
   check_scores(in.sc);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.q.defined() && in.k.defined() && in.q.dim() == 4 && in.k.dim() == 4, ShapeError,
@@ -64,6 +59,9 @@ void check_kl(const IndexerKlInputs& in) {
   if (in.lse_c.defined()) check_f32(in.lse_c, "lse_c", {b, H, sq});
   check_f32(in.row_weight, "row_weight", {b, sq});
   HMLA_CHECK(in.scale > 0 && in.coeff >= 0, ShapeError, "indexer KL: scale must be > 0 and coeff >= 0");
+  const Backend& be = backend(in.sc.qI.device());
+  HMLA_CHECK(be.supports(in), ShapeError, "indexer KL: the ", be.name(), " backend does not run it");
+  return be;
 }
 
 IndexerKlResult alloc(const IndexerKlInputs& in) {
@@ -74,15 +72,10 @@ IndexerKlResult alloc(const IndexerKlInputs& in) {
 }  // namespace
 
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
-  check_scores(sc);
+  const Backend& be = check_scores(sc);
   HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
   HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
-  if (sc.qI.device() == Device::cpu) return cpu::indexer_topk_cpu(sc, K, W);
-#ifdef HMLA_HAVE_CUDA
-  return cuda::indexer_topk(sc, K, W);
-#else
-  throw ShapeError("indexer: CUDA tensors need a CUDA build of hmla");
-#endif
+  return be.indexer_topk(sc, K, W);
 }
 
 Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W) {
@@ -93,23 +86,18 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
              "indexer_select: the layout must cover b = ", b, ", s = ", s, " with the rows [", q_row0, ", ",
              q_row0 + sq, ") inside");
   HMLA_CHECK(K >= 1 && W >= 0, ShapeError, "indexer_select: K = ", K, " must be >= 1 and W = ", W, " >= 0");
-  if (scores.device() == Device::cpu) return cpu::indexer_select_cpu(scores, layout, q_row0, K, W);
-#ifdef HMLA_HAVE_CUDA
-  return cuda::indexer_select(scores, layout, q_row0, K, W);
-#else
-  throw ShapeError("indexer_select: CUDA tensors need a CUDA build of hmla");
-#endif
+  return backend(scores.device()).indexer_select(scores, layout, q_row0, K, W);
 }
 
 IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
-  check_kl(in);
+  const Backend& be = check_kl(in);
   IndexerKlResult r = alloc(in);
-  cpu::indexer_kl_dense_cpu(in, r);
+  be.indexer_kl_dense(in, r);
   return r;
 }
 
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
-  check_kl(in);
+  const Backend& be = check_kl(in);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
                  in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K,
@@ -132,7 +120,7 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
     }
   }
   IndexerKlResult r = alloc(in);
-  cpu::indexer_kl_sparse_cpu(in, r);
+  be.indexer_kl_sparse(in, r);
   return r;
 }
 

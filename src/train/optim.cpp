@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 
 namespace hmla {
 

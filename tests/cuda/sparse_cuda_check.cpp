@@ -11,6 +11,7 @@
 
 #include "attn_sparse_ref.h"
 #include "check_util.h"
+#include "cuda_kernels.h"
 #include "runtime.h"
 #include "hmla/core/error.h"
 #include "hmla/ops/sparse_attention.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "gemm.h"
+#include "cpu_kernels.h"
 #include "hmla/train/optim.h"
 
 namespace hmla {

@@ -1,5 +1,7 @@
 // One allocator per device; every library allocation goes through it, and it keeps exact live
 // and peak byte counters (bytes as requested, not rounded), so memory figures are deterministic.
+// A device's allocator is also its memory's other half: copies to, from and within it, and
+// waiting for the work queued on it (the backend of src/ops adds the compute half).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -19,6 +21,12 @@ class Allocator {
   size_t peak_bytes() const { return peak_.load(); }
   void reset_peak() { peak_.store(live_.load()); }  // peak restarts from what is live now
 
+  // Copies `bytes` contiguous bytes where one side is this allocator's device (dd or sd);
+  // returns once the bytes have landed. The CPU's is memcpy.
+  virtual void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) = 0;
+  // Waits for every operation queued on the device.
+  virtual void synchronize() {}
+
  protected:
   virtual void* raw_allocate(size_t bytes) = 0;
   virtual void raw_deallocate(void* p, size_t bytes) = 0;
@@ -33,5 +41,9 @@ Allocator& allocator(Device d);
 
 // Registers the CUDA allocator (called by the CUDA backend's static initialiser).
 void register_allocator(Device d, Allocator* a);
+
+// A copy of `bytes` contiguous bytes between any two devices, by the allocator of the device
+// that is not the CPU (memcpy when both are).
+void device_copy(void* dst, Device dd, const void* src, Device sd, size_t bytes);
 
 }  // namespace hmla

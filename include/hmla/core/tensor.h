@@ -84,6 +84,7 @@ class Tensor {
   Tensor view(const Shape& shape) const;  // contiguous tensors only; one -1 entry is inferred
   Tensor slice(int64_t d, int64_t start, int64_t end) const;  // [start, end) along d
   Tensor select(int64_t d, int64_t i) const;                  // drops dimension d
+  Tensor transpose(int64_t d0, int64_t d1) const;             // swaps two dimensions (a view)
 
   // Copies.
   Tensor clone() const;                   // contiguous copy on the same device

@@ -77,15 +77,4 @@ AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in);
 AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,
                               const Tensor& dout);
 
-// Backend kernels (same params struct); called by the entry points after validation.
-namespace cpu {  // f32
-void attn_dense_fwd(const AttnDenseParams& p);
-void attn_dense_bwd(const AttnDenseParams& p);
-}  // namespace cpu
-namespace cuda {  // bf16 on the GPU (builds with the CUDA backend); Dqk and Dv multiples of 16 (the
-                  // backward's dO V^T runs over Dv in k-steps of 16)
-void attn_dense_fwd(const AttnDenseParams& p);
-void attn_dense_bwd(const AttnDenseParams& p);
-}  // namespace cuda
-
 }  // namespace hmla

@@ -39,11 +39,6 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
 // same scores (ties to the smaller j; -0 equals +0).
 Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
 
-namespace cuda {  // in CUDA builds
-Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
-Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
-}  // namespace cuda
-
 struct IndexerKlInputs {
   IndexerScores sc;
   Tensor q;          // [b, sq, H, Dqk] attention queries (detached; last dim contiguous)

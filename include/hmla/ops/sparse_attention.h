@@ -40,10 +40,6 @@ struct AttnSparseGrads {
 };
 
 AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in);
-namespace cuda {  // the kernels behind the CUDA op, into preallocated outputs, without the table check
-void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
-void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout, AttnSparseGrads& g);
-}  // namespace cuda
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& saved, const Tensor& dout);
 
 }  // namespace hmla

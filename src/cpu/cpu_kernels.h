@@ -1,10 +1,32 @@
-// CPU building blocks of the MLA layer, on row-major f32 rows: linear, RMSNorm, interleaved
-// RoPE. Backward functions overwrite their outputs unless the name says `acc`.
+// The CPU backend's kernels, all declared here (f32, row-major, host pointers). The backend
+// (backend.cpp) calls them with validated params; tests and benches may call them directly.
+// sgemm: OpenBLAS (OpenMP build) when configured, else the built-in kernel of gemm.cpp; called
+// inside an OpenMP parallel region a product runs on the calling thread, so results depend only
+// on the inputs (and the BLAS build), never on scheduling. The nn kernels overwrite their
+// outputs unless the name says `acc`.
 #pragma once
 #include <cstdint>
 
+#include "hmla/ops/attention.h"
+#include "hmla/ops/indexer.h"
+#include "hmla/ops/nn.h"
+#include "hmla/ops/optim.h"
+#include "hmla/ops/sparse_attention.h"
+
 namespace hmla::cpu {
 
+using hmla::RopeLayout;
+using hmla::Trans;
+
+// ---- products (gemm.cpp) -----------------------------------------------------------------------
+// C = alpha * op(A) op(B) + beta * C, op(X) = X or X^T.
+void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// Whether sgemm runs on OpenBLAS (for reports).
+bool sgemm_uses_blas();
+
+// ---- linear, norms, RoPE, SwiGLU, cross-entropy (nn.cpp) ---------------------------------------
 // y[N, out] = x[N, in] W^T, W [out, in]; ldx/ldy are row strides of x and y.
 void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t N,
                 int64_t in, int64_t out);
@@ -27,10 +49,6 @@ void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const flo
 void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t D);
 
-// The two RoPE layouts (DESIGN.md section 4): MLA rotates interleaved pairs (x0,x1),(x2,x3),...;
-// the indexer rotates halves (x_i, x_{i + Dr/2}) of its first Dr channels.
-enum class RopeLayout { interleaved, half };
-
 // RoPE in place on `heads` slices of width Dr per row, pair i rotated by pos(t) * inv_freq[i]. cos/sin are [s, Dr/2] tables (already multiplied by the
 // attention factor); row n of the N = b * s rows sits at position n % s. x + n * ld + h * hstride
 // is the slice of head h. `transpose` applies the transposed map (the backward; with the
@@ -48,5 +66,27 @@ void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const flo
 // get 0). Rows are independent; the sum runs in row order.
 double cross_entropy(const float* logits, const int32_t* target, const float* w, int64_t N, int64_t V,
                      float* dlogits);
+
+// ---- embedding, element-wise, optimizer steps (nn.cpp, optim.cpp): the params of hmla/ops ----------
+void embedding_fwd(const EmbeddingParams& p);
+void embedding_bwd(const EmbeddingParams& p);  // adds into dE, rows in token order
+void axpy(const AxpyParams& p);
+double sum_squares(const SumSquaresParams& p);
+void adamw_update(const AdamWParams& p);
+void muon_momentum(const MuonParams& p);
+void muon_update(const MuonParams& p);
+
+// ---- attention (attn_dense_fwd.cpp, attn_dense_bwd.cpp, attn_sparse.cpp) -----------------------
+void attn_dense_fwd(const AttnDenseParams& p);
+void attn_dense_bwd(const AttnDenseParams& p);
+void attn_sparse_check_table(const Tensor& idx, int64_t skv);
+void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
+void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout, AttnSparseGrads& g);
+
+// ---- the indexer (indexer_topk.cpp, indexer_kl.cpp) --------------------------------------------
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
+Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
+void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res);
+void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res);
 
 }  // namespace hmla::cpu

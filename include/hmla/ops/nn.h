@@ -1,0 +1,154 @@
+// The model's dense building blocks as ops (DESIGN.md section 2): products, norms, RoPE, SwiGLU,
+// embedding, cross-entropy and the element-wise steps between them. Each family has one plain
+// params struct (pointers with row strides, like AttnDenseParams) that every backend implements;
+// the entry points below take Tensors, validate them once, fill the struct and dispatch to the
+// backend of the tensors' device (hmla/ops/backend.h). Outputs are passed as Tensor handles
+// (views allowed) and written through.
+//
+// Row matrices: a tensor [..., D] whose last dimension is contiguous and whose leading dimensions
+// walk rows at one stride is read as N rows of width D with a row stride ld (a column slice of a
+// wider tensor is one).
+//
+// Gradients: a backward op writes (overwrites) its outputs unless its comment says it adds into
+// them; the model sums contributions into the gradient arena itself (hmla/model/model.h).
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/tensor.h"
+
+namespace hmla {
+
+enum class Trans : uint8_t { no, yes };
+
+// C = alpha op(A) op(B) + beta C for each of `batch` matrices: op(A) [M, K], op(B) [K, N], C [M, N]
+// row-major with leading dimensions ld* and batch strides *_batch (elements).
+struct GemmParams {
+  DType dtype = DType::f32;
+  Trans ta = Trans::no, tb = Trans::no;
+  int64_t batch = 1, M = 0, N = 0, K = 0;
+  float alpha = 1.f, beta = 0.f;
+  const void* a = nullptr;
+  int64_t lda = 0, a_batch = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, b_batch = 0;
+  void* c = nullptr;
+  int64_t ldc = 0, c_batch = 0;
+};
+
+// c = alpha op(a) op(b) + beta c. a, b, c are 2-D [rows, cols] or all three 3-D [batch, rows,
+// cols] (any batch stride: a head-sliced view is a batch), last dimension contiguous.
+void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& c, float alpha = 1.f,
+            float beta = 0.f);
+
+// y = x W^T: x rows [N, in], W [out, in] contiguous, y rows [N, out].
+void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y);
+// dW = dy^T x (overwrites dW); dx = dy W + dx_beta * dx when dx is defined (dx_beta 0 or 1).
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dW, const Tensor& dx,
+                float dx_beta = 0.f);
+
+// RMSNorm (bias and mean null) or LayerNorm over rows of width D: y = xhat * w (+ bias),
+// xhat = (x - mean) * rstd; the backward writes dx, dw (and db). f32.
+struct NormParams {
+  int64_t N = 0, D = 0;
+  float eps = 0.f;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  float* mean = nullptr;  // [N] LayerNorm only
+  float* rstd = nullptr;  // [N]
+  const float* dy = nullptr;
+  int64_t lddy = 0;
+  float* dx = nullptr;
+  int64_t lddx = 0;
+  float* dw = nullptr;  // [D]
+  float* db = nullptr;  // [D] LayerNorm only
+};
+
+// y = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps) saved [N]. x, y row matrices.
+void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
+void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                 const Tensor& dw);
+// y = (x - mean) * rstd * w + b per row; contiguous rows.
+void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
+                   const Tensor& rstd);
+void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                   const Tensor& dx, const Tensor& dw, const Tensor& db);
+
+// The two RoPE layouts (DESIGN.md section 4): MLA rotates interleaved pairs (x0,x1),(x2,x3),...;
+// the indexer rotates halves (x_i, x_{i + Dr/2}).
+enum class RopeLayout { interleaved, half };
+
+// RoPE in place on `heads` slices of width Dr per row: pair i of row n rotated by the angle of
+// position n % s. cos/sin are [s, Dr/2] tables with the attention factor folded in; `transpose`
+// applies the transposed map (the backward: with the factor folded in it is a scaled rotation).
+struct RopeParams {
+  RopeLayout layout = RopeLayout::interleaved;
+  float* x = nullptr;
+  int64_t ld = 0, hstride = 0, heads = 0, N = 0, s = 0, Dr = 0;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  bool transpose = false;
+};
+
+// x: a [b, s, heads, Dr] f32 view (rows of one stride, heads of another, Dr contiguous).
+void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose);
+
+// SwiGLU y = silu(g) * u element-wise over n values; the backward writes dg and du.
+struct SwigluParams {
+  int64_t n = 0;
+  const float* g = nullptr;
+  const float* u = nullptr;
+  float* y = nullptr;
+  const float* dy = nullptr;
+  float* dg = nullptr;
+  float* du = nullptr;
+};
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y);
+void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du);
+
+// Embedding rows: out[n] = E[ids[n]]; the backward adds dout[n] into dE[ids[n]], rows in token
+// order (deterministic).
+struct EmbeddingParams {
+  int64_t N = 0, V = 0, D = 0;
+  const int32_t* ids = nullptr;
+  const float* E = nullptr;
+  float* out = nullptr;
+  const float* dout = nullptr;
+  float* dE = nullptr;
+};
+// ids i32 [N] (any shape of N values) checked in [0, V); E [V, D]; out [N, D] contiguous.
+void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out);
+void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE);  // adds into dE
+
+// Cross-entropy of logits [N, V] against targets [N] with row weights w [N] (0 skips a row):
+// returns sum_n w[n] (logsumexp(logits[n]) - logits[n, target[n]]), summed in row order, and,
+// when dlogits is given, writes w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows).
+struct CrossEntropyParams {
+  int64_t N = 0, V = 0;
+  const float* logits = nullptr;
+  const int32_t* target = nullptr;
+  const float* w = nullptr;
+  float* dlogits = nullptr;
+};
+double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits = {});
+
+// Element-wise over row matrices of one shape [N, D]: out = a + alpha * b (b may be null: out =
+// alpha * a). out may alias a or b.
+struct AxpyParams {
+  int64_t N = 0, D = 0;
+  float alpha = 1.f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* out = nullptr;
+  int64_t ldout = 0;
+};
+void add(const Tensor& a, const Tensor& b, const Tensor& out);                // out = a + b
+void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out);  // out = a + alpha b
+void scale(const Tensor& a, float alpha, const Tensor& out);                  // out = alpha a
+
+}  // namespace hmla

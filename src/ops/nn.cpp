@@ -1,0 +1,373 @@
+// Entry points of the dense ops (hmla/ops/nn.h) and the optimizer steps (hmla/ops/optim.h):
+// validate shapes, strides and devices once, fill the family's params struct, and call the
+// backend of the tensors' device.
+#include "hmla/ops/nn.h"
+
+#include <initializer_list>
+#include <string>
+
+#include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
+#include "hmla/ops/optim.h"
+
+namespace hmla {
+
+namespace {
+
+std::string desc(const Tensor& t) {
+  return t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.shape()) + " on " + device_name(t.device())
+                     : "undefined";
+}
+
+// One device for every defined tensor; returns its backend after asking it about the params.
+template <class P>
+const Backend& dispatch(const char* op, const P& params, std::initializer_list<const Tensor*> ts) {
+  Device dev = Device::cpu;
+  bool first = true;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (first) dev = t->device();
+    HMLA_CHECK(t->device() == dev, ShapeError, op, ": every tensor must be on one device (", device_name(dev),
+               " and ", device_name(t->device()), ")");
+    first = false;
+  }
+  const Backend& be = backend(dev);
+  HMLA_CHECK(be.supports(params), ShapeError, op, ": the ", be.name(), " backend does not run these tensors");
+  return be;
+}
+
+void check_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
+  HMLA_CHECK(t.defined() && t.dtype() == dt, ShapeError, op, ": ", name, " must be ", dtype_name(dt), ", got ",
+             desc(t));
+}
+
+void check_contiguous(const Tensor& t, DType dt, const Shape& want, const char* op, const char* name) {
+  check_dtype(t, dt, op, name);
+  HMLA_CHECK(t.is_contiguous() && t.shape() == want, ShapeError, op, ": ", name, " must be a contiguous ",
+             dtype_name(dt), shape_str(want), " tensor, got ", desc(t), t.is_contiguous() ? "" : " (strided)");
+}
+
+// A tensor [..., D] read as N rows of width D with row stride ld.
+struct Rows {
+  void* p;
+  int64_t N, D, ld;
+};
+
+Rows rows(const Tensor& t, DType dt, const char* op, const char* name) {
+  check_dtype(t, dt, op, name);
+  HMLA_CHECK(t.dim() >= 1, ShapeError, op, ": ", name, " must have at least one dimension");
+  const int64_t n = t.dim(), D = t.size(-1);
+  HMLA_CHECK(D <= 1 || t.stride(-1) == 1, ShapeError, op, ": the last dimension of ", name, " must be contiguous");
+  const int64_t ld = n >= 2 ? t.stride(-2) : D;
+  for (int64_t d = 0; d + 2 < n; ++d)
+    HMLA_CHECK(t.size(d) <= 1 || t.stride(d) == t.stride(d + 1) * t.size(d + 1), ShapeError, op, ": the rows of ",
+               name, " ", shape_str(t.shape()), " are not at one stride");
+  return {t.raw_data(), D == 0 ? 0 : t.numel() / D, D, ld};
+}
+
+float* f(const Rows& r) { return static_cast<float*>(r.p); }
+
+void same_rows(const Rows& a, const Rows& b, const char* op, const char* an, const char* bn) {
+  HMLA_CHECK(a.N == b.N && a.D == b.D, ShapeError, op, ": ", an, " [", a.N, ", ", a.D, "] and ", bn, " [", b.N, ", ",
+             b.D, "] must have the same rows");
+}
+
+void check_matrix(const Tensor& t, const char* name) {
+  HMLA_CHECK(t.defined() && (t.dim() == 2 || t.dim() == 3) && (t.size(-1) <= 1 || t.stride(-1) == 1), ShapeError,
+             "matmul: ", name, " must be 2-D or 3-D with its last dimension contiguous, got ", desc(t));
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& c, float alpha, float beta) {
+  check_matrix(a, "a");
+  check_matrix(b, "b");
+  check_matrix(c, "c");
+  HMLA_CHECK(a.dim() == c.dim() && b.dim() == c.dim() && a.dtype() == c.dtype() && b.dtype() == c.dtype(),
+             ShapeError, "matmul: a ", desc(a), ", b ", desc(b), " and c ", desc(c),
+             " must have one dtype and one rank");
+  const bool batched = c.dim() == 3;
+  GemmParams p;
+  p.dtype = c.dtype();
+  p.ta = ta;
+  p.tb = tb;
+  p.batch = batched ? c.size(0) : 1;
+  p.M = c.size(-2);
+  p.N = c.size(-1);
+  p.K = ta == Trans::no ? a.size(-1) : a.size(-2);
+  const int64_t am = ta == Trans::no ? a.size(-2) : a.size(-1);
+  const int64_t bk = tb == Trans::no ? b.size(-2) : b.size(-1), bn = tb == Trans::no ? b.size(-1) : b.size(-2);
+  HMLA_CHECK(am == p.M && bk == p.K && bn == p.N && (!batched || (a.size(0) == p.batch && b.size(0) == p.batch)),
+             ShapeError, "matmul: op(a) ", desc(a), " op(b) ", desc(b), " does not give c ", desc(c));
+  p.alpha = alpha;
+  p.beta = beta;
+  p.a = a.raw_data();
+  p.lda = a.stride(-2);
+  p.a_batch = batched ? a.stride(0) : 0;
+  p.b = b.raw_data();
+  p.ldb = b.stride(-2);
+  p.b_batch = batched ? b.stride(0) : 0;
+  p.c = c.raw_data();
+  p.ldc = c.stride(-2);
+  p.c_batch = batched ? c.stride(0) : 0;
+  dispatch("matmul", p, {&a, &b, &c}).gemm(p);
+}
+
+void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y) {
+  HMLA_CHECK(W.defined() && W.dim() == 2, ShapeError, "linear: W must be [out, in], got ", desc(W));
+  const int64_t out = W.size(0), in = W.size(1);
+  const Rows X = rows(x, W.dtype(), "linear", "x"), Y = rows(y, W.dtype(), "linear", "y");
+  check_contiguous(W, W.dtype(), {out, in}, "linear", "W");
+  HMLA_CHECK(X.D == in && Y.D == out && X.N == Y.N, ShapeError, "linear: x ", desc(x), " and y ", desc(y),
+             " do not fit W ", desc(W));
+  GemmParams p;
+  p.dtype = W.dtype();
+  p.ta = Trans::no;
+  p.tb = Trans::yes;
+  p.M = X.N, p.N = out, p.K = in;
+  p.a = X.p, p.lda = X.ld;
+  p.b = W.raw_data(), p.ldb = in;
+  p.c = Y.p, p.ldc = Y.ld;
+  dispatch("linear", p, {&x, &W, &y}).gemm(p);
+}
+
+void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dW, const Tensor& dx,
+                float dx_beta) {
+  HMLA_CHECK(W.defined() && W.dim() == 2, ShapeError, "linear backward: W must be [out, in], got ", desc(W));
+  const int64_t out = W.size(0), in = W.size(1);
+  const DType dt = W.dtype();
+  const Rows DY = rows(dy, dt, "linear backward", "dy"), X = rows(x, dt, "linear backward", "x");
+  check_contiguous(W, dt, {out, in}, "linear backward", "W");
+  check_contiguous(dW, dt, {out, in}, "linear backward", "dW");
+  HMLA_CHECK(DY.D == out && X.D == in && DY.N == X.N, ShapeError, "linear backward: dy ", desc(dy), " and x ", desc(x),
+             " do not fit W ", desc(W));
+  GemmParams p;  // dW = dy^T x
+  p.dtype = dt;
+  p.ta = Trans::yes;
+  p.tb = Trans::no;
+  p.M = out, p.N = in, p.K = X.N;
+  p.a = DY.p, p.lda = DY.ld;
+  p.b = X.p, p.ldb = X.ld;
+  p.c = dW.raw_data(), p.ldc = in;
+  const Backend& be = dispatch("linear backward", p, {&dy, &x, &W, &dW, &dx});
+  be.gemm(p);
+  if (!dx.defined()) return;
+  const Rows DX = rows(dx, dt, "linear backward", "dx");
+  same_rows(DX, X, "linear backward", "dx", "x");
+  GemmParams q;  // dx = dy W (+ dx)
+  q.dtype = dt;
+  q.M = X.N, q.N = in, q.K = out;
+  q.beta = dx_beta;
+  q.a = DY.p, q.lda = DY.ld;
+  q.b = W.raw_data(), q.ldb = in;
+  q.c = DX.p, q.ldc = DX.ld;
+  be.gemm(q);
+}
+
+void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
+  const Rows X = rows(x, DType::f32, "rmsnorm", "x"), Y = rows(y, DType::f32, "rmsnorm", "y");
+  same_rows(X, Y, "rmsnorm", "x", "y");
+  check_contiguous(w, DType::f32, {X.D}, "rmsnorm", "w");
+  check_contiguous(rstd, DType::f32, {X.N}, "rmsnorm", "rstd");
+  NormParams p;
+  p.N = X.N, p.D = X.D, p.eps = eps;
+  p.x = f(X), p.ldx = X.ld, p.w = w.data<float>();
+  p.y = f(Y), p.ldy = Y.ld, p.rstd = rstd.data<float>();
+  dispatch("rmsnorm", p, {&x, &w, &y, &rstd}).rmsnorm_fwd(p);
+}
+
+void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                 const Tensor& dw) {
+  const char* op = "rmsnorm backward";
+  const Rows DY = rows(dy, DType::f32, op, "dy"), X = rows(x, DType::f32, op, "x"), DX = rows(dx, DType::f32, op, "dx");
+  same_rows(DY, X, op, "dy", "x");
+  same_rows(DX, X, op, "dx", "x");
+  check_contiguous(w, DType::f32, {X.D}, op, "w");
+  check_contiguous(dw, DType::f32, {X.D}, op, "dw");
+  check_contiguous(rstd, DType::f32, {X.N}, op, "rstd");
+  NormParams p;
+  p.N = X.N, p.D = X.D;
+  p.x = f(X), p.ldx = X.ld, p.w = w.data<float>(), p.rstd = rstd.data<float>();
+  p.dy = f(DY), p.lddy = DY.ld, p.dx = f(DX), p.lddx = DX.ld, p.dw = dw.data<float>();
+  dispatch(op, p, {&dy, &x, &w, &rstd, &dx, &dw}).rmsnorm_bwd(p);
+}
+
+void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
+                   const Tensor& rstd) {
+  const char* op = "layernorm";
+  const Rows X = rows(x, DType::f32, op, "x");
+  check_contiguous(x, DType::f32, x.shape(), op, "x");
+  check_contiguous(y, DType::f32, x.shape(), op, "y");
+  for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&b, "b"}}) check_contiguous(*t, DType::f32, {X.D}, op, name);
+  for (auto [t, name] : {std::pair{&mean, "mean"}, std::pair{&rstd, "rstd"}})
+    check_contiguous(*t, DType::f32, {X.N}, op, name);
+  NormParams p;
+  p.N = X.N, p.D = X.D, p.eps = eps;
+  p.x = f(X), p.ldx = X.D, p.w = w.data<float>(), p.bias = b.data<float>();
+  p.y = y.data<float>(), p.ldy = X.D, p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
+  dispatch(op, p, {&x, &w, &b, &y, &mean, &rstd}).layernorm_fwd(p);
+}
+
+void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                   const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  const char* op = "layernorm backward";
+  const Rows X = rows(x, DType::f32, op, "x");
+  for (auto [t, name] : {std::pair{&x, "x"}, std::pair{&dy, "dy"}, std::pair{&dx, "dx"}})
+    check_contiguous(*t, DType::f32, x.shape(), op, name);
+  for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&dw, "dw"}, std::pair{&db, "db"}})
+    check_contiguous(*t, DType::f32, {X.D}, op, name);
+  for (auto [t, name] : {std::pair{&mean, "mean"}, std::pair{&rstd, "rstd"}})
+    check_contiguous(*t, DType::f32, {X.N}, op, name);
+  NormParams p;
+  p.N = X.N, p.D = X.D;
+  p.x = f(X), p.ldx = X.D, p.w = w.data<float>(), p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
+  p.dy = dy.data<float>(), p.lddy = X.D, p.dx = dx.data<float>(), p.lddx = X.D;
+  p.dw = dw.data<float>(), p.db = db.data<float>();
+  dispatch(op, p, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db}).layernorm_bwd(p);
+}
+
+void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose) {
+  check_dtype(x, DType::f32, "rope", "x");
+  HMLA_CHECK(x.dim() == 4 && x.stride(3) == 1 && x.size(3) % 2 == 0 &&
+                 (x.size(0) <= 1 || x.stride(0) == x.size(1) * x.stride(1)),
+             ShapeError, "rope: x must be a [b, s, heads, Dr] view with Dr even and contiguous and rows at one "
+             "stride, got ", desc(x));
+  RopeParams p;
+  p.layout = layout;
+  p.x = x.data<float>();
+  p.N = x.size(0) * x.size(1), p.s = x.size(1), p.heads = x.size(2), p.Dr = x.size(3);
+  p.ld = x.stride(1), p.hstride = x.stride(2);
+  check_contiguous(cos, DType::f32, {p.s, p.Dr / 2}, "rope", "cos");
+  check_contiguous(sin, DType::f32, {p.s, p.Dr / 2}, "rope", "sin");
+  p.cos = cos.data<float>(), p.sin = sin.data<float>();
+  p.transpose = transpose;
+  dispatch("rope", p, {&x, &cos, &sin}).rope(p);
+}
+
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
+  for (auto [t, name] : {std::pair{&g, "g"}, std::pair{&u, "u"}, std::pair{&y, "y"}})
+    check_contiguous(*t, DType::f32, g.shape(), "swiglu", name);
+  SwigluParams p;
+  p.n = g.numel(), p.g = g.data<float>(), p.u = u.data<float>(), p.y = y.data<float>();
+  dispatch("swiglu", p, {&g, &u, &y}).swiglu_fwd(p);
+}
+
+void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du) {
+  for (auto [t, name] : {std::pair{&dy, "dy"}, std::pair{&g, "g"}, std::pair{&u, "u"}, std::pair{&dg, "dg"},
+                         std::pair{&du, "du"}})
+    check_contiguous(*t, DType::f32, g.shape(), "swiglu backward", name);
+  SwigluParams p;
+  p.n = g.numel(), p.g = g.data<float>(), p.u = u.data<float>();
+  p.dy = dy.data<float>(), p.dg = dg.data<float>(), p.du = du.data<float>();
+  dispatch("swiglu backward", p, {&dy, &g, &u, &dg, &du}).swiglu_bwd(p);
+}
+
+namespace {
+EmbeddingParams embedding_params(const Tensor& ids, const Tensor& E, const Tensor& rows_t, const char* op,
+                                 const char* rows_name) {
+  check_contiguous(ids, DType::i32, ids.shape(), op, "ids");
+  HMLA_CHECK(E.defined() && E.dim() == 2, ShapeError, op, ": the table must be [V, D], got ", desc(E));
+  EmbeddingParams p;
+  p.N = ids.numel(), p.V = E.size(0), p.D = E.size(1);
+  check_contiguous(E, DType::f32, {p.V, p.D}, op, "the table");
+  HMLA_CHECK(rows_t.defined() && rows_t.is_contiguous() && rows_t.dtype() == DType::f32 &&
+                 rows_t.numel() == p.N * p.D && rows_t.size(-1) == p.D,
+             ShapeError, op, ": ", rows_name, " must be a contiguous f32 tensor of ", p.N, " rows of ", p.D,
+             ", got ", desc(rows_t));
+  if (ids.device() == Device::cpu) {
+    const int32_t* id = ids.data<int32_t>();
+    for (int64_t n = 0; n < p.N; ++n)
+      HMLA_CHECK(id[n] >= 0 && id[n] < p.V, ShapeError, "token id ", id[n], " at position ", n,
+                 " is outside the vocabulary [0, ", p.V, ")");
+  }
+  p.ids = ids.data<int32_t>();
+  return p;
+}
+}  // namespace
+
+void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out) {
+  EmbeddingParams p = embedding_params(ids, E, out, "embedding", "out");
+  p.E = E.data<float>(), p.out = out.data<float>();
+  dispatch("embedding", p, {&ids, &E, &out}).embedding_fwd(p);
+}
+
+void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE) {
+  EmbeddingParams p = embedding_params(ids, dE, dout, "embedding backward", "dout");
+  p.dout = dout.data<float>(), p.dE = dE.data<float>();
+  dispatch("embedding backward", p, {&ids, &dout, &dE}).embedding_bwd(p);
+}
+
+double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits) {
+  HMLA_CHECK(logits.defined() && logits.dim() == 2, ShapeError, "cross_entropy: logits must be [N, V], got ",
+             desc(logits));
+  CrossEntropyParams p;
+  p.N = logits.size(0), p.V = logits.size(1);
+  check_contiguous(logits, DType::f32, {p.N, p.V}, "cross_entropy", "logits");
+  check_contiguous(target, DType::i32, {p.N}, "cross_entropy", "target");
+  check_contiguous(w, DType::f32, {p.N}, "cross_entropy", "w");
+  if (dlogits.defined()) check_contiguous(dlogits, DType::f32, {p.N, p.V}, "cross_entropy", "dlogits");
+  if (target.device() == Device::cpu && w.device() == Device::cpu)
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int32_t t = target.data<int32_t>()[n];
+      HMLA_CHECK(w.data<float>()[n] == 0.f || (t >= 0 && t < p.V), ShapeError, "cross_entropy: target ", t,
+                 " of row ", n, " is outside the vocabulary [0, ", p.V, ")");
+    }
+  p.logits = logits.data<float>(), p.target = target.data<int32_t>(), p.w = w.data<float>();
+  p.dlogits = dlogits.defined() ? dlogits.data<float>() : nullptr;
+  return dispatch("cross_entropy", p, {&logits, &target, &w, &dlogits}).cross_entropy(p);
+}
+
+void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out) {
+  const Rows A = rows(a, DType::f32, "axpy", "a"), O = rows(out, DType::f32, "axpy", "out");
+  same_rows(A, O, "axpy", "a", "out");
+  AxpyParams p;
+  p.N = A.N, p.D = A.D, p.alpha = alpha;
+  p.a = f(A), p.lda = A.ld, p.out = f(O), p.ldout = O.ld;
+  if (b.defined()) {
+    const Rows B = rows(b, DType::f32, "axpy", "b");
+    same_rows(A, B, "axpy", "a", "b");
+    p.b = f(B), p.ldb = B.ld;
+  }
+  dispatch("axpy", p, {&a, &b, &out}).axpy(p);
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) { axpy(a, 1.f, b, out); }
+
+void scale(const Tensor& a, float alpha, const Tensor& out) { axpy(a, alpha, Tensor(), out); }
+
+// ---- optimizer steps ----------------------------------------------------------------------------
+
+double sum_squares(const Tensor& x, double init) {
+  check_contiguous(x, DType::f32, x.shape(), "sum_squares", "x");
+  SumSquaresParams p;
+  p.n = x.numel(), p.x = x.data<float>(), p.init = init;
+  return dispatch("sum_squares", p, {&x}).sum_squares(p);
+}
+
+void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWParams& hyper) {
+  for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&g, "g"}, std::pair{&m, "m"}, std::pair{&v, "v"}})
+    check_contiguous(*t, DType::f32, w.shape(), "adamw", name);
+  AdamWParams p = hyper;
+  p.n = w.numel(), p.w = w.data<float>(), p.g = g.data<float>(), p.m = m.data<float>(), p.v = v.data<float>();
+  dispatch("adamw", p, {&w, &g, &m, &v}).adamw_update(p);
+}
+
+void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gscale, float beta) {
+  for (auto [t, name] : {std::pair{&g, "g"}, std::pair{&m, "m"}, std::pair{&u, "u"}})
+    check_contiguous(*t, DType::f32, g.shape(), "muon momentum", name);
+  MuonParams p;
+  p.n = g.numel(), p.g = g.data<float>(), p.m = m.data<float>(), p.u = u.data<float>();
+  p.gscale = gscale, p.beta = beta;
+  dispatch("muon momentum", p, {&g, &m, &u}).muon_momentum(p);
+}
+
+void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, float wd) {
+  check_contiguous(w, DType::f32, w.shape(), "muon update", "w");
+  check_contiguous(upd, DType::f32, w.shape(), "muon update", "upd");
+  MuonParams p;
+  p.n = w.numel(), p.w = w.data<float>(), p.u = upd.data<float>();
+  p.lr = lr, p.scale = scale_, p.wd = wd;
+  dispatch("muon update", p, {&w, &upd}).muon_update(p);
+}
+
+}  // namespace hmla
