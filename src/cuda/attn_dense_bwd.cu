@@ -6,7 +6,7 @@
 //        query of its head group that sees them, heads in order)
 // Both recompute P from q, k and the saved lse (flash style; nothing of size s*s). Gradient
 // columns come in chunks of 64 per block so accumulators stay in registers at any head width;
-// each chunk recomputes its scores, a price the sm_90a kernel will not pay. dsink[h] =
+// each chunk recomputes its scores, a price a Hopper (wgmma) kernel would not pay (none yet). dsink[h] =
 // -sum_t exp(sink_h - lse[t]) D[t] by a fixed-order block reduction.
 #include <cuda_bf16.h>
 

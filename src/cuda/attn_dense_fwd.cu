@@ -3,8 +3,8 @@
 // owns kRows query rows of one (batch row, head) and one chunk of <= 128 output columns; it walks
 // only the key range of its rows' documents (tile skipping), masking per element. Each warp keeps
 // 16 rows' running max / sum and output in registers; P never leaves them. Wide heads (576/512)
-// split the output columns over blocks, each recomputing the scores: simple, and a cost the
-// sm_90a kernel will remove. Deterministic: no atomics, fixed order.
+// split the output columns over blocks, each recomputing the scores: simple, and a cost a
+// Hopper (wgmma) kernel would remove; none exists yet (docs/cuda.md). Deterministic: no atomics, fixed order.
 #include <cuda_bf16.h>
 
 #include <cfloat>

@@ -5,7 +5,7 @@
 // then walks it in tiles of 32 gathered keys: S = Q K^T for the warp's heads, the online softmax
 // over every listed key and, for lse_c, a second running (max, sum) over the candidates alone,
 // O += P V with P kept in registers. Wide values (512) split their columns over 4 blocks, each
-// recomputing the scores; the sm_90a kernel is where that goes away. No atomics: deterministic.
+// recomputing the scores (a Hopper wgmma kernel would not; none yet). No atomics: deterministic.
 // Also here: the device-side check of the index table's contract (entries in [-1, skv), no
 // duplicate in a row), one block per row sorting its entries in shared memory.
 #include <cuda_bf16.h>

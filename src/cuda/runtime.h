@@ -38,6 +38,7 @@ class Stream {
   cudaStream_t s_ = nullptr;
 };
 
+// Unused until the projections move to the GPU (issue 16: cuBLASLt for every linear).
 class BlasLt {
  public:
   BlasLt() { check(cublasLtCreate(&h_), "cublasLtCreate"); }

@@ -1,4 +1,4 @@
-// MLA layer forward/backward on the CPU. Rows are N = b * s, all activations contiguous.
+// MLA layer forward/backward, on ops. Rows are N = b * s, all activations contiguous.
 // Letters: H heads, Dn/Dr nope/rope widths (Dqk = Dn + Dr), Dv value width, Rq/Rkv LoRA ranks.
 // The mqa path absorbs W_kb into q and de-absorbs W_vb after attention; docs/mla_layer.md has
 // the derivation of its backward.
@@ -6,18 +6,12 @@
 
 #include "hmla/model/indexer.h"
 
-#include <cstring>
-
-#include "cpu_kernels.h"
 #include "hmla/dist/cp.h"
+#include "hmla/ops/nn.h"
 #include "hmla/ops/sparse_attention.h"
-#include "cpu_kernels.h"
 #include "rope_cache.h"
 
 namespace hmla {
-
-using cpu::sgemm;
-using cpu::Trans;
 
 namespace {
 
@@ -38,32 +32,37 @@ Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const 
           c.kv_lora_rank, layout.s, x.size(0) * layout.s, sh.row0};
 }
 
-const float* W(const MlaLayer& L, const char* name) { return L.weights.at(name).data<float>(); }
+const Tensor& W(const MlaLayer& L, const char* name) { return L.weights.at(name); }
 
 Tensor f32(const Shape& s) { return Tensor::empty(s, DType::f32); }
 
-// Per-head absorption matrices. W_kb_h is [Dn, Rkv] (k half of kv_b_proj's head h); stored as
-// such in kv_b_proj, transposed in k_b_proj [H, Rkv, Dn]. W_vb_h is [Dv, Rkv] in both forms.
-struct HeadMat {
-  float* p;
-  int64_t ld;
-  bool transposed;  // the buffer holds the matrix's transpose
+// Per-head absorption matrices as [H, rows, cols] views. W_kb_h is [Dn, Rkv] (the k half of
+// kv_b_proj's head h), stored as such in kv_b_proj and transposed in k_b_proj [H, Rkv, Dn]; W_vb_h
+// is [Dv, Rkv] in both forms. `w` holds the weights or their gradients (same names and shapes).
+struct HeadMats {
+  Tensor m;
+  bool transposed;  // m holds the matrices' transposes
 };
 
-HeadMat w_kb(float* kvb, float* kb, const Dims& d, int64_t h, bool split) {
-  if (split) return {kb + h * d.Rkv * d.Dn, d.Dn, true};
-  return {kvb + h * (d.Dn + d.Dv) * d.Rkv, d.Rkv, false};
+HeadMats w_kb(const io::TensorMap& w, const Dims& d, bool split) {
+  if (split) return {w.at("k_b_proj.weight"), true};
+  return {w.at("kv_b_proj.weight").view({d.H, d.Dn + d.Dv, d.Rkv}).slice(1, 0, d.Dn), false};
 }
 
-HeadMat w_vb(float* kvb, float* vb, const Dims& d, int64_t h, bool split) {
-  if (split) return {vb + h * d.Dv * d.Rkv, d.Rkv, false};
-  return {kvb + (h * (d.Dn + d.Dv) + d.Dn) * d.Rkv, d.Rkv, false};
+HeadMats w_vb(const io::TensorMap& w, const Dims& d, bool split) {
+  if (split) return {w.at("v_b_proj.weight"), false};
+  return {w.at("kv_b_proj.weight").view({d.H, d.Dn + d.Dv, d.Rkv}).slice(1, d.Dn, d.Dn + d.Dv), false};
 }
 
-void rope(float* x, int64_t ld, int64_t hstride, int64_t heads, const Dims& d, const RopeCache& rc,
-          bool transpose) {
-  cpu::rope(cpu::RopeLayout::interleaved, x, ld, hstride, heads, d.N, d.s, d.Dr, rc.cos.data(), rc.sin.data(),
-            transpose);
+Trans op(bool transposed) { return transposed ? Trans::yes : Trans::no; }
+
+// Channels [c0, c1) of every head of t [N, H, width] as [H, N, c1 - c0] (one matrix per head).
+Tensor per_head(const Tensor& t, int64_t c0, int64_t c1) { return t.slice(2, c0, c1).transpose(0, 1); }
+
+// The rope channels [c0, c0 + Dr) of t [N, heads, width] as the [b, s, heads, Dr] view rope takes.
+void rope_rows(const Tensor& t, const Dims& d, int64_t c0, const RopeCache& rc, bool transpose) {
+  rope(t.view({d.b, d.s, t.size(1), t.size(2)}).slice(3, c0, c0 + d.Dr), rc.cos, rc.sin, RopeLayout::interleaved,
+       transpose);
 }
 
 AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d,
@@ -195,18 +194,15 @@ void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split,
   }
 }
 
+// kv_b_proj [H (Dn + Dv), Rkv] viewed per head: rows [0, Dn) are W_kb_h, rows [Dn, Dn + Dv) W_vb_h.
 void split_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   auto it = w.find("kv_b_proj.weight");
   HMLA_CHECK(it != w.end(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
-  const float* kvb = it->second.data<float>();
+  const Tensor heads = it->second.view({H, Dn + Dv, Rkv});
   Tensor kb = f32({H, Rkv, Dn}), vb = f32({H, Dv, Rkv});
-  for (int64_t h = 0; h < H; ++h) {
-    const float* rows = kvb + h * (Dn + Dv) * Rkv;
-    for (int64_t i = 0; i < Dn; ++i)
-      for (int64_t r = 0; r < Rkv; ++r) kb.data<float>()[(h * Rkv + r) * Dn + i] = rows[i * Rkv + r];
-    std::memcpy(vb.data<float>() + h * Dv * Rkv, rows + Dn * Rkv, Dv * Rkv * sizeof(float));
-  }
+  kb.copy_from(heads.slice(1, 0, Dn).transpose(1, 2));
+  vb.copy_from(heads.slice(1, Dn, Dn + Dv));
   w.erase(it);
   w["k_b_proj.weight"] = kb;
   w["v_b_proj.weight"] = vb;
@@ -216,15 +212,10 @@ void fold_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   HMLA_CHECK(w.count("k_b_proj.weight") && w.count("v_b_proj.weight"), ConfigError,
              "fold_kv_b_proj: k_b_proj.weight and v_b_proj.weight are required");
-  const float* kb = w.at("k_b_proj.weight").data<float>();
-  const float* vb = w.at("v_b_proj.weight").data<float>();
   Tensor kvb = f32({H * (Dn + Dv), Rkv});
-  for (int64_t h = 0; h < H; ++h) {
-    float* rows = kvb.data<float>() + h * (Dn + Dv) * Rkv;
-    for (int64_t i = 0; i < Dn; ++i)
-      for (int64_t r = 0; r < Rkv; ++r) rows[i * Rkv + r] = kb[(h * Rkv + r) * Dn + i];
-    std::memcpy(rows + Dn * Rkv, vb + h * Dv * Rkv, Dv * Rkv * sizeof(float));
-  }
+  const Tensor heads = kvb.view({H, Dn + Dv, Rkv});
+  heads.slice(1, 0, Dn).copy_from(w.at("k_b_proj.weight").transpose(1, 2));
+  heads.slice(1, Dn, Dn + Dv).copy_from(w.at("v_b_proj.weight"));
   w.erase("k_b_proj.weight");
   w.erase("v_b_proj.weight");
   w["kv_b_proj.weight"] = kvb;
@@ -239,23 +230,22 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
              mode_name(cfg.layer_modes[L.layer]));
   const Dims d = dims(cfg, x, layout, cp);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
-  const float* X = x.data<float>();
   const RopeCache rc = rope_cache(cfg, d.s, d.row0);
+  const Tensor x2 = x.view({d.N, d.hid});
 
   sv.q = f32({d.N, d.H, d.Dqk});
+  const Tensor q2 = sv.q.view({d.N, d.H * d.Dqk});
   if (d.Rq > 0) {
     sv.qa = f32({d.N, d.Rq});
     sv.rstd_q = f32({d.N});
     sv.cq = f32({d.N, d.Rq});
-    cpu::linear_fwd(sv.qa.data<float>(), d.Rq, X, d.hid, W(L, "q_a_proj.weight"), d.N, d.hid, d.Rq);
-    cpu::rmsnorm_fwd(sv.cq.data<float>(), d.Rq, sv.rstd_q.data<float>(), sv.qa.data<float>(), d.Rq,
-                     W(L, "q_a_layernorm.weight"), d.N, d.Rq, eps);
-    cpu::linear_fwd(sv.q.data<float>(), d.H * d.Dqk, sv.cq.data<float>(), d.Rq, W(L, "q_b_proj.weight"),
-                    d.N, d.Rq, d.H * d.Dqk);
+    linear_fwd(x2, W(L, "q_a_proj.weight"), sv.qa);
+    rmsnorm_fwd(sv.qa, W(L, "q_a_layernorm.weight"), eps, sv.cq, sv.rstd_q);
+    linear_fwd(sv.cq, W(L, "q_b_proj.weight"), q2);
   } else {
-    cpu::linear_fwd(sv.q.data<float>(), d.H * d.Dqk, X, d.hid, W(L, "q_proj.weight"), d.N, d.hid, d.H * d.Dqk);
+    linear_fwd(x2, W(L, "q_proj.weight"), q2);
   }
-  rope(sv.q.data<float>() + d.Dn, d.H * d.Dqk, d.Dqk, d.H, d, rc, false);
+  rope_rows(sv.q, d, d.Dn, rc, false);
 
   // The shared key [c ; rope(k_pe)] of this rank's rows, then of every row: under context
   // parallelism this (Rkv + Dr)-wide latent is all that travels for the main attention.
@@ -263,60 +253,41 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   sv.kva = f32({d.N, Wa});
   sv.rstd_kv = f32({d.N});
   Tensor ka = f32({d.b, d.s, Wa});
-  float* KA = ka.data<float>();
-  cpu::linear_fwd(sv.kva.data<float>(), Wa, X, d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wa);
-  cpu::rmsnorm_fwd(KA, Wa, sv.rstd_kv.data<float>(), sv.kva.data<float>(), Wa, W(L, "kv_a_layernorm.weight"), d.N,
-                   d.Rkv, eps);
-  for (int64_t n = 0; n < d.N; ++n)
-    std::memcpy(KA + n * Wa + d.Rkv, sv.kva.data<float>() + n * Wa + d.Rkv, d.Dr * sizeof(float));
-  rope(KA + d.Rkv, Wa, 0, 1, d, rc, false);
+  const Tensor ka2 = ka.view({d.N, Wa});
+  linear_fwd(x2, W(L, "kv_a_proj_with_mqa.weight"), sv.kva);
+  rmsnorm_fwd(sv.kva.slice(1, 0, d.Rkv), W(L, "kv_a_layernorm.weight"), eps, ka2.slice(1, 0, d.Rkv), sv.rstd_kv);
+  ka2.slice(1, d.Rkv, Wa).copy_from(sv.kva.slice(1, d.Rkv, Wa));
+  rope_rows(ka.view({d.N, 1, Wa}), d, d.Rkv, rc, false);
   sv.ka = cp_all_gather_rows(cp, ka).view({d.NS, 1, Wa});
 
   if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
     indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind, cp);
     sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
   }
-  const float* KAF = sv.ka.data<float>();  // [NS, Wa]: c in the first Rkv channels, k_pe after
-  float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
-  float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
-  float* vb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "v_b_proj.weight")) : nullptr;
+  const Tensor kaf = sv.ka.view({d.NS, Wa});  // c in the first Rkv channels, k_pe after
   if (!L.latent()) {
     // Per-head keys [k_nope_h ; k_pe] and values of every key row, expanded here through
     // kv_b_proj; v stays a strided view of kv_b_proj's output.
     sv.v = f32({d.NS, d.H * (d.Dn + d.Dv)});
-    cpu::linear_fwd(sv.v.data<float>(), d.H * (d.Dn + d.Dv), KAF, Wa, kvb_w, d.NS, d.Rkv, d.H * (d.Dn + d.Dv));
+    linear_fwd(kaf.slice(1, 0, d.Rkv), W(L, "kv_b_proj.weight"), sv.v);
     sv.k = f32({d.NS, d.H, d.Dqk});
-    for (int64_t n = 0; n < d.NS; ++n)
-      for (int64_t h = 0; h < d.H; ++h) {
-        float* k = sv.k.data<float>() + (n * d.H + h) * d.Dqk;
-        std::memcpy(k, sv.v.data<float>() + (n * d.H + h) * (d.Dn + d.Dv), d.Dn * sizeof(float));
-        std::memcpy(k + d.Dn, KAF + n * Wa + d.Rkv, d.Dr * sizeof(float));
-      }
+    sv.k.slice(2, 0, d.Dn).copy_from(sv.v.view({d.NS, d.H, d.Dn + d.Dv}).slice(2, 0, d.Dn));
+    for (int64_t h = 0; h < d.H; ++h) sv.k.select(1, h).slice(1, d.Dn, d.Dqk).copy_from(kaf.slice(1, d.Rkv, Wa));
     run_core(L, sv, d, layout);
     sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
+    const HeadMats kb = w_kb(L.weights, d, L.split_kv_b_proj), vb = w_vb(L.weights, d, L.split_kv_b_proj);
     sv.qabs = f32({d.N, d.H, Wa});
-    for (int64_t h = 0; h < d.H; ++h) {
-      HeadMat m = w_kb(kvb_w, kb_w, d, h, L.split_kv_b_proj);
-      sgemm(Trans::no, m.transposed ? Trans::yes : Trans::no, d.N, d.Rkv, d.Dn, 1.f,
-            sv.q.data<float>() + h * d.Dqk, d.H * d.Dqk, m.p, m.ld, 0.f, sv.qabs.data<float>() + h * Wa, d.H * Wa);
-    }
-    for (int64_t n = 0; n < d.N; ++n)
-      for (int64_t h = 0; h < d.H; ++h)
-        std::memcpy(sv.qabs.data<float>() + (n * d.H + h) * Wa + d.Rkv,
-                    sv.q.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, d.Dr * sizeof(float));
+    matmul(per_head(sv.q, 0, d.Dn), Trans::no, kb.m, op(kb.transposed), per_head(sv.qabs, 0, d.Rkv));
+    sv.qabs.slice(2, d.Rkv, Wa).copy_from(sv.q.slice(2, d.Dn, d.Dqk));
     run_core(L, sv, d, layout);
-    sv.o = f32({d.N, d.H, d.Dv});
-    for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
-      HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
-      sgemm(Trans::no, Trans::yes, d.N, d.Dv, d.Rkv, 1.f, sv.att.out.data<float>() + h * d.Rkv, d.H * d.Rkv,
-            m.p, m.ld, 0.f, sv.o.data<float>() + h * d.Dv, d.H * d.Dv);
-    }
+    sv.o = f32({d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
+    matmul(per_head(sv.att.out.view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
+           per_head(sv.o, 0, d.Dv));
   }
   Tensor y = f32({d.b, d.s, d.hid});
-  cpu::linear_fwd(y.data<float>(), d.hid, sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N,
-                  d.H * d.Dv, d.hid);
+  linear_fwd(sv.o.view({d.N, d.H * d.Dv}), W(L, "o_proj.weight"), y);
   return y;
 }
 
@@ -366,58 +337,42 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
              "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",
              shape_str(dy.shape()));
   const RopeCache rc = rope_cache(cfg, d.s, d.row0);
-  const float* X = x.data<float>();
+  const Tensor x2 = x.view({d.N, d.hid});
   for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj)) g.dweights[p.name] = f32(p.shape);
-  auto dW = [&](const char* name) { return g.dweights.at(name).data<float>(); };
+  auto dW = [&](const char* name) { return g.dweights.at(name); };
 
   // o_proj
   Tensor dO = f32({d.N, d.H, d.Dv});
-  cpu::linear_bwd(dO.data<float>(), d.H * d.Dv, 0.f, dW("o_proj.weight"), dy.data<float>(), d.hid,
-                  sv.o.data<float>(), d.H * d.Dv, W(L, "o_proj.weight"), d.N, d.H * d.Dv, d.hid);
+  linear_bwd(dy.view({d.N, d.hid}), sv.o.view({d.N, d.H * d.Dv}), W(L, "o_proj.weight"), dW("o_proj.weight"),
+             dO.view({d.N, d.H * d.Dv}));
 
   // The core's gradients: dq for this rank's rows, and dka [NS, Rkv + Dr], the shared key's
   // gradient from this rank's queries over every key row (summed across ranks below).
   const int64_t Wa = d.Rkv + d.Dr;
-  Tensor dq = f32({d.N, d.H, d.Dqk});
-  Tensor dka = f32({d.b, d.S, Wa});
   const bool sparse = L.mode() == LayerMode::dsa_sparse;
+  const Tensor kaf = sv.ka.view({d.NS, Wa});
   AttnDenseInputs in = core_inputs(L, sv, d, layout);
-  float* kvb_w = L.split_kv_b_proj ? nullptr : const_cast<float*>(W(L, "kv_b_proj.weight"));
-  float* kb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "k_b_proj.weight")) : nullptr;
-  float* vb_w = L.split_kv_b_proj ? const_cast<float*>(W(L, "v_b_proj.weight")) : nullptr;
-  float* dkvb_w = L.split_kv_b_proj ? nullptr : dW("kv_b_proj.weight");
-  float* dkb_w = L.split_kv_b_proj ? dW("k_b_proj.weight") : nullptr;
-  float* dvb_w = L.split_kv_b_proj ? dW("v_b_proj.weight") : nullptr;
-  float* DKA = dka.data<float>();
+  Tensor dq, dka;
   AttnDenseGrads ga;
   if (!L.latent()) {
     ga = attn_dense_bwd(in, sv.att, dO.view({d.b, d.s, d.H, d.Dv}));
-    Tensor dkvb = f32({d.NS, d.H * (d.Dn + d.Dv)});
-    for (int64_t n = 0; n < d.NS; ++n) {
-      float* kp = DKA + n * Wa + d.Rkv;
-      std::fill(kp, kp + d.Dr, 0.f);
-      for (int64_t h = 0; h < d.H; ++h) {
-        const float* dk = ga.dk.data<float>() + (n * d.H + h) * d.Dqk;
-        float* row = dkvb.data<float>() + (n * d.H + h) * (d.Dn + d.Dv);
-        std::memcpy(row, dk, d.Dn * sizeof(float));
-        std::memcpy(row + d.Dn, ga.dv.data<float>() + (n * d.H + h) * d.Dv, d.Dv * sizeof(float));
-        for (int64_t i = 0; i < d.Dr; ++i) kp[i] += dk[d.Dn + i];
-      }
-    }
-    std::memcpy(dq.data<float>(), ga.dq.data<float>(), dq.nbytes());
-    cpu::linear_bwd(DKA, Wa, 0.f, dkvb_w, dkvb.data<float>(), d.H * (d.Dn + d.Dv), sv.ka.data<float>(), Wa, kvb_w,
-                    d.NS, d.Rkv, d.H * (d.Dn + d.Dv));
+    const Tensor dk = ga.dk.view({d.NS, d.H, d.Dqk});
+    Tensor dkvb = f32({d.NS, d.H, d.Dn + d.Dv});
+    dkvb.slice(2, 0, d.Dn).copy_from(dk.slice(2, 0, d.Dn));
+    dkvb.slice(2, d.Dn, d.Dn + d.Dv).copy_from(ga.dv.view({d.NS, d.H, d.Dv}));
+    dka = Tensor::zeros({d.b, d.S, Wa}, DType::f32);
+    const Tensor dka2 = dka.view({d.NS, Wa}), dk_pe = dka2.slice(1, d.Rkv, Wa);
+    for (int64_t h = 0; h < d.H; ++h) add(dk_pe, dk.select(1, h).slice(1, d.Dn, d.Dqk), dk_pe);  // heads in order
+    dq = ga.dq.view({d.N, d.H, d.Dqk});
+    linear_bwd(dkvb.view({d.NS, d.H * (d.Dn + d.Dv)}), kaf.slice(1, 0, d.Rkv), W(L, "kv_b_proj.weight"),
+               dW("kv_b_proj.weight"), dka2.slice(1, 0, d.Rkv));
   } else {
-    Tensor doa = f32({d.N, d.H, d.Rkv});
-    for (int64_t h = 0; h < d.H; ++h) {  // o_h = oa_h W_vb_h^T
-      HeadMat m = w_vb(kvb_w, vb_w, d, h, L.split_kv_b_proj);
-      HeadMat dm = w_vb(dkvb_w, dvb_w, d, h, L.split_kv_b_proj);
-      const float* do_h = dO.data<float>() + h * d.Dv;
-      sgemm(Trans::no, Trans::no, d.N, d.Rkv, d.Dv, 1.f, do_h, d.H * d.Dv, m.p, m.ld, 0.f,
-            doa.data<float>() + h * d.Rkv, d.H * d.Rkv);
-      sgemm(Trans::yes, Trans::no, d.Dv, d.Rkv, d.N, 1.f, do_h, d.H * d.Dv, sv.att.out.data<float>() + h * d.Rkv,
-            d.H * d.Rkv, 0.f, dm.p, dm.ld);
-    }
+    const HeadMats kb = w_kb(L.weights, d, L.split_kv_b_proj), vb = w_vb(L.weights, d, L.split_kv_b_proj);
+    const HeadMats dkb = w_kb(g.dweights, d, L.split_kv_b_proj), dvb = w_vb(g.dweights, d, L.split_kv_b_proj);
+    const Tensor oa = sv.att.out.view({d.N, d.H, d.Rkv});
+    Tensor doa = f32({d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
+    matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
+    matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m);
     if (sparse) {  // dkv holds the key's and the value's gradient together
       AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
                                            doa.view({d.b, d.s, d.H, d.Rkv}));
@@ -425,58 +380,42 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
     } else {
       ga = attn_dense_bwd(in, sv.att, doa.view({d.b, d.s, d.H, d.Rkv}));
     }
-    const float* dqa = ga.dq.data<float>();
-    for (int64_t h = 0; h < d.H; ++h) {  // qabs_h = q_nope_h W_kb_h
-      HeadMat m = w_kb(kvb_w, kb_w, d, h, L.split_kv_b_proj);
-      HeadMat dm = w_kb(dkvb_w, dkb_w, d, h, L.split_kv_b_proj);
-      const float* dqa_h = dqa + h * Wa;
-      const float* qn_h = sv.q.data<float>() + h * d.Dqk;
-      sgemm(Trans::no, m.transposed ? Trans::no : Trans::yes, d.N, d.Dn, d.Rkv, 1.f, dqa_h, d.H * Wa, m.p,
-            m.ld, 0.f, dq.data<float>() + h * d.Dqk, d.H * d.Dqk);
-      if (dm.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
-        sgemm(Trans::yes, Trans::no, d.Rkv, d.Dn, d.N, 1.f, dqa_h, d.H * Wa, qn_h, d.H * d.Dqk, 0.f, dm.p, dm.ld);
-      else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
-        sgemm(Trans::yes, Trans::no, d.Dn, d.Rkv, d.N, 1.f, qn_h, d.H * d.Dqk, dqa_h, d.H * Wa, 0.f, dm.p, dm.ld);
+    const Tensor dqa = ga.dq.view({d.N, d.H, Wa});  // qabs_h = q_nope_h W_kb_h
+    dq = f32({d.N, d.H, d.Dqk});
+    matmul(per_head(dqa, 0, d.Rkv), Trans::no, kb.m, op(!kb.transposed), per_head(dq, 0, d.Dn));
+    if (dkb.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
+      matmul(per_head(dqa, 0, d.Rkv), Trans::yes, per_head(sv.q, 0, d.Dn), Trans::no, dkb.m);
+    else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
+      matmul(per_head(sv.q, 0, d.Dn), Trans::yes, per_head(dqa, 0, d.Rkv), Trans::no, dkb.m);
+    dq.slice(2, d.Dn, d.Dqk).copy_from(dqa.slice(2, d.Rkv, Wa));
+    dka = ga.dk.view({d.b, d.S, Wa});
+    if (ga.dv.defined()) {  // the value is the key's first Rkv channels
+      const Tensor dc = dka.view({d.NS, Wa}).slice(1, 0, d.Rkv);
+      add(dc, ga.dv.view({d.NS, d.Rkv}), dc);
     }
-    for (int64_t n = 0; n < d.N; ++n)
-      for (int64_t h = 0; h < d.H; ++h)
-        std::memcpy(dq.data<float>() + (n * d.H + h) * d.Dqk + d.Dn, dqa + (n * d.H + h) * Wa + d.Rkv,
-                    d.Dr * sizeof(float));
-    std::memcpy(DKA, ga.dk.data<float>(), dka.nbytes());
-    if (ga.dv.defined())  // the value is the key's first Rkv channels
-      for (int64_t n = 0; n < d.NS; ++n) {
-        const float* dva = ga.dv.data<float>() + n * d.Rkv;
-        for (int64_t r = 0; r < d.Rkv; ++r) DKA[n * Wa + r] += dva[r];
-      }
   }
-  if (cfg.attention_sink) std::memcpy(dW("softmax_offset"), ga.dsink.data<float>(), d.H * sizeof(float));
+  if (cfg.attention_sink) dW("softmax_offset").copy_from(ga.dsink);
 
   // This rank's rows of the shared key's gradient, summed over every rank's queries.
-  const Tensor dka_own = cp_reduce_scatter_rows(cp, dka);
-  float* DK = dka_own.data<float>();  // [N, Wa]: dc, then dk_pe
+  const Tensor dka_own = cp_reduce_scatter_rows(cp, dka).view({d.N, Wa});  // dc, then dk_pe
 
   // RoPE backward, then the kv_a and q projections; dx accumulates in a fixed order.
-  rope(dq.data<float>() + d.Dn, d.H * d.Dqk, d.Dqk, d.H, d, rc, true);
-  rope(DK + d.Rkv, Wa, 0, 1, d, rc, true);
+  rope_rows(dq, d, d.Dn, rc, true);
+  rope_rows(dka_own.view({d.N, 1, Wa}), d, d.Rkv, rc, true);
   Tensor dkva = f32({d.N, Wa});
-  cpu::rmsnorm_bwd(dkva.data<float>(), Wa, dW("kv_a_layernorm.weight"), DK, Wa, sv.kva.data<float>(), Wa,
-                   W(L, "kv_a_layernorm.weight"), sv.rstd_kv.data<float>(), d.N, d.Rkv);
-  for (int64_t n = 0; n < d.N; ++n)
-    std::memcpy(dkva.data<float>() + n * Wa + d.Rkv, DK + n * Wa + d.Rkv, d.Dr * sizeof(float));
+  rmsnorm_bwd(dka_own.slice(1, 0, d.Rkv), sv.kva.slice(1, 0, d.Rkv), W(L, "kv_a_layernorm.weight"), sv.rstd_kv,
+              dkva.slice(1, 0, d.Rkv), dW("kv_a_layernorm.weight"));
+  dkva.slice(1, d.Rkv, Wa).copy_from(dka_own.slice(1, d.Rkv, Wa));
   g.dx = f32({d.b, d.s, d.hid});
-  cpu::linear_bwd(g.dx.data<float>(), d.hid, 0.f, dW("kv_a_proj_with_mqa.weight"), dkva.data<float>(), Wa, X,
-                  d.hid, W(L, "kv_a_proj_with_mqa.weight"), d.N, d.hid, Wa);
+  const Tensor dx2 = g.dx.view({d.N, d.hid}), dq2 = dq.view({d.N, d.H * d.Dqk});
+  linear_bwd(dkva, x2, W(L, "kv_a_proj_with_mqa.weight"), dW("kv_a_proj_with_mqa.weight"), dx2);
   if (d.Rq > 0) {
     Tensor dcq = f32({d.N, d.Rq}), dqa = f32({d.N, d.Rq});
-    cpu::linear_bwd(dcq.data<float>(), d.Rq, 0.f, dW("q_b_proj.weight"), dq.data<float>(), d.H * d.Dqk,
-                    sv.cq.data<float>(), d.Rq, W(L, "q_b_proj.weight"), d.N, d.Rq, d.H * d.Dqk);
-    cpu::rmsnorm_bwd(dqa.data<float>(), d.Rq, dW("q_a_layernorm.weight"), dcq.data<float>(), d.Rq,
-                     sv.qa.data<float>(), d.Rq, W(L, "q_a_layernorm.weight"), sv.rstd_q.data<float>(), d.N, d.Rq);
-    cpu::linear_bwd(g.dx.data<float>(), d.hid, 1.f, dW("q_a_proj.weight"), dqa.data<float>(), d.Rq, X, d.hid,
-                    W(L, "q_a_proj.weight"), d.N, d.hid, d.Rq);
+    linear_bwd(dq2, sv.cq, W(L, "q_b_proj.weight"), dW("q_b_proj.weight"), dcq);
+    rmsnorm_bwd(dcq, sv.qa, W(L, "q_a_layernorm.weight"), sv.rstd_q, dqa, dW("q_a_layernorm.weight"));
+    linear_bwd(dqa, x2, W(L, "q_a_proj.weight"), dW("q_a_proj.weight"), dx2, 1.f);
   } else {
-    cpu::linear_bwd(g.dx.data<float>(), d.hid, 1.f, dW("q_proj.weight"), dq.data<float>(), d.H * d.Dqk, X, d.hid,
-                    W(L, "q_proj.weight"), d.N, d.hid, d.H * d.Dqk);
+    linear_bwd(dq2, x2, W(L, "q_proj.weight"), dW("q_proj.weight"), dx2, 1.f);
   }
   return g;
 }

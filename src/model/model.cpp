@@ -8,16 +8,15 @@
 #include <map>
 #include <random>
 
-#include "cpu_kernels.h"
 #include "hmla/dist/cp.h"
 #include "hmla/model/indexer.h"
-#include "cpu_kernels.h"
+#include "hmla/ops/nn.h"
 
 namespace hmla {
 
 namespace {
 
-const float* P(const Model& m, const std::string& name) { return m.params.at(name).data<float>(); }
+const Tensor& P(const Model& m, const std::string& name) { return m.params.at(name); }
 
 bool is_moe_layer(const ModelConfig& c, int64_t L) {
   if (!c.mlp_layer_types.empty()) return c.mlp_layer_types.at(L) == "sparse";
@@ -32,11 +31,7 @@ io::TensorMap layer_attn(const Model& m, int64_t L) {
   return w;
 }
 
-void add_into(Tensor& dst, const Tensor& src) {
-  float* d = dst.data<float>();
-  const float* s = src.data<float>();
-  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += s[i];
-}
+void add_into(const Tensor& dst, const Tensor& src) { add(dst, src, dst); }
 
 struct LayerSaved {
   Tensor h_in, rstd1, a;  // layer input, input_layernorm statistics and output [N, hid]
@@ -76,16 +71,10 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const int32_t* ids = local_ids.data<int32_t>();
   Forward f;
   f.ids = local_ids;
   Tensor h = Tensor::empty({b, s, hid}, DType::f32);
-  const float* E = P(m, "model.embed_tokens.weight");
-  for (int64_t n = 0; n < N; ++n) {
-    HMLA_CHECK(ids[n] >= 0 && ids[n] < V, ShapeError, "token id ", ids[n], " at position ", n,
-               " is outside the vocabulary [0, ", V, ")");
-    std::memcpy(h.data<float>() + n * hid, E + int64_t(ids[n]) * hid, hid * sizeof(float));
-  }
+  embedding_fwd(local_ids, P(m, "model.embed_tokens.weight"), h);
   f.layers.resize(c.num_hidden_layers);
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     LayerSaved& sv = f.layers[L];
@@ -93,35 +82,32 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
     sv.h_in = h;
     sv.rstd1 = Tensor::empty({N}, DType::f32);
     sv.a = Tensor::empty({b, s, hid}, DType::f32);
-    cpu::rmsnorm_fwd(sv.a.data<float>(), hid, sv.rstd1.data<float>(), h.data<float>(), hid,
-                     P(m, pre + "input_layernorm.weight"), N, hid, eps);
+    rmsnorm_fwd(h, P(m, pre + "input_layernorm.weight"), eps, sv.a, sv.rstd1);
     MlaLayer layer{&c, L, false, layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
     sv.h_mid = Tensor::empty({b, s, hid}, DType::f32);
-    for (int64_t i = 0; i < N * hid; ++i) sv.h_mid.data<float>()[i] = h.data<float>()[i] + y.data<float>()[i];
+    add(h, y, sv.h_mid);
     sv.rstd2 = Tensor::empty({N}, DType::f32);
     sv.mn = Tensor::empty({N, hid}, DType::f32);
-    cpu::rmsnorm_fwd(sv.mn.data<float>(), hid, sv.rstd2.data<float>(), sv.h_mid.data<float>(), hid,
-                     P(m, pre + "post_attention_layernorm.weight"), N, hid, eps);
+    rmsnorm_fwd(sv.h_mid, P(m, pre + "post_attention_layernorm.weight"), eps, sv.mn, sv.rstd2);
     sv.g = Tensor::empty({N, I}, DType::f32);
     sv.u = Tensor::empty({N, I}, DType::f32);
     sv.act = Tensor::empty({N, I}, DType::f32);
-    cpu::linear_fwd(sv.g.data<float>(), I, sv.mn.data<float>(), hid, P(m, pre + "mlp.gate_proj.weight"), N, hid, I);
-    cpu::linear_fwd(sv.u.data<float>(), I, sv.mn.data<float>(), hid, P(m, pre + "mlp.up_proj.weight"), N, hid, I);
-    cpu::swiglu_fwd(sv.act.data<float>(), sv.g.data<float>(), sv.u.data<float>(), N * I);
+    linear_fwd(sv.mn, P(m, pre + "mlp.gate_proj.weight"), sv.g);
+    linear_fwd(sv.mn, P(m, pre + "mlp.up_proj.weight"), sv.u);
+    swiglu_fwd(sv.g, sv.u, sv.act);
     h = Tensor::empty({b, s, hid}, DType::f32);
-    cpu::linear_fwd(h.data<float>(), hid, sv.act.data<float>(), I, P(m, pre + "mlp.down_proj.weight"), N, I, hid);
-    for (int64_t i = 0; i < N * hid; ++i) h.data<float>()[i] += sv.h_mid.data<float>()[i];
+    linear_fwd(sv.act, P(m, pre + "mlp.down_proj.weight"), h);
+    add(h, sv.h_mid, h);
   }
   f.h_final = h;
   f.rstd_final = Tensor::empty({N}, DType::f32);
   f.n_final = Tensor::empty({N, hid}, DType::f32);
-  cpu::rmsnorm_fwd(f.n_final.data<float>(), hid, f.rstd_final.data<float>(), h.data<float>(), hid,
-                   P(m, "model.norm.weight"), N, hid, eps);
+  rmsnorm_fwd(h, P(m, "model.norm.weight"), eps, f.n_final, f.rstd_final);
   f.logits = Tensor::empty({N, V}, DType::f32);
   const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  cpu::linear_fwd(f.logits.data<float>(), V, f.n_final.data<float>(), hid, P(m, head), N, hid, V);
+  linear_fwd(f.n_final, P(m, head), f.logits);
   return f;
 }
 
@@ -339,8 +325,8 @@ double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   std::vector<int32_t> target;
   std::vector<float> keep;
   shard_targets(batch, m.cfg.pad_token_id, 0, cp, target, keep);
-  return cpu::cross_entropy(f.logits.data<float>(), target.data(), keep.data(), int64_t(keep.size()), m.cfg.vocab_size,
-                            nullptr);
+  const int64_t n = int64_t(keep.size());
+  return cross_entropy(f.logits, Tensor::from_vector<int32_t>({n}, target), Tensor::from_vector<float>({n}, keep));
 }
 
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
@@ -357,8 +343,8 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   std::vector<float> keep;
   shard_targets(batch, c.pad_token_id, opt.lm_targets, cp, target, keep);
   Tensor dlogits = Tensor::empty({N, V}, DType::f32);
-  st.lm_loss = cpu::cross_entropy(f.logits.data<float>(), target.data(), keep.data(), N, V,
-                                  opt.backbone ? dlogits.data<float>() : nullptr);
+  st.lm_loss = cross_entropy(f.logits, Tensor::from_vector<int32_t>({N}, target), Tensor::from_vector<float>({N}, keep),
+                             opt.backbone ? dlogits : Tensor());
 
   // The indexer's loss rows over the whole batch, then this rank's.
   const Tensor all_rows = loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, opt.valid_rows);
@@ -371,12 +357,10 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   if (opt.backbone) {
     const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     Tensor dn = tmp({N, hid}), dW = tmp({V, hid}), dnorm = tmp({hid});
-    cpu::linear_bwd(dn.data<float>(), hid, 0.f, dW.data<float>(), dlogits.data<float>(), V, f.n_final.data<float>(), hid,
-                    P(m, head), N, hid, V);
+    linear_bwd(dlogits, f.n_final, P(m, head), dW, dn);
     acc(head, dW);
     dh = tmp({b, s, hid});
-    cpu::rmsnorm_bwd(dh.data<float>(), hid, dnorm.data<float>(), dn.data<float>(), hid, f.h_final.data<float>(), hid,
-                     P(m, "model.norm.weight"), f.rstd_final.data<float>(), N, hid);
+    rmsnorm_bwd(dn, f.h_final, P(m, "model.norm.weight"), f.rstd_final, dh, dnorm);
     acc("model.norm.weight", dnorm);
   }
 
@@ -399,22 +383,18 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     }
     // MLP: h = h_mid + down(swiglu(gate(mn), up(mn))).
     Tensor dact = tmp({N, I}), dWd = tmp({hid, I}), dg = tmp({N, I}), du = tmp({N, I});
-    cpu::linear_bwd(dact.data<float>(), I, 0.f, dWd.data<float>(), dh.data<float>(), hid, sv.act.data<float>(), I,
-                    P(m, pre + "mlp.down_proj.weight"), N, I, hid);
+    linear_bwd(dh, sv.act, P(m, pre + "mlp.down_proj.weight"), dWd, dact);
     acc(pre + "mlp.down_proj.weight", dWd);
-    cpu::swiglu_bwd(dg.data<float>(), du.data<float>(), dact.data<float>(), sv.g.data<float>(), sv.u.data<float>(), N * I);
+    swiglu_bwd(dact, sv.g, sv.u, dg, du);
     Tensor dmn = tmp({N, hid}), dWg = tmp({I, hid}), dWu = tmp({I, hid});
-    cpu::linear_bwd(dmn.data<float>(), hid, 0.f, dWg.data<float>(), dg.data<float>(), I, sv.mn.data<float>(), hid,
-                    P(m, pre + "mlp.gate_proj.weight"), N, hid, I);
-    cpu::linear_bwd(dmn.data<float>(), hid, 1.f, dWu.data<float>(), du.data<float>(), I, sv.mn.data<float>(), hid,
-                    P(m, pre + "mlp.up_proj.weight"), N, hid, I);
+    linear_bwd(dg, sv.mn, P(m, pre + "mlp.gate_proj.weight"), dWg, dmn);
+    linear_bwd(du, sv.mn, P(m, pre + "mlp.up_proj.weight"), dWu, dmn, 1.f);
     acc(pre + "mlp.gate_proj.weight", dWg);
     acc(pre + "mlp.up_proj.weight", dWu);
     Tensor dmid = tmp({b, s, hid}), dpost = tmp({hid});
-    cpu::rmsnorm_bwd(dmid.data<float>(), hid, dpost.data<float>(), dmn.data<float>(), hid, sv.h_mid.data<float>(), hid,
-                     P(m, pre + "post_attention_layernorm.weight"), sv.rstd2.data<float>(), N, hid);
+    rmsnorm_bwd(dmn, sv.h_mid, P(m, pre + "post_attention_layernorm.weight"), sv.rstd2, dmid, dpost);
     acc(pre + "post_attention_layernorm.weight", dpost);
-    for (int64_t i = 0; i < N * hid; ++i) dmid.data<float>()[i] += dh.data<float>()[i];
+    add(dmid, dh, dmid);
     // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
     MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo, cp);
     for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
@@ -424,20 +404,11 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     }
     Tensor dpre = tmp({hid});
     dh = tmp({b, s, hid});
-    cpu::rmsnorm_bwd(dh.data<float>(), hid, dpre.data<float>(), g.dx.data<float>(), hid, sv.h_in.data<float>(), hid,
-                     P(m, pre + "input_layernorm.weight"), sv.rstd1.data<float>(), N, hid);
+    rmsnorm_bwd(g.dx, sv.h_in, P(m, pre + "input_layernorm.weight"), sv.rstd1, dh, dpre);
     acc(pre + "input_layernorm.weight", dpre);
-    for (int64_t i = 0; i < N * hid; ++i) dh.data<float>()[i] += dmid.data<float>()[i];
+    add(dh, dmid, dh);
   }
-  if (opt.backbone) {  // embedding rows, in token order
-    float* dE = grads.at("model.embed_tokens.weight").data<float>();
-    const int32_t* tok = f.ids.data<int32_t>();
-    for (int64_t n = 0; n < N; ++n) {
-      float* row = dE + int64_t(tok[n]) * hid;
-      const float* src = dh.data<float>() + n * hid;
-      for (int64_t i = 0; i < hid; ++i) row[i] += src[i];
-    }
-  }
+  if (opt.backbone) embedding_bwd(f.ids, dh, grads.at("model.embed_tokens.weight"));  // rows in token order
   if (dsa_layers > 0) st.indexer_kl /= dsa_layers;
   return st;
 }

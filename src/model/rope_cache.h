@@ -2,14 +2,13 @@
 // row; pos0 > 0 for a context-parallel shard), with the attention factor folded in; shared by the
 // MLA layer and the indexer.
 #pragma once
-#include <vector>
-
+#include "hmla/core/tensor.h"
 #include "hmla/model/config.h"
 
 namespace hmla {
 
 struct RopeCache {
-  std::vector<float> cos, sin;
+  Tensor cos, sin;  // f32 [s, Dr / 2]
 };
 
 RopeCache rope_cache(const ModelConfig& c, int64_t s, int64_t pos0 = 0);

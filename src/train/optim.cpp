@@ -5,7 +5,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "cpu_kernels.h"
+#include "hmla/ops/nn.h"
+#include "hmla/ops/optim.h"
 
 namespace hmla {
 
@@ -17,36 +18,32 @@ bool uses_muon(const OptimSettings& o, const ParamSpec& p) {
 }
 
 double group_norm(const std::vector<ParamSpec>& table, const io::TensorMap& g, bool indexer) {
-  double ss = 0;
-  for (const ParamSpec& p : table) {
-    if (is_indexer_tensor(p.name) != indexer) continue;
-    const Tensor& t = g.at(p.name);
-    const float* x = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) ss += double(x[i]) * x[i];
-  }
+  double ss = 0;  // one running sum over the group's tensors, in table order
+  for (const ParamSpec& p : table)
+    if (is_indexer_tensor(p.name) == indexer) ss = sum_squares(g.at(p.name), ss);
   return std::sqrt(ss);
 }
 
-// X <- approximately U V^T of G = U S V^T: five quintic Newton-Schulz iterations on G / |G|_F.
-void newton_schulz(const float* G, int64_t rows, int64_t cols, int steps, float* out) {
+// X <- approximately U V^T of G = U S V^T: quintic Newton-Schulz iterations on G / |G|_F, on the
+// wide orientation (rows <= cols), written into `out` (G's shape).
+void newton_schulz(const Tensor& G, int steps, Tensor out) {
+  const int64_t rows = G.size(0), cols = G.size(1);
   const bool tr = rows > cols;  // iterate on the wide orientation
   const int64_t r = tr ? cols : rows, c = tr ? rows : cols;
-  std::vector<float> X(r * c), A(r * r), B(r * r), Y(r * c);
-  double norm = 0;
-  for (int64_t i = 0; i < rows * cols; ++i) norm += double(G[i]) * G[i];
-  const float inv = float(1.0 / (std::sqrt(norm) + 1e-7));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) (tr ? X[j * c + i] : X[i * c + j]) = G[i * cols + j] * inv;
+  Tensor X = Tensor::empty({r, c}, DType::f32), A = Tensor::empty({r, r}, DType::f32),
+         B = Tensor::empty({r, r}, DType::f32), Gs = Tensor::empty({rows, cols}, DType::f32);
+  const float inv = float(1.0 / (std::sqrt(sum_squares(G)) + 1e-7));
+  scale(G, inv, Gs);
+  X.copy_from(tr ? Gs.transpose(0, 1) : Gs);
   const float a = 3.4445f, b = -4.7750f, cc = 2.0315f;
   for (int k = 0; k < steps; ++k) {
-    cpu::sgemm(cpu::Trans::no, cpu::Trans::yes, r, r, c, 1.f, X.data(), c, X.data(), c, 0.f, A.data(), r);
-    cpu::sgemm(cpu::Trans::no, cpu::Trans::no, r, r, r, cc, A.data(), r, A.data(), r, 0.f, B.data(), r);
-    for (int64_t i = 0; i < r * r; ++i) B[i] += b * A[i];
-    Y = X;
-    cpu::sgemm(cpu::Trans::no, cpu::Trans::no, r, c, r, 1.f, B.data(), r, Y.data(), c, a, X.data(), c);
+    matmul(X, Trans::no, X, Trans::yes, A);                 // A = X X^T
+    matmul(A, Trans::no, A, Trans::no, B, cc);              // B = cc A A + b A
+    axpy(B, b, A, B);
+    const Tensor Y = X.clone();
+    matmul(B, Trans::no, Y, Trans::no, X, 1.f, a);          // X = a X + B X
   }
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = tr ? X[j * c + i] : X[i * c + j];
+  out.copy_from(tr ? X.transpose(0, 1) : X);
 }
 
 }  // namespace
@@ -89,32 +86,20 @@ OptimStats Optimizer::step(Model& m, io::TensorMap& grads, int64_t step) {
     const double clip = idx ? o_.clip_indexer : o_.clip_backbone;
     const float gscale = (clip > 0 && norm > clip) ? float(clip / norm) : 1.f;
     const float lr = float(lr_at(o_, idx ? o_.indexer_lr : o_.lr, step));
-    float* w = m.params.at(p.name).data<float>();
-    const float* g = grads.at(p.name).data<float>();
-    float* mm = m_.at(p.name).data<float>();
-    float* vv = v_.at(p.name).data<float>();
-    const int64_t n = shape_numel(p.shape);
-    const bool decay = p.shape.size() == 2;  // no decay on norms, biases and the sink
+    const Tensor &w = m.params.at(p.name), &g = grads.at(p.name), &mm = m_.at(p.name);
     if (uses_muon(o_, p)) {
-      std::vector<float> u(n), upd(n);
-      const float beta = float(o_.muon_momentum);
-      for (int64_t i = 0; i < n; ++i) {
-        mm[i] = beta * mm[i] + g[i] * gscale;
-        u[i] = g[i] * gscale + beta * mm[i];  // Nesterov
-      }
-      newton_schulz(u.data(), p.shape[0], p.shape[1], o_.muon_ns_steps, upd.data());
-      const float scale = 0.2f * std::sqrt(float(std::max(p.shape[0], p.shape[1])));
-      for (int64_t i = 0; i < n; ++i) w[i] -= lr * (scale * upd[i] + float(o_.weight_decay) * w[i]);
+      Tensor u = Tensor::empty(p.shape, DType::f32), upd = Tensor::empty(p.shape, DType::f32);
+      muon_momentum(g, mm, u, gscale, float(o_.muon_momentum));
+      newton_schulz(u, o_.muon_ns_steps, upd);
+      const float scale_ = 0.2f * std::sqrt(float(std::max(p.shape[0], p.shape[1])));
+      muon_update(w, upd, lr, scale_, float(o_.weight_decay));
       continue;
     }
-    const float b1 = float(o_.beta1), b2 = float(o_.beta2), eps = float(o_.eps), wd = decay ? float(o_.weight_decay) : 0.f;
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * gscale;
-      mm[i] = b1 * mm[i] + (1 - b1) * gi;
-      vv[i] = b2 * vv[i] + (1 - b2) * gi * gi;
-      const float mh = mm[i] / float(bc1), vh = vv[i] / float(bc2);
-      w[i] -= lr * (mh / (std::sqrt(vh) + eps) + wd * w[i]);
-    }
+    AdamWParams h;
+    h.gscale = gscale, h.lr = lr, h.b1 = float(o_.beta1), h.b2 = float(o_.beta2), h.eps = float(o_.eps);
+    h.wd = p.shape.size() == 2 ? float(o_.weight_decay) : 0.f;  // no decay on norms, biases and the sink
+    h.bc1 = bc1, h.bc2 = bc2;
+    adamw_update(w, g, mm, v_.at(p.name), h);
   }
   return st;
 }

@@ -1,15 +1,23 @@
 // The lightning indexer module (DESIGN.md section 5): its five tensors, forward from detached
 // copies of the attention input x and the normalised q latent cq, and backward into its own
-// weights only (nothing flows into the backbone). Also the loss-row weights of section 3.
+// weights only (nothing flows into the backbone).
 #pragma once
 #include <vector>
 
+#include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
-#include "hmla/model/mla_layer.h"
+#include "hmla/model/losses.h"
+#include "hmla/model/params.h"
 #include "hmla/ops/indexer.h"
 
 namespace hmla {
+
+// The indexer's forward state (DESIGN.md section 5), kept by a dsa-mode layer.
+struct IndexerState {
+  Tensor kpre, k_mean, k_rstd;  // wk x before LayerNorm [N, DI] and its statistics [N]
+  IndexerScores sc;             // qI [b,s,HI,DI], kI [b,s,DI] (rope applied), w [b,s,HI]
+};
 
 // indexer.wq_b.weight [HI*DI, Rq], indexer.wk.weight [DI, hidden], indexer.k_norm.weight [DI],
 // indexer.k_norm.bias [DI], indexer.weights_proj.weight [HI, hidden].
@@ -28,14 +36,5 @@ void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor&
 void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
                       const IndexerState& saved, const IndexerKlResult& kl, io::TensorMap& grads,
                       Comm& cp = Comm::self());
-
-// Loss rows (DESIGN.md section 3): mask[t] = (input_ids[t] != pad_token_id) and A(t) non-empty;
-// without input_ids every row counts. Returns [b, s] f32 mask / valid_rows, where valid_rows is
-// `global_valid_rows` when given (> 0: summed over every rank and micro-batch of the step), else
-// this batch's max(sum(mask), 1) (or b * s without input_ids).
-Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_t pad_token_id,
-                        int64_t global_valid_rows = 0);
-// sum(mask) of this batch (before the max with 1): what ranks and micro-batches add up.
-int64_t loss_row_count(const DocLayout& layout, const Tensor* input_ids, int64_t pad_token_id);
 
 }  // namespace hmla

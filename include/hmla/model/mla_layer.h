@@ -1,7 +1,9 @@
 // One MLA attention layer, forward and backward, from the attention input x (the output of
-// input_layernorm) to o_proj's output (DESIGN.md sections 2 and 4). Modes mha (per-head K/V
-// through kv_b_proj, dense MHA core) and mqa_full_causal (absorbed latent MQA, dense over the
-// per-document causal set, MHA scale). Which one runs is latent_mqa_enabled(config, layer).
+// input_layernorm) to o_proj's output (DESIGN.md sections 2 to 6), in the layer's mode: mha and
+// dsa_warmup run per-head K/V through kv_b_proj and a dense MHA core (dsa_warmup adds the indexer
+// and its dense KL); mqa_full_causal runs absorbed latent MQA, dense over the per-document causal
+// set; dsa_sparse runs absorbed latent MQA over the indexer's selection with the sparse KL. Which
+// core runs is latent_mqa_enabled(config, layer); every step is an op of hmla/ops.
 #pragma once
 #include <string>
 #include <vector>
@@ -11,15 +13,11 @@
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
+#include "hmla/model/indexer.h"
+#include "hmla/model/params.h"
 #include "hmla/ops/attention.h"
-#include "hmla/ops/indexer.h"
 
 namespace hmla {
-
-struct ParamSpec {
-  std::string name;  // without the "model.layers.{L}.self_attn." prefix
-  Shape shape;
-};
 
 // The attention's own tensors, in checkpoint form (kv_b_proj) or split (k_b_proj/v_b_proj) form;
 // with `indexer`, followed by the five indexer tensors (indexer_param_table).
@@ -40,12 +38,6 @@ struct MlaLayer {
   io::TensorMap weights;
   LayerMode mode() const { return cfg->layer_modes[layer]; }
   bool latent() const { return latent_mqa_enabled(*cfg, layer); }
-};
-
-// The indexer's forward state (DESIGN.md section 5), kept by a dsa-mode layer.
-struct IndexerState {
-  Tensor kpre, k_mean, k_rstd;  // wk x before LayerNorm [N, DI] and its statistics [N]
-  IndexerScores sc;             // qI [b,s,HI,DI], kI [b,s,DI] (rope applied), w [b,s,HI]
 };
 
 // What the backward needs, named (STYLE.md: no hidden tape). N = b * s rows of this rank's

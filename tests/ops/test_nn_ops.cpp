@@ -1,0 +1,437 @@
+// The case table of the dense ops (hmla/ops/nn.h) and the optimizer steps (hmla/ops/optim.h),
+// run through the op entry points on every backend of the build that runs them, against float64
+// oracles written here by the STYLE.md rule (the oracle instantiated in f32 is the naive arm).
+// Inputs are strided where the op takes strides (column slices of wider tensors, per-head views),
+// so the row-stride handling of the entry points is what is tested, not only the kernels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hmla/ops/backend.h"
+#include "hmla/ops/nn.h"
+#include "hmla/ops/optim.h"
+#include "testing.h"
+
+namespace hmla {
+namespace {
+
+using testing::expect_within_rule;
+using testing::randn;
+using Vec = std::vector<float>;
+template <class T>
+using V = std::vector<T>;
+
+template <class T>
+V<T> cast(const Vec& v) {
+  return V<T>(v.begin(), v.end());
+}
+
+Tensor t(const Shape& s, const Vec& v) { return Tensor::from_vector<float>(s, v); }
+Vec vec(const Tensor& x) { return x.clone().to_vector<float>(); }
+
+// One f32 result checked against the oracle in f64 (reference) and f32 (naive arm).
+template <class Oracle>
+void check(const std::string& what, const Vec& kernel, Oracle oracle, double cancelled = 0) {
+  const V<float> naive = oracle(float{});
+  const V<double> ref = oracle(double{});
+  expect_within_rule(what, kernel, naive, ref, cancelled);
+}
+
+// ---- oracles --------------------------------------------------------------------------------
+// C[M, N] = alpha op(A) op(B) + beta C0; A, B, C0 row-major, op(X)[i, k] = X[i, k] or X[k, i].
+template <class T>
+V<T> gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const Vec& A, const Vec& B,
+              double beta, const Vec& C0) {
+  V<T> C(M * N);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      T acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += T(ta ? A[k * M + i] : A[i * K + k]) * T(tb ? B[j * K + k] : B[k * N + j]);
+      C[i * N + j] = T(alpha) * acc + (beta != 0 ? T(beta) * T(C0[i * N + j]) : T(0));
+    }
+  return C;
+}
+
+// Columns [c0, c0 + w) of a row-major [rows, width] buffer.
+Vec cols(const Vec& x, int64_t rows, int64_t width, int64_t c0, int64_t w) {
+  Vec o(rows * w);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < w; ++c) o[r * w + c] = x[r * width + c0 + c];
+  return o;
+}
+
+// ---- the table ------------------------------------------------------------------------------
+
+struct Case {
+  std::string name;
+  bool (*supported)(const Backend&);
+  std::function<void()> run;  // on the CPU tensors below, through the op entries
+};
+
+template <class P>
+bool runs(const Backend& b) {
+  P p;
+  return b.supports(p);
+}
+
+void matmul_case(bool ta, bool tb, float beta) {
+  const int64_t M = 7, N = 5, K = 9;
+  const Vec A = randn(M * K, 1), B = randn(K * N, 2), C0 = randn(M * N, 3);
+  Tensor a = t(ta ? Shape{K, M} : Shape{M, K}, A), b = t(tb ? Shape{N, K} : Shape{K, N}, B), c = t({M, N}, C0);
+  matmul(a, ta ? Trans::yes : Trans::no, b, tb ? Trans::yes : Trans::no, c, 0.75f, beta);
+  check("matmul", vec(c), [&](auto z) { return gemm_ref<decltype(z)>(ta, tb, M, N, K, 0.75, A, B, beta, C0); });
+}
+
+// Per-head products on [N, H, width] activations: c_h = a_h[:, 0:K] op(w_h), the MLA absorption.
+void batched_case() {
+  const int64_t N = 6, H = 3, Wa = 10, K = 4, Ncol = 5;
+  const Vec A = randn(N * H * Wa, 4), Wt = randn(H * K * Ncol, 5);
+  Tensor a = t({N, H, Wa}, A), w = t({H, K, Ncol}, Wt), c = Tensor::zeros({N, H, 8}, DType::f32);
+  matmul(a.slice(2, 2, 2 + K).transpose(0, 1), Trans::no, w, Trans::no, c.slice(2, 1, 1 + Ncol).transpose(0, 1));
+  const Vec got = vec(c);
+  for (int64_t h = 0; h < H; ++h) {
+    Vec ah(N * K), gh(N * Ncol), wh(Wt.begin() + h * K * Ncol, Wt.begin() + (h + 1) * K * Ncol);
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) ah[n * K + k] = A[(n * H + h) * Wa + 2 + k];
+      for (int64_t j = 0; j < Ncol; ++j) gh[n * Ncol + j] = got[(n * H + h) * 8 + 1 + j];
+    }
+    check("batched matmul head " + std::to_string(h), gh,
+          [&](auto z) { return gemm_ref<decltype(z)>(false, false, N, Ncol, K, 1, ah, wh, 0, {}); });
+  }
+  for (int64_t n = 0; n < N; ++n)  // columns outside the view are untouched
+    for (int64_t h = 0; h < H; ++h) EXPECT_EQ(got[(n * H + h) * 8], 0.f);
+}
+
+// x is a column slice [N, in] of a [N, in + 3] tensor; dx accumulates (beta 1) into a slice.
+void linear_case() {
+  const int64_t N = 11, in = 6, out = 4, wide = in + 3;
+  const Vec X = randn(N * wide, 6), Wt = randn(out * in, 7), DY = randn(N * out, 8), DX0 = randn(N * wide, 9);
+  Tensor x = t({N, wide}, X), w = t({out, in}, Wt), y = Tensor::empty({N, out}, DType::f32);
+  linear_fwd(x.slice(1, 1, 1 + in), w, y);
+  const Vec xs = cols(X, N, wide, 1, in);
+  check("linear y", vec(y), [&](auto z) { return gemm_ref<decltype(z)>(false, true, N, out, in, 1, xs, Wt, 0, {}); });
+  Tensor dW = Tensor::empty({out, in}, DType::f32), dx = t({N, wide}, DX0);
+  linear_bwd(t({N, out}, DY), x.slice(1, 1, 1 + in), w, dW, dx.slice(1, 2, 2 + in), 1.f);
+  check("linear dW", vec(dW), [&](auto z) { return gemm_ref<decltype(z)>(true, false, out, in, N, 1, DY, xs, 0, {}); });
+  const Vec dx0s = cols(DX0, N, wide, 2, in);
+  check("linear dx", cols(vec(dx), N, wide, 2, in),
+        [&](auto z) { return gemm_ref<decltype(z)>(false, false, N, in, out, 1, DY, Wt, 1, dx0s); });
+  EXPECT_EQ(vec(dx)[0], DX0[0]);  // column 0 is outside the slice
+}
+
+template <class T>
+void norm_ref(const Vec& x, const Vec& w, const Vec* b, const Vec& dy, int64_t N, int64_t D, double eps, V<T>& y,
+              V<T>& dx, V<T>& dw, V<T>& db) {
+  y.assign(N * D, 0), dx.assign(N * D, 0), dw.assign(D, 0), db.assign(D, 0);
+  for (int64_t n = 0; n < N; ++n) {
+    T mu = 0, ms = 0;
+    for (int64_t d = 0; d < D; ++d) mu += T(x[n * D + d]) / T(D);
+    if (!b) mu = 0;  // RMSNorm: no centring
+    for (int64_t d = 0; d < D; ++d) ms += (T(x[n * D + d]) - mu) * (T(x[n * D + d]) - mu) / T(D);
+    const T r = T(1) / std::sqrt(ms + T(eps));
+    T m1 = 0, m2 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const T xh = (T(x[n * D + d]) - mu) * r, g = T(dy[n * D + d]) * T(w[d]);
+      y[n * D + d] = xh * T(w[d]) + (b ? T((*b)[d]) : T(0));
+      dw[d] += T(dy[n * D + d]) * xh;
+      db[d] += T(dy[n * D + d]);
+      m1 += g / T(D);
+      m2 += g * xh / T(D);
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const T xh = (T(x[n * D + d]) - mu) * r, g = T(dy[n * D + d]) * T(w[d]);
+      dx[n * D + d] = r * (g - (b ? m1 : T(0)) - xh * m2);
+    }
+  }
+}
+
+void rmsnorm_case() {  // x and y are column slices, as the MLA layer's kv_a latent
+  const int64_t N = 9, D = 12, wide = D + 4;
+  const Vec X = randn(N * wide, 10), Wt = randn(D, 11), DY = randn(N * D, 12);
+  const Vec x = cols(X, N, wide, 0, D);
+  Tensor xt = t({N, wide}, X), y = Tensor::zeros({N, wide}, DType::f32), rstd = Tensor::empty({N}, DType::f32);
+  rmsnorm_fwd(xt.slice(1, 0, D), t({D}, Wt), 1e-6f, y.slice(1, 0, D), rstd);
+  Tensor dx = Tensor::empty({N, D}, DType::f32), dw = Tensor::empty({D}, DType::f32);
+  rmsnorm_bwd(t({N, D}, DY), xt.slice(1, 0, D), t({D}, Wt), rstd, dx, dw);
+  auto out = [&](int which) {
+    return [&, which](auto z) {
+      using T = decltype(z);
+      V<T> yy, dxx, dww, dbb;
+      norm_ref<T>(x, Wt, nullptr, DY, N, D, 1e-6, yy, dxx, dww, dbb);
+      return which == 0 ? yy : which == 1 ? dxx : dww;
+    };
+  };
+  check("rmsnorm y", cols(vec(y), N, wide, 0, D), out(0));
+  check("rmsnorm dx", vec(dx), out(1));
+  check("rmsnorm dw", vec(dw), out(2));
+}
+
+void layernorm_case() {
+  const int64_t N = 8, D = 10;
+  const Vec X = randn(N * D, 13), Wt = randn(D, 14), B = randn(D, 15), DY = randn(N * D, 16);
+  Tensor y = Tensor::empty({N, D}, DType::f32), mean = Tensor::empty({N}, DType::f32),
+         rstd = Tensor::empty({N}, DType::f32);
+  layernorm_fwd(t({N, D}, X), t({D}, Wt), t({D}, B), 1e-6f, y, mean, rstd);
+  Tensor dx = Tensor::empty({N, D}, DType::f32), dw = Tensor::empty({D}, DType::f32), db = Tensor::empty({D}, DType::f32);
+  layernorm_bwd(t({N, D}, DY), t({N, D}, X), t({D}, Wt), mean, rstd, dx, dw, db);
+  auto out = [&](int which) {
+    return [&, which](auto z) {
+      using T = decltype(z);
+      V<T> yy, dxx, dww, dbb;
+      norm_ref<T>(X, Wt, &B, DY, N, D, 1e-6, yy, dxx, dww, dbb);
+      return which == 0 ? yy : which == 1 ? dxx : which == 2 ? dww : dbb;
+    };
+  };
+  check("layernorm y", vec(y), out(0));
+  // dx = r (g - mean g - xhat mean(g xhat)) cancels: its terms are as large as |dy w| r.
+  double cancel = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t d = 0; d < D; ++d) cancel = std::max(cancel, 3.0 * std::abs(DY[n * D + d] * Wt[d]) * vec(rstd)[n]);
+  check("layernorm dx", vec(dx), out(1), cancel);
+  check("layernorm dw", vec(dw), out(2));
+  check("layernorm db", vec(db), out(3));
+}
+
+// RoPE on heads [c0, c0 + Dr) of [b, s, H, width]; then the transpose, which with the factor
+// folded into cos/sin is rotation by -angle times factor^2: the round trip scales by factor^2.
+void rope_case(RopeLayout layout) {
+  const int64_t b = 2, s = 5, H = 3, width = 9, c0 = 3, Dr = 6, half = Dr / 2;
+  const double factor = 1.25;
+  Vec cs(s * half), sn(s * half);
+  for (int64_t p = 0; p < s; ++p)
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = p * std::pow(10000.0, -2.0 * i / Dr);
+      cs[p * half + i] = float(std::cos(a) * factor);
+      sn[p * half + i] = float(std::sin(a) * factor);
+    }
+  const Vec X = randn(b * s * H * width, 17);
+  Tensor x = t({b, s, H, width}, X);
+  rope(x.slice(3, c0, c0 + Dr), t({s, half}, cs), t({s, half}, sn), layout, false);
+  const Vec got = vec(x);
+  auto ref = [&](auto z) {
+    using T = decltype(z);
+    V<T> y(X.begin(), X.end());
+    const int64_t step = layout == RopeLayout::interleaved ? 2 : 1, off = layout == RopeLayout::interleaved ? 1 : half;
+    for (int64_t n = 0; n < b * s; ++n)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t base = (n * H + h) * width + c0, p0 = base + i * step, p1 = p0 + off;
+          const T c = cs[(n % s) * half + i], si = sn[(n % s) * half + i];
+          y[p0] = T(X[p0]) * c - T(X[p1]) * si;
+          y[p1] = T(X[p1]) * c + T(X[p0]) * si;
+        }
+    return y;
+  };
+  check("rope", got, ref);
+  rope(x.slice(3, c0, c0 + Dr), t({s, half}, cs), t({s, half}, sn), layout, true);
+  // Each pass rounds two products and a sum of magnitude <= sqrt(2) factor max|x|: 16 ulps of
+  // factor^2 max|x| bound the round trip.
+  const Vec back = vec(x);
+  double mx = 0;
+  for (float v : X) mx = std::max(mx, double(std::abs(v)));
+  for (size_t i = 0; i < X.size(); ++i) {
+    const int64_t c = int64_t(i) % width;
+    const bool rotated = c >= c0 && c < c0 + Dr;
+    if (!rotated) {
+      EXPECT_EQ(back[i], X[i]) << "rope touched channel " << c;
+      continue;
+    }
+    EXPECT_NEAR(back[i], X[i] * factor * factor, 16 * FLT_EPSILON * factor * factor * mx) << "rope round trip " << i;
+  }
+}
+
+void swiglu_case() {
+  const int64_t n = 37;
+  const Vec G = randn(n, 18, 2.f), U = randn(n, 19), DY = randn(n, 20);
+  Tensor y = Tensor::empty({n}, DType::f32), dg = Tensor::empty({n}, DType::f32), du = Tensor::empty({n}, DType::f32);
+  swiglu_fwd(t({n}, G), t({n}, U), y);
+  swiglu_bwd(t({n}, DY), t({n}, G), t({n}, U), dg, du);
+  auto out = [&](int which) {
+    return [&, which](auto z) {
+      using T = decltype(z);
+      V<T> o(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const T g = G[i], sig = T(1) / (T(1) + std::exp(-g));
+        o[i] = which == 0 ? g * sig * T(U[i]) : which == 1 ? T(DY[i]) * T(U[i]) * sig * (T(1) + g * (T(1) - sig))
+                                                             : T(DY[i]) * g * sig;
+      }
+      return o;
+    };
+  };
+  check("swiglu y", vec(y), out(0));
+  check("swiglu dg", vec(dg), out(1));
+  check("swiglu du", vec(du), out(2));
+}
+
+void embedding_case() {  // repeated ids: the backward adds their rows
+  const int64_t V_ = 7, D = 5;
+  const std::vector<int32_t> ids = {3, 0, 3, 6, 3, 1};
+  const int64_t N = int64_t(ids.size());
+  const Vec E = randn(V_ * D, 21), DO = randn(N * D, 22), DE0 = randn(V_ * D, 23);
+  Tensor idt = Tensor::from_vector<int32_t>({2, 3}, ids), out = Tensor::empty({2, 3, D}, DType::f32);
+  embedding_fwd(idt, t({V_, D}, E), out);
+  const Vec got = vec(out);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t d = 0; d < D; ++d) EXPECT_EQ(got[n * D + d], E[ids[n] * D + d]) << "embedding row " << n;
+  Tensor dE = t({V_, D}, DE0);
+  embedding_bwd(idt, t({2, 3, D}, DO), dE);
+  check("embedding dE", vec(dE), [&](auto z) {
+    V<decltype(z)> r(DE0.begin(), DE0.end());
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t d = 0; d < D; ++d) r[ids[n] * D + d] += DO[n * D + d];
+    return r;
+  });
+}
+
+void cross_entropy_case() {  // a zero-weight row gets no loss and no gradient
+  const int64_t N = 6, V_ = 11;
+  const Vec L = randn(N * V_, 24, 3.f);
+  const std::vector<int32_t> tgt = {1, 10, 0, 5, 5, 7};
+  const Vec w = {0.5f, 0.25f, 0.f, 1.f, 0.125f, 0.25f};
+  Tensor dl = Tensor::empty({N, V_}, DType::f32);
+  const double loss = cross_entropy(t({N, V_}, L), Tensor::from_vector<int32_t>({N}, tgt), t({N}, w), dl);
+  auto ref = [&](auto z, bool grad) {
+    using T = decltype(z);
+    V<T> d(N * V_, 0);
+    T total = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      if (w[n] == 0.f) continue;
+      T mx = L[n * V_], zsum = 0;
+      for (int64_t v = 0; v < V_; ++v) mx = std::max(mx, T(L[n * V_ + v]));
+      for (int64_t v = 0; v < V_; ++v) zsum += std::exp(T(L[n * V_ + v]) - mx);
+      const T lse = mx + std::log(zsum);
+      total += T(w[n]) * (lse - T(L[n * V_ + tgt[n]]));
+      for (int64_t v = 0; v < V_; ++v) d[n * V_ + v] = T(w[n]) * (std::exp(T(L[n * V_ + v]) - lse) - (v == tgt[n]));
+    }
+    return grad ? d : V<T>{total};
+  };
+  check("cross_entropy loss", {float(loss)}, [&](auto z) { return ref(z, false); });
+  check("cross_entropy dlogits", vec(dl), [&](auto z) { return ref(z, true); });
+  for (int64_t v = 0; v < V_; ++v) EXPECT_EQ(vec(dl)[2 * V_ + v], 0.f);
+}
+
+void axpy_case() {  // on column slices; out aliases a
+  const int64_t N = 5, D = 4, wide = 7;
+  const Vec A = randn(N * wide, 25), B = randn(N * D, 26);
+  Tensor a = t({N, wide}, A);
+  axpy(a.slice(1, 3, 3 + D), -0.5f, t({N, D}, B), a.slice(1, 3, 3 + D));
+  const Vec as = cols(A, N, wide, 3, D);
+  check("axpy", cols(vec(a), N, wide, 3, D), [&](auto z) {
+    V<decltype(z)> r(N * D);
+    for (int64_t i = 0; i < N * D; ++i) r[i] = as[i] + decltype(z)(-0.5) * B[i];
+    return r;
+  });
+  Tensor sc = Tensor::empty({N, D}, DType::f32);
+  scale(t({N, D}, B), 3.f, sc);
+  for (int64_t i = 0; i < N * D; ++i) EXPECT_EQ(vec(sc)[i], 3.f * B[i]);  // one rounding: exact product
+  EXPECT_EQ(vec(a)[0], A[0]);
+}
+
+void optim_case() {
+  const int64_t n = 23;
+  const Vec G = randn(n, 27), W0 = randn(n, 28), M0 = randn(n, 29, 0.1f), V0 = Vec(n, 0.01f);
+  const double ss = sum_squares(t({n}, G), 2.0);
+  double want = 2.0;
+  for (float g : G) want += double(g) * g;
+  EXPECT_NEAR(ss, want, 8 * DBL_EPSILON * want * n);
+  AdamWParams h;
+  h.gscale = 0.5f, h.lr = 0.01f, h.b1 = 0.9f, h.b2 = 0.95f, h.eps = 1e-8f, h.wd = 0.1f, h.bc1 = 0.19, h.bc2 = 0.0975;
+  Tensor w = t({n}, W0), m = t({n}, M0), v = t({n}, V0);
+  adamw_update(w, t({n}, G), m, v, h);
+  check("adamw w", vec(w), [&](auto z) {
+    using T = decltype(z);
+    V<T> r(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const T g = T(G[i]) * T(h.gscale), mm = T(h.b1) * T(M0[i]) + (1 - T(h.b1)) * g,
+              vv = T(h.b2) * T(V0[i]) + (1 - T(h.b2)) * g * g;
+      r[i] = T(W0[i]) - T(h.lr) * (mm / T(float(h.bc1)) / (std::sqrt(vv / T(float(h.bc2))) + T(h.eps)) + T(h.wd) * T(W0[i]));
+    }
+    return r;
+  });
+  Tensor mu = t({n}, M0), u = Tensor::empty({n}, DType::f32);
+  muon_momentum(t({n}, G), mu, u, 0.5f, 0.95f);
+  check("muon u", vec(u), [&](auto z) {
+    using T = decltype(z);
+    V<T> r(n);
+    for (int64_t i = 0; i < n; ++i) r[i] = T(G[i]) * T(0.5) + T(0.95f) * (T(0.95f) * T(M0[i]) + T(G[i]) * T(0.5));
+    return r;
+  });
+  Tensor w2 = t({n}, W0);
+  muon_update(w2, t({n}, G), 0.02f, 1.5f, 0.1f);
+  check("muon w", vec(w2), [&](auto z) {
+    using T = decltype(z);
+    V<T> r(n);
+    for (int64_t i = 0; i < n; ++i) r[i] = T(W0[i]) - T(0.02f) * (T(1.5f) * T(G[i]) + T(0.1f) * T(W0[i]));
+    return r;
+  });
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"matmul_nn", runs<GemmParams>, [] { matmul_case(false, false, 0.f); }},
+      {"matmul_tn_beta", runs<GemmParams>, [] { matmul_case(true, false, 0.5f); }},
+      {"matmul_nt", runs<GemmParams>, [] { matmul_case(false, true, 0.f); }},
+      {"matmul_per_head_views", runs<GemmParams>, batched_case},
+      {"linear_column_slices", runs<GemmParams>, linear_case},
+      {"rmsnorm_column_slices", runs<NormParams>, rmsnorm_case},
+      {"layernorm", runs<NormParams>, layernorm_case},
+      {"rope_interleaved", runs<RopeParams>, [] { rope_case(RopeLayout::interleaved); }},
+      {"rope_half", runs<RopeParams>, [] { rope_case(RopeLayout::half); }},
+      {"swiglu", runs<SwigluParams>, swiglu_case},
+      {"embedding_repeated_ids", runs<EmbeddingParams>, embedding_case},
+      {"cross_entropy_row_weights", runs<CrossEntropyParams>, cross_entropy_case},
+      {"axpy_scale_aliased_slices", runs<AxpyParams>, axpy_case},
+      {"optimizer_steps", runs<AdamWParams>, optim_case},
+  };
+  return c;
+}
+
+class NnOps : public ::testing::TestWithParam<size_t> {};
+
+// The table runs on CPU tensors through the op entries; each backend of the build either runs
+// the family (then the same rows must pass on it, issue 16 adds CUDA's) or says it does not.
+TEST_P(NnOps, MatchesTheOracle) {
+  const Case& c = cases()[GetParam()];
+  ASSERT_TRUE(c.supported(backend(Device::cpu))) << "the CPU backend runs every op";
+  if (const Backend* cu = cuda_backend(); cu && c.supported(*cu))
+    ADD_FAILURE() << c.name << ": the CUDA backend claims this op; add its device run to the table";
+  c.run();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, NnOps, ::testing::Range<size_t>(0, 14),
+                         [](const auto& info) { return cases()[info.param].name; });
+
+TEST(NnOps, TableCoversEveryCase) { EXPECT_EQ(cases().size(), 14u); }
+
+// Bad input: one clear error naming the op and the tensor.
+TEST(NnOps, BadInputIsAClearError) {
+  auto expect_error = [](auto f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const Tensor x = Tensor::zeros({4, 6}, DType::f32), w = Tensor::zeros({3, 5}, DType::f32);
+  expect_error([&] { linear_fwd(x, w, Tensor::empty({4, 3}, DType::f32)); }, "do not fit W");
+  expect_error([&] { rmsnorm_fwd(x.transpose(0, 1), Tensor::zeros({4}, DType::f32), 1e-6f, x.transpose(0, 1),
+                                 Tensor::empty({6}, DType::f32)); },
+               "must be contiguous");
+  expect_error([&] { embedding_fwd(Tensor::from_vector<int32_t>({2}, {1, 9}), Tensor::zeros({4, 2}, DType::f32),
+                                   Tensor::empty({2, 2}, DType::f32)); },
+               "token id 9 at position 1 is outside the vocabulary [0, 4)");
+  expect_error([&] { cross_entropy(Tensor::zeros({2, 3}, DType::f32), Tensor::from_vector<int32_t>({2}, {0, 3}),
+                                   Tensor::from_vector<float>({2}, {1.f, 1.f})); },
+               "target 3 of row 1");
+  expect_error([&] { matmul(x, Trans::no, x, Trans::no, Tensor::empty({4, 6}, DType::f32)); }, "does not give c");
+  expect_error([&] { rope(Tensor::zeros({1, 2, 1, 3}, DType::f32), Tensor::zeros({2, 1}, DType::f32),
+                          Tensor::zeros({2, 1}, DType::f32), RopeLayout::half, false); },
+               "Dr even");
+}
+
+}  // namespace
+}  // namespace hmla
