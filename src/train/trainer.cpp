@@ -418,8 +418,9 @@ struct Run {
   const SigintCatcher& sigint;
 };
 
-// The model as phase `p` runs it: the hybrid layers in its mode, the others mha, and an indexer
-// on every layer that has had one or that the phase's dsa mode needs. The arena is rebuilt only
+// The model as phase `p` runs it: the hybrid layers in its mode, the others mha, the latent
+// layers in the split kv_b_proj form when the phase asks for it, and an indexer on every layer
+// that has had one or that the phase's dsa mode needs. The arena is rebuilt only
 // when an indexer is new (initialised from the run's seed; the log says how many tensors).
 void enter_phase(const Run& run, int64_t p, Model& model) {
   const PhaseSettings& ph = run.pr.phases[p];
@@ -437,6 +438,7 @@ void enter_phase(const Run& run, int64_t p, Model& model) {
     model = rebuild(model, pc, need, run.pr.seed + uint64_t(p), created);
     if (created > 0) run.log << "[" << ph.name << "] initialised " << created << " missing indexer tensors\n";
   }
+  model.split_kv_b_proj = ph.mqa_split_kv_b_proj;
 }
 
 // On entering a latent phase with some hybrid layer: logs the MHA/MQA equivalence (console and
