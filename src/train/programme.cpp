@@ -8,7 +8,7 @@
 #include "hmla/core/error.h"
 #include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
-#include "yaml_map.h"
+#include "hmla/train/yaml_map.h"
 
 namespace hmla {
 
