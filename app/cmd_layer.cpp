@@ -11,8 +11,8 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
-#include "hmla/train/settings.h"
 #include "inputs.h"
+#include "layer_settings.h"
 #include "validators.h"
 
 namespace hmla::app {
@@ -76,12 +76,12 @@ void add_layer_command(CLI::App& app) {
     HMLA_CHECK(o->layer >= 0 && o->layer < cfg.num_hidden_layers, ConfigError, "--layer ", o->layer,
                ": the config has ", cfg.num_hidden_layers, " layers");
     const LayerMode mode = cfg.layer_modes[o->layer];
-    TrainSettings settings;
-    if (!o->settings.empty()) settings = load_train_settings(o->settings);
+    LayerSettings settings;
+    if (!o->settings.empty()) settings = load_layer_settings(o->settings);
     settings.train_indexer_only |= o->train_indexer_only;
     HMLA_CHECK(!settings.train_indexer_only || is_dsa(mode), ConfigError,
                "--train-indexer-only needs a dsa mode; layer ", o->layer, " runs ", mode_name(mode));
-    validate_settings(cfg, settings, o->settings.empty() ? "settings" : o->settings);
+    validate_layer_settings(cfg, settings, o->settings.empty() ? "settings" : o->settings);
 
     MlaLayer L;
     L.cfg = &cfg;

@@ -9,6 +9,7 @@
 #include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
+#include "hmla/model/sample.h"
 #include "hmla/train/data.h"
 #include "inputs.h"
 #include "validators.h"
@@ -91,16 +92,7 @@ void add_model_commands(CLI::App& app) {
       Tensor t = Tensor::from_vector<int32_t>({1, int64_t(ids.size())}, ids);
       Tensor logits = model_logits(m, one_document_rows(t));
       const float* l = logits.data<float>() + (int64_t(ids.size()) - 1) * m.cfg.vocab_size;
-      int32_t next = 0;
-      if (g->temperature <= 0) {
-        for (int32_t v = 1; v < m.cfg.vocab_size; ++v) next = l[v] > l[next] ? v : next;
-      } else {
-        std::vector<double> p(m.cfg.vocab_size);
-        double mx = l[0];
-        for (int64_t v = 1; v < m.cfg.vocab_size; ++v) mx = std::max(mx, double(l[v]));
-        for (int64_t v = 0; v < m.cfg.vocab_size; ++v) p[v] = std::exp((l[v] - mx) / g->temperature);
-        next = int32_t(std::discrete_distribution<int32_t>(p.begin(), p.end())(rng));
-      }
+      const int32_t next = sample_token({l, size_t(m.cfg.vocab_size)}, g->temperature, rng);
       if (next == kEosId || next == kPadId) break;
       ids.push_back(next);
       std::cout << detokenize_bytes({next}) << std::flush;

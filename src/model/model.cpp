@@ -23,12 +23,21 @@ bool is_moe_layer(const ModelConfig& c, int64_t L) {
   return L >= c.first_k_dense_replace;  // DESIGN.md section 2: default 3 without either field
 }
 
-// The attention's tensors of layer L as a TensorMap without the prefix (views, no copies).
+bool split_kv_b_proj_at(const Model& m, int64_t L) { return m.split_kv_b_proj && latent_mqa_enabled(m.cfg, L); }
+
+// The attention's tensors of layer L as a TensorMap without the prefix (views of the arena, which
+// holds kv_b_proj; k_b_proj/v_b_proj are copies split from it where split_kv_b_proj_at).
 io::TensorMap layer_attn(const Model& m, int64_t L) {
   io::TensorMap w;
   const std::string pre = layer_prefix(L) + "self_attn.";
   for (const ParamSpec& p : mla_param_table(m.cfg, false, m.has_indexer[L])) w[p.name] = m.params.at(pre + p.name);
+  if (split_kv_b_proj_at(m, L)) split_kv_b_proj(w, m.cfg);
   return w;
+}
+
+// The layer's weight gradients in the arena's form (kv_b_proj).
+void fold_into_arena_form(const MlaLayer& layer, MlaGrads& g) {
+  if (layer.split_kv_b_proj && g.dweights.count("k_b_proj.weight")) fold_kv_b_proj(g.dweights, *layer.cfg);
 }
 
 void add_into(const Tensor& dst, const Tensor& src) { add(dst, src, dst); }
@@ -83,7 +92,7 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
     sv.rstd1 = Tensor::empty({N}, DType::f32);
     sv.a = Tensor::empty({b, s, hid}, DType::f32);
     rmsnorm_fwd(h, P(m, pre + "input_layernorm.weight"), eps, sv.a, sv.rstd1);
-    MlaLayer layer{&c, L, false, layer_attn(m, L)};
+    MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
     sv.h_mid = Tensor::empty({b, s, hid}, DType::f32);
@@ -368,7 +377,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[L];
     const std::string pre = layer_prefix(L);
-    MlaLayer layer{&c, L, false, layer_attn(m, L)};
+    MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     if (opt.recompute_attention) mla_recompute_core(layer, sv.a, batch.layout, sv.attn, cp);
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
@@ -376,6 +385,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     if (!opt.backbone) {
       if (!is_dsa(c.layer_modes[L])) continue;
       MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo, cp);
+      fold_into_arena_form(layer, g);
       for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
       st.indexer_kl += g.indexer_kl;
       ++dsa_layers;
@@ -397,6 +407,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     add(dmid, dh, dmid);
     // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
     MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo, cp);
+    fold_into_arena_form(layer, g);
     for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
     if (is_dsa(c.layer_modes[L])) {
       st.indexer_kl += g.indexer_kl;

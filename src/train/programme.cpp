@@ -8,7 +8,7 @@
 #include "hmla/core/error.h"
 #include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
-#include "yaml_map.h"
+#include "hmla/train/yaml_map.h"
 
 namespace hmla {
 
@@ -45,6 +45,7 @@ void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const st
   else if (k == "equivalence_rtol") p.equivalence_rtol = get<double>(v, k, where);
   else if (k == "eval_rows") p.eval_rows = get<int64_t>(v, k, where);
   else if (k == "recompute_attention") p.recompute_attention = get<bool>(v, k, where);
+  else if (k == "mqa_split_kv_b_proj") p.mqa_split_kv_b_proj = get<bool>(v, k, where);
   else
     throw ConfigError(where + ": unknown key '" + k + "' (see docs/programme.md for the phase keys)");
 }
@@ -82,6 +83,9 @@ void validate(const PhaseSettings& p, const std::string& where) {
   HMLA_CHECK(o.warmup_steps >= 0, ConfigError, where, ": warmup_steps = ", o.warmup_steps, ": it must be >= 0");
   HMLA_CHECK(p.optim.optimizer == "adamw" || p.optim.optimizer == "muon", ConfigError, where, ": optimizer '",
              p.optim.optimizer, "': use adamw or muon");
+  HMLA_CHECK(!p.mqa_split_kv_b_proj || p.mode == LayerMode::mqa_full_causal || p.mode == LayerMode::dsa_sparse,
+             ConfigError, where, ": mqa_split_kv_b_proj needs a latent mode (mqa_full_causal or dsa_sparse); this phase runs ",
+             mode_name(p.mode));
   HMLA_CHECK(p.log_every >= 1 && p.eval_rows >= 1 && p.checkpoint_every >= 0, ConfigError, where,
              ": log_every and eval_rows must be >= 1, checkpoint_every >= 0");
 }

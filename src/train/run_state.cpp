@@ -26,15 +26,17 @@ std::string hex64(uint64_t h) {
 
 json phase_json(const PhaseSettings& p) {
   const OptimSettings& o = p.optim;
-  return {{"name", p.name}, {"mode", mode_name(p.mode)}, {"steps", p.steps}, {"batch", p.batch},
-          {"micro_batches", p.micro_batches}, {"seq_len", p.seq_len}, {"optimizer", o.optimizer},
-          {"lr", o.lr}, {"indexer_lr", o.indexer_lr}, {"min_lr_ratio", o.min_lr_ratio},
-          {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay}, {"beta1", o.beta1},
-          {"beta2", o.beta2}, {"eps", o.eps}, {"clip_backbone", o.clip_backbone},
-          {"clip_indexer", o.clip_indexer}, {"muon_momentum", o.muon_momentum},
-          {"checkpoint_every", p.checkpoint_every}, {"log_every", p.log_every},
-          {"equivalence_rtol", p.equivalence_rtol}, {"eval_rows", p.eval_rows},
-          {"recompute_attention", p.recompute_attention}};
+  json j{{"name", p.name}, {"mode", mode_name(p.mode)}, {"steps", p.steps}, {"batch", p.batch},
+         {"micro_batches", p.micro_batches}, {"seq_len", p.seq_len}, {"optimizer", o.optimizer},
+         {"lr", o.lr}, {"indexer_lr", o.indexer_lr}, {"min_lr_ratio", o.min_lr_ratio},
+         {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay}, {"beta1", o.beta1},
+         {"beta2", o.beta2}, {"eps", o.eps}, {"clip_backbone", o.clip_backbone},
+         {"clip_indexer", o.clip_indexer}, {"muon_momentum", o.muon_momentum},
+         {"checkpoint_every", p.checkpoint_every}, {"log_every", p.log_every},
+         {"equivalence_rtol", p.equivalence_rtol}, {"eval_rows", p.eval_rows},
+         {"recompute_attention", p.recompute_attention}};
+  if (p.mqa_split_kv_b_proj) j["mqa_split_kv_b_proj"] = true;  // only when set: older runs' files stay valid
+  return j;
 }
 
 // Leaves of a JSON document as "path" -> value text.

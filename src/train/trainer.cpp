@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iomanip>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -28,6 +29,47 @@ namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 void on_sigint(int) { g_stop = 1; }
+
+// While a run holds it, SIGINT only asks the run to stop after its current step (the step's
+// checkpoint, if due, is not written; the last complete one stays intact). The previous handler
+// comes back however the run ends.
+class SigintCatcher {
+ public:
+  SigintCatcher() : old_((g_stop = 0, std::signal(SIGINT, on_sigint))) {}
+  ~SigintCatcher() { std::signal(SIGINT, old_); }
+  SigintCatcher(const SigintCatcher&) = delete;
+  SigintCatcher& operator=(const SigintCatcher&) = delete;
+  bool stop_requested() const { return g_stop != 0; }
+
+ private:
+  void (*old_)(int);
+};
+
+// The rank grid: consecutive ranks form a context-parallel group (CP traffic is the heavier, so
+// it stays between neighbours); the groups are the data-parallel replicas.
+struct RankGrid {
+  Comm& world;
+  Comm cp;                  // this rank's context-parallel group
+  int dp = 1, dp_rank = 0;  // the data-parallel replicas, and this rank's
+  bool root() const { return world.is_root(); }
+};
+
+// Checks that --cp divides the ranks and every phase's seq_len, and that the data-parallel
+// replicas divide every phase's micro_batches.
+RankGrid set_up_rank_grid(const Programme& pr, int cp_ranks) {
+  Comm& comm = Comm::world();
+  HMLA_CHECK(cp_ranks >= 1 && comm.size() % cp_ranks == 0, ConfigError, "--cp ", cp_ranks, " does not divide the ",
+             comm.size(), " ranks");
+  const int dp = comm.size() / cp_ranks, dp_rank = comm.rank() / cp_ranks;
+  RankGrid grid{comm, comm.split(dp_rank, comm.rank() % cp_ranks), dp, dp_rank};
+  for (const PhaseSettings& ph : pr.phases) {
+    HMLA_CHECK(ph.micro_batches % dp == 0, ConfigError, pr.path, ": phase '", ph.name, "' has micro_batches = ",
+               ph.micro_batches, ", which the ", dp, " data-parallel ranks must divide");
+    HMLA_CHECK(ph.seq_len % cp_ranks == 0, ConfigError, "--cp ", cp_ranks, " must divide phase '", ph.name,
+               "''s seq_len ", ph.seq_len);
+  }
+  return grid;
+}
 
 std::vector<bool> hybrid_mask(const Programme& pr, int64_t layers) {
   std::vector<bool> h(layers, pr.hybrid_layers.empty());
@@ -268,241 +310,373 @@ void check_same_programme(const Programme& pr, const fs::path& saved, int64_t fr
                                                         "checkpoint_every and eval_rows of the current and later phases)"));
 }
 
-}  // namespace
+// What every phase reads: the model config (its layer modes left to the phases), which layers
+// are hybrid, and the data with its fingerprint.
+struct RunInputs {
+  ModelConfig cfg;
+  std::vector<bool> hybrid;
+  TokenSet train, held;
+  std::string fingerprint;
+};
 
-void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& console) {
-  Comm& comm = Comm::world();
-  const bool root = comm.is_root();
-  std::ostringstream sink;  // what the other ranks would print
-  std::ostream& log = root ? console : sink;
-  // The rank grid: consecutive ranks form a context-parallel group (CP traffic is the heavier,
-  // so it stays between neighbours); the groups are the data-parallel replicas.
-  HMLA_CHECK(opt.cp >= 1 && comm.size() % opt.cp == 0, ConfigError, "--cp ", opt.cp, " does not divide the ",
-             comm.size(), " ranks");
-  const int dp = comm.size() / opt.cp, dp_rank = comm.rank() / opt.cp;
-  Comm cp = comm.split(dp_rank, comm.rank() % opt.cp);
-  for (const PhaseSettings& ph : pr.phases) {
-    HMLA_CHECK(ph.micro_batches % dp == 0, ConfigError, pr.path, ": phase '", ph.name, "' has micro_batches = ",
-               ph.micro_batches, ", which the ", dp, " data-parallel ranks must divide");
-    HMLA_CHECK(ph.seq_len % opt.cp == 0, ConfigError, "--cp ", opt.cp, " must divide phase '", ph.name,
-               "''s seq_len ", ph.seq_len);
-  }
-  if (const char* f = std::getenv("HMLA_TEST_FAIL_RANK"); f && std::atoi(f) == comm.rank())
-    throw Error("injected failure on rank " + std::to_string(comm.rank()) + " (HMLA_TEST_FAIL_RANK)");
-  g_stop = 0;
-  auto old_handler = std::signal(SIGINT, on_sigint);
-  ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
-  HMLA_CHECK(cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", cfg.vocab_size,
+// Reads and checks what the run needs before anything is created: the config fits the byte
+// tokenizer, the hybrid layers exist, every phase fits in memory; then the data.
+RunInputs load_run_inputs(const Programme& pr, int cp_ranks) {
+  RunInputs in;
+  in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  HMLA_CHECK(in.cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", in.cfg.vocab_size,
              " is smaller than the byte tokenizer's ", kByteVocab);
-  const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
-  check_programme_memory(pr, cfg, hybrid, opt.cp);
-  const TokenSet train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
-  const TokenSet held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
-  const std::string fingerprint = data_fingerprint(train, held);
-  const fs::path out(opt.out_dir), ckroot = out / "checkpoints";
-  RunDir run_dir = claim_on_root(pr, opt, comm);  // checked; nothing written before begin_on_root
+  in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
+  check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks);
+  in.train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
+  in.held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
+  in.fingerprint = data_fingerprint(in.train, in.held);
+  return in;
+}
 
-  // Start: fresh, from init_checkpoint, or from the latest checkpoint of this run.
+// Where the run starts: its state (phase 0, step 0 unless resumed), the model, and a resumed
+// phase's optimizer state.
+struct RunStart {
   RunState st;
-  std::vector<bool> has_indexer(cfg.num_hidden_layers, false);
   Model model;
   io::TensorMap opt_state;
-  if (opt.resume) {
-    const fs::path dir = latest_checkpoint(ckroot);
-    const std::string name = dir.filename().string();
-    ModelConfig saved = load_model_config((dir / "config.json").string());
-    st = parse_run_state(io::read_file((dir / "state.json").string()), (dir / "state.json").string(), pr, train);
-    HMLA_CHECK(st.data_fingerprint.empty() || st.data_fingerprint == fingerprint, ConfigError, pr.data_dir,
-               ": the data differs from what the run read (checkpoint: ", st.data_fingerprint, "; now: ", fingerprint,
-               "); resume with the data the run started on");
-    check_same_programme(pr, out / "programme.json", st.phase, opt.allow_safe_changes);
-    check_metrics_length(out / "metrics.jsonl", st.metrics_bytes);
-    if (st.step > 0)  // the position must lie inside its document before anything is written
-      PackedLoader(train, pr.phases[st.phase].seq_len, loader_seed(pr, st.phase)).seek(st.data_pos);
-    io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
-    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
-      has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
-    cfg.layer_modes = saved.layer_modes;
-    model = build_model(cfg, has_indexer);
-    load_into_model(model, w, (dir / "model.safetensors").string());
-    opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
-    log << "resuming " << name << " at phase " << st.phase << ", step " << st.step << "\n";
+};
+
+// The layers whose indexer a checkpoint's tensors hold.
+std::vector<bool> indexers_in(const io::TensorMap& w, int64_t layers) {
+  std::vector<bool> has(layers, false);
+  for (int64_t L = 0; L < layers; ++L) has[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
+  return has;
+}
+
+// --resume: the latest checkpoint of this run, once the data, the programme and metrics.jsonl
+// are known to be the ones it was written with and its data position lies inside its document.
+RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const RunInputs& in, std::ostream& log) {
+  const fs::path out(opt.out_dir), dir = latest_checkpoint(out / "checkpoints");
+  const std::string name = dir.filename().string();
+  const ModelConfig saved = load_model_config((dir / "config.json").string());
+  RunStart s;
+  s.st = parse_run_state(io::read_file((dir / "state.json").string()), (dir / "state.json").string(), pr, in.train);
+  HMLA_CHECK(s.st.data_fingerprint.empty() || s.st.data_fingerprint == in.fingerprint, ConfigError, pr.data_dir,
+             ": the data differs from what the run read (checkpoint: ", s.st.data_fingerprint, "; now: ",
+             in.fingerprint, "); resume with the data the run started on");
+  check_same_programme(pr, out / "programme.json", s.st.phase, opt.allow_safe_changes);
+  check_metrics_length(out / "metrics.jsonl", s.st.metrics_bytes);
+  if (s.st.step > 0)  // the position must lie inside its document before anything is written
+    PackedLoader(in.train, pr.phases[s.st.phase].seq_len, loader_seed(pr, s.st.phase)).seek(s.st.data_pos);
+  const io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
+  ModelConfig cfg = in.cfg;
+  cfg.layer_modes = saved.layer_modes;
+  s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers));
+  load_into_model(s.model, w, (dir / "model.safetensors").string());
+  s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
+  log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";
+  return s;
+}
+
+// A new run: the init_checkpoint's weights (with the indexers it holds) or a random
+// initialisation from the seed.
+RunStart start_fresh(const Programme& pr, const ModelConfig& cfg) {
+  RunStart s;
+  if (!pr.init_checkpoint.empty()) {
+    const io::TensorMap w = io::load_checkpoint_tensors(pr.init_checkpoint);
+    s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers));
+    load_into_model(s.model, w, pr.init_checkpoint);
   } else {
-    model = build_model(cfg, has_indexer);
-    if (!pr.init_checkpoint.empty()) {
-      io::TensorMap w = io::load_checkpoint_tensors(pr.init_checkpoint);
-      for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
-        has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
-      model = build_model(cfg, has_indexer);
-      load_into_model(model, w, pr.init_checkpoint);
-    } else {
-      init_model(model, pr.seed);
-    }
+    s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false));
+    init_model(s.model, pr.seed);
   }
+  return s;
+}
 
-  begin_on_root(run_dir, comm);  // every check passed: create, lock (until the run ends), mark
-  std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
-  if (root && opt.resume) {
-    truncate_metrics(out / "metrics.jsonl", st.metrics_bytes);
-    phase_history(read_metrics(out / "metrics.jsonl"), resumed_losses, resumed_kls);
+// metrics.jsonl: one JSON object a line, written by rank 0 alone (the other ranks' rows go
+// nowhere). A resumed run appends to the file as its checkpoint left it.
+class MetricsLog {
+ public:
+  MetricsLog(bool root, const fs::path& path, bool append) : root_(root) {
+    if (root_) file_.open(path, append ? std::ios::app : std::ios::trunc);
   }
-  if (root && !opt.resume) io::write_file_atomic((out / "programme.json").string(), programme_json(pr));
-  std::ofstream metrics_file;
-  if (root) metrics_file.open(out / "metrics.jsonl", opt.resume ? std::ios::app : std::ios::trunc);
-  auto metrics_bytes = [&] { return root ? int64_t(metrics_file.tellp()) : int64_t(0); };
-  std::ostream& metrics = root ? static_cast<std::ostream&>(metrics_file) : sink;
-  // Once every check has passed, so that an error stays the only line on stderr.
-  if (const std::string hint = cpu_blas_hint(); !hint.empty()) log << hint << "\n";
-  Allocator& alloc = allocator(Device::cpu);
-  for (int64_t p = st.phase; p < int64_t(pr.phases.size()); ++p) {
-    const PhaseSettings& ph = pr.phases[p];
-    const bool resuming_here = opt.resume && p == st.phase && st.step > 0;
-    ModelConfig pc = model.cfg;
-    set_modes(pc, hybrid, ph.mode);
-    std::vector<bool> need = model.has_indexer;
-    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) need[L] = need[L] || (hybrid[L] && is_dsa(ph.mode));
-    if (is_dsa(ph.mode))
-      HMLA_CHECK(pc.has_indexer_fields() && pc.q_lora_rank > 0, ConfigError, pr.model_config, ": phase '", ph.name,
-                 "' runs ", mode_name(ph.mode), ", which needs index_n_heads, index_head_dim, index_topk and q_lora_rank");
+  void row(const json& j) {
+    if (root_) file_ << j.dump() << "\n" << std::flush;
+  }
+  int64_t bytes() { return root_ ? int64_t(file_.tellp()) : int64_t(0); }  // for the checkpoint's state
+  void close() { file_.close(); }
+
+ private:
+  bool root_;
+  std::ofstream file_;
+};
+
+// What every step of a started run reads.
+struct Run {
+  const Programme& pr;
+  RankGrid& grid;
+  const RunInputs& in;
+  const fs::path out, ckroot;
+  std::ostream& log;  // the console on rank 0, a sink elsewhere
+  MetricsLog& metrics;
+  const SigintCatcher& sigint;
+};
+
+// The model as phase `p` runs it: the hybrid layers in its mode, the others mha, the latent
+// layers in the split kv_b_proj form when the phase asks for it, and an indexer on every layer
+// that has had one or that the phase's dsa mode needs. The arena is rebuilt only
+// when an indexer is new (initialised from the run's seed; the log says how many tensors).
+void enter_phase(const Run& run, int64_t p, Model& model) {
+  const PhaseSettings& ph = run.pr.phases[p];
+  ModelConfig pc = model.cfg;
+  set_modes(pc, run.in.hybrid, ph.mode);
+  std::vector<bool> need = model.has_indexer;
+  for (int64_t L = 0; L < pc.num_hidden_layers; ++L) need[L] = need[L] || (run.in.hybrid[L] && is_dsa(ph.mode));
+  if (is_dsa(ph.mode))
+    HMLA_CHECK(pc.has_indexer_fields() && pc.q_lora_rank > 0, ConfigError, run.pr.model_config, ": phase '", ph.name,
+               "' runs ", mode_name(ph.mode), ", which needs index_n_heads, index_head_dim, index_topk and q_lora_rank");
+  if (need == model.has_indexer) {
+    model.cfg = pc;
+  } else {
     int created = 0;
-    model = rebuild(model, pc, need, pr.seed + uint64_t(p), created);
-    if (created > 0) log << "[" << ph.name << "] initialised " << created << " missing indexer tensors\n";
-    const Batch eval = fixed_rows(held, ph.seq_len, ph.eval_rows);
-    const bool any_hybrid = std::find(hybrid.begin(), hybrid.end(), true) != hybrid.end();
-    // At the phase's entry only: a run resumed inside the phase checked it before its checkpoint.
-    if (any_hybrid && !resuming_here && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse)) {
-      auto [diff, mag] = equivalence(model, hybrid, eval, cp);
-      log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << std::scientific << std::setprecision(3)
-          << diff << ", max|logits_mha| = " << mag << " (rtol " << ph.equivalence_rtol << ")\n" << std::defaultfloat
-          << std::setprecision(6);
-      metrics << json{{"phase", ph.name}, {"equivalence_max_diff", diff}, {"equivalence_max_logit", mag}}.dump() << "\n";
-      HMLA_CHECK(diff <= ph.equivalence_rtol * mag, ConfigError, "phase '", ph.name, "': the MHA/MQA equivalence check failed (",
-                 diff, " > ", ph.equivalence_rtol, " * ", mag, "); the programme stops");
-    }
-    const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
-    Optimizer optim(model, ph.optim, indexer_only);
-    if (resuming_here) optim.load_state(opt_state, "checkpoint");
-    opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
-    PackedLoader loader(train, ph.seq_len, loader_seed(pr, p));
-    if (resuming_here) loader.seek(st.data_pos);
-    Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32);
-    io::TensorMap grads = arena_views(model.table, garena);
-
-    PhaseSummary sum{ph.name, mode_name(ph.mode), ph.steps};
-    std::vector<double> losses, kls;
-    if (resuming_here) losses = resumed_losses, kls = resumed_kls;
-    const auto t_phase = std::chrono::steady_clock::now();
-    for (int64_t step = resuming_here ? st.step : 0; step < ph.steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      alloc.reset_peak();
-      std::vector<Batch> micro;
-      int64_t targets = 0, rows = 0;
-      for (int64_t i = 0; i < ph.micro_batches; ++i) {
-        micro.push_back(loader.next(ph.batch / ph.micro_batches));
-        targets += count_lm_targets(micro.back(), pc.pad_token_id);
-        rows += loss_row_count(micro.back().layout, &micro.back().input_ids, pc.pad_token_id);
-      }
-      garena.fill_zero();
-      StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
-      double sums[3] = {0, 0, 0};  // lm, kl, tokens of this rank's micro-batches
-      for (size_t i = dp_rank; i < micro.size(); i += size_t(dp)) {
-        StepStats s = model_step(model, micro[i], so, grads, cp);
-        sums[0] += s.lm_loss;
-        sums[1] += s.indexer_kl;
-        sums[2] += double(s.tokens);
-      }
-      comm.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
-      comm.allreduce_sum(sums, 3);
-      const double lm = sums[0], kl = sums[1];
-      const int64_t tokens = int64_t(sums[2]);
-      const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
-      HMLA_CHECK(std::isfinite(lm) && std::isfinite(kl), DivergenceError, at, "the ",
-                 std::isfinite(lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(lm) ? kl : lm,
-                 "; the run stops and the last checkpoint is kept as it was");
-      OptimStats os;
-      try {
-        os = optim.step(model, grads, step);
-      } catch (const DivergenceError& e) {
-        throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
-      }
-      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      losses.push_back(lm);
-      kls.push_back(kl);
-      json line{{"phase", ph.name}, {"step", step + 1}, {"lm_loss", lm}, {"indexer_kl", is_dsa(ph.mode) ? json(kl) : json()},
-                {"lr", os.lr}, {"grad_norm_backbone", os.grad_norm_backbone}, {"grad_norm_indexer", os.grad_norm_indexer},
-                {"tokens_per_s", double(tokens) / sec}, {"peak_bytes", alloc.peak_bytes()}};
-      metrics << line.dump() << "\n" << std::flush;
-      if ((step + 1) % ph.log_every == 0 || step + 1 == ph.steps) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
-        const double per = elapsed / double(step + 1 - (resuming_here ? st.step : 0));
-        log << "[" << ph.name << "] step " << step + 1 << "/" << ph.steps << "  lm " << std::fixed << std::setprecision(4) << lm;
-        if (is_dsa(ph.mode)) log << "  kl " << kl;
-        log << "  " << std::setprecision(0) << double(tokens) / sec << " tok/s  ETA "
-            << fmt_time(per * double(ph.steps - step - 1)) << std::defaultfloat << std::setprecision(6) << "\n"
-            << std::flush;
-      }
-      const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
-      if (g_stop) {
-        std::signal(SIGINT, old_handler);
-        throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
-                          "; the last complete checkpoint is intact (resume with --resume)");
-      }
-      if (ckpt && root)
-        save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-step" + std::to_string(step + 1), model, optim,
-                        {p, step + 1, loader.position(), fingerprint, metrics_bytes()});
-    }
-    sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
-    const size_t w = std::min<size_t>(20, losses.size());
-    sum.first_loss = mean(losses, 0, w);
-    sum.final_loss = mean(losses, losses.size() - w, losses.size());
-    sum.final_kl = is_dsa(ph.mode) ? mean(kls, kls.size() - w, kls.size()) : std::nan("");
-    std::tie(sum.heldout, sum.heldout_unavailable) = heldout_loss(model, eval, held, ph.seq_len, cp);
-    json end{{"phase", ph.name}, {"heldout_lm_loss", std::isnan(sum.heldout) ? json() : json(sum.heldout)},
-             {"first20_lm_loss", sum.first_loss}, {"last20_lm_loss", sum.final_loss},
-             {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
-             {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}, {"seconds", sum.seconds}};
-    if (!sum.heldout_unavailable.empty()) {
-      end["heldout_unavailable"] = sum.heldout_unavailable;
-      log << "[" << ph.name << "] held-out loss not evaluated: " << sum.heldout_unavailable << "\n";
-    }
-    metrics << end.dump() << "\n" << std::flush;
-    if (root)
-      save_checkpoint(ckroot, std::to_string(p) + "-" + ph.name + "-end", model, optim,
-                      {p + 1, 0, {}, fingerprint, metrics_bytes()});
+    model = rebuild(model, pc, need, run.pr.seed + uint64_t(p), created);
+    if (created > 0) run.log << "[" << ph.name << "] initialised " << created << " missing indexer tensors\n";
   }
-  std::signal(SIGINT, old_handler);
-  if (!root) return;
-  metrics_file.close();
-  const std::vector<PhaseSummary> summaries = summaries_from_metrics(pr, read_metrics(out / "metrics.jsonl"));
+  model.split_kv_b_proj = ph.mqa_split_kv_b_proj;
+}
+
+// On entering a latent phase with some hybrid layer: logs the MHA/MQA equivalence (console and
+// metrics) and stops the programme when it fails.
+void check_phase_equivalence(const Run& run, const PhaseSettings& ph, const Model& model, const Batch& eval) {
+  auto [diff, mag] = equivalence(model, run.in.hybrid, eval, run.grid.cp);
+  run.log << "[" << ph.name << "] equivalence: max|logits_mqa - logits_mha| = " << std::scientific
+          << std::setprecision(3) << diff << ", max|logits_mha| = " << mag << " (rtol " << ph.equivalence_rtol << ")\n"
+          << std::defaultfloat << std::setprecision(6);
+  run.metrics.row(json{{"phase", ph.name}, {"equivalence_max_diff", diff}, {"equivalence_max_logit", mag}});
+  HMLA_CHECK(diff <= ph.equivalence_rtol * mag, ConfigError, "phase '", ph.name,
+             "': the MHA/MQA equivalence check failed (", diff, " > ", ph.equivalence_rtol, " * ", mag,
+             "); the programme stops");
+}
+
+struct StepResult {
+  double lm = 0, kl = 0;  // the step's global LM loss and indexer KL
+  int64_t tokens = 0;
+  OptimStats os;
+  double seconds = 0;
+};
+
+// One optimizer step: the step's micro-batches dealt round-robin to the data-parallel ranks,
+// gradients (into `garena`) and losses summed over the whole grid, then the update. A
+// non-finite loss or weight stops the run before anything of the step is saved.
+StepResult train_step(const Run& run, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
+                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  allocator(Device::cpu).reset_peak();
+  std::vector<Batch> micro;
+  int64_t targets = 0, rows = 0;
+  for (int64_t i = 0; i < ph.micro_batches; ++i) {
+    micro.push_back(loader.next(ph.batch / ph.micro_batches));
+    targets += count_lm_targets(micro.back(), model.cfg.pad_token_id);
+    rows += loss_row_count(micro.back().layout, &micro.back().input_ids, model.cfg.pad_token_id);
+  }
+  garena.fill_zero();
+  const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
+  StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
+  double sums[3] = {0, 0, 0};  // lm, kl, tokens of this rank's micro-batches
+  for (size_t i = run.grid.dp_rank; i < micro.size(); i += size_t(run.grid.dp)) {
+    StepStats s = model_step(model, micro[i], so, grads, run.grid.cp);
+    sums[0] += s.lm_loss;
+    sums[1] += s.indexer_kl;
+    sums[2] += double(s.tokens);
+  }
+  run.grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
+  run.grid.world.allreduce_sum(sums, 3);
+  StepResult r;
+  r.lm = sums[0];
+  r.kl = sums[1];
+  r.tokens = int64_t(sums[2]);
+  const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
+  HMLA_CHECK(std::isfinite(r.lm) && std::isfinite(r.kl), DivergenceError, at, "the ",
+             std::isfinite(r.lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(r.lm) ? r.kl : r.lm,
+             "; the run stops and the last checkpoint is kept as it was");
+  try {
+    r.os = optim.step(model, grads, step);
+  } catch (const DivergenceError& e) {
+    throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+void write_step_row(const Run& run, const PhaseSettings& ph, int64_t step, const StepResult& r) {
+  run.metrics.row(json{{"phase", ph.name}, {"step", step + 1}, {"lm_loss", r.lm},
+                       {"indexer_kl", is_dsa(ph.mode) ? json(r.kl) : json()}, {"lr", r.os.lr},
+                       {"grad_norm_backbone", r.os.grad_norm_backbone}, {"grad_norm_indexer", r.os.grad_norm_indexer},
+                       {"tokens_per_s", double(r.tokens) / r.seconds},
+                       {"peak_bytes", allocator(Device::cpu).peak_bytes()}});
+}
+
+// "[name] step 7/20  lm 3.1416  kl 0.1234  5123 tok/s  ETA 0m42s" (kl in dsa phases only).
+void print_progress(const Run& run, const PhaseSettings& ph, int64_t step, const StepResult& r, double per_step) {
+  std::ostream& log = run.log;
+  log << "[" << ph.name << "] step " << step + 1 << "/" << ph.steps << "  lm " << std::fixed << std::setprecision(4)
+      << r.lm;
+  if (is_dsa(ph.mode)) log << "  kl " << r.kl;
+  log << "  " << std::setprecision(0) << double(r.tokens) / r.seconds << " tok/s  ETA "
+      << fmt_time(per_step * double(ph.steps - step - 1)) << std::defaultfloat << std::setprecision(6) << "\n"
+      << std::flush;
+}
+
+std::string checkpoint_name(int64_t p, const PhaseSettings& ph, const std::string& what) {
+  return std::to_string(p) + "-" + ph.name + "-" + what;
+}
+
+// The phase's end: the means of its first and last 20 steps (those before a resume included),
+// the held-out loss over the fixed rows (or why there is none, also on the console), as one
+// metrics row.
+void write_phase_end_row(const Run& run, const PhaseSettings& ph, const Model& model, const Batch& eval,
+                         const std::vector<double>& losses, const std::vector<double>& kls, double seconds) {
+  PhaseSummary sum{ph.name, mode_name(ph.mode), ph.steps};
+  sum.seconds = seconds;
+  const size_t w = std::min<size_t>(20, losses.size());
+  sum.first_loss = mean(losses, 0, w);
+  sum.final_loss = mean(losses, losses.size() - w, losses.size());
+  sum.final_kl = is_dsa(ph.mode) ? mean(kls, kls.size() - w, kls.size()) : std::nan("");
+  std::tie(sum.heldout, sum.heldout_unavailable) = heldout_loss(model, eval, run.in.held, ph.seq_len, run.grid.cp);
+  json end{{"phase", ph.name}, {"heldout_lm_loss", std::isnan(sum.heldout) ? json() : json(sum.heldout)},
+           {"first20_lm_loss", sum.first_loss}, {"last20_lm_loss", sum.final_loss},
+           {"first20_indexer_kl", is_dsa(ph.mode) ? json(mean(kls, 0, w)) : json()},
+           {"last20_indexer_kl", is_dsa(ph.mode) ? json(sum.final_kl) : json()}, {"seconds", sum.seconds}};
+  if (!sum.heldout_unavailable.empty()) {
+    end["heldout_unavailable"] = sum.heldout_unavailable;
+    run.log << "[" << ph.name << "] held-out loss not evaluated: " << sum.heldout_unavailable << "\n";
+  }
+  run.metrics.row(end);
+}
+
+// Phase p from its entry (or, resumed inside it, from the checkpoint's step) to its end
+// checkpoint. `resumed` holds the resumed phase's state, or nothing.
+void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed, io::TensorMap& opt_state,
+               std::vector<double> losses, std::vector<double> kls) {
+  const PhaseSettings& ph = run.pr.phases[p];
+  const bool root = run.grid.root();
+  enter_phase(run, p, model);
+  const Batch eval = fixed_rows(run.in.held, ph.seq_len, ph.eval_rows);
+  const bool any_hybrid = std::find(run.in.hybrid.begin(), run.in.hybrid.end(), true) != run.in.hybrid.end();
+  // At the phase's entry only: a run resumed inside the phase checked it before its checkpoint.
+  if (any_hybrid && !resumed && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse))
+    check_phase_equivalence(run, ph, model, eval);
+  Optimizer optim(model, ph.optim, ph.mode == LayerMode::dsa_warmup);
+  if (resumed) optim.load_state(opt_state, "checkpoint");
+  opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
+  PackedLoader loader(run.in.train, ph.seq_len, loader_seed(run.pr, p));
+  if (resumed) loader.seek(resumed->data_pos);
+  Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32);
+  io::TensorMap grads = arena_views(model.table, garena);
+
+  const int64_t first = resumed ? resumed->step : 0;
+  const auto t_phase = std::chrono::steady_clock::now();
+  for (int64_t step = first; step < ph.steps; ++step) {
+    const StepResult r = train_step(run, ph, step, model, optim, loader, garena, grads);
+    losses.push_back(r.lm);
+    kls.push_back(r.kl);
+    write_step_row(run, ph, step, r);
+    if ((step + 1) % ph.log_every == 0 || step + 1 == ph.steps) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
+      print_progress(run, ph, step, r, elapsed / double(step + 1 - first));
+    }
+    if (run.sigint.stop_requested())
+      throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
+                        "; the last complete checkpoint is intact (resume with --resume)");
+    const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
+    if (ckpt && root)
+      save_checkpoint(run.ckroot, checkpoint_name(p, ph, "step" + std::to_string(step + 1)), model, optim,
+                      {p, step + 1, loader.position(), run.in.fingerprint, run.metrics.bytes()});
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
+  write_phase_end_row(run, ph, model, eval, losses, kls, seconds);
+  if (root)
+    save_checkpoint(run.ckroot, checkpoint_name(p, ph, "end"), model, optim,
+                    {p + 1, 0, {}, run.in.fingerprint, run.metrics.bytes()});
+}
+
+// The run's final weights and config next to its checkpoints (a diverged model is never saved).
+void save_final_model(const fs::path& out, const Model& model) {
   check_finite_weights(model);
   save_model_config((out / "config.json").string(), model.cfg);
   io::save_safetensors((out / "model.safetensors").string(), model.params, {{"format", "pt"}});
+}
 
+// The end-of-run table on the console, one line per phase, then the phases without a held-out
+// loss and why.
+void print_summary_table(std::ostream& log, const std::vector<PhaseSummary>& summaries) {
   log << "\n" << std::left << std::setw(14) << "phase" << std::setw(17) << "mode" << std::right << std::setw(7) << "steps"
       << std::setw(11) << "loss_0" << std::setw(11) << "loss" << std::setw(10) << "kl" << std::setw(11) << "heldout"
       << std::setw(10) << "time" << std::setw(11) << "peak_MiB" << "\n";
-  json table = json::array();
-  for (const PhaseSummary& s : summaries) {
-    auto num = [](double x) {
-      std::ostringstream os;
-      if (std::isnan(x)) os << "-";
-      else os << std::fixed << std::setprecision(4) << x;
-      return os.str();
-    };
+  auto num = [](double x) {
+    std::ostringstream os;
+    if (std::isnan(x)) os << "-";
+    else os << std::fixed << std::setprecision(4) << x;
+    return os.str();
+  };
+  for (const PhaseSummary& s : summaries)
     log << std::left << std::setw(14) << s.name << std::setw(17) << s.mode << std::right << std::setw(7) << s.steps
         << std::setw(11) << num(s.first_loss) << std::setw(11) << num(s.final_loss) << std::setw(10) << num(s.final_kl)
         << std::setw(11) << (s.heldout_unavailable.empty() ? num(s.heldout) : "n/a") << std::setw(10) << fmt_time(s.seconds)
         << std::fixed << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";
-    table.push_back({{"phase", s.name}, {"mode", s.mode}, {"steps", s.steps},
-                     {"first20_lm_loss", std::isnan(s.first_loss) ? json() : json(s.first_loss)},
-                     {"last20_lm_loss", std::isnan(s.final_loss) ? json() : json(s.final_loss)}, {"last20_indexer_kl", std::isnan(s.final_kl) ? json() : json(s.final_kl)},
-                     {"heldout_lm_loss", std::isnan(s.heldout) ? json() : json(s.heldout)}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
-    if (!s.heldout_unavailable.empty()) table.back()["heldout_unavailable"] = s.heldout_unavailable;
-  }
   for (const PhaseSummary& s : summaries)
     if (!s.heldout_unavailable.empty())
       log << "heldout n/a in phase '" << s.name << "': " << s.heldout_unavailable << "\n";
+}
+
+// summary.json: the same table as JSON (null for a number that is not one).
+void write_summary_json(const fs::path& out, const std::vector<PhaseSummary>& summaries) {
+  auto num = [](double x) { return std::isnan(x) ? json() : json(x); };
+  json table = json::array();
+  for (const PhaseSummary& s : summaries) {
+    table.push_back({{"phase", s.name}, {"mode", s.mode}, {"steps", s.steps}, {"first20_lm_loss", num(s.first_loss)},
+                     {"last20_lm_loss", num(s.final_loss)}, {"last20_indexer_kl", num(s.final_kl)},
+                     {"heldout_lm_loss", num(s.heldout)}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
+    if (!s.heldout_unavailable.empty()) table.back()["heldout_unavailable"] = s.heldout_unavailable;
+  }
   write_json_atomic(out / "summary.json", table);
+}
+
+}  // namespace
+
+void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& console) {
+  RankGrid grid = set_up_rank_grid(pr, opt.cp);
+  const bool root = grid.root();
+  std::ostringstream sink;  // what the other ranks would print
+  std::ostream& log = root ? console : sink;
+  if (const char* f = std::getenv("HMLA_TEST_FAIL_RANK"); f && std::atoi(f) == grid.world.rank())
+    throw Error("injected failure on rank " + std::to_string(grid.world.rank()) + " (HMLA_TEST_FAIL_RANK)");
+  std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
+  const RunInputs in = load_run_inputs(pr, opt.cp);
+  const fs::path out(opt.out_dir);
+  RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root
+  RunStart start = opt.resume ? resume_from_latest(pr, opt, in, log) : start_fresh(pr, in.cfg);
+
+  begin_on_root(run_dir, grid.world);  // every check passed: create, lock (until the run ends), mark
+  std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
+  if (root && opt.resume) {
+    truncate_metrics(out / "metrics.jsonl", start.st.metrics_bytes);
+    phase_history(read_metrics(out / "metrics.jsonl"), resumed_losses, resumed_kls);
+  }
+  if (root && !opt.resume) io::write_file_atomic((out / "programme.json").string(), programme_json(pr));
+  MetricsLog metrics(root, out / "metrics.jsonl", opt.resume);
+  // Once every check has passed, so that an error stays the only line on stderr.
+  if (const std::string hint = cpu_blas_hint(); !hint.empty()) log << hint << "\n";
+  const Run run{pr, grid, in, out, out / "checkpoints", log, metrics, *sigint};
+  Model& model = start.model;
+  for (int64_t p = start.st.phase; p < int64_t(pr.phases.size()); ++p) {
+    const bool resuming_here = opt.resume && p == start.st.phase && start.st.step > 0;
+    if (resuming_here) run_phase(run, p, model, &start.st, start.opt_state, resumed_losses, resumed_kls);
+    else run_phase(run, p, model, nullptr, start.opt_state, {}, {});
+  }
+  sigint.reset();
+  if (!root) return;
+  metrics.close();
+  const std::vector<PhaseSummary> summaries = summaries_from_metrics(pr, read_metrics(out / "metrics.jsonl"));
+  save_final_model(out, model);
+  print_summary_table(log, summaries);
+  write_summary_json(out, summaries);
 }
 
 }  // namespace hmla

@@ -1,5 +1,5 @@
 // Strict YAML mapping reads for programmes and settings (yaml_map.h).
-#include "yaml_map.h"
+#include "hmla/train/yaml_map.h"
 
 #include <map>
 

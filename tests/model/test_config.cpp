@@ -8,7 +8,6 @@
 #include "hmla/core/error.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/model/config.h"
-#include "hmla/train/settings.h"
 
 namespace hmla {
 namespace {
@@ -182,24 +181,6 @@ TEST(ModelConfig, ADuplicatedJsonKeyIsAnError) {
   std::remove(path.c_str());
   EXPECT_THROW(io::parse_json("{\"a\": [{\"b\": 1, \"b\": 2}]}", "x"), IoError);
   EXPECT_NO_THROW(io::parse_json("{\"a\": {\"b\": 1}, \"c\": {\"b\": 2}}", "x"));  // same key, other objects
-}
-
-TEST(Settings, UnknownKeysAndCrossFileRules) {
-  EXPECT_NO_THROW(parse_train_settings("mqa_split_kv_b_proj: true\nseed: 3\n", "s"));
-  EXPECT_THROW(parse_train_settings("mqa_split_kv_b_proj: true\nmqa_split_kvb: 1\n", "s"), ConfigError);
-  EXPECT_THROW(parse_train_settings("seed: [1, 2]", "s"), ConfigError);
-  EXPECT_THROW(parse_train_settings("train_indexer_only: maybe", "s"), ConfigError);
-  EXPECT_THROW(parse_train_settings("- a\n- b\n", "s"), ConfigError);
-  EXPECT_THROW(parse_train_settings("seed: 1\nseed: 2\n", "s"), ConfigError);  // never last-wins
-  json j = tiny();
-  j["hmla_layer_modes"] = {"mqa_full_causal", "mha"};
-  ModelConfig c = parse_model_config(j, "cfg");
-  TrainSettings s = parse_train_settings("mqa_split_kv_b_proj: true", "s");
-  EXPECT_THROW(validate_settings(c, s, "s"), ConfigError);  // layer 1 is mha
-  set_all_modes(c, LayerMode::mqa_full_causal);
-  EXPECT_NO_THROW(validate_settings(c, s, "s"));
-  set_all_modes(c, LayerMode::dsa_sparse);
-  EXPECT_THROW(validate_settings(c, parse_train_settings("train_indexer_only: true", "s"), "s"), ConfigError);
 }
 
 }  // namespace

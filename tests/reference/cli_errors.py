@@ -103,7 +103,8 @@ def main():
     write_json(p("bad.json"), dict(cfg, hmla_layer_modes=["dense_mha"]))
     write(p("typo.yaml"), "mqa_split_kvb_proj: true\n")
     write(p("split.yaml"), "mqa_split_kv_b_proj: true\n")
-    write(p("dup.yaml"), "seed: 1\ntrain_indexer_only: false\nseed: 2\n")
+    write(p("dup.yaml"), "train_indexer_only: true\nmqa_split_kv_b_proj: false\ntrain_indexer_only: false\n")
+    write(p("seed.yaml"), "seed: 1\n")
     with open(p("dup.json"), "w") as f:  # hidden_size twice: JSON parsers differ on which one wins
         f.write(json.dumps(cfg)[:-1] + ', "hidden_size": 32}')
     write_json(p("mlp_types.json"), dict(cfg, mlp_layer_types=3))
@@ -197,7 +198,9 @@ def main():
         # A key given twice is an error, not last-wins.
         ("programme: duplicated key", train("dup_prog.yaml"), "key 'seed' appears twice (lines 3 and 4)"),
         ("programme: duplicated phase key", train("dup_phase.yaml"), "phases[0]: key 'lr' appears twice"),
-        ("settings: duplicated key", layer + ["--settings", p("dup.yaml")], "dup.yaml: key 'seed' appears twice"),
+        ("settings: duplicated key", layer + ["--settings", p("dup.yaml")],
+         "dup.yaml: key 'train_indexer_only' appears twice"),
+        ("settings: seed", layer + ["--settings", p("seed.yaml")], "seed.yaml: 'seed' is not a setting of hmla layer"),
         ("config.json: duplicated key", [a.hmla, "layer", "--config", p("dup.json")] + layer[4:],
          "dup.json: key 'hidden_size' appears twice in the top-level object"),
         # Sizes: checked arithmetic and a memory budget before anything is allocated.

@@ -85,5 +85,20 @@ TEST(Programme, BadTypesNameTheKeyTheLineAndTheFile) {
   EXPECT_NE(error_of(head + "phases: [\n").find("p.yaml: not valid YAML: line"), std::string::npos);
 }
 
+// mqa_split_kv_b_proj is a phase key for the latent modes only (DESIGN.md section 1).
+TEST(Programme, SplitKvBProjOnlyInLatentPhases) {
+  const std::string head = "model: m.json\ndata: d\n";
+  for (const char* mode : {"mqa_full_causal", "dsa_sparse"})
+    EXPECT_EQ(error_of(head + "phases:\n  - {name: a, mode: " + mode + ", mqa_split_kv_b_proj: true}\n"), "(accepted)");
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, mode: dsa_warmup, mqa_split_kv_b_proj: true}\n"),
+            "p.yaml: phases[0] (a): mqa_split_kv_b_proj needs a latent mode (mqa_full_causal or dsa_sparse); this "
+            "phase runs dsa_warmup");
+  // From the base it reaches every phase, so an mha phase there is refused too.
+  EXPECT_EQ(error_of(head + "base: {mqa_split_kv_b_proj: true}\nphases:\n  - {name: a, mode: dsa_sparse}\n"
+                            "  - {name: b, mode: mha}\n"),
+            "p.yaml: phases[1] (b): mqa_split_kv_b_proj needs a latent mode (mqa_full_causal or dsa_sparse); this "
+            "phase runs mha");
+}
+
 }  // namespace
 }  // namespace hmla

@@ -3,6 +3,9 @@
 // equivalence check stopping a programme.
 #include <gtest/gtest.h>
 
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -182,6 +185,71 @@ TEST(Trainer, APlainHfConfigWithoutLayerModesTrains) {
   const auto written = nlohmann::json::parse(io::read_file((out / "run" / "config.json").string()));
   EXPECT_EQ(written["hmla_layer_modes"], nlohmann::json({"mha", "mha"}));
   fs::remove_all(out);
+}
+
+std::vector<nlohmann::json> step_rows(const fs::path& out) {
+  std::vector<nlohmann::json> rows;
+  std::istringstream metrics(io::read_file((out / "metrics.jsonl").string()));
+  for (std::string line; std::getline(metrics, line);)
+    if (auto j = nlohmann::json::parse(line); j.contains("step")) rows.push_back(j);
+  return rows;
+}
+
+// mqa_split_kv_b_proj trains the model the unsplit form trains, and keeps kv_b_proj on disk.
+//
+// The bound (STYLE.md: by rule, not read off a run). The split form changes only the latent
+// layers' products with W_kb: k_b_proj holds W_kb transposed, so the BLAS kernel may sum the same
+// products in another order (W_vb keeps its layout). MlaLayer.SplitFormComputesTheSameLayer bounds
+// one layer's output and gradients by 4 Rkv eps relative to their largest magnitude. Those errors
+// add up (first order) over the latent layers of the forward and again in the backward, and the
+// LM loss moves by at most 2 max|d logits| (each row's cross-entropy has a gradient of L1 norm
+// <= 2 in its logits), with max|logits| <= the loss here (a tiny model near its initialisation:
+// logits of order 1, the loss about ln V). Every optimizer step then starts from weights that
+// differ by at most the previous updates' differences, which AdamW (lr m / (sqrt(v) + eps), a
+// smooth function of the gradient away from 0) keeps of the gradients' relative order: the
+// differences grow at most linearly with the steps taken in split phases. So each step's loss,
+// KL and gradient norms agree within 2 x steps x 2 layers x 4 Rkv eps, relative.
+TEST(Trainer, SplitKvBProjTrainsLikeKvBProj) {
+  const std::string phases =
+      "  - {name: pre, mode: mha, steps: 2}\n  - {name: eq, mode: mqa_full_causal, steps: 3SPLIT}\n"
+      "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 3SPLIT}\n";
+  auto with = [&](const std::string& split) {
+    std::string p = phases;
+    for (size_t i; (i = p.find("SPLIT")) != std::string::npos;) p.replace(i, 5, split);
+    return programme(p);
+  };
+  const fs::path plain = tmpdir("unsplit"), split = tmpdir("split");
+  run(with(""), plain);
+  run(with(", mqa_split_kv_b_proj: true"), split);
+  const std::vector<nlohmann::json> a = step_rows(plain), b = step_rows(split);
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), a.size());
+  const int64_t Rkv = 16, latent_layers = 2, split_steps = 6;  // tests/train/tiny_model.json
+  const double rtol = 2.0 * split_steps * latent_layers * 4.0 * Rkv * FLT_EPSILON;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* key : {"lm_loss", "indexer_kl", "grad_norm_backbone", "grad_norm_indexer"}) {
+      if (a[i][key].is_null()) continue;
+      const double x = a[i][key].get<double>(), y = b[i][key].get<double>();
+      if (i < 2) {
+        EXPECT_EQ(x, y) << key << " of step " << i + 1 << " (the mha phase runs no split layer)";
+      }
+      EXPECT_LE(std::abs(x - y), rtol * std::abs(x)) << key << " of step " << i + 1 << ": " << x << " vs " << y;
+      if (x != 0) worst = std::max(worst, std::abs(x - y) / std::abs(x));
+    }
+  std::printf("split vs unsplit: largest relative difference %.2e (bound %.2e)\n", worst, rtol);
+  // Checkpoints and the final weights keep the HF form: the same names and shapes.
+  for (const fs::path& w : {split / "model.safetensors", split / "checkpoints" / "1-eq-end" / "model.safetensors"}) {
+    const io::TensorMap ws = io::load_safetensors(w.string());
+    const io::TensorMap wa = io::load_safetensors((plain / fs::relative(w, split)).string());
+    ASSERT_EQ(ws.size(), wa.size()) << w;
+    for (const auto& [name, t] : wa) {
+      ASSERT_TRUE(ws.count(name)) << w << ": " << name;
+      EXPECT_EQ(ws.at(name).shape(), t.shape()) << name;
+    }
+  }
+  fs::remove_all(plain);
+  fs::remove_all(split);
 }
 
 // No held-out document fits in seq_len: the loss over no targets is not a number to print.

@@ -38,6 +38,10 @@ struct Model {
   std::vector<ParamSpec> table;
   Tensor arena;          // every parameter, f32, table order
   io::TensorMap params;  // full name -> view into arena
+  // mqa_split_kv_b_proj (DESIGN.md section 1) on the latent layers: each computes with k_b_proj /
+  // v_b_proj split from its kv_b_proj when it runs, and its gradient is folded back (both
+  // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.
+  bool split_kv_b_proj = false;
 };
 
 // Allocates the arena (zeros) for this config. Throws ConfigError for MoE layers (DESIGN.md

@@ -23,6 +23,7 @@ struct PhaseSettings {
   double equivalence_rtol = 1e-4;
   int64_t eval_rows = 16;
   bool recompute_attention = false;
+  bool mqa_split_kv_b_proj = false;  // latent modes only (Model::split_kv_b_proj)
 };
 
 struct Programme {

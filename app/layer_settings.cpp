@@ -1,34 +1,34 @@
-#include "hmla/train/settings.h"
-
-#include <yaml-cpp/yaml.h>
+#include "layer_settings.h"
 
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
-#include "yaml_map.h"
+#include "hmla/train/yaml_map.h"
 
-namespace hmla {
+namespace hmla::app {
 
-TrainSettings parse_train_settings(const std::string& text, const std::string& what) {
+LayerSettings parse_layer_settings(const std::string& text, const std::string& what) {
   const YAML::Node root = load_yaml(text, what);
-  TrainSettings s;
+  LayerSettings s;
   if (root.IsNull()) return s;
   HMLA_CHECK(root.IsMap(), ConfigError, what, ": settings must be a mapping of key: value");
   for_each_key(root, what, [&](const std::string& key, const YAML::Node& v) {
     if (key == "mqa_split_kv_b_proj") s.mqa_split_kv_b_proj = yaml_get<bool>(v, key, what);
     else if (key == "train_indexer_only") s.train_indexer_only = yaml_get<bool>(v, key, what);
-    else if (key == "seed") s.seed = yaml_get<uint64_t>(v, key, what);
+    else if (key == "seed")  // settings files once took it; it never did anything
+      throw ConfigError(what + ": 'seed' is not a setting of hmla layer: the layer runs on the weights and inputs "
+                               "it is given and draws nothing at random; remove it");
     else
       throw ConfigError(what + ": unknown key '" + key +
-                        "' (known: mqa_split_kv_b_proj, train_indexer_only, seed; see docs/config.md)");
+                        "' (known: mqa_split_kv_b_proj, train_indexer_only; see docs/config.md)");
   });
   return s;
 }
 
-TrainSettings load_train_settings(const std::string& path) {
-  return parse_train_settings(io::read_file(path), path);
+LayerSettings load_layer_settings(const std::string& path) {
+  return parse_layer_settings(io::read_file(path), path);
 }
 
-void validate_settings(const ModelConfig& c, const TrainSettings& s, const std::string& what) {
+void validate_layer_settings(const ModelConfig& c, const LayerSettings& s, const std::string& what) {
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     const char* mode = mode_name(c.layer_modes[L]);
     HMLA_CHECK(!s.mqa_split_kv_b_proj || latent_mqa_enabled(c, L), ConfigError, what,
@@ -40,4 +40,4 @@ void validate_settings(const ModelConfig& c, const TrainSettings& s, const std::
   }
 }
 
-}  // namespace hmla
+}  // namespace hmla::app

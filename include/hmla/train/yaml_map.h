@@ -1,4 +1,4 @@
-// Reading hmla's YAML files (programmes, settings) strictly: every key a plain string that
+// Reading hmla's YAML files (programmes, `hmla layer --settings`) strictly: every key a plain string that
 // appears once per mapping (yaml-cpp keeps both entries of a duplicated key, so a loop over them
 // would silently let the last one win), and every error names the file, the line and the key.
 #pragma once
