@@ -8,13 +8,11 @@
 
 #include "hmla/dist/cp.h"
 #include "hmla/ops/nn.h"
-#include "rope_cache.h"
 
 namespace hmla {
 
 namespace {
 constexpr float kNormEps = 1e-6f;
-const Tensor& W(const io::TensorMap& w, const char* name) { return w.at(name); }
 float head_weight_scale(const ModelConfig& c) {
   return static_cast<float>(1.0 / std::sqrt(double(c.index_n_heads)) / std::sqrt(double(c.index_head_dim)));
 }
@@ -50,54 +48,51 @@ int indexer_init_missing(io::TensorMap& w, const ModelConfig& c, uint64_t seed) 
   return created;
 }
 
-void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                     const DocLayout& layout, IndexerState& sv, Comm& cp) {
+void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor& x, const Tensor& cq,
+                     const DocLayout& layout, const RopeCache& rc, IndexerState& sv, Comm& cp) {
   const int64_t b = x.size(0), s = x.size(1), N = b * s;
   const int64_t HI = c.index_n_heads, DI = c.index_head_dim, Dr = c.qk_rope_head_dim;
   const RowShard sh = row_shard(cp, layout.s);
-  const RopeCache rc = rope_cache(c, s, sh.row0);
   sv.sc.layout = &layout;
   sv.sc.q_row0 = sh.row0;
   sv.sc.qI = Tensor::empty({b, s, HI, DI}, DType::f32);
-  linear_fwd(cq, W(w, "indexer.wq_b.weight"), sv.sc.qI.view({N, HI * DI}));
+  linear_fwd(cq, w.wq_b, sv.sc.qI.view({N, HI * DI}));
   rope(sv.sc.qI.slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
   sv.kpre = Tensor::empty({N, DI}, DType::f32);
   sv.k_mean = Tensor::empty({N}, DType::f32);
   sv.k_rstd = Tensor::empty({N}, DType::f32);
   Tensor kI = Tensor::empty({b, s, DI}, DType::f32);
-  linear_fwd(x, W(w, "indexer.wk.weight"), sv.kpre);
-  layernorm_fwd(sv.kpre, W(w, "indexer.k_norm.weight"), W(w, "indexer.k_norm.bias"), kNormEps, kI.view({N, DI}),
+  linear_fwd(x, w.wk, sv.kpre);
+  layernorm_fwd(sv.kpre, w.k_norm_weight, w.k_norm_bias, kNormEps, kI.view({N, DI}),
                 sv.k_mean, sv.k_rstd);
   rope(kI.view({b, s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
   sv.sc.kI = cp_all_gather_rows(cp, kI);  // the indexer's key: DI wide, of every row
   sv.sc.w = Tensor::empty({b, s, HI}, DType::f32);
-  linear_fwd(x, W(w, "indexer.weights_proj.weight"), sv.sc.w);
+  linear_fwd(x, w.weights_proj, sv.sc.w);
   scale(sv.sc.w, head_weight_scale(c), sv.sc.w);
 }
 
-void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                      const IndexerState& sv, const IndexerKlResult& kl, io::TensorMap& grads, Comm& cp) {
+void indexer_backward(const ModelConfig& c, const IndexerTensors& w, const Tensor& x, const Tensor& cq,
+                      const RopeCache& rc, const IndexerState& sv, const IndexerKlResult& kl,
+                      const IndexerTensors& dw, Comm& cp) {
   const int64_t s = x.size(1), N = x.size(0) * s;
   const int64_t HI = c.index_n_heads, DI = c.index_head_dim, Dr = c.qk_rope_head_dim;
-  const RopeCache rc = rope_cache(c, s, sv.sc.q_row0);
-  for (const ParamSpec& p : indexer_param_table(c)) grads[p.name] = Tensor::empty(p.shape, DType::f32);
-  auto dW = [&](const char* name) { return grads.at(name); };
 
   Tensor dq = kl.dqI.clone();  // rope's transpose, in place
   rope(dq.slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, true);
-  linear_bwd(dq.view({N, HI * DI}), cq, W(w, "indexer.wq_b.weight"), dW("indexer.wq_b.weight"), Tensor());
+  linear_bwd(dq.view({N, HI * DI}), cq, w.wq_b, dw.wq_b, Tensor());
 
   // This rank's rows of dkI, summed over every rank's queries.
   Tensor dk = cp.size() > 1 ? cp_reduce_scatter_rows(cp, kl.dkI) : kl.dkI.clone();
   Tensor dkpre = Tensor::empty({N, DI}, DType::f32);
   rope(dk.view({x.size(0), s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, true);
-  layernorm_bwd(dk.view({N, DI}), sv.kpre, W(w, "indexer.k_norm.weight"), sv.k_mean, sv.k_rstd, dkpre,
-                dW("indexer.k_norm.weight"), dW("indexer.k_norm.bias"));
-  linear_bwd(dkpre, x, W(w, "indexer.wk.weight"), dW("indexer.wk.weight"), Tensor());
+  layernorm_bwd(dk.view({N, DI}), sv.kpre, w.k_norm_weight, sv.k_mean, sv.k_rstd, dkpre,
+                dw.k_norm_weight, dw.k_norm_bias);
+  linear_bwd(dkpre, x, w.wk, dw.wk, Tensor());
 
   Tensor dwr = kl.dw.clone();
   scale(dwr, head_weight_scale(c), dwr);
-  linear_bwd(dwr, x, W(w, "indexer.weights_proj.weight"), dW("indexer.weights_proj.weight"), Tensor());
+  linear_bwd(dwr, x, w.weights_proj, dw.weights_proj, Tensor());
 }
 
 }  // namespace hmla

@@ -9,7 +9,6 @@
 #include "hmla/dist/cp.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/sparse_attention.h"
-#include "rope_cache.h"
 
 namespace hmla {
 
@@ -32,7 +31,6 @@ Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const 
           c.kv_lora_rank, layout.s, x.size(0) * layout.s, sh.row0};
 }
 
-const Tensor& W(const MlaLayer& L, const char* name) { return L.weights.at(name); }
 
 Tensor f32(const Shape& s) { return Tensor::empty(s, DType::f32); }
 
@@ -44,14 +42,14 @@ struct HeadMats {
   bool transposed;  // m holds the matrices' transposes
 };
 
-HeadMats w_kb(const io::TensorMap& w, const Dims& d, bool split) {
-  if (split) return {w.at("k_b_proj.weight"), true};
-  return {w.at("kv_b_proj.weight").view({d.H, d.Dn + d.Dv, d.Rkv}).slice(1, 0, d.Dn), false};
+HeadMats w_kb(const AttnTensors& w, const Dims& d, bool split) {
+  if (split) return {w.k_b_proj, true};
+  return {w.kv_b_proj.view({d.H, d.Dn + d.Dv, d.Rkv}).slice(1, 0, d.Dn), false};
 }
 
-HeadMats w_vb(const io::TensorMap& w, const Dims& d, bool split) {
-  if (split) return {w.at("v_b_proj.weight"), false};
-  return {w.at("kv_b_proj.weight").view({d.H, d.Dn + d.Dv, d.Rkv}).slice(1, d.Dn, d.Dn + d.Dv), false};
+HeadMats w_vb(const AttnTensors& w, const Dims& d, bool split) {
+  if (split) return {w.v_b_proj, false};
+  return {w.kv_b_proj.view({d.H, d.Dn + d.Dv, d.Rkv}).slice(1, d.Dn, d.Dn + d.Dv), false};
 }
 
 Trans op(bool transposed) { return transposed ? Trans::yes : Trans::no; }
@@ -71,7 +69,7 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d
   in.layout = &layout;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
   in.q_row0 = d.row0;
-  if (L.cfg->attention_sink) in.sink = L.weights.at("softmax_offset");
+  if (L.cfg->attention_sink) in.sink = attn_tensors(L.weights).softmax_offset;
   if (L.latent()) {
     in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
     in.k = sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr});
@@ -91,7 +89,7 @@ AttnSparseInputs sparse_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims
   in.Dv = d.Rkv;
   in.idx = sv.topk;
   in.K = L.cfg->index_topk;
-  if (L.cfg->attention_sink) in.sink = L.weights.at("softmax_offset");
+  if (L.cfg->attention_sink) in.sink = attn_tensors(L.weights).softmax_offset;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
   return in;
 }
@@ -230,8 +228,12 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
              mode_name(cfg.layer_modes[L.layer]));
   const Dims d = dims(cfg, x, layout, cp);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
-  const RopeCache rc = rope_cache(cfg, d.s, d.row0);
+  if (!sv.rope.cos.defined()) sv.rope = rope_cache(cfg, d.s, d.row0);
+  HMLA_CHECK(sv.rope.cos.dim() == 2 && sv.rope.cos.size(0) == d.s, ShapeError, "mla layer: the RoPE tables cover ",
+             sv.rope.cos.size(0), " rows, the input ", d.s);
+  const RopeCache& rc = sv.rope;
   const Tensor x2 = x.view({d.N, d.hid});
+  const AttnTensors w = attn_tensors(L.weights);
 
   sv.q = f32({d.N, d.H, d.Dqk});
   const Tensor q2 = sv.q.view({d.N, d.H * d.Dqk});
@@ -239,11 +241,11 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
     sv.qa = f32({d.N, d.Rq});
     sv.rstd_q = f32({d.N});
     sv.cq = f32({d.N, d.Rq});
-    linear_fwd(x2, W(L, "q_a_proj.weight"), sv.qa);
-    rmsnorm_fwd(sv.qa, W(L, "q_a_layernorm.weight"), eps, sv.cq, sv.rstd_q);
-    linear_fwd(sv.cq, W(L, "q_b_proj.weight"), q2);
+    linear_fwd(x2, w.q_a_proj, sv.qa);
+    rmsnorm_fwd(sv.qa, w.q_a_layernorm, eps, sv.cq, sv.rstd_q);
+    linear_fwd(sv.cq, w.q_b_proj, q2);
   } else {
-    linear_fwd(x2, W(L, "q_proj.weight"), q2);
+    linear_fwd(x2, w.q_proj, q2);
   }
   rope_rows(sv.q, d, d.Dn, rc, false);
 
@@ -254,14 +256,14 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   sv.rstd_kv = f32({d.N});
   Tensor ka = f32({d.b, d.s, Wa});
   const Tensor ka2 = ka.view({d.N, Wa});
-  linear_fwd(x2, W(L, "kv_a_proj_with_mqa.weight"), sv.kva);
-  rmsnorm_fwd(sv.kva.slice(1, 0, d.Rkv), W(L, "kv_a_layernorm.weight"), eps, ka2.slice(1, 0, d.Rkv), sv.rstd_kv);
+  linear_fwd(x2, w.kv_a_proj_with_mqa, sv.kva);
+  rmsnorm_fwd(sv.kva.slice(1, 0, d.Rkv), w.kv_a_layernorm, eps, ka2.slice(1, 0, d.Rkv), sv.rstd_kv);
   ka2.slice(1, d.Rkv, Wa).copy_from(sv.kva.slice(1, d.Rkv, Wa));
   rope_rows(ka.view({d.N, 1, Wa}), d, d.Rkv, rc, false);
   sv.ka = cp_all_gather_rows(cp, ka).view({d.NS, 1, Wa});
 
   if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
-    indexer_forward(cfg, L.weights, x, sv.cq, layout, sv.ind, cp);
+    indexer_forward(cfg, w.indexer, x, sv.cq, layout, rc, sv.ind, cp);
     sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
   }
   const Tensor kaf = sv.ka.view({d.NS, Wa});  // c in the first Rkv channels, k_pe after
@@ -269,7 +271,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
     // Per-head keys [k_nope_h ; k_pe] and values of every key row, expanded here through
     // kv_b_proj; v stays a strided view of kv_b_proj's output.
     sv.v = f32({d.NS, d.H * (d.Dn + d.Dv)});
-    linear_fwd(kaf.slice(1, 0, d.Rkv), W(L, "kv_b_proj.weight"), sv.v);
+    linear_fwd(kaf.slice(1, 0, d.Rkv), w.kv_b_proj, sv.v);
     sv.k = f32({d.NS, d.H, d.Dqk});
     sv.k.slice(2, 0, d.Dn).copy_from(sv.v.view({d.NS, d.H, d.Dn + d.Dv}).slice(2, 0, d.Dn));
     for (int64_t h = 0; h < d.H; ++h) sv.k.select(1, h).slice(1, d.Dn, d.Dqk).copy_from(kaf.slice(1, d.Rkv, Wa));
@@ -277,7 +279,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
     sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
-    const HeadMats kb = w_kb(L.weights, d, L.split_kv_b_proj), vb = w_vb(L.weights, d, L.split_kv_b_proj);
+    const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
     sv.qabs = f32({d.N, d.H, Wa});
     matmul(per_head(sv.q, 0, d.Dn), Trans::no, kb.m, op(kb.transposed), per_head(sv.qabs, 0, d.Rkv));
     sv.qabs.slice(2, d.Rkv, Wa).copy_from(sv.q.slice(2, d.Dn, d.Dqk));
@@ -287,7 +289,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
            per_head(sv.o, 0, d.Dv));
   }
   Tensor y = f32({d.b, d.s, d.hid});
-  linear_fwd(sv.o.view({d.N, d.H * d.Dv}), W(L, "o_proj.weight"), y);
+  linear_fwd(sv.o.view({d.N, d.H * d.Dv}), w.o_proj, y);
   return y;
 }
 
@@ -319,7 +321,9 @@ void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const
     if (!cfg.attention_sink) in.lse_c = sv.att.lse;
   }
   IndexerKlResult kl = sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
-  indexer_backward(cfg, L.weights, x, sv.cq, sv.ind, kl, g.dweights, cp);
+  for (const ParamSpec& p : indexer_param_table(cfg)) g.dweights[p.name] = Tensor::empty(p.shape, DType::f32);
+  indexer_backward(cfg, attn_tensors(L.weights).indexer, x, sv.cq, sv.rope, sv.ind, kl,
+                   attn_tensors(g.dweights).indexer, cp);
   g.indexer_loss = kl.loss;
   g.indexer_kl = kl.kl_sum;
 }
@@ -336,14 +340,15 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
              "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",
              shape_str(dy.shape()));
-  const RopeCache rc = rope_cache(cfg, d.s, d.row0);
+  const RopeCache& rc = sv.rope;
   const Tensor x2 = x.view({d.N, d.hid});
   for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj)) g.dweights[p.name] = f32(p.shape);
-  auto dW = [&](const char* name) { return g.dweights.at(name); };
+  const AttnTensors w = attn_tensors(L.weights);
+  AttnTensors dw = attn_tensors(g.dweights);
 
   // o_proj
   Tensor dO = f32({d.N, d.H, d.Dv});
-  linear_bwd(dy.view({d.N, d.hid}), sv.o.view({d.N, d.H * d.Dv}), W(L, "o_proj.weight"), dW("o_proj.weight"),
+  linear_bwd(dy.view({d.N, d.hid}), sv.o.view({d.N, d.H * d.Dv}), w.o_proj, dw.o_proj,
              dO.view({d.N, d.H * d.Dv}));
 
   // The core's gradients: dq for this rank's rows, and dka [NS, Rkv + Dr], the shared key's
@@ -364,11 +369,11 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
     const Tensor dka2 = dka.view({d.NS, Wa}), dk_pe = dka2.slice(1, d.Rkv, Wa);
     for (int64_t h = 0; h < d.H; ++h) add(dk_pe, dk.select(1, h).slice(1, d.Dn, d.Dqk), dk_pe);  // heads in order
     dq = ga.dq.view({d.N, d.H, d.Dqk});
-    linear_bwd(dkvb.view({d.NS, d.H * (d.Dn + d.Dv)}), kaf.slice(1, 0, d.Rkv), W(L, "kv_b_proj.weight"),
-               dW("kv_b_proj.weight"), dka2.slice(1, 0, d.Rkv));
+    linear_bwd(dkvb.view({d.NS, d.H * (d.Dn + d.Dv)}), kaf.slice(1, 0, d.Rkv), w.kv_b_proj,
+               dw.kv_b_proj, dka2.slice(1, 0, d.Rkv));
   } else {
-    const HeadMats kb = w_kb(L.weights, d, L.split_kv_b_proj), vb = w_vb(L.weights, d, L.split_kv_b_proj);
-    const HeadMats dkb = w_kb(g.dweights, d, L.split_kv_b_proj), dvb = w_vb(g.dweights, d, L.split_kv_b_proj);
+    const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
+    const HeadMats dkb = w_kb(dw, d, L.split_kv_b_proj), dvb = w_vb(dw, d, L.split_kv_b_proj);
     const Tensor oa = sv.att.out.view({d.N, d.H, d.Rkv});
     Tensor doa = f32({d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
     matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
@@ -394,7 +399,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
       add(dc, ga.dv.view({d.NS, d.Rkv}), dc);
     }
   }
-  if (cfg.attention_sink) dW("softmax_offset").copy_from(ga.dsink);
+  if (cfg.attention_sink) dw.softmax_offset.copy_from(ga.dsink);
 
   // This rank's rows of the shared key's gradient, summed over every rank's queries.
   const Tensor dka_own = cp_reduce_scatter_rows(cp, dka).view({d.N, Wa});  // dc, then dk_pe
@@ -403,19 +408,19 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   rope_rows(dq, d, d.Dn, rc, true);
   rope_rows(dka_own.view({d.N, 1, Wa}), d, d.Rkv, rc, true);
   Tensor dkva = f32({d.N, Wa});
-  rmsnorm_bwd(dka_own.slice(1, 0, d.Rkv), sv.kva.slice(1, 0, d.Rkv), W(L, "kv_a_layernorm.weight"), sv.rstd_kv,
-              dkva.slice(1, 0, d.Rkv), dW("kv_a_layernorm.weight"));
+  rmsnorm_bwd(dka_own.slice(1, 0, d.Rkv), sv.kva.slice(1, 0, d.Rkv), w.kv_a_layernorm, sv.rstd_kv,
+              dkva.slice(1, 0, d.Rkv), dw.kv_a_layernorm);
   dkva.slice(1, d.Rkv, Wa).copy_from(dka_own.slice(1, d.Rkv, Wa));
   g.dx = f32({d.b, d.s, d.hid});
   const Tensor dx2 = g.dx.view({d.N, d.hid}), dq2 = dq.view({d.N, d.H * d.Dqk});
-  linear_bwd(dkva, x2, W(L, "kv_a_proj_with_mqa.weight"), dW("kv_a_proj_with_mqa.weight"), dx2);
+  linear_bwd(dkva, x2, w.kv_a_proj_with_mqa, dw.kv_a_proj_with_mqa, dx2);
   if (d.Rq > 0) {
     Tensor dcq = f32({d.N, d.Rq}), dqa = f32({d.N, d.Rq});
-    linear_bwd(dq2, sv.cq, W(L, "q_b_proj.weight"), dW("q_b_proj.weight"), dcq);
-    rmsnorm_bwd(dcq, sv.qa, W(L, "q_a_layernorm.weight"), sv.rstd_q, dqa, dW("q_a_layernorm.weight"));
-    linear_bwd(dqa, x2, W(L, "q_a_proj.weight"), dW("q_a_proj.weight"), dx2, 1.f);
+    linear_bwd(dq2, sv.cq, w.q_b_proj, dw.q_b_proj, dcq);
+    rmsnorm_bwd(dcq, sv.qa, w.q_a_layernorm, sv.rstd_q, dqa, dw.q_a_layernorm);
+    linear_bwd(dqa, x2, w.q_a_proj, dw.q_a_proj, dx2, 1.f);
   } else {
-    linear_bwd(dq2, x2, W(L, "q_proj.weight"), dW("q_proj.weight"), dx2, 1.f);
+    linear_bwd(dq2, x2, w.q_proj, dw.q_proj, dx2, 1.f);
   }
   return g;
 }

@@ -16,7 +16,6 @@ namespace hmla {
 
 namespace {
 
-const Tensor& P(const Model& m, const std::string& name) { return m.params.at(name); }
 
 bool is_moe_layer(const ModelConfig& c, int64_t L) {
   if (!c.mlp_layer_types.empty()) return c.mlp_layer_types.at(L) == "sparse";
@@ -41,6 +40,14 @@ void fold_into_arena_form(const MlaLayer& layer, MlaGrads& g) {
 }
 
 void add_into(const Tensor& dst, const Tensor& src) { add(dst, src, dst); }
+
+// Adds a layer's attention gradients (MlaGrads, arena form) into the gradient arena's views.
+void add_attn_grads(AttnTensors into, MlaGrads& g) {
+  AttnTensors from = attn_tensors(g.dweights);
+  const std::vector<Tensor*> dst = fields(into), src = fields(from);
+  for (size_t i = 0; i < dst.size(); ++i)
+    if (src[i]->defined()) add_into(*dst[i], *src[i]);
+}
 
 struct LayerSaved {
   Tensor h_in, rstd1, a;  // layer input, input_layernorm statistics and output [N, hid]
@@ -83,15 +90,16 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   Forward f;
   f.ids = local_ids;
   Tensor h = Tensor::empty({b, s, hid}, DType::f32);
-  embedding_fwd(local_ids, P(m, "model.embed_tokens.weight"), h);
+  embedding_fwd(local_ids, m.w.embed_tokens, h);
   f.layers.resize(c.num_hidden_layers);
+  const RopeCache rope = rope_cache(c, s, row_shard(cp, batch.input_ids.size(1)).row0);  // one per forward
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     LayerSaved& sv = f.layers[L];
-    const std::string pre = layer_prefix(L);
+    sv.attn.rope = rope;
     sv.h_in = h;
     sv.rstd1 = Tensor::empty({N}, DType::f32);
     sv.a = Tensor::empty({b, s, hid}, DType::f32);
-    rmsnorm_fwd(h, P(m, pre + "input_layernorm.weight"), eps, sv.a, sv.rstd1);
+    rmsnorm_fwd(h, m.w.layers[L].input_layernorm, eps, sv.a, sv.rstd1);
     MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
@@ -99,24 +107,23 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
     add(h, y, sv.h_mid);
     sv.rstd2 = Tensor::empty({N}, DType::f32);
     sv.mn = Tensor::empty({N, hid}, DType::f32);
-    rmsnorm_fwd(sv.h_mid, P(m, pre + "post_attention_layernorm.weight"), eps, sv.mn, sv.rstd2);
+    rmsnorm_fwd(sv.h_mid, m.w.layers[L].post_attention_layernorm, eps, sv.mn, sv.rstd2);
     sv.g = Tensor::empty({N, I}, DType::f32);
     sv.u = Tensor::empty({N, I}, DType::f32);
     sv.act = Tensor::empty({N, I}, DType::f32);
-    linear_fwd(sv.mn, P(m, pre + "mlp.gate_proj.weight"), sv.g);
-    linear_fwd(sv.mn, P(m, pre + "mlp.up_proj.weight"), sv.u);
+    linear_fwd(sv.mn, m.w.layers[L].gate_proj, sv.g);
+    linear_fwd(sv.mn, m.w.layers[L].up_proj, sv.u);
     swiglu_fwd(sv.g, sv.u, sv.act);
     h = Tensor::empty({b, s, hid}, DType::f32);
-    linear_fwd(sv.act, P(m, pre + "mlp.down_proj.weight"), h);
+    linear_fwd(sv.act, m.w.layers[L].down_proj, h);
     add(h, sv.h_mid, h);
   }
   f.h_final = h;
   f.rstd_final = Tensor::empty({N}, DType::f32);
   f.n_final = Tensor::empty({N, hid}, DType::f32);
-  rmsnorm_fwd(h, P(m, "model.norm.weight"), eps, f.n_final, f.rstd_final);
+  rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
   f.logits = Tensor::empty({N, V}, DType::f32);
-  const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  linear_fwd(f.n_final, P(m, head), f.logits);
+  linear_fwd(f.n_final, m.w.lm_head, f.logits);
   return f;
 }
 
@@ -266,6 +273,7 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
   m.table = model_param_table(c, has_indexer);
   m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32);
   m.params = arena_views(m.table, m.arena);
+  m.w = model_tensors(m.params, c.num_hidden_layers, c.tie_word_embeddings);
   return m;
 }
 
@@ -358,25 +366,23 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   // The indexer's loss rows over the whole batch, then this rank's.
   const Tensor all_rows = loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, opt.valid_rows);
   const Tensor row_weight = take_rows(all_rows.view({b, sh.s, 1}), sh).view({b, s});
-  auto acc = [&](const std::string& name, const Tensor& g) { add_into(grads.at(name), g); };
+  const ModelTensors gw = model_tensors(grads, c.num_hidden_layers, c.tie_word_embeddings);
   auto tmp = [](const Shape& sh) { return Tensor::empty(sh, DType::f32); };
 
   // Head and final norm.
   Tensor dh;
   if (opt.backbone) {
-    const char* head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     Tensor dn = tmp({N, hid}), dW = tmp({V, hid}), dnorm = tmp({hid});
-    linear_bwd(dlogits, f.n_final, P(m, head), dW, dn);
-    acc(head, dW);
+    linear_bwd(dlogits, f.n_final, m.w.lm_head, dW, dn);
+    add_into(gw.lm_head, dW);
     dh = tmp({b, s, hid});
-    rmsnorm_bwd(dn, f.h_final, P(m, "model.norm.weight"), f.rstd_final, dh, dnorm);
-    acc("model.norm.weight", dnorm);
+    rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, dnorm);
+    add_into(gw.norm, dnorm);
   }
 
   int dsa_layers = 0;
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[L];
-    const std::string pre = layer_prefix(L);
     MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     if (opt.recompute_attention) mla_recompute_core(layer, sv.a, batch.layout, sv.attn, cp);
     MlaBackwardOptions mo;
@@ -386,40 +392,40 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
       if (!is_dsa(c.layer_modes[L])) continue;
       MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo, cp);
       fold_into_arena_form(layer, g);
-      for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
+      add_attn_grads(gw.layers[L].attn, g);
       st.indexer_kl += g.indexer_kl;
       ++dsa_layers;
       continue;
     }
     // MLP: h = h_mid + down(swiglu(gate(mn), up(mn))).
     Tensor dact = tmp({N, I}), dWd = tmp({hid, I}), dg = tmp({N, I}), du = tmp({N, I});
-    linear_bwd(dh, sv.act, P(m, pre + "mlp.down_proj.weight"), dWd, dact);
-    acc(pre + "mlp.down_proj.weight", dWd);
+    linear_bwd(dh, sv.act, m.w.layers[L].down_proj, dWd, dact);
+    add_into(gw.layers[L].down_proj, dWd);
     swiglu_bwd(dact, sv.g, sv.u, dg, du);
     Tensor dmn = tmp({N, hid}), dWg = tmp({I, hid}), dWu = tmp({I, hid});
-    linear_bwd(dg, sv.mn, P(m, pre + "mlp.gate_proj.weight"), dWg, dmn);
-    linear_bwd(du, sv.mn, P(m, pre + "mlp.up_proj.weight"), dWu, dmn, 1.f);
-    acc(pre + "mlp.gate_proj.weight", dWg);
-    acc(pre + "mlp.up_proj.weight", dWu);
+    linear_bwd(dg, sv.mn, m.w.layers[L].gate_proj, dWg, dmn);
+    linear_bwd(du, sv.mn, m.w.layers[L].up_proj, dWu, dmn, 1.f);
+    add_into(gw.layers[L].gate_proj, dWg);
+    add_into(gw.layers[L].up_proj, dWu);
     Tensor dmid = tmp({b, s, hid}), dpost = tmp({hid});
-    rmsnorm_bwd(dmn, sv.h_mid, P(m, pre + "post_attention_layernorm.weight"), sv.rstd2, dmid, dpost);
-    acc(pre + "post_attention_layernorm.weight", dpost);
+    rmsnorm_bwd(dmn, sv.h_mid, m.w.layers[L].post_attention_layernorm, sv.rstd2, dmid, dpost);
+    add_into(gw.layers[L].post_attention_layernorm, dpost);
     add(dmid, dh, dmid);
     // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
     MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo, cp);
     fold_into_arena_form(layer, g);
-    for (auto& [name, t] : g.dweights) acc(pre + "self_attn." + name, t);
+    add_attn_grads(gw.layers[L].attn, g);
     if (is_dsa(c.layer_modes[L])) {
       st.indexer_kl += g.indexer_kl;
       ++dsa_layers;
     }
     Tensor dpre = tmp({hid});
     dh = tmp({b, s, hid});
-    rmsnorm_bwd(g.dx, sv.h_in, P(m, pre + "input_layernorm.weight"), sv.rstd1, dh, dpre);
-    acc(pre + "input_layernorm.weight", dpre);
+    rmsnorm_bwd(g.dx, sv.h_in, m.w.layers[L].input_layernorm, sv.rstd1, dh, dpre);
+    add_into(gw.layers[L].input_layernorm, dpre);
     add(dh, dmid, dh);
   }
-  if (opt.backbone) embedding_bwd(f.ids, dh, grads.at("model.embed_tokens.weight"));  // rows in token order
+  if (opt.backbone) embedding_bwd(f.ids, dh, gw.embed_tokens);  // rows in token order
   if (dsa_layers > 0) st.indexer_kl /= dsa_layers;
   return st;
 }

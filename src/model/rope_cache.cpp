@@ -1,4 +1,4 @@
-#include "rope_cache.h"
+#include "hmla/model/config.h"
 
 #include <cmath>
 #include <vector>

@@ -2,6 +2,7 @@
 // section 2), validated when loaded. Fields transformers writes that hmla does not use (MoE
 // routing, token ids, ...) are kept verbatim and written back.
 #pragma once
+#include "hmla/core/tensor.h"
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -76,6 +77,14 @@ struct RopeTables {
   double attention_factor = 1.0;
 };
 RopeTables rope_tables(const ModelConfig& c);
+
+// cos/sin tables [s, Dr / 2] for positions pos0 .. pos0 + s - 1 (the token's index in its packed
+// row; pos0 > 0 for a context-parallel shard), with the attention factor folded in: what the rope
+// op takes, shared by the MLA layer and the indexer and computed once per forward.
+struct RopeCache {
+  Tensor cos, sin;  // f32 [s, Dr / 2]
+};
+RopeCache rope_cache(const ModelConfig& c, int64_t s, int64_t pos0 = 0);
 double softmax_scale(const ModelConfig& c);
 
 }  // namespace hmla

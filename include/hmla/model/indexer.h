@@ -29,12 +29,12 @@ int indexer_init_missing(io::TensorMap& w, const ModelConfig& c, uint64_t seed);
 
 // x [b, s, hidden], cq [N, Rq]: the attention input and the normalised q latent (read only), of
 // this rank's rows under context parallelism (the key kI is all-gathered: [b, S, DI]).
-void indexer_forward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                     const DocLayout& layout, IndexerState& saved, Comm& cp = Comm::self());
-// Writes grad.<indexer tensors> into `grads` from the KL's dqI, dkI, dw (dkI over every key row
-// is reduce-scattered to this rank's rows first).
-void indexer_backward(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& cq,
-                      const IndexerState& saved, const IndexerKlResult& kl, io::TensorMap& grads,
-                      Comm& cp = Comm::self());
+void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor& x, const Tensor& cq,
+                     const DocLayout& layout, const RopeCache& rope, IndexerState& saved, Comm& cp = Comm::self());
+// Writes the indexer's weight gradients into `grads` (same shapes as `w`, overwritten) from the
+// KL's dqI, dkI, dw (dkI over every key row is reduce-scattered to this rank's rows first).
+void indexer_backward(const ModelConfig& c, const IndexerTensors& w, const Tensor& x, const Tensor& cq,
+                      const RopeCache& rope, const IndexerState& saved, const IndexerKlResult& kl,
+                      const IndexerTensors& grads, Comm& cp = Comm::self());
 
 }  // namespace hmla

@@ -43,6 +43,8 @@ struct MlaLayer {
 // What the backward needs, named (STYLE.md: no hidden tape). N = b * s rows of this rank's
 // queries; NS = b * S key rows (S = s without context parallelism).
 struct MlaSaved {
+  RopeCache rope;          // this rank's rows' RoPE tables: set by the caller to share one per
+                           // forward (the model does), else computed by mla_forward
   Tensor qa, rstd_q, cq;   // q latent before/after RMSNorm [N, Rq], rstd [N] (Rq > 0)
   Tensor q;                // [N, H, Dn + Dr], rope applied
   Tensor kva, rstd_kv;     // kv_a output [N, Rkv + Dr], rstd [N]

@@ -37,7 +37,8 @@ struct Model {
   std::vector<bool> has_indexer;  // per layer
   std::vector<ParamSpec> table;
   Tensor arena;          // every parameter, f32, table order
-  io::TensorMap params;  // full name -> view into arena
+  io::TensorMap params;  // full name -> view into arena (the checkpoint boundary)
+  ModelTensors w;        // the same views, typed (what the math reads)
   // mqa_split_kv_b_proj (DESIGN.md section 1) on the latent layers: each computes with k_b_proj /
   // v_b_proj split from its kv_b_proj when it runs, and its gradient is folded back (both
   // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.

@@ -2,8 +2,10 @@
 // indexer declare, and what the arenas, the optimizer and checkpoint I/O walk in order.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "hmla/core/tensor.h"
+#include "hmla/io/safetensors.h"
 
 namespace hmla {
 
@@ -11,5 +13,40 @@ struct ParamSpec {
   std::string name;  // without the "model.layers.{L}.self_attn." prefix in layer tables
   Shape shape;
 };
+
+// Typed views of one table's tensors (weights, their gradients or the optimizer's moments alike:
+// same names, same shapes). Built once from the named views, so the math reads `w.o_proj`, and
+// names stay at the checkpoint boundary. A tensor the config does not have is undefined.
+struct IndexerTensors {  // "indexer.*" of one layer (DESIGN.md section 5)
+  Tensor wq_b, wk, k_norm_weight, k_norm_bias, weights_proj;
+};
+
+struct AttnTensors {  // "self_attn.*" of one layer, without the prefix
+  Tensor q_a_proj, q_a_layernorm, q_b_proj;  // q_lora_rank > 0
+  Tensor q_proj;                              // q_lora_rank = 0
+  Tensor kv_a_proj_with_mqa, kv_a_layernorm;
+  Tensor kv_b_proj;                           // checkpoint form, or split:
+  Tensor k_b_proj, v_b_proj;
+  Tensor o_proj, softmax_offset;
+  IndexerTensors indexer;
+};
+
+struct LayerTensors {  // "model.layers.{L}.*"
+  Tensor input_layernorm, post_attention_layernorm, gate_proj, up_proj, down_proj;
+  AttnTensors attn;
+};
+
+struct ModelTensors {
+  Tensor embed_tokens, norm, lm_head;  // lm_head is embed_tokens when tied
+  std::vector<LayerTensors> layers;
+};
+
+// Every tensor of a, in a fixed order (undefined ones included): zips two views of one table.
+std::vector<Tensor*> fields(AttnTensors& a);
+
+// From names without the "self_attn." prefix (an MlaLayer's map) ...
+AttnTensors attn_tensors(const io::TensorMap& w);
+// ... and from a whole model's full names (the model's, a gradient arena's or a moment's views).
+ModelTensors model_tensors(const io::TensorMap& w, int64_t layers, bool tied);
 
 }  // namespace hmla
