@@ -2,8 +2,8 @@
 // (backend.cpp) calls them with validated params; tests and benches may call them directly.
 // sgemm: OpenBLAS (OpenMP build) when configured, else the built-in kernel of gemm.cpp; called
 // inside an OpenMP parallel region a product runs on the calling thread, so results depend only
-// on the inputs (and the BLAS build), never on scheduling. The nn kernels overwrite their
-// outputs unless the name says `acc`.
+// on the inputs (and the BLAS build), never on scheduling. Gradients follow hmla/ops/nn.h: weight
+// gradients (dW, dw, db, dE) are added into, activation gradients written.
 #pragma once
 #include <cstdint>
 
@@ -30,22 +30,21 @@ bool sgemm_uses_blas();
 // y[N, out] = x[N, in] W^T, W [out, in]; ldx/ldy are row strides of x and y.
 void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t N,
                 int64_t in, int64_t out);
-// dW [out, in] = dy^T x (overwrite); dx [N, in] (+)= dy W: `beta` 0 overwrites, 1 accumulates;
-// dx may be null.
+// dW [out, in] += dy^T x; dx [N, in] (+)= dy W: `beta` 0 overwrites, 1 accumulates; dx may be null.
 void linear_bwd(float* dx, int64_t lddx, float beta, float* dW, const float* dy, int64_t lddy,
                 const float* x, int64_t ldx, const float* W, int64_t N, int64_t in, int64_t out);
 
 // y = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps) saved [N]. x, y have row stride ld*.
 void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx, const float* w,
                  int64_t N, int64_t D, float eps);
-// dx (overwrite, stride lddx), dw [D] (overwrite).
+// dx (overwrite, stride lddx), dw [D] += the rows' sum, rows in order.
 void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy, const float* x,
                  int64_t ldx, const float* w, const float* rstd, int64_t N, int64_t D);
 
 // y = (x - mean) * rstd * w + b per row (LayerNorm); mean and rstd saved [N].
 void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
                    int64_t N, int64_t D, float eps);
-// dx (overwrite), dw and db [D] (overwrite). Rows contiguous.
+// dx (overwrite), dw and db [D] += the rows' sums, rows in order. Rows contiguous.
 void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t D);
 

@@ -15,7 +15,7 @@ void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float*
 
 void linear_bwd(float* dx, int64_t lddx, float beta, float* dW, const float* dy, int64_t lddy,
                 const float* x, int64_t ldx, const float* W, int64_t N, int64_t in, int64_t out) {
-  sgemm(Trans::yes, Trans::no, out, in, N, 1.f, dy, lddy, x, ldx, 0.f, dW, in);
+  sgemm(Trans::yes, Trans::no, out, in, N, 1.f, dy, lddy, x, ldx, 1.f, dW, in);
   if (dx) sgemm(Trans::no, Trans::no, N, in, out, 1.f, dy, lddy, W, in, beta, dx, lddx);
 }
 
@@ -35,7 +35,6 @@ void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx
 
 void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy, const float* x,
                  int64_t ldx, const float* w, const float* rstd, int64_t N, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) dw[d] = 0.f;
   // dw is a sum over rows: rows are walked in order so the bits do not depend on threads.
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * ldx;
@@ -74,7 +73,6 @@ void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const flo
 
 void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                    const float* mean, const float* rstd, int64_t N, int64_t D) {
-  for (int64_t d = 0; d < D; ++d) dw[d] = db[d] = 0.f;
   for (int64_t n = 0; n < N; ++n)  // rows in order: bits independent of threads
     for (int64_t d = 0; d < D; ++d) {
       dw[d] += dy[n * D + d] * (x[n * D + d] - mean[n]) * rstd[n];

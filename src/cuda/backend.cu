@@ -12,6 +12,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() : Backend(Device::cuda) {}
   const char* name() const override { return "cuda"; }
+  using Backend::supports;  // the families not overridden below: unsupported
 
   bool supports(const AttnDenseParams& p) const override {
     return p.dtype == DType::bf16 && p.Dqk % 16 == 0 && p.Dv % 16 == 0;

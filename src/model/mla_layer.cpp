@@ -321,7 +321,8 @@ void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const
     if (!cfg.attention_sink) in.lse_c = sv.att.lse;
   }
   IndexerKlResult kl = sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
-  for (const ParamSpec& p : indexer_param_table(cfg)) g.dweights[p.name] = Tensor::empty(p.shape, DType::f32);
+  for (const ParamSpec& p : indexer_param_table(cfg))
+    if (!g.dweights.count(p.name)) g.dweights[p.name] = Tensor::zeros(p.shape, DType::f32);
   indexer_backward(cfg, attn_tensors(L.weights).indexer, x, sv.cq, sv.rope, sv.ind, kl,
                    attn_tensors(g.dweights).indexer, cp);
   g.indexer_loss = kl.loss;
@@ -335,6 +336,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   const ModelConfig& cfg = *L.cfg;
   const Dims d = dims(cfg, x, layout, cp);
   MlaGrads g;
+  g.dweights = opt.grads;  // views: the gradients land in the caller's tensors
   if (is_dsa(L.mode())) indexer_grads(L, x, sv, d, opt, g, cp);
   if (!opt.backbone) return g;
   HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
@@ -342,9 +344,10 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
              shape_str(dy.shape()));
   const RopeCache& rc = sv.rope;
   const Tensor x2 = x.view({d.N, d.hid});
-  for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj)) g.dweights[p.name] = f32(p.shape);
+  for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj))
+    if (!g.dweights.count(p.name)) g.dweights[p.name] = Tensor::zeros(p.shape, DType::f32);
   const AttnTensors w = attn_tensors(L.weights);
-  AttnTensors dw = attn_tensors(g.dweights);
+  const AttnTensors dw = attn_tensors(g.dweights);
 
   // o_proj
   Tensor dO = f32({d.N, d.H, d.Dv});
@@ -377,7 +380,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
     const Tensor oa = sv.att.out.view({d.N, d.H, d.Rkv});
     Tensor doa = f32({d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
     matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
-    matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m);
+    matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);
     if (sparse) {  // dkv holds the key's and the value's gradient together
       AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
                                            doa.view({d.b, d.s, d.H, d.Rkv}));
@@ -389,9 +392,9 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
     dq = f32({d.N, d.H, d.Dqk});
     matmul(per_head(dqa, 0, d.Rkv), Trans::no, kb.m, op(!kb.transposed), per_head(dq, 0, d.Dn));
     if (dkb.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
-      matmul(per_head(dqa, 0, d.Rkv), Trans::yes, per_head(sv.q, 0, d.Dn), Trans::no, dkb.m);
+      matmul(per_head(dqa, 0, d.Rkv), Trans::yes, per_head(sv.q, 0, d.Dn), Trans::no, dkb.m, 1.f, 1.f);
     else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
-      matmul(per_head(sv.q, 0, d.Dn), Trans::yes, per_head(dqa, 0, d.Rkv), Trans::no, dkb.m);
+      matmul(per_head(sv.q, 0, d.Dn), Trans::yes, per_head(dqa, 0, d.Rkv), Trans::no, dkb.m, 1.f, 1.f);
     dq.slice(2, d.Dn, d.Dqk).copy_from(dqa.slice(2, d.Rkv, Wa));
     dka = ga.dk.view({d.b, d.S, Wa});
     if (ga.dv.defined()) {  // the value is the key's first Rkv channels
@@ -399,7 +402,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
       add(dc, ga.dv.view({d.NS, d.Rkv}), dc);
     }
   }
-  if (cfg.attention_sink) dw.softmax_offset.copy_from(ga.dsink);
+  if (cfg.attention_sink) add(dw.softmax_offset, ga.dsink, dw.softmax_offset);
 
   // This rank's rows of the shared key's gradient, summed over every rank's queries.
   const Tensor dka_own = cp_reduce_scatter_rows(cp, dka).view({d.N, Wa});  // dc, then dk_pe

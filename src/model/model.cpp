@@ -34,19 +34,23 @@ io::TensorMap layer_attn(const Model& m, int64_t L) {
   return w;
 }
 
-// The layer's weight gradients in the arena's form (kv_b_proj).
-void fold_into_arena_form(const MlaLayer& layer, MlaGrads& g) {
-  if (layer.split_kv_b_proj && g.dweights.count("k_b_proj.weight")) fold_kv_b_proj(g.dweights, *layer.cfg);
+// The gradient arena's views of layer L's attention, named as the layer names them: the layer
+// adds its weight gradients straight into them (hmla/ops/nn.h).
+io::TensorMap layer_grads(const Model& m, const io::TensorMap& grads, int64_t L) {
+  io::TensorMap g;
+  const std::string pre = layer_prefix(L) + "self_attn.";
+  for (const ParamSpec& p : mla_param_table(m.cfg, false, m.has_indexer[L])) g[p.name] = grads.at(pre + p.name);
+  return g;
 }
 
-void add_into(const Tensor& dst, const Tensor& src) { add(dst, src, dst); }
-
-// Adds a layer's attention gradients (MlaGrads, arena form) into the gradient arena's views.
-void add_attn_grads(AttnTensors into, MlaGrads& g) {
+// A split layer's gradients (k_b_proj/v_b_proj, new tensors) folded to kv_b_proj and added into
+// the arena's views.
+void add_split_grads(const MlaLayer& layer, AttnTensors into, MlaGrads& g) {
+  if (g.dweights.count("k_b_proj.weight")) fold_kv_b_proj(g.dweights, *layer.cfg);
   AttnTensors from = attn_tensors(g.dweights);
   const std::vector<Tensor*> dst = fields(into), src = fields(from);
   for (size_t i = 0; i < dst.size(); ++i)
-    if (src[i]->defined()) add_into(*dst[i], *src[i]);
+    if (src[i]->defined()) add(*dst[i], *src[i], *dst[i]);
 }
 
 struct LayerSaved {
@@ -372,12 +376,10 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   // Head and final norm.
   Tensor dh;
   if (opt.backbone) {
-    Tensor dn = tmp({N, hid}), dW = tmp({V, hid}), dnorm = tmp({hid});
-    linear_bwd(dlogits, f.n_final, m.w.lm_head, dW, dn);
-    add_into(gw.lm_head, dW);
+    Tensor dn = tmp({N, hid});
+    linear_bwd(dlogits, f.n_final, m.w.lm_head, gw.lm_head, dn);
     dh = tmp({b, s, hid});
-    rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, dnorm);
-    add_into(gw.norm, dnorm);
+    rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);
   }
 
   int dsa_layers = 0;
@@ -388,41 +390,35 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
     if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;
+    if (!layer.split_kv_b_proj) mo.grads = layer_grads(m, grads, L);  // straight into the arena
     if (!opt.backbone) {
       if (!is_dsa(c.layer_modes[L])) continue;
       MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo, cp);
-      fold_into_arena_form(layer, g);
-      add_attn_grads(gw.layers[L].attn, g);
+      if (layer.split_kv_b_proj) add_split_grads(layer, gw.layers[L].attn, g);
       st.indexer_kl += g.indexer_kl;
       ++dsa_layers;
       continue;
     }
     // MLP: h = h_mid + down(swiglu(gate(mn), up(mn))).
-    Tensor dact = tmp({N, I}), dWd = tmp({hid, I}), dg = tmp({N, I}), du = tmp({N, I});
-    linear_bwd(dh, sv.act, m.w.layers[L].down_proj, dWd, dact);
-    add_into(gw.layers[L].down_proj, dWd);
+    const LayerTensors &lw = m.w.layers[L], &lg = gw.layers[L];
+    Tensor dact = tmp({N, I}), dg = tmp({N, I}), du = tmp({N, I});
+    linear_bwd(dh, sv.act, lw.down_proj, lg.down_proj, dact);
     swiglu_bwd(dact, sv.g, sv.u, dg, du);
-    Tensor dmn = tmp({N, hid}), dWg = tmp({I, hid}), dWu = tmp({I, hid});
-    linear_bwd(dg, sv.mn, m.w.layers[L].gate_proj, dWg, dmn);
-    linear_bwd(du, sv.mn, m.w.layers[L].up_proj, dWu, dmn, 1.f);
-    add_into(gw.layers[L].gate_proj, dWg);
-    add_into(gw.layers[L].up_proj, dWu);
-    Tensor dmid = tmp({b, s, hid}), dpost = tmp({hid});
-    rmsnorm_bwd(dmn, sv.h_mid, m.w.layers[L].post_attention_layernorm, sv.rstd2, dmid, dpost);
-    add_into(gw.layers[L].post_attention_layernorm, dpost);
+    Tensor dmn = tmp({N, hid});
+    linear_bwd(dg, sv.mn, lw.gate_proj, lg.gate_proj, dmn);
+    linear_bwd(du, sv.mn, lw.up_proj, lg.up_proj, dmn, 1.f);
+    Tensor dmid = tmp({b, s, hid});
+    rmsnorm_bwd(dmn, sv.h_mid, lw.post_attention_layernorm, sv.rstd2, dmid, lg.post_attention_layernorm);
     add(dmid, dh, dmid);
     // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
     MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo, cp);
-    fold_into_arena_form(layer, g);
-    add_attn_grads(gw.layers[L].attn, g);
+    if (layer.split_kv_b_proj) add_split_grads(layer, lg.attn, g);
     if (is_dsa(c.layer_modes[L])) {
       st.indexer_kl += g.indexer_kl;
       ++dsa_layers;
     }
-    Tensor dpre = tmp({hid});
     dh = tmp({b, s, hid});
-    rmsnorm_bwd(g.dx, sv.h_in, m.w.layers[L].input_layernorm, sv.rstd1, dh, dpre);
-    add_into(gw.layers[L].input_layernorm, dpre);
+    rmsnorm_bwd(g.dx, sv.h_in, lw.input_layernorm, sv.rstd1, dh, lg.input_layernorm);
     add(dh, dmid, dh);
   }
   if (opt.backbone) embedding_bwd(f.ids, dh, gw.embed_tokens);  // rows in token order

@@ -141,10 +141,11 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
   check_contiguous(dW, dt, {out, in}, "linear backward", "dW");
   HMLA_CHECK(DY.D == out && X.D == in && DY.N == X.N, ShapeError, "linear backward: dy ", desc(dy), " and x ", desc(x),
              " do not fit W ", desc(W));
-  GemmParams p;  // dW = dy^T x
+  GemmParams p;  // dW += dy^T x
   p.dtype = dt;
   p.ta = Trans::yes;
   p.tb = Trans::no;
+  p.beta = 1.f;
   p.M = out, p.N = in, p.K = X.N;
   p.a = DY.p, p.lda = DY.ld;
   p.b = X.p, p.ldb = X.ld;

@@ -61,12 +61,15 @@ struct MlaSaved {
 struct MlaBackwardOptions {
   Tensor row_weight;     // [b, s] loss-row weights of this rank's rows for the indexer's KL
   bool backbone = true;  // false: skip the backbone's backward (train_indexer_only)
+  io::TensorMap grads;   // optional: the layer's table (names without prefix, e.g. views of a
+                         // gradient arena) to ADD the weight gradients into (hmla/ops/nn.h)
 };
 
 struct MlaGrads {
   Tensor dx;               // [b, s, hidden]; undefined without the backbone's backward
-  io::TensorMap dweights;  // names and shapes of the layer's weights (indexer.* from the KL only);
-                           // under context parallelism this rank's share (sum over the group)
+  io::TensorMap dweights;  // names and shapes of the layer's weights (indexer.* from the KL only):
+                           // opt.grads with this call's gradients added, or, without it, new
+                           // tensors holding them; under context parallelism this rank's share
   double indexer_loss = 0; // coeff * sum_t rw kl (dsa modes)
   double indexer_kl = 0;   // sum_t rw kl, for logging
 };

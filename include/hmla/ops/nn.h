@@ -9,8 +9,10 @@
 // walk rows at one stride is read as N rows of width D with a row stride ld (a column slice of a
 // wider tensor is one).
 //
-// Gradients: a backward op writes (overwrites) its outputs unless its comment says it adds into
-// them; the model sums contributions into the gradient arena itself (hmla/model/model.h).
+// Gradients, one convention (llm.c's): every backward ADDS into its weight-gradient outputs (dW,
+// dw, db, dE: views of the gradient arena, zeroed once per step), so contributions of layers,
+// micro-batches and tied tensors sum where they land; activation gradients (dx, dg, du) are
+// written, except linear_bwd's dx_beta = 1, which adds a second branch into the first.
 #pragma once
 #include <cstdint>
 
@@ -42,12 +44,12 @@ void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& 
 
 // y = x W^T: x rows [N, in], W [out, in] contiguous, y rows [N, out].
 void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y);
-// dW = dy^T x (overwrites dW); dx = dy W + dx_beta * dx when dx is defined (dx_beta 0 or 1).
+// dW += dy^T x; dx = dy W + dx_beta * dx when dx is defined (dx_beta 0 or 1).
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dW, const Tensor& dx,
                 float dx_beta = 0.f);
 
 // RMSNorm (bias and mean null) or LayerNorm over rows of width D: y = xhat * w (+ bias),
-// xhat = (x - mean) * rstd; the backward writes dx, dw (and db). f32.
+// xhat = (x - mean) * rstd; the backward writes dx and adds into dw (and db). f32.
 struct NormParams {
   int64_t N = 0, D = 0;
   float eps = 0.f;
