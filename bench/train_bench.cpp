@@ -96,6 +96,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// The activation plan of a training step (model.h's plan_activations: a lower bound).
+int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s) {
+  MemoryPlan plan;
+  plan_activations(plan, cfg, {"batch", batch}, {"seq_len", s}, true);
+  return plan.total();
+}
+
 }  // namespace
 
 void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
@@ -170,7 +177,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                {"hmla_step_ms", hm}, {"torch_step_ms", num(tm)},
                                {"hmla_tokens_per_s", tokens / hm * 1e3}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
                                {"speedup", num(tm / hm)}, {"hmla_peak_bytes", peak},
-                               {"activation_plan_bytes", nullptr},
+                               {"activation_plan_bytes", activation_plan(cfg, opt.batch, s)},
                                {"loss_rel_diff", num(std::abs(torch_loss0 - hmla_loss0) / std::abs(hmla_loss0))},
                                {"torch", torch_version}, {"torch_attention", torch_attention}};
       os << j.dump() << std::endl;

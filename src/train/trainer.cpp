@@ -186,7 +186,11 @@ struct PhaseSummary {
 
 // Before anything is created or allocated: each phase's training step and held-out evaluation
 // fit in memory (MemoryPlan; a rank under --cp holds seq_len / cp rows).
-void check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid, int cp) {
+// Checks every phase's plan against the budget; returns one line per phase for the console:
+// parameters with their gradients and moments, and a micro-batch's activations (lower bounds).
+std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid,
+                                   int cp) {
+  std::ostringstream lines;
   for (const PhaseSettings& ph : pr.phases) {
     ModelConfig pc = cfg;
     set_modes(pc, hybrid, ph.mode);
@@ -194,14 +198,19 @@ void check_programme_memory(const Programme& pr, const ModelConfig& cfg, const s
     for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = hybrid[L] && is_dsa(ph.mode);
     const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
     const std::string where = pr.path + ": phase '" + ph.name + "'";
-    MemoryPlan step, eval;
+    MemoryPlan step, eval, params, acts;
     plan_parameters(step, pc, indexer, true);
     plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
     step.check(where + ": a training step");
+    plan_parameters(params, pc, indexer, true);
+    plan_activations(acts, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
+    lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params.total()))
+          << ", activations of a micro-batch >= " << format_bytes(double(acts.total())) << "\n";
     plan_parameters(eval, pc, indexer, false);
     plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
     eval.check(where + ": the held-out evaluation");
   }
+  return lines.str();
 }
 
 // The held-out LM loss over the phase's fixed rows, or NaN and why there is none: a number only
@@ -317,6 +326,7 @@ struct RunInputs {
   std::vector<bool> hybrid;
   TokenSet train, held;
   std::string fingerprint;
+  std::string memory_plan;  // one console line per phase
 };
 
 // Reads and checks what the run needs before anything is created: the config fits the byte
@@ -327,7 +337,7 @@ RunInputs load_run_inputs(const Programme& pr, int cp_ranks) {
   HMLA_CHECK(in.cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", in.cfg.vocab_size,
              " is smaller than the byte tokenizer's ", kByteVocab);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
-  check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks);
+  in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks);
   in.train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
   in.held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   in.fingerprint = data_fingerprint(in.train, in.held);
@@ -663,6 +673,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   MetricsLog metrics(root, out / "metrics.jsonl", opt.resume);
   // Once every check has passed, so that an error stays the only line on stderr.
   if (const std::string hint = cpu_blas_hint(); !hint.empty()) log << hint << "\n";
+  log << in.memory_plan;
   const Run run{pr, grid, in, out, out / "checkpoints", log, metrics, *sigint};
   Model& model = start.model;
   for (int64_t p = start.st.phase; p < int64_t(pr.phases.size()); ++p) {
