@@ -105,7 +105,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* tr = bench->add_subcommand(
       "train",
       "hmla's whole training step (forward + backward + AdamW, f32) next to a PyTorch twin of the\n"
-      "same model, weights and batch (tests/reference/train_twin.py under Debian's python3 with\n"
+      "same model, weights and batch (tests/python/train_twin.py under Debian's python3 with\n"
       "python3-torch; SDPA with a document mask), interleaved rep by rep. JSON lines.");
   tr->add_flag("--json", to->json, "JSON lines (the only output format)");
   tr->add_option("--config", to->config, "HF config.json of the model")->capture_default_str();

@@ -108,7 +108,7 @@ int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s) {
 void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
   const int threads = omp_get_max_threads();
   const ModelConfig base = load_model_config(opt.config);
-  const std::string script = opt.twin.empty() ? HMLA_SOURCE_DIR "/tests/reference/train_twin.py" : opt.twin;
+  const std::string script = opt.twin.empty() ? HMLA_SOURCE_DIR "/tests/python/train_twin.py" : opt.twin;
   const bool twin_ok = !opt.python.empty() && fs::exists(opt.python) && fs::exists(script);
   if (!twin_ok)
     std::cerr << "hmla: note: bench train runs without the PyTorch arm (" << opt.python << " or " << script

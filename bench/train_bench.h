@@ -1,5 +1,5 @@
 // `hmla bench train`: hmla's whole training step (forward + backward + AdamW, f32, this machine's
-// threads) next to a PyTorch twin of the same model, weights and batch (tests/reference/
+// threads) next to a PyTorch twin of the same model, weights and batch (tests/python/
 // train_twin.py, run by Debian's python3 with python3-torch), interleaved rep by rep.
 #pragma once
 #include <ostream>

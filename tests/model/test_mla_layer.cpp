@@ -1,5 +1,5 @@
 // The MLA layer: mha vs mqa_full_causal equivalence (forward and every gradient), the
-// kv_b_proj split round trip, and weight-table checks. The PyTorch twin (tests/reference/
+// kv_b_proj split round trip, and weight-table checks. The PyTorch twin (tests/python/
 // mla_twin.py) checks each mode against autograd.
 #include <gtest/gtest.h>
 

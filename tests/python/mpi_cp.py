@@ -4,7 +4,7 @@
 Layer: `mpirun -np 2 hmla layer --cp 2` against one rank, in every mode (with a sink, the split
 kv_b_proj form, train_indexer_only), on layouts with a document straddling the rank boundary,
 tail padding all on the last rank, a last rank holding only padding, and b = 2. Both runs are held
-to the STYLE.md rule against the float64 PyTorch twin (tests/reference/mla_twin.py: twice the f32
+to the STYLE.md rule against the float64 PyTorch twin (tests/python/mla_twin.py: twice the f32
 twin's error plus 8 ulps); the selection table must be identical, and the bytes each rank reports
 sending must equal the model's count (mla_cp_traffic).
 

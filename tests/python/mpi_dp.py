@@ -3,7 +3,7 @@
 (each step's micro-batches dealt to the ranks; rows carry different amounts of padding), rank 0
 alone writes, and a failing rank ends the whole job with its message instead of hanging (so does
 a run directory another process holds: rank 0 alone takes the lock, the others wait for its verdict). Context
-parallelism (and CP x DP grids) is tests/reference/mpi_cp.py's."""
+parallelism (and CP x DP grids) is tests/python/mpi_cp.py's."""
 import fcntl
 import os
 import subprocess
