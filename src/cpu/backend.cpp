@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
   void embedding_fwd(const EmbeddingParams& p) const override { cpu::embedding_fwd(p); }
   void embedding_bwd(const EmbeddingParams& p) const override { cpu::embedding_bwd(p); }
   double cross_entropy(const CrossEntropyParams& p) const override {
-    return cpu::cross_entropy(p.logits, p.target, p.w, p.N, p.V, p.dlogits);
+    return cpu::cross_entropy(p.logits, p.target, p.w, p.N, p.V, p.dlogits, p.init);
   }
   void axpy(const AxpyParams& p) const override { cpu::axpy(p); }
   double sum_squares(const SumSquaresParams& p) const override { return cpu::sum_squares(p); }

@@ -64,7 +64,7 @@ void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const flo
 // null, writes its gradient w[n] * (softmax(logits[n]) - onehot(target[n])) (rows with w = 0
 // get 0). Rows are independent; the sum runs in row order.
 double cross_entropy(const float* logits, const int32_t* target, const float* w, int64_t N, int64_t V,
-                     float* dlogits);
+                     float* dlogits, double init = 0);
 
 // ---- embedding, element-wise, optimizer steps (nn.cpp, optim.cpp): the params of hmla/ops ----------
 void embedding_fwd(const EmbeddingParams& p);

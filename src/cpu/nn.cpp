@@ -133,7 +133,7 @@ void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const flo
 }
 
 double cross_entropy(const float* logits, const int32_t* target, const float* w, int64_t N, int64_t V,
-                     float* dlogits) {
+                     float* dlogits, double init) {
   std::vector<double> row_loss(N, 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
@@ -154,7 +154,7 @@ double cross_entropy(const float* logits, const int32_t* target, const float* w,
       d[target[n]] -= w[n];
     }
   }
-  double sum = 0;
+  double sum = init;
   for (double x : row_loss) sum += x;
   return sum;
 }

@@ -64,7 +64,7 @@ struct Forward {
   Tensor ids;  // this rank's token ids [b, s] (its row shard)
   std::vector<LayerSaved> layers;
   Tensor h_final, rstd_final, n_final;  // before/after model.norm
-  Tensor logits;                        // [N, V]
+  Tensor logits;                        // [N, V], only when asked for (model_logits)
 };
 
 // This rank's token ids [b, s] (its row shard under context parallelism), i32.
@@ -72,6 +72,32 @@ Tensor shard_ids(const Batch& batch, const Comm& cp) {
   const int64_t b = batch.input_ids.size(0);
   const RowShard sh = row_shard(cp, batch.input_ids.size(1));
   return take_rows(batch.input_ids.view({b, sh.s, 1}), sh).view({b, sh.rows});
+}
+
+// The LM head and its loss run over this many rows at a time, so their logits and the logits'
+// gradient (2 x rows x vocab_size f32) stay within 2 x 32 MiB: the [tokens, vocab] matrix of a
+// step is never whole. A batch within one chunk computes exactly as one unchunked call.
+constexpr int64_t kHeadChunkElems = int64_t(1) << 23;
+int64_t head_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, kHeadChunkElems / vocab); }
+
+// The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order);
+// with dn defined, the head's weight gradient is added into gW and the rows' gradient written
+// into dn [N, hidden].
+double lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
+                    const Tensor& dn) {
+  const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
+  const Tensor logits = Tensor::empty({rows, V}, DType::f32);
+  const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32) : Tensor();
+  double loss = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t r1 = std::min(N, r0 + rows);
+    const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
+    const Tensor d = dl.defined() ? dl.slice(0, 0, r1 - r0) : Tensor();
+    linear_fwd(nc, m.w.lm_head, lg);
+    loss = cross_entropy(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, loss);
+    if (d.defined()) linear_bwd(d, nc, m.w.lm_head, gW, dn.slice(0, r0, r1));
+  }
+  return loss;
 }
 
 // Before a forward allocates anything: does it fit, next to the parameters (and, training,
@@ -85,7 +111,7 @@ void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bo
              shape_str(batch.input_ids.shape()));
 }
 
-Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false) {
+Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false, bool logits = false) {
   const ModelConfig& c = m.cfg;
   const Tensor local_ids = shard_ids(batch, cp);
   const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
@@ -126,8 +152,10 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   f.rstd_final = Tensor::empty({N}, DType::f32);
   f.n_final = Tensor::empty({N, hid}, DType::f32);
   rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
-  f.logits = Tensor::empty({N, V}, DType::f32);
-  linear_fwd(f.n_final, m.w.lm_head, f.logits);
+  if (logits) {
+    f.logits = Tensor::empty({N, V}, DType::f32);
+    linear_fwd(f.n_final, m.w.lm_head, f.logits);
+  }
   return f;
 }
 
@@ -244,8 +272,13 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   const int64_t f = sizeof(float);
   const SizeFactor layers{"num_hidden_layers", c.num_hidden_layers};
   const SizeFactor V{"vocab_size", c.vocab_size};
-  if (training) plan.add("the logits and their gradient", {{"2", 2}, rows, s, V}, f);
-  else plan.add("the logits", {rows, s, V}, f);
+  if (training) {  // the LM head runs over chunks of rows (lm_head_loss)
+    const int64_t n = std::min(checked_product({rows, s}, "the rows"), head_chunk_rows(c.vocab_size));
+    plan.add("the logits and their gradient of a chunk of rows",
+             {{"2", 2}, {"min(rows, " + std::to_string(head_chunk_rows(c.vocab_size)) + ")", n}, V}, f);
+  } else {
+    plan.add("the logits", {rows, s, V}, f);
+  }
   plan.add("the layers' hidden states", {layers, {"4", 4}, rows, s, {"hidden_size", c.hidden_size}}, f);
   plan.add("the MLP activations", {layers, {"3", 3}, rows, s, {"intermediate_size", c.intermediate_size}}, f);
   std::map<LayerMode, int64_t> count;
@@ -332,7 +365,7 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
 
 Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
-  Forward f = forward(m, batch, cp);
+  Forward f = forward(m, batch, cp, false, true);
   if (topk) {
     topk->clear();
     for (const LayerSaved& l : f.layers) topk->push_back(l.attn.topk);
@@ -347,14 +380,15 @@ double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   std::vector<float> keep;
   shard_targets(batch, m.cfg.pad_token_id, 0, cp, target, keep);
   const int64_t n = int64_t(keep.size());
-  return cross_entropy(f.logits, Tensor::from_vector<int32_t>({n}, target), Tensor::from_vector<float>({n}, keep));
+  return lm_head_loss(m, f.n_final, Tensor::from_vector<int32_t>({n}, target), Tensor::from_vector<float>({n}, keep),
+                      Tensor(), Tensor());
 }
 
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   const ModelConfig& c = m.cfg;
   const RowShard sh = row_shard(cp, batch.input_ids.size(1));
   const int64_t b = batch.input_ids.size(0), s = sh.rows, N = b * s, hid = c.hidden_size,
-                I = c.intermediate_size, V = c.vocab_size;
+                I = c.intermediate_size;
   check_forward_memory(m, batch, cp, true);
   Forward f = forward(m, batch, cp, opt.recompute_attention);
   StepStats st;
@@ -363,9 +397,6 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   std::vector<int32_t> target;
   std::vector<float> keep;
   shard_targets(batch, c.pad_token_id, opt.lm_targets, cp, target, keep);
-  Tensor dlogits = Tensor::empty({N, V}, DType::f32);
-  st.lm_loss = cross_entropy(f.logits, Tensor::from_vector<int32_t>({N}, target), Tensor::from_vector<float>({N}, keep),
-                             opt.backbone ? dlogits : Tensor());
 
   // The indexer's loss rows over the whole batch, then this rank's.
   const Tensor all_rows = loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, opt.valid_rows);
@@ -373,11 +404,11 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   const ModelTensors gw = model_tensors(grads, c.num_hidden_layers, c.tie_word_embeddings);
   auto tmp = [](const Shape& sh) { return Tensor::empty(sh, DType::f32); };
 
-  // Head and final norm.
-  Tensor dh;
+  // Head (with the LM loss, chunk by chunk) and final norm.
+  Tensor dn = opt.backbone ? tmp({N, hid}) : Tensor(), dh;
+  st.lm_loss = lm_head_loss(m, f.n_final, Tensor::from_vector<int32_t>({N}, target),
+                            Tensor::from_vector<float>({N}, keep), gw.lm_head, dn);
   if (opt.backbone) {
-    Tensor dn = tmp({N, hid});
-    linear_bwd(dlogits, f.n_final, m.w.lm_head, gw.lm_head, dn);
     dh = tmp({b, s, hid});
     rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);
   }

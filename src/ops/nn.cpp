@@ -298,7 +298,8 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE) {
   dispatch("embedding backward", p, {&ids, &dout, &dE}).embedding_bwd(p);
 }
 
-double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits) {
+double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
+                     double init) {
   HMLA_CHECK(logits.defined() && logits.dim() == 2, ShapeError, "cross_entropy: logits must be [N, V], got ",
              desc(logits));
   CrossEntropyParams p;
@@ -315,6 +316,7 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
     }
   p.logits = logits.data<float>(), p.target = target.data<int32_t>(), p.w = w.data<float>();
   p.dlogits = dlogits.defined() ? dlogits.data<float>() : nullptr;
+  p.init = init;
   return dispatch("cross_entropy", p, {&logits, &target, &w, &dlogits}).cross_entropy(p);
 }
 

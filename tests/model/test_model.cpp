@@ -41,6 +41,28 @@ TEST(Model, TableArenaAndMoeRefusal) {
   EXPECT_THROW(build_model(parse_model_config(j, "moe"), {false, true}), ConfigError);
 }
 
+// Moves tensor `name` by +-eps along its gradient g / |g|: the loss's slope there must be |g|
+// (central difference; 2% plus an absolute floor for the curvature over 2 eps).
+template <class Loss>
+void expect_slope_is_gradient_norm(Model& m, const io::TensorMap& grads, const std::string& name, Loss loss,
+                                   const std::string& what) {
+  float* w = m.params.at(name).data<float>();
+  const float* g = grads.at(name).data<float>();
+  const int64_t n = m.params.at(name).numel();
+  double norm = 0;
+  for (int64_t i = 0; i < n; ++i) norm += double(g[i]) * g[i];
+  norm = std::sqrt(norm);
+  if (norm < 1e-6) return;
+  const double eps = 2e-2;
+  std::vector<float> w0(w, w + n);
+  for (int64_t i = 0; i < n; ++i) w[i] = w0[i] + float(eps * g[i] / norm);
+  const double lp = loss();
+  for (int64_t i = 0; i < n; ++i) w[i] = w0[i] - float(eps * g[i] / norm);
+  const double lm = loss();
+  std::copy(w0.begin(), w0.end(), w);
+  EXPECT_NEAR((lp - lm) / (2 * eps), norm, 0.02 * norm + 2e-4) << what;
+}
+
 TEST(Model, GradientsMatchFiniteDifferences) {
   for (bool tie : {false, true}) {
     ModelConfig c = tiny({"mha", "mqa_full_causal"}, tie);
@@ -56,24 +78,59 @@ TEST(Model, GradientsMatchFiniteDifferences) {
       io::TensorMap g = arena_views(m.table, scratch);
       return model_step(m, bt, {}, g).lm_loss;
     };
-    for (const ParamSpec& p : m.table) {
-      float* w = m.params.at(p.name).data<float>();
-      const float* g = grads.at(p.name).data<float>();
-      const int64_t n = shape_numel(p.shape);
-      double norm = 0;
-      for (int64_t i = 0; i < n; ++i) norm += double(g[i]) * g[i];
-      norm = std::sqrt(norm);
-      if (norm < 1e-6) continue;
-      const double eps = 2e-2;  // along g / |g|: the slope must be |g|
-      std::vector<float> w0(w, w + n);
-      for (int64_t i = 0; i < n; ++i) w[i] = w0[i] + float(eps * g[i] / norm);
-      const double lp = loss();
-      for (int64_t i = 0; i < n; ++i) w[i] = w0[i] - float(eps * g[i] / norm);
-      const double lm = loss();
-      std::copy(w0.begin(), w0.end(), w);
-      EXPECT_NEAR((lp - lm) / (2 * eps), norm, 0.02 * norm + 2e-4) << p.name << (tie ? " (tied)" : "");
-    }
+    for (const ParamSpec& p : m.table)
+      expect_slope_is_gradient_norm(m, grads, p.name, loss, p.name + (tie ? " (tied)" : ""));
   }
+}
+
+// A vocabulary large enough that the LM head runs in chunks of rows (model.cpp: 2^23 logits per
+// chunk, 119 rows of 70000): the loss matches the cross-entropy of the full logits (model_logits,
+// summed here in float64), the head's and the final norm's gradients match finite differences,
+// and the step never holds the [tokens, vocab] logits and their gradient (2 x 600 x 70000 f32 =
+// 336 MB) whole.
+TEST(Model, TheLmHeadRunsInChunksOfRows) {
+  nlohmann::json j{{"hidden_size", 32},    {"num_attention_heads", 2}, {"num_hidden_layers", 1},
+                   {"q_lora_rank", 16},    {"kv_lora_rank", 16},       {"qk_nope_head_dim", 8},
+                   {"qk_rope_head_dim", 4}, {"v_head_dim", 8},         {"vocab_size", 70000},
+                   {"intermediate_size", 48}, {"hmla_layer_modes", {"mha"}},
+                   {"initializer_range", 0.2}, {"max_position_embeddings", 256}};
+  const ModelConfig c = parse_model_config(j, "big vocab");
+  Model m = build_model(c, {false});
+  init_model(m, 5);
+  const Batch bt = batch(4, 150, 8);
+  const int64_t N = 600, V = 70000;
+  const Tensor logits = model_logits(m, bt);
+  const std::vector<float> lg = logits.to_vector<float>();
+  const std::vector<int32_t> ids = bt.input_ids.to_vector<int32_t>();
+  const std::vector<int32_t> de = bt.layout.doc_end.to_vector<int32_t>();
+  double want = 0;
+  int64_t targets = 0;
+  for (int64_t n = 0; n < N; ++n) {  // row n predicts ids[n + 1] inside its document (not a pad)
+    const int64_t t = n % 150;
+    if (bt.layout.is_padding(n / 150, t) || t + 1 >= de[n] || ids[n + 1] == 0) continue;
+    double mx = -INFINITY, z = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(lg[n * V + v]));
+    for (int64_t v = 0; v < V; ++v) z += std::exp(double(lg[n * V + v]) - mx);
+    want += mx + std::log(z) - double(lg[n * V + ids[n + 1]]);
+    ++targets;
+  }
+  want /= double(targets);
+  Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+  io::TensorMap grads = arena_views(m.table, garena);
+  Allocator& a = allocator(Device::cpu);
+  const size_t live = a.live_bytes();
+  a.reset_peak();
+  const StepStats st = model_step(m, bt, {}, grads);
+  const size_t step_peak = a.peak_bytes() - live;
+  // Each row's loss carries its log-sum-exp rounding in f32 (a few ulps of its magnitude, ~log V).
+  EXPECT_NEAR(st.lm_loss, want, 64 * FLT_EPSILON * std::log(double(V)));
+  EXPECT_LT(step_peak, size_t(2 * N * V * 4) / 3) << "the step held " << step_peak << " bytes";
+  auto loss = [&] {
+    Tensor scratch = Tensor::zeros({m.arena.numel()}, DType::f32);
+    io::TensorMap g = arena_views(m.table, scratch);
+    return model_step(m, bt, {}, g).lm_loss;
+  };
+  for (const char* name : {"lm_head.weight", "model.norm.weight"}) expect_slope_is_gradient_norm(m, grads, name, loss, name);
 }
 
 TEST(Model, LoadRoundTripAndErrors) {

@@ -126,16 +126,19 @@ void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out);
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE);  // adds into dE
 
 // Cross-entropy of logits [N, V] against targets [N] with row weights w [N] (0 skips a row):
-// returns sum_n w[n] (logsumexp(logits[n]) - logits[n, target[n]]), summed in row order, and,
-// when dlogits is given, writes w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows).
+// returns init + sum_n w[n] (logsumexp(logits[n]) - logits[n, target[n]]), summed in row order
+// (chunks of rows chained through init sum as one call would), and, when dlogits is given, writes
+// w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows).
 struct CrossEntropyParams {
   int64_t N = 0, V = 0;
   const float* logits = nullptr;
   const int32_t* target = nullptr;
   const float* w = nullptr;
   float* dlogits = nullptr;
+  double init = 0;
 };
-double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits = {});
+double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits = {},
+                     double init = 0);
 
 // Element-wise over row matrices of one shape [N, D]: out = a + alpha * b (b may be null: out =
 // alpha * a). out may alias a or b.
