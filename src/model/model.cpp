@@ -1,6 +1,6 @@
-// Whole-model forward/backward on the CPU. Per layer the forward keeps what its backward needs
-// (named in LayerSaved); the backward runs the layers in reverse and adds every weight gradient
-// into the gradient arena in a fixed order.
+// Whole-model forward/backward, on ops. Per layer the forward keeps what its backward needs
+// (named in LayerSaved); the backward runs the layers in reverse and every op adds its weight
+// gradient straight into the gradient arena (hmla/ops/nn.h), in a fixed order.
 #include "hmla/model/model.h"
 
 #include <cmath>
