@@ -113,19 +113,21 @@ void linear_case() {
   linear_fwd(x.slice(1, 1, 1 + in), w, y);
   const Vec xs = cols(X, N, wide, 1, in);
   check("linear y", vec(y), [&](auto z) { return gemm_ref<decltype(z)>(false, true, N, out, in, 1, xs, Wt, 0, {}); });
-  Tensor dW = Tensor::empty({out, in}, DType::f32), dx = t({N, wide}, DX0);
+  const Vec DW0 = randn(out * in, 30);  // weight gradients add into what is there (nn.h)
+  Tensor dW = t({out, in}, DW0), dx = t({N, wide}, DX0);
   linear_bwd(t({N, out}, DY), x.slice(1, 1, 1 + in), w, dW, dx.slice(1, 2, 2 + in), 1.f);
-  check("linear dW", vec(dW), [&](auto z) { return gemm_ref<decltype(z)>(true, false, out, in, N, 1, DY, xs, 0, {}); });
+  check("linear dW", vec(dW), [&](auto z) { return gemm_ref<decltype(z)>(true, false, out, in, N, 1, DY, xs, 1, DW0); });
   const Vec dx0s = cols(DX0, N, wide, 2, in);
   check("linear dx", cols(vec(dx), N, wide, 2, in),
         [&](auto z) { return gemm_ref<decltype(z)>(false, false, N, in, out, 1, DY, Wt, 1, dx0s); });
   EXPECT_EQ(vec(dx)[0], DX0[0]);  // column 0 is outside the slice
 }
 
+// dw and db start from dw0 and db0: the backward adds into them (nn.h).
 template <class T>
 void norm_ref(const Vec& x, const Vec& w, const Vec* b, const Vec& dy, int64_t N, int64_t D, double eps, V<T>& y,
-              V<T>& dx, V<T>& dw, V<T>& db) {
-  y.assign(N * D, 0), dx.assign(N * D, 0), dw.assign(D, 0), db.assign(D, 0);
+              V<T>& dx, V<T>& dw, V<T>& db, const Vec& dw0, const Vec& db0) {
+  y.assign(N * D, 0), dx.assign(N * D, 0), dw = cast<T>(dw0), db = cast<T>(db0);
   for (int64_t n = 0; n < N; ++n) {
     T mu = 0, ms = 0;
     for (int64_t d = 0; d < D; ++d) mu += T(x[n * D + d]) / T(D);
@@ -154,13 +156,14 @@ void rmsnorm_case() {  // x and y are column slices, as the MLA layer's kv_a lat
   const Vec x = cols(X, N, wide, 0, D);
   Tensor xt = t({N, wide}, X), y = Tensor::zeros({N, wide}, DType::f32), rstd = Tensor::empty({N}, DType::f32);
   rmsnorm_fwd(xt.slice(1, 0, D), t({D}, Wt), 1e-6f, y.slice(1, 0, D), rstd);
-  Tensor dx = Tensor::empty({N, D}, DType::f32), dw = Tensor::empty({D}, DType::f32);
+  const Vec DW0 = randn(D, 31);
+  Tensor dx = Tensor::empty({N, D}, DType::f32), dw = t({D}, DW0);
   rmsnorm_bwd(t({N, D}, DY), xt.slice(1, 0, D), t({D}, Wt), rstd, dx, dw);
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);
       V<T> yy, dxx, dww, dbb;
-      norm_ref<T>(x, Wt, nullptr, DY, N, D, 1e-6, yy, dxx, dww, dbb);
+      norm_ref<T>(x, Wt, nullptr, DY, N, D, 1e-6, yy, dxx, dww, dbb, DW0, Vec(D, 0.f));
       return which == 0 ? yy : which == 1 ? dxx : dww;
     };
   };
@@ -175,13 +178,14 @@ void layernorm_case() {
   Tensor y = Tensor::empty({N, D}, DType::f32), mean = Tensor::empty({N}, DType::f32),
          rstd = Tensor::empty({N}, DType::f32);
   layernorm_fwd(t({N, D}, X), t({D}, Wt), t({D}, B), 1e-6f, y, mean, rstd);
-  Tensor dx = Tensor::empty({N, D}, DType::f32), dw = Tensor::empty({D}, DType::f32), db = Tensor::empty({D}, DType::f32);
+  const Vec DW0 = randn(D, 32), DB0 = randn(D, 33);
+  Tensor dx = Tensor::empty({N, D}, DType::f32), dw = t({D}, DW0), db = t({D}, DB0);
   layernorm_bwd(t({N, D}, DY), t({N, D}, X), t({D}, Wt), mean, rstd, dx, dw, db);
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);
       V<T> yy, dxx, dww, dbb;
-      norm_ref<T>(X, Wt, &B, DY, N, D, 1e-6, yy, dxx, dww, dbb);
+      norm_ref<T>(X, Wt, &B, DY, N, D, 1e-6, yy, dxx, dww, dbb, DW0, DB0);
       return which == 0 ? yy : which == 1 ? dxx : which == 2 ? dww : dbb;
     };
   };
