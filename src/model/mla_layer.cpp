@@ -63,13 +63,13 @@ void rope_rows(const Tensor& t, const Dims& d, int64_t c0, const RopeCache& rc, 
        transpose);
 }
 
-AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d,
+AttnDenseInputs core_inputs(const MlaLayer& L, const AttnTensors& w, const MlaSaved& sv, const Dims& d,
                             const DocLayout& layout) {
   AttnDenseInputs in;
   in.layout = &layout;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
   in.q_row0 = d.row0;
-  if (L.cfg->attention_sink) in.sink = attn_tensors(L.weights).softmax_offset;
+  if (L.cfg->attention_sink) in.sink = w.softmax_offset;
   if (L.latent()) {
     in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
     in.k = sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr});
@@ -82,26 +82,26 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d
   return in;
 }
 
-AttnSparseInputs sparse_inputs(const MlaLayer& L, const MlaSaved& sv, const Dims& d) {
+AttnSparseInputs sparse_inputs(const MlaLayer& L, const AttnTensors& w, const MlaSaved& sv, const Dims& d) {
   AttnSparseInputs in;
   in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
   in.kv = sv.ka.view({d.b, d.S, d.Rkv + d.Dr});
   in.Dv = d.Rkv;
   in.idx = sv.topk;
   in.K = L.cfg->index_topk;
-  if (L.cfg->attention_sink) in.sink = attn_tensors(L.weights).softmax_offset;
+  if (L.cfg->attention_sink) in.sink = w.softmax_offset;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
   return in;
 }
 
 // The attention core: dense MHA, dense latent MQA, or sparse latent MQA over the selection.
-void run_core(const MlaLayer& L, MlaSaved& sv, const Dims& d, const DocLayout& layout) {
+void run_core(const MlaLayer& L, const AttnTensors& w, MlaSaved& sv, const Dims& d, const DocLayout& layout) {
   if (L.mode() == LayerMode::dsa_sparse) {  // over S(t) and the window
-    AttnSparseSaved ss = attn_sparse_fwd(sparse_inputs(L, sv, d));
+    AttnSparseSaved ss = attn_sparse_fwd(sparse_inputs(L, w, sv, d));
     sv.att = {ss.out, ss.lse};
     sv.lse_c = ss.lse_c;
   } else {
-    sv.att = attn_dense_fwd(core_inputs(L, sv, d, layout));
+    sv.att = attn_dense_fwd(core_inputs(L, w, sv, d, layout));
   }
 }
 
@@ -143,7 +143,7 @@ void mla_drop_core(MlaSaved& sv) {
 }
 
 void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, const Comm& cp) {
-  run_core(L, sv, dims(*L.cfg, x, layout, cp), layout);
+  run_core(L, attn_tensors(L.weights), sv, dims(*L.cfg, x, layout, cp), layout);
 }
 
 std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split, bool indexer) {
@@ -275,7 +275,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
     sv.k = f32({d.NS, d.H, d.Dqk});
     sv.k.slice(2, 0, d.Dn).copy_from(sv.v.view({d.NS, d.H, d.Dn + d.Dv}).slice(2, 0, d.Dn));
     for (int64_t h = 0; h < d.H; ++h) sv.k.select(1, h).slice(1, d.Dn, d.Dqk).copy_from(kaf.slice(1, d.Rkv, Wa));
-    run_core(L, sv, d, layout);
+    run_core(L, w, sv, d, layout);
     sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
@@ -283,7 +283,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
     sv.qabs = f32({d.N, d.H, Wa});
     matmul(per_head(sv.q, 0, d.Dn), Trans::no, kb.m, op(kb.transposed), per_head(sv.qabs, 0, d.Rkv));
     sv.qabs.slice(2, d.Rkv, Wa).copy_from(sv.q.slice(2, d.Dn, d.Dqk));
-    run_core(L, sv, d, layout);
+    run_core(L, w, sv, d, layout);
     sv.o = f32({d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
     matmul(per_head(sv.att.out.view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
            per_head(sv.o, 0, d.Dv));
@@ -298,7 +298,7 @@ namespace {
 // dsa_warmup: the dense KL against the MHA core's detached q/k (its lse is lseC unless a sink is
 // in the denominator). dsa_sparse: the sparse KL over S(t) against the latent core's detached
 // qabs/ka, with lseC saved by the sparse forward.
-void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const Dims& d,
+void indexer_grads(const MlaLayer& L, const AttnTensors& w, const Tensor& x, const MlaSaved& sv, const Dims& d,
                    const MlaBackwardOptions& opt, MlaGrads& g, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
   HMLA_CHECK(opt.row_weight.defined(), ShapeError, "layer ", L.layer, " (", mode_name(L.mode()),
@@ -323,7 +323,7 @@ void indexer_grads(const MlaLayer& L, const Tensor& x, const MlaSaved& sv, const
   IndexerKlResult kl = sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
   for (const ParamSpec& p : indexer_param_table(cfg))
     if (!g.dweights.count(p.name)) g.dweights[p.name] = Tensor::zeros(p.shape, DType::f32);
-  indexer_backward(cfg, attn_tensors(L.weights).indexer, x, sv.cq, sv.rope, sv.ind, kl,
+  indexer_backward(cfg, w.indexer, x, sv.cq, sv.rope, sv.ind, kl,
                    attn_tensors(g.dweights).indexer, cp);
   g.indexer_loss = kl.loss;
   g.indexer_kl = kl.kl_sum;
@@ -335,9 +335,10 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
                       const Tensor& dy, const MlaBackwardOptions& opt, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
   const Dims d = dims(cfg, x, layout, cp);
+  const AttnTensors w = attn_tensors(L.weights);
   MlaGrads g;
   g.dweights = opt.grads;  // views: the gradients land in the caller's tensors
-  if (is_dsa(L.mode())) indexer_grads(L, x, sv, d, opt, g, cp);
+  if (is_dsa(L.mode())) indexer_grads(L, w, x, sv, d, opt, g, cp);
   if (!opt.backbone) return g;
   HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
              "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",
@@ -346,7 +347,6 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   const Tensor x2 = x.view({d.N, d.hid});
   for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj))
     if (!g.dweights.count(p.name)) g.dweights[p.name] = Tensor::zeros(p.shape, DType::f32);
-  const AttnTensors w = attn_tensors(L.weights);
   const AttnTensors dw = attn_tensors(g.dweights);
 
   // o_proj
@@ -359,7 +359,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   const int64_t Wa = d.Rkv + d.Dr;
   const bool sparse = L.mode() == LayerMode::dsa_sparse;
   const Tensor kaf = sv.ka.view({d.NS, Wa});
-  AttnDenseInputs in = core_inputs(L, sv, d, layout);
+  AttnDenseInputs in = core_inputs(L, w, sv, d, layout);
   Tensor dq, dka;
   AttnDenseGrads ga;
   if (!L.latent()) {
@@ -382,7 +382,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
     matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
     matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);
     if (sparse) {  // dkv holds the key's and the value's gradient together
-      AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
+      AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, w, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
                                            doa.view({d.b, d.s, d.H, d.Rkv}));
       ga = {gs.dq, gs.dkv, Tensor(), gs.dsink};
     } else {

@@ -198,14 +198,13 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
     for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = hybrid[L] && is_dsa(ph.mode);
     const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
     const std::string where = pr.path + ": phase '" + ph.name + "'";
-    MemoryPlan step, eval, params, acts;
+    MemoryPlan step, eval;
     plan_parameters(step, pc, indexer, true);
+    const int64_t params = step.total();
     plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
     step.check(where + ": a training step");
-    plan_parameters(params, pc, indexer, true);
-    plan_activations(acts, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
-    lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params.total()))
-          << ", activations of a micro-batch >= " << format_bytes(double(acts.total())) << "\n";
+    lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params))
+          << ", activations of a micro-batch >= " << format_bytes(double(step.total() - params)) << "\n";
     plan_parameters(eval, pc, indexer, false);
     plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
     eval.check(where + ": the held-out evaluation");
