@@ -18,19 +18,11 @@ namespace hmla::cpu {
 
 namespace {
 
-struct Geo {
-  int64_t b, s, skv, H, Dqk, Dv, KW, K;  // s query rows, skv key rows
-  int64_t qb, qr, qh;
-};
-
-Geo geo(const AttnSparseInputs& in) {
-  return {in.q.size(0), in.q.size(1), in.kv.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2), in.K,
-          in.q.stride(0), in.q.stride(1), in.q.stride(2)};
-}
-
 // Gathers row `row`'s keys into Kg [n, Dqk] (slots < K first); returns n, sets nc (candidates).
-int64_t gather(const Geo& g, const int32_t* idx, const float* kv, int64_t row, float* Kg, int32_t* js, int64_t& nc) {
-  const int64_t bb = row / g.s;
+int64_t gather(const AttnSparseParams& g, int64_t row, float* Kg, int32_t* js, int64_t& nc) {
+  const int32_t* idx = g.idx;
+  const float* kv = static_cast<const float*>(g.kv);
+  const int64_t bb = row / g.sq;
   int64_t n = 0;
   for (int pass = 0; pass < 2; ++pass)
     for (int64_t i = pass ? g.K : 0; i < (pass ? g.KW : g.K); ++i) {
@@ -49,37 +41,35 @@ constexpr int64_t kRowChunk = 16;  // static chunks: rows near the start have fe
 
 }  // namespace
 
-void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
-  const Geo g = geo(in);
+void attn_sparse_fwd(const AttnSparseParams& g) {
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = g.KW * g.Dqk + g.H * g.KW;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
   std::vector<std::vector<int32_t>> js(nthreads, std::vector<int32_t>(g.KW));
-  const float *q = in.q.data<float>(), *kv = in.kv.data<float>();
-  const int32_t* idx = in.idx.data<int32_t>();
-  float *out = sv.out.data<float>(), *lse = sv.lse.data<float>();
-  float* lse_c = g.K > 0 ? sv.lse_c.data<float>() : nullptr;
+  const float* q = static_cast<const float*>(g.q);
+  float *out = static_cast<float*>(g.out), *lse = g.lse;
+  float* lse_c = g.K > 0 ? g.lse_c : nullptr;
 #pragma omp parallel num_threads(nthreads)
   {
     const int th = omp_get_thread_num();
     float* Kg = scratch.data<float>() + th * per_thread;
     float* L = Kg + g.KW * g.Dqk;
 #pragma omp for schedule(static, kRowChunk)
-    for (int64_t row = 0; row < g.b * g.s; ++row) {
-      const int64_t bb = row / g.s, t = row % g.s;
+    for (int64_t row = 0; row < g.b * g.sq; ++row) {
+      const int64_t bb = row / g.sq, t = row % g.sq;
       int64_t nc = 0;
-      const int64_t n = gather(g, idx, kv, row, Kg, js[th].data(), nc);
+      const int64_t n = gather(g, row, Kg, js[th].data(), nc);
       float* o = out + row * g.H * g.Dv;
       if (n == 0) {
         std::memset(o, 0, g.H * g.Dv * sizeof(float));
         for (int64_t h = 0; h < g.H; ++h) {
-          lse[(bb * g.H + h) * g.s + t] = INFINITY;
-          if (lse_c) lse_c[(bb * g.H + h) * g.s + t] = INFINITY;
+          lse[(bb * g.H + h) * g.sq + t] = INFINITY;
+          if (lse_c) lse_c[(bb * g.H + h) * g.sq + t] = INFINITY;
         }
         continue;
       }
-      const float* Q = q + bb * g.qb + t * g.qr;
-      sgemm(Trans::no, Trans::yes, g.H, n, g.Dqk, in.scale, Q, g.qh, Kg, g.Dqk, 0.f, L, n);
+      const float* Q = q + bb * g.q_bstride + t * g.q_rstride;
+      sgemm(Trans::no, Trans::yes, g.H, n, g.Dqk, g.scale, Q, g.q_hstride, Kg, g.Dqk, 0.f, L, n);
       for (int64_t h = 0; h < g.H; ++h) {
         float* l = L + h * n;
         if (lse_c) {  // over the candidates only, no sink
@@ -87,33 +77,30 @@ void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
           for (int64_t i = 0; i < nc; ++i) mc = std::max(mc, l[i]);
           float zc = 0.f;
           for (int64_t i = 0; i < nc; ++i) zc += std::exp(l[i] - mc);
-          lse_c[(bb * g.H + h) * g.s + t] = nc > 0 ? mc + std::log(zc) : INFINITY;
+          lse_c[(bb * g.H + h) * g.sq + t] = nc > 0 ? mc + std::log(zc) : INFINITY;
         }
         float m = -INFINITY, z = 0.f;
         softmax_online_tile(l, 1, n, &m, &z, nullptr, 0);  // l = exp(l - m), z = sum
-        if (in.sink.defined()) z += std::exp(in.sink.data<float>()[h] - m);
+        if (g.sink) z += std::exp(g.sink[h] - m);
         const float inv = 1.f / z;
         for (int64_t i = 0; i < n; ++i) l[i] *= inv;
-        lse[(bb * g.H + h) * g.s + t] = m + std::log(z);
+        lse[(bb * g.H + h) * g.sq + t] = m + std::log(z);
       }
       sgemm(Trans::no, Trans::no, g.H, g.Dv, n, 1.f, L, n, Kg, g.Dqk, 0.f, o, g.Dv);
     }
   }
 }
 
-void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
-                         AttnSparseGrads& gr) {
-  const Geo g = geo(in);
+void attn_sparse_bwd(const AttnSparseParams& g) {
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = 2 * g.KW * g.Dqk + 2 * g.H * g.KW + g.H;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
   Tensor partial = Tensor::zeros({nthreads, g.b * g.skv * g.Dqk}, DType::f32);
   Tensor dsink_part = Tensor::zeros({nthreads, g.H}, DType::f32);
   std::vector<std::vector<int32_t>> js(nthreads, std::vector<int32_t>(g.KW));
-  const float *q = in.q.data<float>(), *kv = in.kv.data<float>(), *dO = dout.data<float>();
-  const float *out = sv.out.data<float>(), *lse = sv.lse.data<float>();
-  const int32_t* idx = in.idx.data<int32_t>();
-  float* dq = gr.dq.data<float>();
+  const float *q = static_cast<const float*>(g.q), *dO = static_cast<const float*>(g.dout);
+  const float *out = static_cast<const float*>(g.out), *lse = g.lse;
+  float* dq = static_cast<float*>(g.dq);
 #pragma omp parallel num_threads(nthreads)
   {
     const int th = omp_get_thread_num();
@@ -125,31 +112,31 @@ void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, cons
     float* dkv = partial.data<float>() + th * g.b * g.skv * g.Dqk;
     float* dsink = dsink_part.data<float>() + th * g.H;
 #pragma omp for schedule(static, kRowChunk)
-    for (int64_t row = 0; row < g.b * g.s; ++row) {
-      const int64_t bb = row / g.s, t = row % g.s;
+    for (int64_t row = 0; row < g.b * g.sq; ++row) {
+      const int64_t bb = row / g.sq, t = row % g.sq;
       float* dq_t = dq + row * g.H * g.Dqk;
       int64_t nc = 0;
-      const int64_t n = gather(g, idx, kv, row, Kg, js[th].data(), nc);
+      const int64_t n = gather(g, row, Kg, js[th].data(), nc);
       if (n == 0) {
         std::memset(dq_t, 0, g.H * g.Dqk * sizeof(float));
         continue;
       }
-      const float* Q = q + bb * g.qb + t * g.qr;
+      const float* Q = q + bb * g.q_bstride + t * g.q_rstride;
       const float* dO_t = dO + row * g.H * g.Dv;
       const float* O_t = out + row * g.H * g.Dv;
-      sgemm(Trans::no, Trans::yes, g.H, n, g.Dqk, in.scale, Q, g.qh, Kg, g.Dqk, 0.f, P, n);
+      sgemm(Trans::no, Trans::yes, g.H, n, g.Dqk, g.scale, Q, g.q_hstride, Kg, g.Dqk, 0.f, P, n);
       for (int64_t h = 0; h < g.H; ++h) {
-        const float l = lse[(bb * g.H + h) * g.s + t];
+        const float l = lse[(bb * g.H + h) * g.sq + t];
         for (int64_t i = 0; i < n; ++i) P[h * n + i] = std::exp(P[h * n + i] - l);
         float d = 0.f;
         for (int64_t c = 0; c < g.Dv; ++c) d += dO_t[h * g.Dv + c] * O_t[h * g.Dv + c];
         D[h] = d;
-        if (in.sink.defined()) dsink[h] -= std::exp(in.sink.data<float>()[h] - l) * d;
+        if (g.sink) dsink[h] -= std::exp(g.sink[h] - l) * d;
       }
       sgemm(Trans::no, Trans::yes, g.H, n, g.Dv, 1.f, dO_t, g.Dv, Kg, g.Dqk, 0.f, dS, n);  // dP
-      dscores_tile(dS, P, g.H, n, D, in.scale);
+      dscores_tile(dS, P, g.H, n, D, g.scale);
       sgemm(Trans::no, Trans::no, g.H, g.Dqk, n, 1.f, dS, n, Kg, g.Dqk, 0.f, dq_t, g.Dqk);
-      sgemm(Trans::yes, Trans::no, n, g.Dqk, g.H, 1.f, dS, n, Q, g.qh, 0.f, dKg, g.Dqk);
+      sgemm(Trans::yes, Trans::no, n, g.Dqk, g.H, 1.f, dS, n, Q, g.q_hstride, 0.f, dKg, g.Dqk);
       sgemm(Trans::yes, Trans::no, n, g.Dv, g.H, 1.f, P, n, dO_t, g.Dv, 1.f, dKg, g.Dqk);
       for (int64_t i = 0; i < n; ++i) {
         float* dst = dkv + (bb * g.skv + js[th][i]) * g.Dqk;
@@ -158,16 +145,16 @@ void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, cons
       }
     }
   }
-  sum_thread_partials(gr.dkv.data<float>(), partial.data<float>(), nthreads, g.b * g.skv * g.Dqk);
-  if (in.sink.defined()) sum_thread_partials(gr.dsink.data<float>(), dsink_part.data<float>(), nthreads, g.H);
+  sum_thread_partials(static_cast<float*>(g.dkv), partial.data<float>(), nthreads, g.b * g.skv * g.Dqk);
+  if (g.sink) sum_thread_partials(g.dsink, dsink_part.data<float>(), nthreads, g.H);
 }
 
 // -1 or a position of the row; no key twice (stamps: O(s * (K + W)) in all).
-void attn_sparse_check_table(const Tensor& table, int64_t skv) {
-  const int64_t s = table.size(1), KW = table.size(2);
-  const int32_t* idx = table.data<int32_t>();
+void attn_sparse_check_table(const AttnSparseParams& p) {
+  const int64_t s = p.sq, KW = p.KW, skv = p.skv;
+  const int32_t* idx = p.idx;
   std::vector<int64_t> stamp(skv, -1);
-  for (int64_t row = 0; row < table.size(0) * s; ++row)
+  for (int64_t row = 0; row < p.b * s; ++row)
     for (int64_t i = 0; i < KW; ++i) {
       const int32_t j = idx[row * KW + i];
       if (j == -1) continue;

@@ -23,7 +23,7 @@ class CpuBackend final : public Backend {
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
   bool supports(const AttnDenseParams& p) const override { return p.dtype == DType::f32; }
-  bool supports(const AttnSparseInputs& in) const override { return in.q.dtype() == DType::f32; }
+  bool supports(const AttnSparseParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const IndexerScores& sc) const override { return sc.qI.dtype() == DType::f32; }
   bool supports(const IndexerKlInputs& in) const override { return in.sc.qI.dtype() == DType::f32; }
 
@@ -64,16 +64,9 @@ class CpuBackend final : public Backend {
   void muon_update(const MuonParams& p) const override { cpu::muon_update(p); }
   void attn_dense_fwd(const AttnDenseParams& p) const override { cpu::attn_dense_fwd(p); }
   void attn_dense_bwd(const AttnDenseParams& p) const override { cpu::attn_dense_bwd(p); }
-  void attn_sparse_check_table(const Tensor& idx, int64_t skv) const override {
-    cpu::attn_sparse_check_table(idx, skv);
-  }
-  void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) const override {
-    cpu::attn_sparse_fwd(in, sv);
-  }
-  void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
-                       AttnSparseGrads& g) const override {
-    cpu::attn_sparse_bwd(in, sv, dout, g);
-  }
+  void attn_sparse_check_table(const AttnSparseParams& p) const override { cpu::attn_sparse_check_table(p); }
+  void attn_sparse_fwd(const AttnSparseParams& p) const override { cpu::attn_sparse_fwd(p); }
+  void attn_sparse_bwd(const AttnSparseParams& p) const override { cpu::attn_sparse_bwd(p); }
   Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) const override {
     return cpu::indexer_topk(sc, K, W);
   }

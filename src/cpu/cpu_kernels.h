@@ -78,9 +78,9 @@ void muon_update(const MuonParams& p);
 // ---- attention (attn_dense_fwd.cpp, attn_dense_bwd.cpp, attn_sparse.cpp) -----------------------
 void attn_dense_fwd(const AttnDenseParams& p);
 void attn_dense_bwd(const AttnDenseParams& p);
-void attn_sparse_check_table(const Tensor& idx, int64_t skv);
-void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
-void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout, AttnSparseGrads& g);
+void attn_sparse_check_table(const AttnSparseParams& p);
+void attn_sparse_fwd(const AttnSparseParams& p);
+void attn_sparse_bwd(const AttnSparseParams& p);
 
 // ---- the indexer (indexer_topk.cpp, indexer_kl.cpp) --------------------------------------------
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);

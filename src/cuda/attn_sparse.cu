@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attn_dense.cuh"
+#include "hmla/core/allocator.h"
 #include "cuda_kernels.h"
 #include "mma.cuh"
 #include "runtime.h"
@@ -25,18 +26,6 @@ namespace hmla::cuda {
 namespace {
 
 constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8, kMaxKW = 4096;
-
-struct SparseParams {
-  int64_t b, sq, skv, H, Dqk, Dv, KW, K;
-  const __nv_bfloat16* q;  // [b, sq, H, Dqk], strides qb, qr, qh
-  int64_t qb, qr, qh;
-  const __nv_bfloat16* kv;  // [b, skv, Dqk] contiguous
-  const int32_t* idx;       // [b, sq, KW]
-  const float* sink;        // [H] or null
-  float scale;
-  __nv_bfloat16* out;  // [b, sq, H, Dv]
-  float *lse, *lse_c;  // [b, H, sq]; lse_c null without K
-};
 
 // The row's listed keys, candidates (slots < K) first, each in slot order; returns their count
 // and sets *nc to the candidates'. All threads take part.
@@ -71,7 +60,7 @@ __device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc
   return total;
 }
 
-__global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparseParams p, int nchunks, bool vec) {
+__global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const AttnSparseParams p, int nchunks, bool vec) {
   constexpr int kNt = kBk / 8, kDt = kChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = int(p.Dqk) + kPad, ldvt = kBk + kPad;
@@ -88,7 +77,7 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparsePar
   const int dv0 = chunk * kChunk, dvn = int(p.Dv - dv0 < kChunk ? p.Dv - dv0 : kChunk);
   const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
   const int nc = s_nc;  // compact ends with a barrier after writing it
-  load_tile(Qs, ldq, p.q + bb * p.qb + (row % p.sq) * p.qr + h0 * p.qh, p.qh, kHeads, nh, int(p.Dqk), vec);
+  load_tile(Qs, ldq, bf(p.q) + bb * p.q_bstride + (row % p.sq) * p.q_rstride + h0 * p.q_hstride, p.q_hstride, kHeads, nh, int(p.Dqk), vec);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const float c2 = p.scale * kLog2e;
@@ -96,7 +85,7 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparsePar
   float cmA = -INFINITY, cmB = -INFINITY, clA = 0.f, clB = 0.f;  // candidates only (lse_c)
   float o[kDt][4];
   zero_acc(o);
-  const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
+  const __nv_bfloat16* kv = bf(p.kv) + bb * p.skv * p.Dqk;
   for (int j0 = 0; j0 < n; j0 += kBk) {
     const int nk = n - j0 < kBk ? n - j0 : kBk;
     __syncthreads();
@@ -133,9 +122,9 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const SparsePar
     if (dt * 8 >= dvn) break;
     const int col = dv0 + dt * 8 + 2 * c;
     if (hA < p.H)
-      *reinterpret_cast<uint32_t*>(p.out + (row * p.H + hA) * p.Dv + col) = pack_bf16(o[dt][0] * invA, o[dt][1] * invA);
+      *reinterpret_cast<uint32_t*>(bf(p.out) + (row * p.H + hA) * p.Dv + col) = pack_bf16(o[dt][0] * invA, o[dt][1] * invA);
     if (hB < p.H)
-      *reinterpret_cast<uint32_t*>(p.out + (row * p.H + hB) * p.Dv + col) = pack_bf16(o[dt][2] * invB, o[dt][3] * invB);
+      *reinterpret_cast<uint32_t*>(bf(p.out) + (row * p.H + hB) * p.Dv + col) = pack_bf16(o[dt][2] * invB, o[dt][3] * invB);
   }
   if (chunk == 0 && c == 0) {
     const int64_t t = row % p.sq;
@@ -190,14 +179,12 @@ constexpr int kBwdWarps = 2, kBwdHeads = 16 * kBwdWarps;  // 32 heads or keys pe
 constexpr int kHeadStep = 16;                              // heads per k-step of dkg
 
 struct SparseBwdParams {
-  SparseParams f;            // the forward's (out = the saved output)
-  const __nv_bfloat16* dout;  // [b, sq, H, Dv]
-  const float* D;             // [b, H, sq]
-  __nv_bfloat16* dq;          // [b, sq, H, Dqk]
+  AttnSparseParams f;  // with the saved out and lse, dout, dq
+  const float* D;      // [b, H, sq]
 };
 
 __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseBwdParams bp, int nchunks, bool vec) {
-  const SparseParams& p = bp.f;
+  const AttnSparseParams& p = bp.f;
   constexpr int kNt = kBk / 8, kCt = kChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldt = kBk + kPad;
@@ -213,8 +200,8 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
   const int h0 = hg * kBwdHeads, nh = int(p.H - h0 < kBwdHeads ? p.H - h0 : kBwdHeads);
   const int c0 = chunk * kChunk, cn = int(p.Dqk - c0 < kChunk ? p.Dqk - c0 : kChunk);
   const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
-  load_tile(Qs, ldq, p.q + bb * p.qb + t * p.qr + h0 * p.qh, p.qh, kBwdHeads, nh, int(p.Dqk), vec);
-  load_tile(dOs, ldv, bp.dout + (row * p.H + h0) * p.Dv, p.Dv, kBwdHeads, nh, int(p.Dv), vec && p.Dv % 8 == 0);
+  load_tile(Qs, ldq, bf(p.q) + bb * p.q_bstride + t * p.q_rstride + h0 * p.q_hstride, p.q_hstride, kBwdHeads, nh, int(p.Dqk), vec);
+  load_tile(dOs, ldv, bf(p.dout) + (row * p.H + h0) * p.Dv, p.Dv, kBwdHeads, nh, int(p.Dv), vec && p.Dv % 8 == 0);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int hA = h0 + warp * 16 + g, hB = hA + 8;
@@ -224,7 +211,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
   const float DA = hA < p.H ? bp.D[(bb * p.H + hA) * p.sq + t] : 0.f, DB = hB < p.H ? bp.D[(bb * p.H + hB) * p.sq + t] : 0.f;
   float dq[kCt][4];
   zero_acc(dq);
-  const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
+  const __nv_bfloat16* kv = bf(p.kv) + bb * p.skv * p.Dqk;
   for (int j0 = 0; j0 < n; j0 += kBk) {
     const int nk = n - j0 < kBk ? n - j0 : kBk;
     __syncthreads();
@@ -251,9 +238,9 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
     if (ct * 8 >= cn) break;
     const int col = c0 + ct * 8 + 2 * c;
     if (hA < p.H)
-      *reinterpret_cast<uint32_t*>(bp.dq + (row * p.H + hA) * p.Dqk + col) = pack_bf16(dq[ct][0], dq[ct][1]);
+      *reinterpret_cast<uint32_t*>(bf(p.dq) + (row * p.H + hA) * p.Dqk + col) = pack_bf16(dq[ct][0], dq[ct][1]);
     if (hB < p.H)
-      *reinterpret_cast<uint32_t*>(bp.dq + (row * p.H + hB) * p.Dqk + col) = pack_bf16(dq[ct][2], dq[ct][3]);
+      *reinterpret_cast<uint32_t*>(bf(p.dq) + (row * p.H + hB) * p.Dqk + col) = pack_bf16(dq[ct][2], dq[ct][3]);
   }
 }
 
@@ -261,7 +248,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseB
 // [c0, c0 + 128): ws[(local row * KW + position) * Dqk + col] = sum_h dS[h, j] q_h + P[h, j] dO_h.
 __global__ void __launch_bounds__(32 * kBwdWarps)
     sparse_dkg_kernel(const SparseBwdParams bp, int64_t row0, bool vec, float* ws) {
-  const SparseParams& p = bp.f;
+  const AttnSparseParams& p = bp.f;
   constexpr int kCt = kChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldh = kHeadStep + kPad;
@@ -280,7 +267,7 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
   const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
   if (j0 >= n) return;  // uniform: every thread computed the same n
   const int nk = n - j0 < kBwdHeads ? n - j0 : kBwdHeads;
-  const __nv_bfloat16* kv = p.kv + bb * p.skv * p.Dqk;
+  const __nv_bfloat16* kv = bf(p.kv) + bb * p.skv * p.Dqk;
   load_tile(Ks, ldq, kv, p.Dqk, kBwdHeads, nk, int(p.Dqk), vec, list + j0);  // the block's gathered keys
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -289,11 +276,11 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
   zero_acc(acc);
   for (int h0 = 0; h0 < p.H; h0 += kHeadStep) {
     __syncthreads();
-    const __nv_bfloat16* qrow = p.q + bb * p.qb + t * p.qr + h0 * p.qh;
-    const __nv_bfloat16* orow = bp.dout + (row * p.H + h0) * p.Dv;
-    load_tile(Qh, ldq, qrow, p.qh, kHeadStep, kHeadStep, int(p.Dqk), vec);
+    const __nv_bfloat16* qrow = bf(p.q) + bb * p.q_bstride + t * p.q_rstride + h0 * p.q_hstride;
+    const __nv_bfloat16* orow = bf(p.dout) + (row * p.H + h0) * p.Dv;
+    load_tile(Qh, ldq, qrow, p.q_hstride, kHeadStep, kHeadStep, int(p.Dqk), vec);
     load_tile(dOh, ldv, orow, p.Dv, kHeadStep, kHeadStep, int(p.Dv), vec && p.Dv % 8 == 0);
-    load_tile_t(Qt, ldh, qrow + c0, p.qh, kHeadStep, kHeadStep, cn);
+    load_tile_t(Qt, ldh, qrow + c0, p.q_hstride, kHeadStep, kHeadStep, cn);
     if (vn > 0) load_tile_t(dOt, ldh, orow + c0, p.Dv, kHeadStep, kHeadStep, vn);
     __syncthreads();
     // S^T and dP^T: rows = the warp's 16 keys, columns = 16 heads (2 n-tiles).
@@ -347,30 +334,24 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
 
 }  // namespace
 
-void attn_sparse_check_table(const Tensor& idx, int64_t skv) {
-  const int64_t rows = idx.size(0) * idx.size(1), KW = idx.size(2);
+void attn_sparse_check_table(const AttnSparseParams& p) {
+  const int64_t rows = p.b * p.sq, KW = p.KW, skv = p.skv;
   HMLA_CHECK(KW <= kMaxKW, ShapeError, "sparse attention on CUDA: K + W = ", KW, " exceeds ", kMaxKW);
   Tensor err = Tensor::zeros({1}, DType::i32).to(Device::cuda);
   if (rows > 0) {
-    HMLA_LAUNCH(check_table_kernel, unsigned(rows), 256, 0, current_stream().get(), idx.data<int32_t>(), KW, skv,
+    HMLA_LAUNCH(check_table_kernel, unsigned(rows), 256, 0, current_stream().get(), p.idx, KW, skv,
                                                                            err.data<int32_t>());
     check_launch("sparse attention: table check");
   }
   const int bad = err.to(Device::cpu).data<int32_t>()[0];
-  HMLA_CHECK(bad == 0, ShapeError, "sparse attention: row ", (bad - 1) % idx.size(1), " of batch ",
-             (bad - 1) / idx.size(1), " lists a key outside [-1, ", skv, ") or a key twice");
+  HMLA_CHECK(bad == 0, ShapeError, "sparse attention: row ", (bad - 1) % p.sq, " of batch ", (bad - 1) / p.sq,
+             " lists a key outside [-1, ", skv, ") or a key twice");
 }
 
-void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
-  SparseParams p{in.q.size(0),  in.q.size(1),  in.kv.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2),
-                 in.K,
-                 static_cast<const __nv_bfloat16*>(in.q.raw_data()), in.q.stride(0), in.q.stride(1), in.q.stride(2),
-                 static_cast<const __nv_bfloat16*>(in.kv.raw_data()), in.idx.data<int32_t>(),
-                 in.sink.defined() ? in.sink.data<float>() : nullptr, in.scale,
-                 static_cast<__nv_bfloat16*>(sv.out.raw_data()), sv.lse.data<float>(),
-                 in.K > 0 ? sv.lse_c.data<float>() : nullptr};
+void attn_sparse_fwd(const AttnSparseParams& p) {
   if (p.b * p.sq == 0) return;
-  const bool vec = rows_aligned(p.q, p.qr, p.qb, p.qh, p.Dqk) && rows_aligned(p.kv, p.Dqk, p.skv * p.Dqk, 0, p.Dqk);
+  const bool vec = rows_aligned(p.q, p.q_rstride, p.q_bstride, p.q_hstride, p.Dqk) &&
+                   rows_aligned(p.kv, p.Dqk, p.skv * p.Dqk, 0, p.Dqk);
   const int nchunks = int((p.Dv + kChunk - 1) / kChunk), groups = int((p.H + kHeads - 1) / kHeads);
   const size_t smem = sizeof(__nv_bfloat16) * ((kHeads + kBk) * (p.Dqk + kPad) + kChunk * (kBk + kPad)) +
                       sizeof(int32_t) * p.KW;
@@ -385,28 +366,24 @@ void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) {
 
 namespace hmla::cuda {
 
-void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout, AttnSparseGrads& g) {
-  SparseParams f{in.q.size(0),  in.q.size(1),  in.kv.size(1), in.q.size(2), in.q.size(3), in.Dv, in.idx.size(2),
-                 in.K,
-                 static_cast<const __nv_bfloat16*>(in.q.raw_data()), in.q.stride(0), in.q.stride(1), in.q.stride(2),
-                 static_cast<const __nv_bfloat16*>(in.kv.raw_data()), in.idx.data<int32_t>(),
-                 in.sink.defined() ? in.sink.data<float>() : nullptr, in.scale,
-                 static_cast<__nv_bfloat16*>(sv.out.raw_data()), sv.lse.data<float>(), nullptr};
+void attn_sparse_bwd(const AttnSparseParams& p) {
+  AttnSparseParams f = p;
+  f.lse_c = nullptr;
   const int64_t rows = f.b * f.sq;
   HMLA_CHECK(f.H % kHeadStep == 0, ShapeError, "sparse attention backward on CUDA: H = ", f.H,
              " must be a multiple of ", kHeadStep);
   // The table on the host for the inverse index, before any kernel is queued (a copy waits for them).
-  const std::vector<int32_t> idx = in.idx.to(Device::cpu).to_vector<int32_t>();
+  std::vector<int32_t> idx(size_t(rows * f.KW));
+  device_copy(idx.data(), Device::cpu, f.idx, Device::cuda, idx.size() * sizeof(int32_t));
   Tensor D = Tensor::empty({f.b, f.H, f.sq}, DType::f32, Device::cuda);
   Tensor acc = Tensor::empty({f.b * f.skv, f.Dqk}, DType::f32, Device::cuda);
   check(cudaMemsetAsync(acc.raw_data(), 0, acc.nbytes(), current_stream().get()), "cudaMemsetAsync");
-  SparseBwdParams bp{f, static_cast<const __nv_bfloat16*>(dout.raw_data()), D.data<float>(),
-                     static_cast<__nv_bfloat16*>(g.dq.raw_data())};
+  SparseBwdParams bp{f, D.data<float>()};
   cudaStream_t st = current_stream().get();
   if (rows > 0) {
-    launch_rowdot(static_cast<const __nv_bfloat16*>(sv.out.raw_data()), bp.dout, f.b, f.sq, f.H, f.Dv, D.data<float>());
-    const bool vec = rows_aligned(f.q, f.qr, f.qb, f.qh, f.Dqk) && rows_aligned(f.kv, f.Dqk, f.skv * f.Dqk, 0, f.Dqk) &&
-                     reinterpret_cast<uintptr_t>(bp.dout) % 16 == 0;
+    launch_rowdot(bf(f.out), bf(f.dout), f.b, f.sq, f.H, f.Dv, D.data<float>());
+    const bool vec = rows_aligned(f.q, f.q_rstride, f.q_bstride, f.q_hstride, f.Dqk) &&
+                     rows_aligned(f.kv, f.Dqk, f.skv * f.Dqk, 0, f.Dqk) && reinterpret_cast<uintptr_t>(f.dout) % 16 == 0;
     const int nchunks = int((f.Dqk + kChunk - 1) / kChunk);
     // dq
     const size_t smem_dq = sizeof(__nv_bfloat16) * (kBwdHeads * (f.Dqk + kPad) + kBwdHeads * (f.Dv + kPad) +
@@ -462,14 +439,14 @@ void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, cons
                   ent_d.data<int64_t>(), ws.data<float>(), f.Dqk, acc.data<float>());
       check_launch("attn_sparse_bwd dkv reduce");
     }
-    if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, g.dsink.data<float>());
+    if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, f.dsink);
   } else if (f.sink) {
-    g.dsink.copy_from(Tensor::zeros({f.H}, DType::f32));
+    check(cudaMemsetAsync(f.dsink, 0, f.H * sizeof(float), st), "cudaMemsetAsync");
   }
   const int64_t n = acc.numel();
   if (n > 0) {
     HMLA_LAUNCH(to_bf16_kernel, unsigned((n + 255) / 256), 256, 0, st, acc.data<float>(), n,
-                static_cast<__nv_bfloat16*>(g.dkv.raw_data()));
+                bf(f.dkv));
     check_launch("attn_sparse_bwd dkv to bf16");
   }
 }

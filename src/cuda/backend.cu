@@ -17,8 +17,8 @@ class CudaBackend final : public Backend {
   bool supports(const AttnDenseParams& p) const override {
     return p.dtype == DType::bf16 && p.Dqk % 16 == 0 && p.Dv % 16 == 0;
   }
-  bool supports(const AttnSparseInputs& in) const override {
-    return in.q.dtype() == DType::bf16 && in.q.size(3) % 16 == 0 && in.Dv % 16 == 0;
+  bool supports(const AttnSparseParams& p) const override {
+    return p.dtype == DType::bf16 && p.Dqk % 16 == 0 && p.Dv % 16 == 0;
   }
   bool supports(const IndexerScores& sc) const override {
     return sc.qI.dtype() == DType::bf16 && sc.qI.size(2) % 16 == 0 && sc.qI.size(3) % 16 == 0;
@@ -26,18 +26,9 @@ class CudaBackend final : public Backend {
 
   void attn_dense_fwd(const AttnDenseParams& p) const override { cuda::attn_dense_fwd(p); }
   void attn_dense_bwd(const AttnDenseParams& p) const override { cuda::attn_dense_bwd(p); }
-  void attn_sparse_check_table(const Tensor& idx, int64_t skv) const override {
-    cuda::attn_sparse_check_table(idx, skv);
-  }
-  void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) const override {
-    cuda::attn_sparse_fwd(in, sv);
-  }
-  void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
-                       AttnSparseGrads& g) const override {
-    const int64_t H = in.q.size(2);
-    HMLA_CHECK(H % 16 == 0, ShapeError, "sparse attention backward on CUDA: H = ", H, " must be a multiple of 16");
-    cuda::attn_sparse_bwd(in, sv, dout, g);
-  }
+  void attn_sparse_check_table(const AttnSparseParams& p) const override { cuda::attn_sparse_check_table(p); }
+  void attn_sparse_fwd(const AttnSparseParams& p) const override { cuda::attn_sparse_fwd(p); }
+  void attn_sparse_bwd(const AttnSparseParams& p) const override { cuda::attn_sparse_bwd(p); }
   Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) const override {
     return cuda::indexer_topk(sc, K, W);
   }

@@ -15,9 +15,9 @@ void attn_dense_fwd(const AttnDenseParams& p);
 void attn_dense_bwd(const AttnDenseParams& p);
 
 // Sparse latent MQA (attn_sparse.cu), into preallocated outputs; the table check runs on the device.
-void attn_sparse_check_table(const Tensor& idx, int64_t skv);
-void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv);
-void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout, AttnSparseGrads& g);
+void attn_sparse_check_table(const AttnSparseParams& p);
+void attn_sparse_fwd(const AttnSparseParams& p);
+void attn_sparse_bwd(const AttnSparseParams& p);  // H a multiple of 16
 
 // The indexer's scores and selection (indexer_topk.cu): HI and DI multiples of 16, K <= 2048.
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);

@@ -12,7 +12,8 @@ namespace hmla {
 
 namespace {
 
-const Backend& check(const AttnSparseInputs& in) {
+// Validates the inputs and fills the params' shape and input fields; runs the table check.
+AttnSparseParams make_params(const AttnSparseInputs& in) {
   HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.stride(3) == 1 && in.q.size(2) >= 1, ShapeError,
              "sparse attention: q must be [b, s, H >= 1, Dqk] with its last dim contiguous");
   const Device dev = in.q.device();
@@ -37,28 +38,40 @@ const Backend& check(const AttnSparseInputs& in) {
   if (in.sink.defined())
     HMLA_CHECK(in.sink.shape() == Shape({in.q.size(2)}) && in.sink.dtype() == DType::f32 && in.sink.device() == dev,
                ShapeError, "sparse attention: sink must be f32 [H] on q's device");
+  AttnSparseParams p;
+  p.dtype = dt;
+  p.b = b, p.sq = s, p.skv = skv, p.H = in.q.size(2), p.Dqk = Dqk, p.Dv = in.Dv, p.KW = in.idx.size(2), p.K = in.K;
+  p.scale = in.scale;
+  p.q = in.q.raw_data();
+  p.q_bstride = in.q.stride(0), p.q_rstride = in.q.stride(1), p.q_hstride = in.q.stride(2);
+  p.kv = in.kv.raw_data();
+  p.idx = in.idx.data<int32_t>();
+  p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
   const Backend& be = backend(dev);
-  HMLA_CHECK(be.supports(in), ShapeError, "sparse attention: the ", be.name(), " backend does not run Dqk = ", Dqk,
+  HMLA_CHECK(be.supports(p), ShapeError, "sparse attention: the ", be.name(), " backend does not run Dqk = ", Dqk,
              ", Dv = ", in.Dv, dev == Device::cuda ? " (CUDA: multiples of 16)" : "");
-  be.attn_sparse_check_table(in.idx, skv);
-  return be;
+  be.attn_sparse_check_table(p);
+  return p;
 }
 
 }  // namespace
 
 AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
-  const Backend& be = check(in);
-  const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
+  AttnSparseParams p = make_params(in);
+  const int64_t b = p.b, s = p.sq, H = p.H;
   const Device dev = in.q.device();
   AttnSparseSaved sv{Tensor::empty({b, s, H, in.Dv}, in.q.dtype(), dev), Tensor::empty({b, H, s}, DType::f32, dev),
                      in.K > 0 ? Tensor::empty({b, H, s}, DType::f32, dev) : Tensor()};
-  be.attn_sparse_fwd(in, sv);
+  p.out = sv.out.raw_data();
+  p.lse = sv.lse.data<float>();
+  p.lse_c = in.K > 0 ? sv.lse_c.data<float>() : nullptr;
+  backend(dev).attn_sparse_fwd(p);
   return sv;
 }
 
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout) {
-  const Backend& be = check(in);
-  const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2);
+  AttnSparseParams p = make_params(in);
+  const int64_t b = p.b, s = p.sq, H = p.H;
   const Device dev = in.q.device();
   HMLA_CHECK(dout.defined() && dout.shape() == Shape({b, s, H, in.Dv}) && dout.is_contiguous() &&
                  dout.dtype() == in.q.dtype() && dout.device() == dev,
@@ -71,7 +84,13 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
              ShapeError, "sparse attention: the saved out/lse do not match the inputs (the forward's outputs)");
   AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, in.q.dtype(), dev), Tensor::empty(in.kv.shape(), in.q.dtype(), dev),
                     in.sink.defined() ? Tensor::empty({H}, DType::f32, dev) : Tensor()};
-  be.attn_sparse_bwd(in, sv, dout, g);
+  p.out = sv.out.raw_data();
+  p.lse = sv.lse.data<float>();
+  p.dout = dout.raw_data();
+  p.dq = g.dq.raw_data();
+  p.dkv = g.dkv.raw_data();
+  p.dsink = g.dsink.defined() ? g.dsink.data<float>() : nullptr;
+  backend(dev).attn_sparse_bwd(p);
   return g;
 }
 

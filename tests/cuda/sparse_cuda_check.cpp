@@ -229,14 +229,22 @@ SparseBench bench_sparse(int64_t s, int64_t H, int64_t K, int reps) {
   const Tensor dout = put({1, s, H, Dv}, std::vector<float>(size_t(s * H * Dv), 0.5f), Device::cuda);
   AttnSparseGrads g{Tensor::empty({1, s, H, Dqk}, DType::bf16, Device::cuda),
                     Tensor::empty({1, s, Dqk}, DType::bf16, Device::cuda), Tensor()};
+  // The kernels' params, as the entry points fill them (the loop times the kernels alone).
+  AttnSparseParams p;
+  p.dtype = DType::bf16;
+  p.b = 1, p.sq = s, p.skv = s, p.H = H, p.Dqk = Dqk, p.Dv = Dv, p.KW = K, p.K = K, p.scale = in.scale;
+  p.q = in.q.raw_data(), p.q_bstride = s * H * Dqk, p.q_rstride = H * Dqk, p.q_hstride = Dqk;
+  p.kv = in.kv.raw_data(), p.idx = in.idx.data<int32_t>();
+  p.out = sv.out.raw_data(), p.lse = sv.lse.data<float>(), p.lse_c = sv.lse_c.data<float>();
+  p.dout = dout.raw_data(), p.dq = g.dq.raw_data(), p.dkv = g.dkv.raw_data();
   Allocator& a = allocator(Device::cuda);
   a.reset_peak();
   auto time = [&](bool backward) {
     std::vector<float> ms;
     for (int i = 0; i < reps + 2; ++i) {
       cuda::check(cudaEventRecord(e0, st), "cudaEventRecord");
-      cuda::attn_sparse_fwd(in, sv);
-      if (backward) cuda::attn_sparse_bwd(in, sv, dout, g);
+      cuda::attn_sparse_fwd(p);
+      if (backward) cuda::attn_sparse_bwd(p);
       cuda::check(cudaEventRecord(e1, st), "cudaEventRecord");
       cuda::check(cudaEventSynchronize(e1), "cudaEventSynchronize");
       float t = 0;

@@ -44,7 +44,7 @@ class Backend {
   virtual bool supports(const AdamWParams&) const { return false; }
   virtual bool supports(const MuonParams&) const { return false; }
   virtual bool supports(const AttnDenseParams&) const { return false; }
-  virtual bool supports(const AttnSparseInputs&) const { return false; }
+  virtual bool supports(const AttnSparseParams&) const { return false; }
   virtual bool supports(const IndexerScores&) const { return false; }
   virtual bool supports(const IndexerKlInputs&) const { return false; }
 
@@ -67,12 +67,10 @@ class Backend {
   virtual void muon_update(const MuonParams& p) const;
   virtual void attn_dense_fwd(const AttnDenseParams& p) const;
   virtual void attn_dense_bwd(const AttnDenseParams& p) const;
-  // Sparse attention and the indexer take their Tensor structs (hmla/ops/sparse_attention.h,
-  // indexer.h); outputs preallocated by the entry points.
-  virtual void attn_sparse_check_table(const Tensor& idx, int64_t skv) const;
-  virtual void attn_sparse_fwd(const AttnSparseInputs& in, AttnSparseSaved& sv) const;
-  virtual void attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
-                               AttnSparseGrads& g) const;
+  // The table's contract (entries in [-1, skv), no duplicate in a row): throws ShapeError.
+  virtual void attn_sparse_check_table(const AttnSparseParams& p) const;
+  virtual void attn_sparse_fwd(const AttnSparseParams& p) const;
+  virtual void attn_sparse_bwd(const AttnSparseParams& p) const;
   virtual Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) const;
   virtual Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K,
                                 int64_t W) const;

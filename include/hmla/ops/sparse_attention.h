@@ -15,8 +15,33 @@
 
 namespace hmla {
 
+// The backends' params struct (FlashAttention's one struct per kernel family): pointers on the
+// backend's device with their strides in elements, filled and validated by the entry points below.
 // The query rows may be a slice of the key rows (context parallelism): q, idx and every per-query
-// output have s rows, kv and dkv have skv >= s rows; idx holds key positions in [0, skv).
+// tensor have sq rows, kv and dkv have skv >= sq rows; idx holds key positions in [0, skv).
+struct AttnSparseParams {
+  DType dtype = DType::f32;  // of q, kv, out, dout, dq, dkv
+  int64_t b = 0, sq = 0, skv = 0, H = 0, Dqk = 0, Dv = 0;
+  int64_t KW = 0;  // slots per row of idx
+  int64_t K = 0;   // slots [0, K) are the candidates (lse_c); 0: no lse_c
+  float scale = 0.f;
+  const void* q = nullptr;  // [b, sq, H, Dqk], last dim contiguous
+  int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
+  const void* kv = nullptr;        // [b, skv, Dqk] contiguous
+  const int32_t* idx = nullptr;    // [b, sq, KW] contiguous
+  const float* sink = nullptr;     // [H] or null
+  void* out = nullptr;             // [b, sq, H, Dv] contiguous
+  float* lse = nullptr;            // [b, H, sq]
+  float* lse_c = nullptr;          // [b, H, sq], forward with K > 0 only
+  // Backward only.
+  const void* dout = nullptr;  // [b, sq, H, Dv] contiguous
+  void* dq = nullptr;          // [b, sq, H, Dqk] contiguous
+  void* dkv = nullptr;         // [b, skv, Dqk] contiguous
+  float* dsink = nullptr;      // [H] or null
+};
+
+// The Tensor inputs of the entry points: q, idx and every per-query output have s rows, kv and
+// dkv have skv >= s rows.
 struct AttnSparseInputs {
   Tensor q;      // [b, s, H, Dqk], last dim contiguous
   Tensor kv;     // [b, skv, Dqk] contiguous: the shared key; value = its first Dv channels
