@@ -24,8 +24,7 @@ class CpuBackend final : public Backend {
   bool supports(const MuonParams&) const override { return true; }
   bool supports(const AttnDenseParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const AttnSparseParams& p) const override { return p.dtype == DType::f32; }
-  bool supports(const IndexerScores& sc) const override { return sc.qI.dtype() == DType::f32; }
-  bool supports(const IndexerKlInputs& in) const override { return in.sc.qI.dtype() == DType::f32; }
+  bool supports(const IndexerParams& p) const override { return p.dtype == DType::f32; }
 
   void gemm(const GemmParams& p) const override {
     const float* a = static_cast<const float*>(p.a);
@@ -67,19 +66,10 @@ class CpuBackend final : public Backend {
   void attn_sparse_check_table(const AttnSparseParams& p) const override { cpu::attn_sparse_check_table(p); }
   void attn_sparse_fwd(const AttnSparseParams& p) const override { cpu::attn_sparse_fwd(p); }
   void attn_sparse_bwd(const AttnSparseParams& p) const override { cpu::attn_sparse_bwd(p); }
-  Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) const override {
-    return cpu::indexer_topk(sc, K, W);
-  }
-  Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K,
-                        int64_t W) const override {
-    return cpu::indexer_select(scores, layout, q_row0, K, W);
-  }
-  void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& r) const override {
-    cpu::indexer_kl_dense(in, r);
-  }
-  void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& r) const override {
-    cpu::indexer_kl_sparse(in, r);
-  }
+  void indexer_topk(const IndexerParams& p) const override { cpu::indexer_topk(p); }
+  void indexer_select(const IndexerParams& p) const override { cpu::indexer_select(p); }
+  double indexer_kl_dense(const IndexerParams& p) const override { return cpu::indexer_kl_dense(p); }
+  double indexer_kl_sparse(const IndexerParams& p) const override { return cpu::indexer_kl_sparse(p); }
 };
 
 }  // namespace

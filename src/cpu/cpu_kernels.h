@@ -83,9 +83,9 @@ void attn_sparse_fwd(const AttnSparseParams& p);
 void attn_sparse_bwd(const AttnSparseParams& p);
 
 // ---- the indexer (indexer_topk.cpp, indexer_kl.cpp) --------------------------------------------
-Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
-Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
-void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res);
-void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res);
+void indexer_topk(const IndexerParams& p);
+void indexer_select(const IndexerParams& p);
+double indexer_kl_dense(const IndexerParams& p);   // returns kl_sum
+double indexer_kl_sparse(const IndexerParams& p);
 
 }  // namespace hmla::cpu

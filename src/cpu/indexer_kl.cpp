@@ -27,43 +27,28 @@ namespace {
 
 using T = IndexerCpuTraits;
 
-struct Geo {
-  int64_t b, sq, s, q0, HI, DI, H, Hkv, Dqk;  // sq query rows from global position q0; s key rows
-  int64_t qb, qr, qh, kb, kr, kh;  // strides of the attention q and k
-};
-
-Geo geo(const IndexerKlInputs& in) {
-  return {in.sc.qI.size(0), in.sc.qI.size(1), in.sc.kI.size(1), in.sc.q_row0, in.sc.qI.size(2), in.sc.qI.size(3),
-          in.q.size(2), in.k.size(2), in.q.size(3), in.q.stride(0), in.q.stride(1), in.q.stride(2), in.k.stride(0),
-          in.k.stride(1), in.k.stride(2)};
-}
-
-// Sums per-thread dkI partials in thread order and the per-row kl into kl_sum (row order).
-void finish(const IndexerKlInputs& in, const Geo& g, const Tensor& partial, int nthreads, const std::vector<float>& kl,
-            IndexerKlResult& res) {
-  sum_thread_partials(res.dkI.data<float>(), partial.data<float>(), nthreads, g.b * g.s * g.DI);
-  const float* rw = in.row_weight.data<float>();
+// Sums per-thread dkI partials in thread order; returns the per-row kl summed in row order.
+double finish(const IndexerParams& g, const Tensor& partial, int nthreads, const std::vector<float>& kl) {
+  sum_thread_partials(g.dkI, partial.data<float>(), nthreads, g.b * g.s * g.DI);
   double sum = 0;
-  for (int64_t r = 0; r < g.b * g.sq; ++r) sum += double(rw[r]) * double(kl[r]);
-  res.kl_sum = sum;
-  res.loss = double(in.coeff) * sum;
+  for (int64_t r = 0; r < g.b * g.sq; ++r) sum += double(g.row_weight[r]) * double(kl[r]);
+  return sum;
 }
 
 }  // namespace
 
-void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res) {
-  const Geo g = geo(in);
+double indexer_kl_dense(const IndexerParams& g) {
   const int64_t ntiles = (g.sq + T::kBq - 1) / T::kBq, group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();
-  const bool have_lse = in.lse_c.defined();
+  const bool have_lse = g.lse_c != nullptr;
   const int64_t tile = T::kBq * T::kBk;
   const int64_t per_thread = T::kBq * g.HI * T::kBk * 2 + 4 * tile + (2 * g.H + 4) * T::kBq;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
   Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.DI}, DType::f32);
   std::vector<float> kl(g.b * g.sq, 0.f);
-  const float *qI = in.sc.qI.data<float>(), *kI = in.sc.kI.data<float>(), *w = in.sc.w.data<float>();
-  const float *q = in.q.data<float>(), *k = in.k.data<float>(), *rw = in.row_weight.data<float>();
-  float *dqI = res.dqI.data<float>(), *dw = res.dw.data<float>();
+  const float *qI = static_cast<const float*>(g.qI), *kI = static_cast<const float*>(g.kI), *w = g.w;
+  const float *q = g.q, *k = g.k, *rw = g.row_weight;
+  float *dqI = g.dqI, *dw = g.dw;
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -83,17 +68,17 @@ void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res) {
 #pragma omp for schedule(static, 1)
     for (int64_t item = 0; item < g.b * ntiles; ++item) {
       const int64_t bb = item / ntiles, lt0 = (item % ntiles) * T::kBq;  // first local row of the tile
-      QueryTile qt = make_query_tile(in.sc.layout->doc_start.data<int32_t>() + bb * g.s, g.q0 + g.sq, g.q0 + lt0, T::kBq);
+      QueryTile qt = make_query_tile(g.doc_start + bb * g.s, g.q_row0 + g.sq, g.q_row0 + lt0, T::kBq);
       const int64_t nq = qt.nq, row0 = bb * g.sq + lt0;
       std::memset(dqI + row0 * g.HI * g.DI, 0, nq * g.HI * g.DI * sizeof(float));
       std::memset(dw + row0 * g.HI, 0, nq * g.HI * sizeof(float));
       if (qt.empty()) continue;
-      for (int64_t r = 0; r < nq; ++r) gr[r] = in.coeff * rw[row0 + r];
+      for (int64_t r = 0; r < nq; ++r) gr[r] = g.coeff * rw[row0 + r];
       const float* qI_t = qI + row0 * g.HI * g.DI;
       const float* w_t = w + row0 * g.HI;
       auto logits = [&](int64_t h, int64_t j0, int64_t nk) {  // L = scale q_h k_h^T, masked
-        sgemm(Trans::no, Trans::yes, nq, nk, g.Dqk, in.scale, q + bb * g.qb + lt0 * g.qr + h * g.qh, g.qr,
-              k + bb * g.kb + j0 * g.kr + (h / group) * g.kh, g.kr, 0.f, L, nk);
+        sgemm(Trans::no, Trans::yes, nq, nk, g.Dqk, g.scale, q + bb * g.q_bstride + lt0 * g.q_rstride + h * g.q_hstride, g.q_rstride,
+              k + bb * g.k_bstride + j0 * g.k_rstride + (h / group) * g.k_hstride, g.k_rstride, 0.f, L, nk);
         qt.mask(L, j0, nk);
       };
 
@@ -117,7 +102,7 @@ void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res) {
       for (int64_t h = 0; h < g.H; ++h)
         for (int64_t r = 0; r < nq; ++r) {
           float& x = mC[h * T::kBq + r];
-          x = have_lse ? in.lse_c.data<float>()[(bb * g.H + h) * g.sq + lt0 + r]
+          x = have_lse ? g.lse_c[(bb * g.H + h) * g.sq + lt0 + r]
                        : (lC[h * T::kBq + r] > 0.f ? x + std::log(lC[h * T::kBq + r]) : INFINITY);
         }
 
@@ -142,21 +127,20 @@ void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& res) {
       }
     }
   }
-  finish(in, g, partial, nthreads, kl, res);
+  return finish(g, partial, nthreads, kl);
 }
 
-void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res) {
-  const Geo g = geo(in);
-  const int64_t K = in.K, KW = in.topk.size(2), group = g.H / g.Hkv;
+double indexer_kl_sparse(const IndexerParams& g) {
+  const int64_t K = g.K, KW = g.K + g.W, group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = 2 * g.HI * K + g.H * K + 4 * K + K * g.DI + K * g.Dqk + K * g.DI;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
   Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.DI}, DType::f32);
   std::vector<float> kl(g.b * g.sq, 0.f);
-  const float *qI = in.sc.qI.data<float>(), *kI = in.sc.kI.data<float>(), *w = in.sc.w.data<float>();
-  const float *q = in.q.data<float>(), *k = in.k.data<float>(), *rw = in.row_weight.data<float>();
-  const int32_t* idx = in.topk.data<int32_t>();
-  float *dqI = res.dqI.data<float>(), *dw = res.dw.data<float>();
+  const float *qI = static_cast<const float*>(g.qI), *kI = static_cast<const float*>(g.kI), *w = g.w;
+  const float *q = g.q, *k = g.k, *rw = g.row_weight;
+  const int32_t* idx = g.topk;
+  float *dqI = g.dqI, *dw = g.dw;
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -189,8 +173,8 @@ void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res) {
       indexer_score_tile(qI_t, Kc, w_t, 1, n, g.HI, g.DI, S, I);
       for (int64_t hk = 0; hk < g.Hkv; ++hk) {  // logits of the heads sharing kv head hk
         for (int64_t i = 0; i < n; ++i)
-          std::memcpy(Kg + i * g.Dqk, k + bb * g.kb + C[i] * g.kr + hk * g.kh, g.Dqk * sizeof(float));
-        sgemm(Trans::no, Trans::yes, group, n, g.Dqk, in.scale, q + bb * g.qb + t * g.qr + hk * group * g.qh, g.qh,
+          std::memcpy(Kg + i * g.Dqk, k + bb * g.k_bstride + C[i] * g.k_rstride + hk * g.k_hstride, g.Dqk * sizeof(float));
+        sgemm(Trans::no, Trans::yes, group, n, g.Dqk, g.scale, q + bb * g.q_bstride + t * g.q_rstride + hk * group * g.q_hstride, g.q_hstride,
               Kg, g.Dqk, 0.f, L + hk * group * n, n);
       }
       std::fill(P, P + n, 0.f);
@@ -203,7 +187,7 @@ void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res) {
       float mI = -INFINITY, zI = 0.f;
       std::memcpy(Ic, I, n * sizeof(float));
       softmax_online_tile(Ic, 1, n, &mI, &zI, nullptr, 0);
-      const float lseI = mI + std::log(zI), gr = in.coeff * rw[row];
+      const float lseI = mI + std::log(zI), gr = g.coeff * rw[row];
       kl_tile(P, I, 1, n, &lseI, &gr, kl.data() + row, dI);
       relu_head_sum_bwd(S, w_t, dI, 1, g.HI, n, dS, dw + row * g.HI);
       sgemm(Trans::no, Trans::no, g.HI, g.DI, n, 1.f, dS, n, Kc, g.DI, 0.f, dqI + row * g.HI * g.DI, g.DI);
@@ -215,7 +199,7 @@ void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& res) {
       }
     }
   }
-  finish(in, g, partial, nthreads, kl, res);
+  return finish(g, partial, nthreads, kl);
 }
 
 }  // namespace hmla::cpu

@@ -39,18 +39,16 @@ void select_row(const float* I, int64_t jbase, int64_t lo, int64_t t, int64_t K,
 
 }  // namespace
 
-Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
+void indexer_topk(const IndexerParams& p) {
   using T = IndexerCpuTraits;
-  const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
-  const int64_t q0 = sc.q_row0;
-  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32);
+  const int64_t b = p.b, sq = p.sq, HI = p.HI, DI = p.DI, s = p.s, q0 = p.q_row0, K = p.K, W = p.W;
   const int64_t ntiles = (sq + T::kBq - 1) / T::kBq;
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = T::kBq * s + T::kBq * HI * T::kBk + T::kBq * T::kBk;
   Tensor scratch = Tensor::empty({nthreads, per_thread}, DType::f32);
-  const float* qI = sc.qI.data<float>();
-  const float* kI = sc.kI.data<float>();
-  const float* w = sc.w.data<float>();
+  const float* qI = static_cast<const float*>(p.qI);
+  const float* kI = static_cast<const float*>(p.kI);
+  const float* w = p.w;
 #pragma omp parallel num_threads(nthreads)
   {
     float* rows = scratch.data<float>() + omp_get_thread_num() * per_thread;  // [kBq, range]
@@ -60,7 +58,7 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < b * ntiles; ++item) {
       const int64_t bb = item / ntiles, tile = ntiles - 1 - item % ntiles;
-      QueryTile qt = make_query_tile(sc.layout->doc_start.data<int32_t>() + bb * s, q0 + sq, q0 + tile * T::kBq, T::kBq);
+      QueryTile qt = make_query_tile(p.doc_start + bb * s, q0 + sq, q0 + tile * T::kBq, T::kBq);
       const int64_t range = qt.jmax - qt.jmin + 1, lrow = bb * sq + qt.t0 - q0;  // the tile's first local row
       for (int64_t j0 = qt.jmin; j0 <= qt.jmax; j0 += T::kBk) {
         const int64_t nk = std::min(T::kBk, qt.jmax + 1 - j0);
@@ -71,28 +69,25 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
       for (int64_t r = 0; r < qt.nq; ++r) {
         const int64_t t = qt.t0 + r;
         select_row(rows + r * std::max<int64_t>(range, 0), qt.jmin, qt.doc_start[t], t, K, W,
-                   out.data<int32_t>() + (lrow + r) * (K + W), cand);
+                   p.table + (lrow + r) * (K + W), cand);
       }
     }
   }
-  return out;
 }
 
-Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q0, int64_t K, int64_t W) {
-  const int64_t b = scores.size(0), sq = scores.size(1), s = scores.size(2);
-  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32);
-  const float* I = scores.data<float>();
-  const int32_t* ds = layout.doc_start.data<int32_t>();
+void indexer_select(const IndexerParams& p) {
+  const int64_t b = p.b, sq = p.sq, s = p.s, q0 = p.q_row0, K = p.K, W = p.W;
+  const float* I = p.scores;
+  const int32_t* ds = p.doc_start;
 #pragma omp parallel
   {
     std::vector<int32_t> cand;
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < b * sq; ++row) {
       const int64_t t = q0 + row % sq;
-      select_row(I + row * s, 0, ds[(row / sq) * s + t], t, K, W, out.data<int32_t>() + row * (K + W), cand);
+      select_row(I + row * s, 0, ds[(row / sq) * s + t], t, K, W, p.table + row * (K + W), cand);
     }
   }
-  return out;
 }
 
 }  // namespace hmla::cpu

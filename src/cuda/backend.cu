@@ -20,8 +20,9 @@ class CudaBackend final : public Backend {
   bool supports(const AttnSparseParams& p) const override {
     return p.dtype == DType::bf16 && p.Dqk % 16 == 0 && p.Dv % 16 == 0;
   }
-  bool supports(const IndexerScores& sc) const override {
-    return sc.qI.dtype() == DType::bf16 && sc.qI.size(2) % 16 == 0 && sc.qI.size(3) % 16 == 0;
+  bool supports(const IndexerParams& p) const override {  // the scores and selection; no KL yet
+    if (p.op == IndexerOp::select) return true;
+    return p.op == IndexerOp::topk && p.dtype == DType::bf16 && p.HI % 16 == 0 && p.DI % 16 == 0;
   }
 
   void attn_dense_fwd(const AttnDenseParams& p) const override { cuda::attn_dense_fwd(p); }
@@ -29,13 +30,8 @@ class CudaBackend final : public Backend {
   void attn_sparse_check_table(const AttnSparseParams& p) const override { cuda::attn_sparse_check_table(p); }
   void attn_sparse_fwd(const AttnSparseParams& p) const override { cuda::attn_sparse_fwd(p); }
   void attn_sparse_bwd(const AttnSparseParams& p) const override { cuda::attn_sparse_bwd(p); }
-  Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) const override {
-    return cuda::indexer_topk(sc, K, W);
-  }
-  Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K,
-                        int64_t W) const override {
-    return cuda::indexer_select(scores, layout, q_row0, K, W);
-  }
+  void indexer_topk(const IndexerParams& p) const override { cuda::indexer_topk(p); }
+  void indexer_select(const IndexerParams& p) const override { cuda::indexer_select(p); }
 };
 
 }  // namespace

@@ -20,7 +20,7 @@ void attn_sparse_fwd(const AttnSparseParams& p);
 void attn_sparse_bwd(const AttnSparseParams& p);  // H a multiple of 16
 
 // The indexer's scores and selection (indexer_topk.cu): HI and DI multiples of 16, K <= 2048.
-Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
-Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
+void indexer_topk(const IndexerParams& p);
+void indexer_select(const IndexerParams& p);
 
 }  // namespace hmla::cuda

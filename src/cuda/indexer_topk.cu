@@ -203,32 +203,24 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   }
 }
 
-Tensor on_device(const Tensor& t) { return t.device() == Device::cuda ? t : t.to(Device::cuda); }
-
 void check_k(int64_t K) {
   HMLA_CHECK(K <= kMaxK, ShapeError, "index_topk = ", K, ": the CUDA selection takes at most ", kMaxK);
 }
 
 }  // namespace
 
-Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W) {
-  check_k(K);
-  const int64_t b = scores.size(0), sq = scores.size(1), s = scores.size(2);
-  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32, Device::cuda);
-  const Tensor ds = on_device(layout.doc_start);
-  if (b * sq == 0) return out;
-  HMLA_LAUNCH(select_kernel, unsigned(b * sq), kSelThreads, 0, current_stream().get(),
-      scores.data<float>(), s, 0, sq, q_row0, ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());
+void indexer_select(const IndexerParams& p) {
+  check_k(p.K);
+  if (p.b * p.sq == 0) return;
+  HMLA_LAUNCH(select_kernel, unsigned(p.b * p.sq), kSelThreads, 0, current_stream().get(),
+      p.scores, p.s, 0, p.sq, p.q_row0, p.doc_start, p.s, int(p.K), int(p.W), p.table);
   check_launch("indexer_select");
-  return out;
 }
 
-Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
-  check_k(K);
-  const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
-  Tensor out = Tensor::empty({b, sq, K + W}, DType::i32, Device::cuda);
-  if (b * sq == 0) return out;
-  const Tensor ds = on_device(sc.layout->doc_start);
+void indexer_topk(const IndexerParams& p) {
+  check_k(p.K);
+  const int64_t b = p.b, sq = p.sq, HI = p.HI, DI = p.DI, s = p.s;
+  if (b * sq == 0) return;
   const int64_t chunk = std::max<int64_t>(kRowsPerBlock, std::min<int64_t>(sq, kWorkspaceBytes / (4 * s)) /
                                                              kRowsPerBlock * kRowsPerBlock);
   Tensor ws = Tensor::empty({chunk, s}, DType::f32, Device::cuda);
@@ -236,20 +228,19 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   check(cudaFuncSetAttribute(scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "indexer scores: shared memory");
   cudaStream_t st = current_stream().get();
-  const bool vec = DI % 8 == 0 && reinterpret_cast<uintptr_t>(sc.qI.raw_data()) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(sc.kI.raw_data()) % 16 == 0;
+  const bool vec = DI % 8 == 0 && reinterpret_cast<uintptr_t>(p.qI) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.kI) % 16 == 0;
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t r = 0; r < sq; r += chunk) {
       const int64_t n = std::min(chunk, sq - r);
       HMLA_LAUNCH(scores_kernel, unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st,
-          static_cast<const __nv_bfloat16*>(sc.qI.raw_data()), static_cast<const __nv_bfloat16*>(sc.kI.raw_data()),
-          sc.w.data<float>(), ds.data<int32_t>(), bb, s, sq, sc.q_row0, int(HI), int(DI), r, n, vec, ws.data<float>());
+          static_cast<const __nv_bfloat16*>(p.qI), static_cast<const __nv_bfloat16*>(p.kI),
+          p.w, p.doc_start, bb, s, sq, p.q_row0, int(HI), int(DI), r, n, vec, ws.data<float>());
       check_launch("indexer scores");
-      HMLA_LAUNCH(select_kernel, unsigned(n), kSelThreads, 0, st, ws.data<float>(), s, bb * sq + r, sq, sc.q_row0,
-                                                         ds.data<int32_t>(), s, int(K), int(W), out.data<int32_t>());
+      HMLA_LAUNCH(select_kernel, unsigned(n), kSelThreads, 0, st, ws.data<float>(), s, bb * sq + r, sq, p.q_row0,
+                                                         p.doc_start, s, int(p.K), int(p.W), p.table);
       check_launch("indexer select");
     }
-  return out;
 }
 
 }  // namespace hmla::cuda

@@ -36,10 +36,10 @@ HMLA_UNSUPPORTED(void, attn_dense_bwd, (const AttnDenseParams&))
 HMLA_UNSUPPORTED(void, attn_sparse_check_table, (const AttnSparseParams&))
 HMLA_UNSUPPORTED(void, attn_sparse_fwd, (const AttnSparseParams&))
 HMLA_UNSUPPORTED(void, attn_sparse_bwd, (const AttnSparseParams&))
-HMLA_UNSUPPORTED(Tensor, indexer_topk, (const IndexerScores&, int64_t, int64_t))
-HMLA_UNSUPPORTED(Tensor, indexer_select, (const Tensor&, const DocLayout&, int64_t, int64_t, int64_t))
-HMLA_UNSUPPORTED(void, indexer_kl_dense, (const IndexerKlInputs&, IndexerKlResult&))
-HMLA_UNSUPPORTED(void, indexer_kl_sparse, (const IndexerKlInputs&, IndexerKlResult&))
+HMLA_UNSUPPORTED(void, indexer_topk, (const IndexerParams&))
+HMLA_UNSUPPORTED(void, indexer_select, (const IndexerParams&))
+HMLA_UNSUPPORTED(double, indexer_kl_dense, (const IndexerParams&))
+HMLA_UNSUPPORTED(double, indexer_kl_sparse, (const IndexerParams&))
 #undef HMLA_UNSUPPORTED
 
 }  // namespace hmla

@@ -25,8 +25,19 @@ void check_dev(const Tensor& t, const char* name, const Shape& want, DType dtype
              t.defined() ? shape_str(t.shape()) : "");
 }
 
-// CPU: f32 throughout. CUDA: bf16 qI and kI, f32 w.
-const Backend& check_scores(const IndexerScores& sc) {
+// The layout lives on the CPU; a GPU kernel reads its device copy, kept alive by the caller.
+Tensor doc_start_on(const DocLayout& l, Device d) { return d == Device::cpu ? l.doc_start : l.doc_start.to(d); }
+
+const Backend& supported(const IndexerParams& p, Device dev, const char* what) {
+  const Backend& be = backend(dev);
+  HMLA_CHECK(be.supports(p), ShapeError, what, ": the ", be.name(), " backend does not run HI = ", p.HI, ", DI = ", p.DI,
+             dev == Device::cuda ? " (CUDA: the scores and selection, HI and DI multiples of 16)" : "");
+  return be;
+}
+
+// CPU: f32 throughout. CUDA: bf16 qI and kI, f32 w. Fills the params' score fields; the caller keeps
+// `ds` (the layout's doc_start on the inputs' device) alive while the params are used.
+IndexerParams check_scores(const IndexerScores& sc, IndexerOp op, Tensor& ds) {
   HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4 && sc.kI.defined() && sc.kI.dim() == 3, ShapeError,
              "indexer: qI must be [b, sq, HI, DI] and kI [b, s, DI]");
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
@@ -39,14 +50,20 @@ const Backend& check_scores(const IndexerScores& sc) {
              sc.q_row0 + sq, ") are not inside the ", s, " key rows");
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
              "indexer: the layout must cover b = ", b, ", s = ", s);
-  const Backend& be = backend(dev);
-  HMLA_CHECK(be.supports(sc), ShapeError, "indexer: the ", be.name(), " backend does not run HI = ", HI, ", DI = ", DI,
-             dev == Device::cuda ? " (CUDA: multiples of 16)" : "");
-  return be;
+  ds = doc_start_on(*sc.layout, dev);
+  IndexerParams p;
+  p.op = op;
+  p.dtype = dt;
+  p.b = b, p.sq = sq, p.s = s, p.HI = HI, p.DI = DI, p.q_row0 = sc.q_row0;
+  p.qI = sc.qI.raw_data();
+  p.kI = sc.kI.raw_data();
+  p.w = sc.w.data<float>();
+  p.doc_start = ds.data<int32_t>();
+  return p;
 }
 
-const Backend& check_kl(const IndexerKlInputs& in) {
-  check_scores(in.sc);
+IndexerParams check_kl(const IndexerKlInputs& in, IndexerOp op, Tensor& ds) {
+  IndexerParams p = check_scores(in.sc, op, ds);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.q.defined() && in.k.defined() && in.q.dim() == 4 && in.k.dim() == 4, ShapeError,
              "indexer KL: attention q [b, sq, H, Dqk] and k [b, s, Hkv, Dqk] are required");
@@ -59,23 +76,40 @@ const Backend& check_kl(const IndexerKlInputs& in) {
   if (in.lse_c.defined()) check_f32(in.lse_c, "lse_c", {b, H, sq});
   check_f32(in.row_weight, "row_weight", {b, sq});
   HMLA_CHECK(in.scale > 0 && in.coeff >= 0, ShapeError, "indexer KL: scale must be > 0 and coeff >= 0");
-  const Backend& be = backend(in.sc.qI.device());
-  HMLA_CHECK(be.supports(in), ShapeError, "indexer KL: the ", be.name(), " backend does not run it");
-  return be;
+  p.H = H, p.Hkv = Hkv, p.Dqk = in.q.size(3);
+  p.q = in.q.data<float>();
+  p.q_bstride = in.q.stride(0), p.q_rstride = in.q.stride(1), p.q_hstride = in.q.stride(2);
+  p.k = in.k.data<float>();
+  p.k_bstride = in.k.stride(0), p.k_rstride = in.k.stride(1), p.k_hstride = in.k.stride(2);
+  p.scale = in.scale, p.coeff = in.coeff;
+  p.lse_c = in.lse_c.defined() ? in.lse_c.data<float>() : nullptr;
+  p.row_weight = in.row_weight.data<float>();
+  return p;
 }
 
-IndexerKlResult alloc(const IndexerKlInputs& in) {
-  return {0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32), Tensor::empty(in.sc.kI.shape(), DType::f32),
-          Tensor::empty(in.sc.w.shape(), DType::f32)};
+// Allocates the gradients and runs the KL the params name.
+IndexerKlResult run_kl(const Backend& be, IndexerParams& p, const IndexerKlInputs& in) {
+  IndexerKlResult r{0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32), Tensor::empty(in.sc.kI.shape(), DType::f32),
+                    Tensor::empty(in.sc.w.shape(), DType::f32)};
+  p.dqI = r.dqI.data<float>(), p.dkI = r.dkI.data<float>(), p.dw = r.dw.data<float>();
+  r.kl_sum = p.op == IndexerOp::kl_dense ? be.indexer_kl_dense(p) : be.indexer_kl_sparse(p);
+  r.loss = double(in.coeff) * r.kl_sum;
+  return r;
 }
 
 }  // namespace
 
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
-  const Backend& be = check_scores(sc);
+  Tensor ds;
+  IndexerParams p = check_scores(sc, IndexerOp::topk, ds);
   HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
   HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
-  return be.indexer_topk(sc, K, W);
+  p.K = K, p.W = W;
+  const Backend& be = supported(p, sc.qI.device(), "indexer");
+  Tensor table = Tensor::empty({p.b, p.sq, K + W}, DType::i32, sc.qI.device());
+  p.table = table.data<int32_t>();
+  be.indexer_topk(p);
+  return table;
 }
 
 Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W) {
@@ -86,18 +120,29 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
              "indexer_select: the layout must cover b = ", b, ", s = ", s, " with the rows [", q_row0, ", ",
              q_row0 + sq, ") inside");
   HMLA_CHECK(K >= 1 && W >= 0, ShapeError, "indexer_select: K = ", K, " must be >= 1 and W = ", W, " >= 0");
-  return backend(scores.device()).indexer_select(scores, layout, q_row0, K, W);
+  const Device dev = scores.device();
+  const Tensor ds = doc_start_on(layout, dev);
+  IndexerParams p;
+  p.op = IndexerOp::select;
+  p.b = b, p.sq = sq, p.s = s, p.q_row0 = q_row0, p.K = K, p.W = W;
+  p.scores = scores.data<float>();
+  p.doc_start = ds.data<int32_t>();
+  const Backend& be = supported(p, dev, "indexer_select");
+  Tensor table = Tensor::empty({b, sq, K + W}, DType::i32, dev);
+  p.table = table.data<int32_t>();
+  be.indexer_select(p);
+  return table;
 }
 
 IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
-  const Backend& be = check_kl(in);
-  IndexerKlResult r = alloc(in);
-  be.indexer_kl_dense(in, r);
-  return r;
+  Tensor ds;
+  IndexerParams p = check_kl(in, IndexerOp::kl_dense, ds);
+  return run_kl(supported(p, in.sc.qI.device(), "indexer KL"), p, in);
 }
 
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
-  const Backend& be = check_kl(in);
+  Tensor ds_dev;
+  IndexerParams p = check_kl(in, IndexerOp::kl_sparse, ds_dev);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
                  in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K,
@@ -119,9 +164,9 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
                  " lists key ", j, " twice");
     }
   }
-  IndexerKlResult r = alloc(in);
-  be.indexer_kl_sparse(in, r);
-  return r;
+  p.K = in.K, p.W = KW - in.K;
+  p.topk = idx;
+  return run_kl(supported(p, in.sc.qI.device(), "indexer sparse KL"), p, in);
 }
 
 }  // namespace hmla

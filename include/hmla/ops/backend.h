@@ -45,8 +45,7 @@ class Backend {
   virtual bool supports(const MuonParams&) const { return false; }
   virtual bool supports(const AttnDenseParams&) const { return false; }
   virtual bool supports(const AttnSparseParams&) const { return false; }
-  virtual bool supports(const IndexerScores&) const { return false; }
-  virtual bool supports(const IndexerKlInputs&) const { return false; }
+  virtual bool supports(const IndexerParams&) const { return false; }
 
   // Op entries, called with validated params.
   virtual void gemm(const GemmParams& p) const;
@@ -71,11 +70,11 @@ class Backend {
   virtual void attn_sparse_check_table(const AttnSparseParams& p) const;
   virtual void attn_sparse_fwd(const AttnSparseParams& p) const;
   virtual void attn_sparse_bwd(const AttnSparseParams& p) const;
-  virtual Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) const;
-  virtual Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K,
-                                int64_t W) const;
-  virtual void indexer_kl_dense(const IndexerKlInputs& in, IndexerKlResult& r) const;
-  virtual void indexer_kl_sparse(const IndexerKlInputs& in, IndexerKlResult& r) const;
+  virtual void indexer_topk(const IndexerParams& p) const;
+  virtual void indexer_select(const IndexerParams& p) const;
+  // The KLs return kl_sum (without coeff) and overwrite dqI, dkI, dw with the loss's gradients.
+  virtual double indexer_kl_dense(const IndexerParams& p) const;
+  virtual double indexer_kl_sparse(const IndexerParams& p) const;
 
  private:
   Device device_;

@@ -17,6 +17,35 @@
 
 namespace hmla {
 
+enum class IndexerOp { topk, select, kl_dense, kl_sparse };
+
+// The backends' params struct for every indexer op (FlashAttention's one struct per kernel
+// family): pointers on the backend's device (strides in elements where a tensor may be strided),
+// filled and validated by the entry points below; `op` says which fields are read.
+struct IndexerParams {
+  IndexerOp op = IndexerOp::topk;
+  DType dtype = DType::f32;  // of qI and kI; w, scores and every KL tensor are f32
+  int64_t b = 0, sq = 0, s = 0, HI = 0, DI = 0, q_row0 = 0;
+  const void* qI = nullptr;            // [b, sq, HI, DI] contiguous (not select)
+  const void* kI = nullptr;            // [b, s, DI] contiguous (not select)
+  const float* w = nullptr;            // [b, sq, HI] (not select)
+  const int32_t* doc_start = nullptr;  // [b, s]
+  int64_t K = 0, W = 0;                // top-k slots, then window slots, per table row
+  const float* scores = nullptr;       // select: [b, sq, s], row r holding I(q_row0 + r, j)
+  int32_t* table = nullptr;            // topk, select: the output [b, sq, K + W]
+  // The KLs.
+  int64_t H = 0, Hkv = 0, Dqk = 0;
+  const float* q = nullptr;  // [b, sq, H, Dqk], last dim contiguous
+  int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
+  const float* k = nullptr;  // [b, s, Hkv, Dqk], last dim contiguous
+  int64_t k_bstride = 0, k_rstride = 0, k_hstride = 0;
+  float scale = 0.f, coeff = 0.f;
+  const float* lse_c = nullptr;       // [b, H, sq] or null (dense KL)
+  const float* row_weight = nullptr;  // [b, sq]
+  const int32_t* topk = nullptr;      // kl_sparse: [b, sq, K + W], slots < K the candidates
+  float *dqI = nullptr, *dkI = nullptr, *dw = nullptr;  // outputs, shapes of qI, kI, w
+};
+
 // Query rows may be a slice of the key rows (context parallelism): qI, w and everything per
 // query (the table, q, lse_c, row_weight, dqI, dw) have sq rows at global positions
 // [q_row0, q_row0 + sq); kI, k and dkI have the s key rows the layout covers. Table entries are
