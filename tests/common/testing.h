@@ -29,6 +29,15 @@ inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.f) {
 
 inline std::vector<double> to_f64(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// Rows [r0, r0 + n) of a row-major [b, s, width] vector.
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& x, int64_t b, int64_t s, int64_t width, int64_t r0, int64_t n) {
+  std::vector<T> out;
+  for (int64_t bb = 0; bb < b; ++bb)
+    out.insert(out.end(), x.begin() + (bb * s + r0) * width, x.begin() + (bb * s + r0 + n) * width);
+  return out;
+}
+
 struct ErrStats {
   double max_err = 0, max_ref = 0;
 };

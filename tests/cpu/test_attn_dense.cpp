@@ -7,59 +7,24 @@
 
 #include "attn_dense_ref.h"
 #include "hmla/ops/attention.h"
+#include "op_cases.h"
 #include "testing.h"
 
 namespace hmla {
 namespace {
 
 using testing::randn;
+using testing::rows_of;
 using testing::to_f64;
 
-enum class Lay { causal, cu, end_rows };
-
-struct Case {
-  std::string name;
-  int64_t b, s, H, Hkv, Dqk, Dv;
-  Lay lay;
-  std::vector<std::vector<int64_t>> cu;  // Lay::cu, per row
-  std::vector<int64_t> end_rows;          // Lay::end_rows, [b, s]
-  bool sink = false;
-  bool v_from_k = false;  // v = first Dv channels of k (latent MQA)
-};
-
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = op_cases::AttnDenseCase;
 
 DocLayout make_layout(const Case& c) {
-  switch (c.lay) {
-    case Lay::causal: return layout_causal(c.b, c.s);
-    case Lay::cu: return layout_from_cu_seqlens(c.s, c.cu);
-    case Lay::end_rows: return layout_from_end_rows(c.b, c.s, c.end_rows);
-  }
-  return {};
+  if (!c.end_rows.empty()) return layout_from_end_rows(c.b, c.s, c.end_rows);
+  return c.cu.empty() ? layout_causal(c.b, c.s) : layout_from_cu_seqlens(c.s, c.cu);
 }
 
-std::vector<Case> cases() {
-  std::vector<int64_t> mid_pad(40);  // docs [0,10), pad 10..14, [15,40)
-  for (int64_t t = 0; t < 40; ++t) mid_pad[t] = t < 10 ? 10 : t < 15 ? 0 : 40;
-  std::vector<int64_t> ones;
-  for (int64_t i = 0; i <= 20; ++i) ones.push_back(i);
-  return {
-      {"one_doc", 1, 37, 2, 2, 16, 8, Lay::causal, {}, {}},
-      {"many_docs_tail_pad", 1, 300, 2, 2, 24, 16, Lay::cu, {{0, 50, 51, 180, 260}}, {}},
-      {"one_token_docs", 1, 20, 2, 2, 8, 8, Lay::cu, {ones}, {}},
-      {"padding_rows", 1, 40, 2, 2, 8, 8, Lay::end_rows, {}, mid_pad},
-      {"s_not_tile_multiple", 1, 333, 2, 2, 16, 16, Lay::causal, {}, {}},
-      {"long_docs_across_tiles", 1, 1100, 2, 2, 16, 8, Lay::cu, {{0, 300, 301, 900, 1090}}, {}},
-      {"h1", 1, 50, 1, 1, 12, 12, Lay::causal, {}, {}},
-      {"gqa", 2, 70, 4, 2, 16, 8, Lay::cu, {{0, 30, 70}, {0, 1, 65}}, {}},
-      {"mqa", 1, 90, 4, 1, 16, 8, Lay::cu, {{0, 45, 80}}, {}},
-      {"dqk192_dv128", 1, 80, 2, 2, 192, 128, Lay::cu, {{0, 33, 80}}, {}},
-      {"latent_576_512", 1, 70, 2, 1, 576, 512, Lay::cu, {{0, 40, 64}}, {}, false, true},
-      {"sink_one_doc", 1, 37, 2, 2, 16, 8, Lay::causal, {}, {}, true},
-      {"sink_docs_pad", 1, 300, 3, 1, 24, 16, Lay::cu, {{0, 1, 100, 260}}, {}, true},
-      {"sink_latent", 1, 70, 2, 1, 576, 512, Lay::cu, {{0, 40, 64}}, {}, true, true},
-  };
-}
+int64_t row0(const Case& c) { return std::max<int64_t>(c.q_row0, 0); }
 
 struct Inputs {
   std::vector<float> q, k, v, sink, dout;
@@ -77,6 +42,8 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   }
   if (c.sink) x.sink = randn(c.H, seed + 3);
   x.dout = randn(c.b * c.s * c.H * c.Dv, seed + 4);
+  for (int64_t bb = 0; bb < c.b; ++bb)  // a row slice: the rows before it take no gradient
+    std::fill(x.dout.begin() + bb * c.s * c.H * c.Dv, x.dout.begin() + (bb * c.s + row0(c)) * c.H * c.Dv, 0.f);
   return x;
 }
 
@@ -84,16 +51,20 @@ struct KernelResult {
   std::vector<float> out, lse, dq, dk, dv, dsink;
 };
 
+// The kernel on the case's query rows [row0, s).
 KernelResult run_kernel(const Case& c, const Inputs& x, const DocLayout& layout, float scale) {
+  const int64_t r0 = row0(c), sq = c.s - r0;
   AttnDenseInputs in;
-  in.q = Tensor::from_vector<float>({c.b, c.s, c.H, c.Dqk}, x.q);
+  in.q = Tensor::from_vector<float>({c.b, sq, c.H, c.Dqk}, rows_of(x.q, c.b, c.s, c.H * c.Dqk, r0, sq));
+  in.q_row0 = r0;
   in.k = Tensor::from_vector<float>({c.b, c.s, c.Hkv, c.Dqk}, x.k);
   in.v = c.v_from_k ? in.k.slice(3, 0, c.Dv) : Tensor::from_vector<float>({c.b, c.s, c.Hkv, c.Dv}, x.v);
   if (c.sink) in.sink = Tensor::from_vector<float>({c.H}, x.sink);
   in.layout = &layout;
   in.scale = scale;
   AttnDenseSaved sv = attn_dense_fwd(in);
-  AttnDenseGrads g = attn_dense_bwd(in, sv, Tensor::from_vector<float>({c.b, c.s, c.H, c.Dv}, x.dout));
+  AttnDenseGrads g =
+      attn_dense_bwd(in, sv, Tensor::from_vector<float>({c.b, sq, c.H, c.Dv}, rows_of(x.dout, c.b, c.s, c.H * c.Dv, r0, sq)));
   KernelResult r{sv.out.to_vector<float>(), sv.lse.to_vector<float>(), g.dq.to_vector<float>(),
                  g.dk.to_vector<float>(), g.dv.to_vector<float>(), {}};
   if (c.sink) r.dsink = g.dsink.to_vector<float>();
@@ -139,16 +110,20 @@ TEST_P(AttnDenseCases, MatchesFloat64OracleByTheRule) {
   auto o64 = ref::attn_dense_ref<double>(d, to_f64(x.q), to_f64(x.k), to_f64(x.v), ds,
                                          to_f64(x.sink), double(scale), to_f64(x.dout));
   auto o32 = ref::attn_dense_ref<float>(d, x.q, x.k, x.v, ds, x.sink, scale, x.dout);
-  testing::expect_within_rule("out", k.out, o32.out, o64.out);
-  testing::expect_within_rule("lse", k.lse, o32.lse, o64.lse);
+  // Query-row outputs on the case's rows [r0, s); dk, dv, dsink whole (dout is 0 before r0).
+  const int64_t r0 = row0(c), sq = c.s - r0;
+  auto rows = [&](const auto& v, int64_t outer, int64_t width) { return rows_of(v, outer, c.s, width, r0, sq); };
+  testing::expect_within_rule("out", k.out, rows(o32.out, c.b, c.H * c.Dv), rows(o64.out, c.b, c.H * c.Dv));
+  testing::expect_within_rule("lse", k.lse, rows(o32.lse, c.b * c.H, 1), rows(o64.lse, c.b * c.H, 1));
   const double dS = scale * dscore_terms(c, x, ds);
-  testing::expect_within_rule("dq", k.dq, o32.dq, o64.dq, dS * max_abs(x.k));
+  testing::expect_within_rule("dq", k.dq, rows(o32.dq, c.b, c.H * c.Dqk), rows(o64.dq, c.b, c.H * c.Dqk),
+                              dS * max_abs(x.k));
   testing::expect_within_rule("dk", k.dk, o32.dk, o64.dk, dS * max_abs(x.q) * (c.H / c.Hkv));
   testing::expect_within_rule("dv", k.dv, o32.dv, o64.dv);
   if (c.sink) testing::expect_within_rule("dsink", k.dsink, o32.dsink, o64.dsink);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, AttnDenseCases, ::testing::ValuesIn(cases()),
+INSTANTIATE_TEST_SUITE_P(Table, AttnDenseCases, ::testing::ValuesIn(op_cases::attn_dense()),
                          [](const auto& info) { return info.param.name; });
 
 // The oracle's own gradients against central finite differences of L = sum(out * dout).
@@ -172,7 +147,7 @@ TEST(AttnDenseOracle, GradientsMatchFiniteDifferences) {
 }
 
 TEST(AttnDense, EmptyRowsAreZeroWithInfiniteLse) {
-  Case c{"all_padding", 1, 9, 2, 1, 8, 8, Lay::end_rows, {}, std::vector<int64_t>(9, 0), true};
+  Case c{"all_padding", 1, 9, 2, 1, 8, 8, {}, std::vector<int64_t>(9, 0), true};
   Inputs x = make_inputs(c, 7);
   DocLayout layout = make_layout(c);
   KernelResult k = run_kernel(c, x, layout, 0.3f);
@@ -189,7 +164,7 @@ std::vector<uint32_t> bits(const std::vector<float>& v) {
 }
 
 TEST(AttnDense, DeterministicAcrossRunsAndThreadCounts) {
-  Case c{"det", 2, 200, 4, 4, 32, 16, Lay::cu, {{0, 70, 200}, {0, 130, 190}}, {}, true};
+  Case c{"det", 2, 200, 4, 4, 32, 16, {{0, 70, 200}, {0, 130, 190}}, {}, true};
   Inputs x = make_inputs(c, 11);
   DocLayout layout = make_layout(c);
   KernelResult a = run_kernel(c, x, layout, 0.2f), b = run_kernel(c, x, layout, 0.2f);
@@ -217,7 +192,7 @@ TEST(AttnDense, DeterministicAcrossRunsAndThreadCounts) {
 // Peak bytes of one forward + backward above the inputs: outputs plus O(threads) tiles, linear
 // in s. An [s, s] f32 matrix would be 16 MiB at s = 2048.
 size_t peak_above_inputs(int64_t s) {
-  Case c{"mem", 1, s, 1, 1, 16, 16, Lay::causal, {}, {}};
+  Case c{"mem", 1, s, 1, 1, 16, 16};
   Inputs x = make_inputs(c, 3);
   DocLayout layout = make_layout(c);
   AttnDenseInputs in;

@@ -19,14 +19,7 @@ namespace {
 using testing::randn;
 using testing::to_f64;
 
-// Rows [r0, r0 + n) of a row-major [b, s, width] vector.
-template <class T>
-std::vector<T> rows_of(const std::vector<T>& x, int64_t b, int64_t s, int64_t width, int64_t r0, int64_t n) {
-  std::vector<T> out;
-  for (int64_t bb = 0; bb < b; ++bb)
-    out.insert(out.end(), x.begin() + (bb * s + r0) * width, x.begin() + (bb * s + r0 + n) * width);
-  return out;
-}
+using testing::rows_of;
 
 // Writes a slice's rows back into the full [b, s, width] vector.
 template <class T>

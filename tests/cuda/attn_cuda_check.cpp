@@ -12,6 +12,7 @@
 #include "check_util.h"
 #include "hmla/core/cuda.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/backend.h"
 #include "runtime.h"
 
 namespace hmla::cuda_check {
@@ -95,24 +96,27 @@ std::vector<T> rows_from(const std::vector<T>& x, int64_t outer, int64_t s, int6
   return v;
 }
 
-DocLayout layout_of(const Case& c) { return c.cu.empty() ? layout_causal(c.b, c.s) : layout_from_cu_seqlens(c.s, c.cu); }
+DocLayout layout_of(const Case& c) {
+  if (!c.end_rows.empty()) return layout_from_end_rows(c.b, c.s, c.end_rows);
+  return c.cu.empty() ? layout_causal(c.b, c.s) : layout_from_cu_seqlens(c.s, c.cu);
+}
 
 }  // namespace
 
 std::vector<Case> cases() {
-  return {
-      {"mha_128_one_doc", 1, 300, 2, 2, 128, 128, {}},
-      {"mha_192_128_docs_pad", 1, 333, 2, 2, 192, 128, {{0, 50, 51, 180, 300}}},
-      {"gqa_128_b2", 2, 200, 4, 2, 128, 128, {{0, 70, 200}, {0, 1, 150}}},
-      {"mqa_256_sink", 1, 260, 4, 1, 256, 256, {{0, 100, 230}}, true},
-      {"latent_576_512_sink", 1, 150, 2, 1, 576, 512, {{0, 64, 140}}, true, true},
-      {"mha_192_128_row_slice", 1, 256, 2, 2, 192, 128, {{0, 90, 256}}, false, false, 100},
-  };
+  std::vector<Case> rows;
+  for (const Case& c : op_cases::attn_dense()) {
+    AttnDenseParams p;
+    p.dtype = DType::bf16;
+    p.Dqk = c.Dqk, p.Dv = c.Dv;
+    if (cuda_backend() && cuda_backend()->supports(p)) rows.push_back(c);
+  }
+  return rows;
 }
 
 bool device_available() { return cuda_built() && cuda_device_count() > 0; }
 
-CaseResult check_case(const Case& c, uint64_t seed, Device dev) {
+CaseResult check_case(const Case& c, uint64_t seed, Device dev, float kernel_scale_factor) {
   CaseResult res{c.name, {}, false, false};
   const DocLayout layout = layout_of(c);
   const int64_t r0 = std::max<int64_t>(c.q_row0, 0), sq = c.s - r0;
@@ -136,7 +140,7 @@ CaseResult check_case(const Case& c, uint64_t seed, Device dev) {
   in.v = c.v_from_k ? in.k.slice(3, 0, c.Dv) : put({c.b, c.s, c.Hkv, c.Dv}, v, dev);
   if (c.sink) in.sink = Tensor::from_vector<float>({c.H}, sink).to(dev);
   in.layout = &layout;
-  in.scale = scale * c.kernel_scale_factor;
+  in.scale = scale * kernel_scale_factor;
   in.q_row0 = r0;
   const Tensor dout_dev = put({c.b, sq, c.H, c.Dv}, rows_from(dout, c.b, c.s, c.H * c.Dv, r0), dev);
   std::vector<std::vector<float>> run[2];

@@ -15,20 +15,13 @@
 #include <vector>
 
 #include "hmla/core/allocator.h"
+#include "op_cases.h"
 
 namespace hmla::cuda_check {
 
-struct Case {
-  std::string name;
-  int64_t b, s, H, Hkv, Dqk, Dv;
-  std::vector<std::vector<int64_t>> cu;  // cu_seqlens per row; empty: one causal document per row
-  bool sink = false;
-  bool v_from_k = false;   // v = the first Dv channels of k (latent MQA)
-  int64_t q_row0 = -1;     // >= 0: query rows [q_row0, s) only (a context-parallel shard)
-  float kernel_scale_factor = 1.f;  // != 1 only in the harness's self-test: a wrong kernel must fail
-};
-inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+using Case = op_cases::AttnDenseCase;
 
+// The rows of the dense attention's case table (op_cases.h) the CUDA backend supports.
 std::vector<Case> cases();
 
 struct TensorErr {
@@ -48,7 +41,8 @@ struct CaseResult {
 bool device_available();
 // Runs the case on `dev`: the bf16 GPU kernels on Device::cuda; on Device::cpu the f32 CPU kernels
 // on the same bf16-valued inputs (what the harness's own tests check the rule with).
-CaseResult check_case(const Case& c, uint64_t seed, Device dev = Device::cuda);
+// kernel_scale_factor != 1 only in the harness's self-test: a wrong kernel must fail.
+CaseResult check_case(const Case& c, uint64_t seed, Device dev = Device::cuda, float kernel_scale_factor = 1.f);
 
 struct BenchShape {
   int64_t s, H, Dqk, Dv, docs;

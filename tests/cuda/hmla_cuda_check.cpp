@@ -42,17 +42,17 @@ int main(int argc, char** argv) {
         std::cout << r.json() << std::endl;
         ok &= r.ok;
       }
-      for (const IndexerCheck& r : {check_select(300, 64, 0, 0, 1), check_select(300, 16, 5, 100, 2),
-                                    check_select(3000, 2048, 0, 0, 3), check_select(3000, 2048, 64, 1000, 4),
-                                    check_topk(300, 64, 128, 32, 4, 5), check_topk(600, 16, 32, 256, 0, 6)}) {
+      for (const hmla::op_cases::IndexerSelectCase& c : hmla::op_cases::indexer_select()) {
+        const IndexerCheck r = check_select(c.s, c.K, c.W, c.q_row0, 1);
         std::cout << r.json() << std::endl;
         ok &= r.ok;
       }
-      for (const SparseCase& c : {SparseCase{"sparse_576_512_h16", 1, 96, 16, 576, 512, 24, 4, false},
-                                  SparseCase{"sparse_576_512_h64_b2_sink", 2, 48, 64, 576, 512, 16, 0, true},
-                                  SparseCase{"sparse_128_128_h128", 1, 48, 128, 128, 128, 40, 8, true},
-                                  SparseCase{"sparse_192_160_h32_kw140", 1, 140, 32, 192, 160, 100, 40, true},
-                                  SparseCase{"sparse_k0_window_only", 1, 64, 16, 128, 128, 0, 12, false}}) {
+      for (const hmla::op_cases::IndexerTopkCase& c : hmla::op_cases::indexer_topk()) {
+        const IndexerCheck r = check_topk(c.s, c.HI, c.DI, c.K, c.W, 5);
+        std::cout << r.json() << std::endl;
+        ok &= r.ok;
+      }
+      for (const SparseCase& c : sparse_cases()) {
         const SparseResult r = check_sparse(c, 3);
         std::cout << r.json() << std::endl;
         ok &= r.ok;

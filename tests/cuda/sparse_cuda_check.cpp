@@ -14,6 +14,7 @@
 #include "cuda_kernels.h"
 #include "runtime.h"
 #include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/sparse_attention.h"
 
 namespace hmla::cuda_check {
@@ -21,24 +22,6 @@ namespace hmla::cuda_check {
 namespace {
 
 // Causal tables: up to K distinct keys of [0, t] with -1 holes, then a window of W more.
-std::vector<int32_t> table(int64_t b, int64_t s, int64_t K, int64_t W, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> idx(b * s * (K + W), -1);
-  for (int64_t r = 0; r < b * s; ++r) {
-    const int64_t t = r % s;
-    if (t % 11 == 5) continue;  // empty rows
-    const bool window_only = t % 13 == 7;  // no candidate, only window keys
-    std::vector<int32_t> keys(t + 1);
-    std::iota(keys.begin(), keys.end(), 0);
-    std::shuffle(keys.begin(), keys.end(), rng);
-    int64_t n = 0;
-    for (int64_t i = 0; i < K && n < int64_t(keys.size()) && !window_only; ++i)
-      if (rng() % 5) idx[r * (K + W) + i] = keys[n++];
-    for (int64_t i = 0; i < W && n < int64_t(keys.size()); ++i) idx[r * (K + W) + K + i] = keys[n++];
-  }
-  return idx;
-}
-
 // Naive bf16 forward and backward: scores, P, dP, dS and every output rounded to bf16, f32 sums.
 struct Naive {
   std::vector<float> out, lse, lse_c, dq, dkv, dsink;
@@ -110,6 +93,17 @@ Naive naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const st
 
 }  // namespace
 
+std::vector<SparseCase> sparse_cases() {
+  std::vector<SparseCase> rows;
+  for (const SparseCase& c : op_cases::attn_sparse()) {
+    AttnSparseParams p;
+    p.dtype = DType::bf16;
+    p.H = c.H, p.Dqk = c.Dqk, p.Dv = c.Dv;
+    if (cuda_backend() && cuda_backend()->supports(p) && c.H % 16 == 0) rows.push_back(c);
+  }
+  return rows;
+}
+
 SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float scale_factor, float bwd_factor) {
   SparseResult r{c.name};
   std::mt19937_64 rng(seed);
@@ -120,7 +114,7 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float 
   std::vector<float> snk;
   if (c.sink)
     for (int64_t h = 0; h < c.H; ++h) snk.push_back(rbf(nd(rng)));
-  const auto idx = table(c.b, c.s, c.K, c.W, seed + 1);
+  const auto idx = op_cases::sparse_table(c, seed + 1);
   const float scale = 1.f / std::sqrt(float(c.Dqk));
   AttnSparseInputs in{put({c.b, c.s, c.H, c.Dqk}, q, dev), put({c.b, c.s, c.Dqk}, kv, dev), c.Dv,
                       Tensor::from_vector<int32_t>({c.b, c.s, c.K + c.W}, idx).to(dev), c.K,

@@ -6,15 +6,18 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "hmla/core/allocator.h"
+#include "op_cases.h"
 
 namespace hmla::cuda_check {
 
-struct SparseCase {
-  std::string name;
-  int64_t b, s, H, Dqk, Dv, K, W;
-  bool sink;
-};
+using SparseCase = op_cases::AttnSparseCase;
+
+// The rows of the sparse attention's case table (op_cases.h) the CUDA backend supports, forward
+// and backward (H a multiple of 16).
+std::vector<SparseCase> sparse_cases();
 
 struct SparseResult {
   std::string name;

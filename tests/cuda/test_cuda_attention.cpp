@@ -1,5 +1,7 @@
-// The CUDA dense attention against the CPU references (attn_cuda_check.h has the rule); skipped
-// without a device. Label gpu.
+// The CUDA backend's rows of the op case tables (op_cases.h) against the references of the
+// attn/sparse/indexer_cuda_check harnesses (the bf16 rule), and the harnesses' own self-tests on
+// the CPU. Built twice: against the device (label gpu, skipped without one) and against the SIMT
+// emulator (tests/cuda/emu, label emu).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,6 +13,9 @@
 
 namespace hmla {
 namespace {
+
+using op_cases::IndexerSelectCase;
+using op_cases::IndexerTopkCase;
 
 class CudaAttention : public ::testing::TestWithParam<cuda_check::Case> {};
 
@@ -24,45 +29,57 @@ TEST_P(CudaAttention, MatchesTheReferencesAndIsDeterministic) {
 INSTANTIATE_TEST_SUITE_P(Table, CudaAttention, ::testing::ValuesIn(cuda_check::cases()),
                          [](const auto& info) { return info.param.name; });
 
-TEST(CudaIndexer, SelectionFromTheSameScoresIsTheCpuTable) {
+class CudaSparse : public ::testing::TestWithParam<cuda_check::SparseCase> {};
+
+TEST_P(CudaSparse, MatchesTheReferencesAndIsDeterministic) {
   if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& r : {cuda_check::check_select(300, 64, 0, 0, 1), cuda_check::check_select(300, 16, 5, 100, 2),
-                        cuda_check::check_select(3000, 2048, 0, 0, 3), cuda_check::check_select(3000, 2048, 64, 1000, 4)})
-    EXPECT_TRUE(r.ok) << r.json();
+  const auto r = cuda_check::check_sparse(GetParam(), 3);
+  EXPECT_TRUE(r.ok) << r.json();
 }
 
-TEST(CudaIndexer, TopkFromBf16InputsMatchesTheReferenceSets) {
-  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& r : {cuda_check::check_topk(300, 64, 128, 32, 4, 5), cuda_check::check_topk(600, 16, 32, 256, 0, 6)})
-    EXPECT_TRUE(r.ok) << r.json();
-}
+INSTANTIATE_TEST_SUITE_P(Table, CudaSparse, ::testing::ValuesIn(cuda_check::sparse_cases()),
+                         [](const auto& info) { return info.param.name; });
 
-const std::vector<cuda_check::SparseCase> kSparseCases{
-    {"sparse_576_512_h16", 1, 96, 16, 576, 512, 24, 4, false},
-    {"sparse_576_512_h64_b2_sink", 2, 48, 64, 576, 512, 16, 0, true},
-    {"sparse_128_128_h128", 1, 48, 128, 128, 128, 40, 8, true},
-    {"sparse_192_160_h32_kw140", 1, 140, 32, 192, 160, 100, 40, true},  // compaction over 2 rounds, partial chunk and head group
-    {"sparse_k0_window_only", 1, 64, 16, 128, 128, 0, 12, false},
-};
-
-TEST(CudaSparse, ForwardMatchesTheReferencesAndIsDeterministic) {
+TEST(CudaSparse, ChunkedBackwardAndTheTableCheck) {
   if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
-  for (const auto& c : kSparseCases) {
-    const auto r = cuda_check::check_sparse(c, 3);
-    EXPECT_TRUE(r.ok) << r.json();
-  }
   // The backward's dkv a row at a time (a workspace of one row): many chunks, the same result.
+  const auto rows = cuda_check::sparse_cases();
+  ASSERT_FALSE(rows.empty());
   setenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES", "1", 1);
-  const auto chunked = cuda_check::check_sparse(kSparseCases[3], 3);
+  const auto chunked = cuda_check::check_sparse(rows.back(), 3);
   unsetenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES");
   EXPECT_TRUE(chunked.ok) << chunked.json();
   EXPECT_TRUE(cuda_check::sparse_rejects_duplicates());
 }
 
+class CudaIndexerSelect : public ::testing::TestWithParam<IndexerSelectCase> {};
+
+TEST_P(CudaIndexerSelect, FromTheSameScoresIsTheCpuTable) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  const IndexerSelectCase& c = GetParam();
+  const auto r = cuda_check::check_select(c.s, c.K, c.W, c.q_row0, 1);
+  EXPECT_TRUE(r.ok) << r.json();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CudaIndexerSelect, ::testing::ValuesIn(op_cases::indexer_select()),
+                         [](const auto& info) { return info.param.name; });
+
+class CudaIndexerTopk : public ::testing::TestWithParam<IndexerTopkCase> {};
+
+TEST_P(CudaIndexerTopk, FromBf16InputsMatchesTheReferenceSets) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  const IndexerTopkCase& c = GetParam();
+  const auto r = cuda_check::check_topk(c.s, c.HI, c.DI, c.K, c.W, 5);
+  EXPECT_TRUE(r.ok) << r.json();
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, CudaIndexerTopk, ::testing::ValuesIn(op_cases::indexer_topk()),
+                         [](const auto& info) { return info.param.name; });
+
 // The sparse rule passes the f32 CPU kernel and fails a 2% scale error, and a backward fed a
 // grad_output 2% off (the forward then passes).
 TEST(CudaCheckHarness, TheSparseRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
-  for (const auto& c : kSparseCases) {
+  for (const auto& c : cuda_check::sparse_cases()) {
     const auto good = cuda_check::check_sparse(c, 3, Device::cpu);
     EXPECT_TRUE(good.ok) << good.json();
     const auto bad = cuda_check::check_sparse(c, 3, Device::cpu, 1.02f);
@@ -76,19 +93,18 @@ TEST(CudaCheckHarness, TheSparseRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
 // The harness itself, on the CPU: hmla's f32 kernels pass the bf16 rule on every case (a right
 // kernel passes), and a kernel with a 2% error in its softmax scale fails it (a wrong one fails).
 TEST(CudaCheckHarness, TheRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
-  for (cuda_check::Case c : cuda_check::cases()) {
+  for (const cuda_check::Case& c : cuda_check::cases()) {
     cuda_check::CaseResult good = cuda_check::check_case(c, 7, Device::cpu);
     EXPECT_TRUE(good.ok) << good.json();
-    c.kernel_scale_factor = 1.02f;
-    cuda_check::CaseResult bad = cuda_check::check_case(c, 7, Device::cpu);
+    cuda_check::CaseResult bad = cuda_check::check_case(c, 7, Device::cpu, 1.02f);
     EXPECT_FALSE(bad.ok) << bad.json();
   }
 }
 
 // The indexer check's set comparison passes hmla's f32 CPU top-k on the same inputs.
 TEST(CudaCheckHarness, TheTopkComparisonAcceptsTheCpuSelection) {
-  for (const auto& r : {cuda_check::check_topk(300, 64, 128, 32, 4, 5, Device::cpu),
-                        cuda_check::check_topk(600, 16, 32, 256, 0, 6, Device::cpu)}) {
+  for (const IndexerTopkCase& c : op_cases::indexer_topk()) {
+    const auto r = cuda_check::check_topk(c.s, c.HI, c.DI, c.K, c.W, 5, Device::cpu);
     EXPECT_TRUE(r.ok) << r.json();
     EXPECT_GT(r.rows_compared, r.rows / 2) << r.json();
   }
