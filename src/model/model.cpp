@@ -61,7 +61,8 @@ struct LayerSaved {
 };
 
 struct Forward {
-  Tensor ids;  // this rank's token ids [b, s] (its row shard)
+  Tensor ids;    // this rank's token ids [b, s] (its row shard)
+  Tensor arena;  // activation_table's tensors, viewed by the fields below
   std::vector<LayerSaved> layers;
   Tensor h_final, rstd_final, n_final;  // before/after model.norm
   Tensor logits;                        // [N, V], only when asked for (model_logits)
@@ -115,42 +116,48 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   const ModelConfig& c = m.cfg;
   const Tensor local_ids = shard_ids(batch, cp);
   const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
-                I = c.intermediate_size, V = c.vocab_size;
+                V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Forward f;
   f.ids = local_ids;
-  Tensor h = Tensor::empty({b, s, hid}, DType::f32);
+  // Every activation outside the attention, from one arena of activation_table (names resolved
+  // once per forward, here).
+  const std::vector<ParamSpec> table = activation_table(c, N);
+  f.arena = Tensor::empty({table_numel(table)}, DType::f32);
+  const io::TensorMap act = arena_views(table, f.arena);
+  Tensor h = act.at("embed").view({b, s, hid});
   embedding_fwd(local_ids, m.w.embed_tokens, h);
   f.layers.resize(c.num_hidden_layers);
   const RopeCache rope = rope_cache(c, s, row_shard(cp, batch.input_ids.size(1)).row0);  // one per forward
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const std::string pre = "layers." + std::to_string(L) + ".";
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
     sv.h_in = h;
-    sv.rstd1 = Tensor::empty({N}, DType::f32);
-    sv.a = Tensor::empty({b, s, hid}, DType::f32);
+    sv.rstd1 = act.at(pre + "rstd1");
+    sv.a = act.at(pre + "a").view({b, s, hid});
     rmsnorm_fwd(h, m.w.layers[L].input_layernorm, eps, sv.a, sv.rstd1);
     MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
-    sv.h_mid = Tensor::empty({b, s, hid}, DType::f32);
+    sv.h_mid = act.at(pre + "h_mid").view({b, s, hid});
     add(h, y, sv.h_mid);
-    sv.rstd2 = Tensor::empty({N}, DType::f32);
-    sv.mn = Tensor::empty({N, hid}, DType::f32);
+    sv.rstd2 = act.at(pre + "rstd2");
+    sv.mn = act.at(pre + "mn");
     rmsnorm_fwd(sv.h_mid, m.w.layers[L].post_attention_layernorm, eps, sv.mn, sv.rstd2);
-    sv.g = Tensor::empty({N, I}, DType::f32);
-    sv.u = Tensor::empty({N, I}, DType::f32);
-    sv.act = Tensor::empty({N, I}, DType::f32);
+    sv.g = act.at(pre + "g");
+    sv.u = act.at(pre + "u");
+    sv.act = act.at(pre + "act");
     linear_fwd(sv.mn, m.w.layers[L].gate_proj, sv.g);
     linear_fwd(sv.mn, m.w.layers[L].up_proj, sv.u);
     swiglu_fwd(sv.g, sv.u, sv.act);
-    h = Tensor::empty({b, s, hid}, DType::f32);
+    h = act.at(pre + "out").view({b, s, hid});
     linear_fwd(sv.act, m.w.layers[L].down_proj, h);
     add(h, sv.h_mid, h);
   }
   f.h_final = h;
-  f.rstd_final = Tensor::empty({N}, DType::f32);
-  f.n_final = Tensor::empty({N, hid}, DType::f32);
+  f.rstd_final = act.at("norm.rstd");
+  f.n_final = act.at("norm.out");
   rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
   if (logits) {
     f.logits = Tensor::empty({N, V}, DType::f32);
@@ -219,6 +226,20 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
   return t;
 }
 
+std::vector<ParamSpec> activation_table(const ModelConfig& c, int64_t N) {
+  const int64_t hid = c.hidden_size, I = c.intermediate_size;
+  std::vector<ParamSpec> t{{"embed", {N, hid}}};
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const std::string pre = "layers." + std::to_string(L) + ".";
+    for (const char* name : {"a", "h_mid", "mn", "out"}) t.push_back({pre + name, {N, hid}});
+    for (const char* name : {"rstd1", "rstd2"}) t.push_back({pre + name, {N}});
+    for (const char* name : {"g", "u", "act"}) t.push_back({pre + name, {N, I}});
+  }
+  t.push_back({"norm.out", {N, hid}});
+  t.push_back({"norm.rstd", {N}});
+  return t;
+}
+
 int64_t table_numel(const std::vector<ParamSpec>& table) {
   int64_t n = 0;
   for (const ParamSpec& p : table) n += shape_numel(p.shape);
@@ -267,6 +288,15 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
                  std::to_string(total) + " values" + (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
 }
 
+void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s) {
+  const int64_t f = sizeof(float);
+  const SizeFactor layers{"num_hidden_layers", c.num_hidden_layers}, hid{"hidden_size", c.hidden_size};
+  plan.add("the layers' hidden states", {layers, {"4", 4}, rows, s, hid}, f);
+  plan.add("the MLP activations", {layers, {"3", 3}, rows, s, {"intermediate_size", c.intermediate_size}}, f);
+  plan.add("the embedding's and the final norm's outputs", {{"2", 2}, rows, s, hid}, f);
+  plan.add("the RMSNorm statistics", {{"2 x num_hidden_layers + 1", 2 * c.num_hidden_layers + 1}, rows, s}, f);
+}
+
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
                       bool training) {
   const int64_t f = sizeof(float);
@@ -279,8 +309,7 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   } else {
     plan.add("the logits", {rows, s, V}, f);
   }
-  plan.add("the layers' hidden states", {layers, {"4", 4}, rows, s, {"hidden_size", c.hidden_size}}, f);
-  plan.add("the MLP activations", {layers, {"3", 3}, rows, s, {"intermediate_size", c.intermediate_size}}, f);
+  plan_activation_table(plan, c, rows, s);
   std::map<LayerMode, int64_t> count;
   for (LayerMode m : c.layer_modes) ++count[m];
   for (const auto& [mode, n] : count) {

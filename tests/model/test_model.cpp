@@ -41,6 +41,19 @@ TEST(Model, TableArenaAndMoeRefusal) {
   EXPECT_THROW(build_model(parse_model_config(j, "moe"), {false, true}), ConfigError);
 }
 
+// The activations outside the attention come from one arena of activation_table, and the memory
+// plan counts exactly that table, before anything is allocated.
+TEST(Model, TheActivationPlanCountsTheActivationTable) {
+  const ModelConfig c = tiny({"mha", "dsa_warmup"});
+  MemoryPlan plan;
+  plan_activation_table(plan, c, {"rows", 3}, {"s", 17});
+  const std::vector<ParamSpec> t = activation_table(c, 3 * 17);
+  EXPECT_EQ(plan.total(), int64_t(sizeof(float)) * table_numel(t));
+  EXPECT_EQ(t.size(), size_t(3 + 9 * c.num_hidden_layers));
+  EXPECT_EQ(t.front().name, "embed");
+  EXPECT_EQ(t.back().shape, Shape({3 * 17}));
+}
+
 // Moves tensor `name` by +-eps along its gradient g / |g|: the loss's slope there must be |g|
 // (central difference; 2% plus an absolute floor for the curvature over 2 eps).
 template <class Loss>

@@ -24,6 +24,14 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
 io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& arena);
 int64_t table_numel(const std::vector<ParamSpec>& table);
 
+// The activations a forward keeps outside the attention, over N = rows x s tokens, in arena order:
+// "embed" (the embedding's output), per layer "layers.{L}." a, rstd1 (input_layernorm's output and
+// statistics), h_mid (after attention), mn, rstd2 (post_attention_layernorm), g, u, act (SwiGLU's
+// inputs and output), out (the layer's output), then "norm.out", "norm.rstd". A forward takes them
+// from one arena of this table; plan_activations counts the same table. The attention's own saved
+// tensors are planned by mla_memory_plan.
+std::vector<ParamSpec> activation_table(const ModelConfig& c, int64_t N);
+
 // Memory plans (size_check.h): the parameters of this config (training: with their gradients and
 // the optimizer's moments), and what a forward over rows x s tokens keeps (logits, each layer's
 // hidden states, MLP activations and attention, mla_memory_plan; training: the logits' gradient).
@@ -31,6 +39,8 @@ int64_t table_numel(const std::vector<ParamSpec>& table);
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training);
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
                       bool training);
+// The part of it that is activation_table (overflow-checked: it runs before anything is allocated).
+void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s);
 
 struct Model {
   ModelConfig cfg;
