@@ -86,10 +86,11 @@ void add_layer_command(CLI::App& app) {
     MlaLayer L;
     L.cfg = &cfg;
     L.layer = o->layer;
-    L.weights = io::load_checkpoint_tensors(o->weights);
-    check_mla_weights(L.weights, cfg, false, is_dsa(mode), o->weights);
+    const io::TensorMap weights = io::load_checkpoint_tensors(o->weights);
+    check_mla_weights(weights, cfg, false, is_dsa(mode), o->weights);
+    L.w = attn_tensors(weights);
     if (settings.mqa_split_kv_b_proj) {
-      split_kv_b_proj(L.weights, cfg);
+      split_kv_b_proj(L.w, cfg);
       L.split_kv_b_proj = true;
     }
 
@@ -132,7 +133,7 @@ void add_layer_command(CLI::App& app) {
     if (L.split_kv_b_proj) fold_kv_b_proj(g.dweights, cfg);
     io::TensorMap out{{"output", cp_all_gather_rows(cp, y)}};
     if (g.dx.defined()) out["grad.hidden_states"] = cp_all_gather_rows(cp, g.dx);
-    for (auto& [name, t] : g.dweights) {
+    for (auto& [name, t] : attn_tensor_map(g.dweights)) {
       cp.allreduce_sum(t.data<float>(), t.numel());
       out["grad." + name] = t;
     }

@@ -143,7 +143,7 @@ void mla_drop_core(MlaSaved& sv) {
 }
 
 void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, const Comm& cp) {
-  run_core(L, attn_tensors(L.weights), sv, dims(*L.cfg, x, layout, cp), layout);
+  run_core(L, L.w, sv, dims(*L.cfg, x, layout, cp), layout);
 }
 
 std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split, bool indexer) {
@@ -193,30 +193,26 @@ void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split,
 }
 
 // kv_b_proj [H (Dn + Dv), Rkv] viewed per head: rows [0, Dn) are W_kb_h, rows [Dn, Dn + Dv) W_vb_h.
-void split_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
+void split_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
-  auto it = w.find("kv_b_proj.weight");
-  HMLA_CHECK(it != w.end(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
-  const Tensor heads = it->second.view({H, Dn + Dv, Rkv});
-  Tensor kb = f32({H, Rkv, Dn}), vb = f32({H, Dv, Rkv});
-  kb.copy_from(heads.slice(1, 0, Dn).transpose(1, 2));
-  vb.copy_from(heads.slice(1, Dn, Dn + Dv));
-  w.erase(it);
-  w["k_b_proj.weight"] = kb;
-  w["v_b_proj.weight"] = vb;
+  HMLA_CHECK(w.kv_b_proj.defined(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
+  const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
+  w.k_b_proj = f32({H, Rkv, Dn});
+  w.v_b_proj = f32({H, Dv, Rkv});
+  w.k_b_proj.copy_from(heads.slice(1, 0, Dn).transpose(1, 2));
+  w.v_b_proj.copy_from(heads.slice(1, Dn, Dn + Dv));
+  w.kv_b_proj = Tensor();
 }
 
-void fold_kv_b_proj(io::TensorMap& w, const ModelConfig& c) {
+void fold_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
-  HMLA_CHECK(w.count("k_b_proj.weight") && w.count("v_b_proj.weight"), ConfigError,
+  HMLA_CHECK(w.k_b_proj.defined() && w.v_b_proj.defined(), ConfigError,
              "fold_kv_b_proj: k_b_proj.weight and v_b_proj.weight are required");
-  Tensor kvb = f32({H * (Dn + Dv), Rkv});
-  const Tensor heads = kvb.view({H, Dn + Dv, Rkv});
-  heads.slice(1, 0, Dn).copy_from(w.at("k_b_proj.weight").transpose(1, 2));
-  heads.slice(1, Dn, Dn + Dv).copy_from(w.at("v_b_proj.weight"));
-  w.erase("k_b_proj.weight");
-  w.erase("v_b_proj.weight");
-  w["kv_b_proj.weight"] = kvb;
+  w.kv_b_proj = f32({H * (Dn + Dv), Rkv});
+  const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
+  heads.slice(1, 0, Dn).copy_from(w.k_b_proj.transpose(1, 2));
+  heads.slice(1, Dn, Dn + Dv).copy_from(w.v_b_proj);
+  w.k_b_proj = w.v_b_proj = Tensor();
 }
 
 Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, Comm& cp) {
@@ -233,7 +229,7 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
              sv.rope.cos.size(0), " rows, the input ", d.s);
   const RopeCache& rc = sv.rope;
   const Tensor x2 = x.view({d.N, d.hid});
-  const AttnTensors w = attn_tensors(L.weights);
+  const AttnTensors& w = L.w;
 
   sv.q = f32({d.N, d.H, d.Dqk});
   const Tensor q2 = sv.q.view({d.N, d.H * d.Dqk});
@@ -295,6 +291,14 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
 
 namespace {
 
+// New zero gradients for the weights of w (the indexer's, or the backbone's) that g has none for.
+void zeros_where_missing(AttnTensors w, AttnTensors& g, bool indexer) {
+  const std::vector<Tensor*> wf = fields(w), gf = fields(g);
+  const size_t first = wf.size() - kIndexerFields;
+  for (size_t i = indexer ? first : 0; i < (indexer ? wf.size() : first); ++i)
+    if (wf[i]->defined() && !gf[i]->defined()) *gf[i] = Tensor::zeros(wf[i]->shape(), DType::f32);
+}
+
 // dsa_warmup: the dense KL against the MHA core's detached q/k (its lse is lseC unless a sink is
 // in the denominator). dsa_sparse: the sparse KL over S(t) against the latent core's detached
 // qabs/ka, with lseC saved by the sparse forward.
@@ -321,10 +325,8 @@ void indexer_grads(const MlaLayer& L, const AttnTensors& w, const Tensor& x, con
     if (!cfg.attention_sink) in.lse_c = sv.att.lse;
   }
   IndexerKlResult kl = sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
-  for (const ParamSpec& p : indexer_param_table(cfg))
-    if (!g.dweights.count(p.name)) g.dweights[p.name] = Tensor::zeros(p.shape, DType::f32);
-  indexer_backward(cfg, w.indexer, x, sv.cq, sv.rope, sv.ind, kl,
-                   attn_tensors(g.dweights).indexer, cp);
+  zeros_where_missing(w, g.dweights, true);
+  indexer_backward(cfg, w.indexer, x, sv.cq, sv.rope, sv.ind, kl, g.dweights.indexer, cp);
   g.indexer_loss = kl.loss;
   g.indexer_kl = kl.kl_sum;
 }
@@ -335,7 +337,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
                       const Tensor& dy, const MlaBackwardOptions& opt, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
   const Dims d = dims(cfg, x, layout, cp);
-  const AttnTensors w = attn_tensors(L.weights);
+  const AttnTensors& w = L.w;
   MlaGrads g;
   g.dweights = opt.grads;  // views: the gradients land in the caller's tensors
   if (is_dsa(L.mode())) indexer_grads(L, w, x, sv, d, opt, g, cp);
@@ -345,9 +347,8 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
              shape_str(dy.shape()));
   const RopeCache& rc = sv.rope;
   const Tensor x2 = x.view({d.N, d.hid});
-  for (const ParamSpec& p : mla_param_table(cfg, L.split_kv_b_proj))
-    if (!g.dweights.count(p.name)) g.dweights[p.name] = Tensor::zeros(p.shape, DType::f32);
-  const AttnTensors dw = attn_tensors(g.dweights);
+  zeros_where_missing(w, g.dweights, false);
+  const AttnTensors& dw = g.dweights;
 
   // o_proj
   Tensor dO = f32({d.N, d.H, d.Dv});

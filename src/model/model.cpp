@@ -24,31 +24,19 @@ bool is_moe_layer(const ModelConfig& c, int64_t L) {
 
 bool split_kv_b_proj_at(const Model& m, int64_t L) { return m.split_kv_b_proj && latent_mqa_enabled(m.cfg, L); }
 
-// The attention's tensors of layer L as a TensorMap without the prefix (views of the arena, which
-// holds kv_b_proj; k_b_proj/v_b_proj are copies split from it where split_kv_b_proj_at).
-io::TensorMap layer_attn(const Model& m, int64_t L) {
-  io::TensorMap w;
-  const std::string pre = layer_prefix(L) + "self_attn.";
-  for (const ParamSpec& p : mla_param_table(m.cfg, false, m.has_indexer[L])) w[p.name] = m.params.at(pre + p.name);
+// The attention's tensors of layer L: views of the arena, which holds kv_b_proj; k_b_proj/v_b_proj
+// are copies split from it where split_kv_b_proj_at.
+AttnTensors layer_attn(const Model& m, int64_t L) {
+  AttnTensors w = m.w.layers[L].attn;
   if (split_kv_b_proj_at(m, L)) split_kv_b_proj(w, m.cfg);
   return w;
-}
-
-// The gradient arena's views of layer L's attention, named as the layer names them: the layer
-// adds its weight gradients straight into them (hmla/ops/nn.h).
-io::TensorMap layer_grads(const Model& m, const io::TensorMap& grads, int64_t L) {
-  io::TensorMap g;
-  const std::string pre = layer_prefix(L) + "self_attn.";
-  for (const ParamSpec& p : mla_param_table(m.cfg, false, m.has_indexer[L])) g[p.name] = grads.at(pre + p.name);
-  return g;
 }
 
 // A split layer's gradients (k_b_proj/v_b_proj, new tensors) folded to kv_b_proj and added into
 // the arena's views.
 void add_split_grads(const MlaLayer& layer, AttnTensors into, MlaGrads& g) {
-  if (g.dweights.count("k_b_proj.weight")) fold_kv_b_proj(g.dweights, *layer.cfg);
-  AttnTensors from = attn_tensors(g.dweights);
-  const std::vector<Tensor*> dst = fields(into), src = fields(from);
+  if (g.dweights.k_b_proj.defined()) fold_kv_b_proj(g.dweights, *layer.cfg);
+  const std::vector<Tensor*> dst = fields(into), src = fields(g.dweights);
   for (size_t i = 0; i < dst.size(); ++i)
     if (src[i]->defined()) add(*dst[i], *src[i], *dst[i]);
 }
@@ -450,7 +438,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
     if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;
-    if (!layer.split_kv_b_proj) mo.grads = layer_grads(m, grads, L);  // straight into the arena
+    if (!layer.split_kv_b_proj) mo.grads = gw.layers[L].attn;  // straight into the arena
     if (!opt.backbone) {
       if (!is_dsa(c.layer_modes[L])) continue;
       MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo, cp);

@@ -9,31 +9,35 @@ Tensor get(const io::TensorMap& w, const std::string& name) {
 }
 }  // namespace
 
-AttnTensors attn_tensors(const io::TensorMap& w) {
-  AttnTensors a;
-  a.q_a_proj = get(w, "q_a_proj.weight");
-  a.q_a_layernorm = get(w, "q_a_layernorm.weight");
-  a.q_b_proj = get(w, "q_b_proj.weight");
-  a.q_proj = get(w, "q_proj.weight");
-  a.kv_a_proj_with_mqa = get(w, "kv_a_proj_with_mqa.weight");
-  a.kv_a_layernorm = get(w, "kv_a_layernorm.weight");
-  a.kv_b_proj = get(w, "kv_b_proj.weight");
-  a.k_b_proj = get(w, "k_b_proj.weight");
-  a.v_b_proj = get(w, "v_b_proj.weight");
-  a.o_proj = get(w, "o_proj.weight");
-  a.softmax_offset = get(w, "softmax_offset");
-  a.indexer.wq_b = get(w, "indexer.wq_b.weight");
-  a.indexer.wk = get(w, "indexer.wk.weight");
-  a.indexer.k_norm_weight = get(w, "indexer.k_norm.weight");
-  a.indexer.k_norm_bias = get(w, "indexer.k_norm.bias");
-  a.indexer.weights_proj = get(w, "indexer.weights_proj.weight");
-  return a;
+// The names of fields(a)'s tensors, in the same order.
+const std::vector<std::string>& attn_names() {
+  static const std::vector<std::string> names{
+      "q_a_proj.weight",         "q_a_layernorm.weight",  "q_b_proj.weight",      "q_proj.weight",
+      "kv_a_proj_with_mqa.weight", "kv_a_layernorm.weight", "kv_b_proj.weight",     "k_b_proj.weight",
+      "v_b_proj.weight",         "o_proj.weight",         "softmax_offset",       "indexer.wq_b.weight",
+      "indexer.wk.weight",       "indexer.k_norm.weight", "indexer.k_norm.bias",  "indexer.weights_proj.weight"};
+  return names;
 }
 
 std::vector<Tensor*> fields(AttnTensors& a) {
   return {&a.q_a_proj, &a.q_a_layernorm, &a.q_b_proj, &a.q_proj, &a.kv_a_proj_with_mqa, &a.kv_a_layernorm,
           &a.kv_b_proj, &a.k_b_proj, &a.v_b_proj, &a.o_proj, &a.softmax_offset, &a.indexer.wq_b, &a.indexer.wk,
           &a.indexer.k_norm_weight, &a.indexer.k_norm_bias, &a.indexer.weights_proj};
+}
+
+AttnTensors attn_tensors(const io::TensorMap& w) {
+  AttnTensors a;
+  const std::vector<Tensor*> f = fields(a);
+  for (size_t i = 0; i < f.size(); ++i) *f[i] = get(w, attn_names()[i]);
+  return a;
+}
+
+io::TensorMap attn_tensor_map(AttnTensors a) {
+  io::TensorMap w;
+  const std::vector<Tensor*> f = fields(a);
+  for (size_t i = 0; i < f.size(); ++i)
+    if (f[i]->defined()) w[attn_names()[i]] = *f[i];
+  return w;
 }
 
 ModelTensors model_tensors(const io::TensorMap& w, int64_t layers, bool tied) {

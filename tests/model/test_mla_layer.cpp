@@ -46,17 +46,19 @@ io::TensorMap random_weights(const ModelConfig& c, uint64_t seed) {
 struct LayerRun {
   Tensor y;
   MlaGrads g;
+  io::TensorMap dw;  // g.dweights by name
 };
 
 LayerRun run(const ModelConfig& c, const io::TensorMap& w, bool split, const Tensor& x, const Tensor& dy,
         const DocLayout& layout) {
-  MlaLayer L{&c, 0, split, w};
-  if (split) split_kv_b_proj(L.weights, c);
+  MlaLayer L{&c, 0, split, attn_tensors(w)};
+  if (split) split_kv_b_proj(L.w, c);
   MlaSaved sv;
   LayerRun r;
   r.y = mla_forward(L, x, layout, sv);
   r.g = mla_backward(L, x, layout, sv, dy);
   if (split) fold_kv_b_proj(r.g.dweights, c);
+  r.dw = attn_tensor_map(r.g.dweights);
   return r;
 }
 
@@ -92,8 +94,8 @@ TEST(MlaLayer, MqaFullCausalEqualsMha) {
       EXPECT_LE(r_out, 1e-4);
       EXPECT_LE(r_dx, 1e-4);
       std::printf("q_lora=%d yarn+sink=%d  output %.2e  grad.hidden_states %.2e\n", q_lora, yarn_sink, r_out, r_dx);
-      for (const auto& [name, t] : a.g.dweights) {
-        const double r = max_rel(m.g.dweights.at(name), t);
+      for (const auto& [name, t] : a.dw) {
+        const double r = max_rel(m.dw.at(name), t);
         EXPECT_LE(r, 1e-4) << name;
         std::printf("  grad.%-28s %.2e\n", name.c_str(), r);
       }
@@ -102,16 +104,17 @@ TEST(MlaLayer, MqaFullCausalEqualsMha) {
 
 TEST(MlaLayer, SplitKvBProjRoundTripIsBitExact) {
   ModelConfig c = config(true, false, false);
-  io::TensorMap w = random_weights(c, 3), s = w;
+  io::TensorMap w = random_weights(c, 3);
+  AttnTensors s = attn_tensors(w);
   split_kv_b_proj(s, c);
-  EXPECT_FALSE(s.count("kv_b_proj.weight"));
-  EXPECT_EQ(s.at("k_b_proj.weight").shape(), Shape({4, 24, 12}));
-  EXPECT_EQ(s.at("v_b_proj.weight").shape(), Shape({4, 10, 24}));
+  EXPECT_FALSE(s.kv_b_proj.defined());
+  EXPECT_EQ(s.k_b_proj.shape(), Shape({4, 24, 12}));
+  EXPECT_EQ(s.v_b_proj.shape(), Shape({4, 10, 24}));
   // k_b_proj[h] is W_kb_h^T: entry (r, i) is kv_b_proj row h(Dn+Dv)+i, column r.
-  EXPECT_EQ(s.at("k_b_proj.weight").data<float>()[(1 * 24 + 5) * 12 + 3],
-            w.at("kv_b_proj.weight").data<float>()[(1 * 22 + 3) * 24 + 5]);
+  EXPECT_EQ(s.k_b_proj.data<float>()[(1 * 24 + 5) * 12 + 3], w.at("kv_b_proj.weight").data<float>()[(1 * 22 + 3) * 24 + 5]);
   fold_kv_b_proj(s, c);
-  const Tensor &a = s.at("kv_b_proj.weight"), &b = w.at("kv_b_proj.weight");
+  EXPECT_FALSE(s.k_b_proj.defined() || s.v_b_proj.defined());
+  const Tensor &a = s.kv_b_proj, &b = w.at("kv_b_proj.weight");
   ASSERT_EQ(a.shape(), b.shape());
   EXPECT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()));
 }
@@ -130,7 +133,7 @@ TEST(MlaLayer, SplitFormComputesTheSameLayer) {
   // gradient passes through and the magnitude/result ratio.
   const double tol = 4.0 * double(c.kv_lora_rank) * FLT_EPSILON;
   EXPECT_LE(max_rel(b.y, a.y), tol);
-  for (const auto& [name, t] : a.g.dweights) EXPECT_LE(max_rel(b.g.dweights.at(name), t), tol) << name;
+  for (const auto& [name, t] : a.dw) EXPECT_LE(max_rel(b.dw.at(name), t), tol) << name;
 }
 
 TEST(MlaLayer, WeightTableAndModeChecks) {
@@ -147,8 +150,8 @@ TEST(MlaLayer, WeightTableAndModeChecks) {
   bad["q_b_proj.weight"] = Tensor::zeros({4, 4}, DType::f32);
   EXPECT_THROW(check_mla_weights(bad, c, false, false, "w"), ConfigError);
   // The split form is only for latent modes.
-  MlaLayer L{&c, 0, true, w};
-  split_kv_b_proj(L.weights, c);
+  MlaLayer L{&c, 0, true, attn_tensors(w)};
+  split_kv_b_proj(L.w, c);
   MlaSaved sv;
   Tensor x = Tensor::zeros({1, 4, 48}, DType::f32);
   DocLayout layout = layout_causal(1, 4);
@@ -173,16 +176,17 @@ TEST(MlaLayer, DsaWarmupMainPathIsBitIdenticalToMha) {
     Tensor dy = Tensor::from_vector<float>({b, s, 48}, testing::randn(b * s * 48, 4));
     DocLayout layout = layout_from_cu_seqlens(s, {{0, 15, 16, 37}});
     LayerRun a = run(mha, w, false, x, dy, layout);
-    MlaLayer L{&warm, 0, false, wi};
+    MlaLayer L{&warm, 0, false, attn_tensors(wi)};
     MlaSaved sv;
     Tensor y = mla_forward(L, x, layout, sv);
     MlaBackwardOptions opt;
     opt.row_weight = loss_row_weights(layout, nullptr, 0);
     MlaGrads g = mla_backward(L, x, layout, sv, dy, opt);
+    const io::TensorMap dw = attn_tensor_map(g.dweights);
     EXPECT_TRUE(same_bytes(y, a.y));
     EXPECT_TRUE(same_bytes(g.dx, a.g.dx));
-    for (const auto& [name, t] : a.g.dweights) EXPECT_TRUE(same_bytes(g.dweights.at(name), t)) << name;
-    EXPECT_EQ(g.dweights.size(), a.g.dweights.size() + 5);
+    for (const auto& [name, t] : a.dw) EXPECT_TRUE(same_bytes(dw.at(name), t)) << name;
+    EXPECT_EQ(dw.size(), a.dw.size() + 5);
     EXPECT_GT(g.indexer_loss, 0.0);
     EXPECT_EQ(sv.topk.shape(), Shape({b, s, 6 + 2}));
 
@@ -190,8 +194,9 @@ TEST(MlaLayer, DsaWarmupMainPathIsBitIdenticalToMha) {
     opt.backbone = false;
     MlaGrads gi = mla_backward(L, x, layout, sv, dy, opt);
     EXPECT_FALSE(gi.dx.defined());
-    EXPECT_EQ(gi.dweights.size(), 5u);
-    for (const auto& [name, t] : gi.dweights) EXPECT_TRUE(same_bytes(t, g.dweights.at(name))) << name;
+    const io::TensorMap dwi = attn_tensor_map(gi.dweights);
+    EXPECT_EQ(dwi.size(), 5u);
+    for (const auto& [name, t] : dwi) EXPECT_TRUE(same_bytes(t, dw.at(name))) << name;
     EXPECT_EQ(gi.indexer_loss, g.indexer_loss);
   }
 }
@@ -199,13 +204,14 @@ TEST(MlaLayer, DsaWarmupMainPathIsBitIdenticalToMha) {
 struct DsaRun {
   Tensor y;
   MlaGrads g;
+  io::TensorMap dw;  // g.dweights by name
   Tensor topk;
 };
 
 DsaRun run_dsa(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, const Tensor& dy, const DocLayout& layout,
                bool split = false) {
-  MlaLayer L{&c, 0, split, w};
-  if (split) split_kv_b_proj(L.weights, c);
+  MlaLayer L{&c, 0, split, attn_tensors(w)};
+  if (split) split_kv_b_proj(L.w, c);
   MlaSaved sv;
   DsaRun r;
   r.y = mla_forward(L, x, layout, sv);
@@ -213,6 +219,7 @@ DsaRun run_dsa(const ModelConfig& c, const io::TensorMap& w, const Tensor& x, co
   opt.row_weight = loss_row_weights(layout, nullptr, 0);
   r.g = mla_backward(L, x, layout, sv, dy, opt);
   if (split) fold_kv_b_proj(r.g.dweights, c);
+  r.dw = attn_tensor_map(r.g.dweights);
   r.topk = sv.topk;
   return r;
 }
@@ -238,7 +245,7 @@ TEST(MlaLayer, DsaSparseWithFullTopkEqualsMqaFullCausal) {
     DsaRun b = run_dsa(sp, wi, x, dy, layout, sink);  // also through the split form
     EXPECT_LE(max_rel(b.y, a.y), 1e-4);
     EXPECT_LE(max_rel(b.g.dx, a.g.dx), 1e-4);
-    for (const auto& [name, t] : a.g.dweights) EXPECT_LE(max_rel(b.g.dweights.at(name), t), 1e-4) << name;
+    for (const auto& [name, t] : a.dw) EXPECT_LE(max_rel(b.dw.at(name), t), 1e-4) << name;
   }
 }
 
@@ -258,14 +265,14 @@ TEST(MlaLayer, DsaSparseGradientsStayInTheirLanes) {
   c0.indexer_loss_coeff = 0.5;
   DsaRun k = run_dsa(c0, w, x, dy, layout);
   EXPECT_EQ(a.topk.to_vector<int32_t>(), b.topk.to_vector<int32_t>());
-  for (const auto& [name, t] : a.g.dweights) {
+  for (const auto& [name, t] : a.dw) {
     const bool indexer = name.rfind("indexer.", 0) == 0;
     if (indexer) {
-      EXPECT_TRUE(same_bytes(t, b.g.dweights.at(name))) << name << " depends on grad_output";
-      EXPECT_FALSE(same_bytes(t, k.g.dweights.at(name))) << name << " ignores the coefficient";
+      EXPECT_TRUE(same_bytes(t, b.dw.at(name))) << name << " depends on grad_output";
+      EXPECT_FALSE(same_bytes(t, k.dw.at(name))) << name << " ignores the coefficient";
     } else {
-      EXPECT_TRUE(same_bytes(t, k.g.dweights.at(name))) << name << " depends on the indexer loss";
-      EXPECT_FALSE(same_bytes(t, b.g.dweights.at(name))) << name << " ignores grad_output";
+      EXPECT_TRUE(same_bytes(t, k.dw.at(name))) << name << " depends on the indexer loss";
+      EXPECT_FALSE(same_bytes(t, b.dw.at(name))) << name << " ignores grad_output";
     }
   }
   EXPECT_TRUE(same_bytes(a.g.dx, k.g.dx));

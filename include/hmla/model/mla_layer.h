@@ -23,9 +23,10 @@ namespace hmla {
 // with `indexer`, followed by the five indexer tensors (indexer_param_table).
 std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split_kv_b_proj, bool indexer = false);
 
-// kv_b_proj [H(Dn+Dv), Rkv] <-> k_b_proj [H, Rkv, Dn] + v_b_proj [H, Dv, Rkv]; bit-exact copies.
-void split_kv_b_proj(io::TensorMap& w, const ModelConfig& c);
-void fold_kv_b_proj(io::TensorMap& w, const ModelConfig& c);
+// kv_b_proj [H(Dn+Dv), Rkv] <-> k_b_proj [H, Rkv, Dn] + v_b_proj [H, Dv, Rkv]; bit-exact copies
+// (new tensors; the other form's fields are cleared).
+void split_kv_b_proj(AttnTensors& w, const ModelConfig& c);
+void fold_kv_b_proj(AttnTensors& w, const ModelConfig& c);
 
 // Checks that `w` holds exactly the table's tensors with their shapes (clear error otherwise).
 void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split_kv_b_proj, bool indexer,
@@ -34,8 +35,8 @@ void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split_
 struct MlaLayer {
   const ModelConfig* cfg = nullptr;
   int64_t layer = 0;
-  bool split_kv_b_proj = false;  // weights hold k_b_proj/v_b_proj instead of kv_b_proj
-  io::TensorMap weights;
+  bool split_kv_b_proj = false;  // w holds k_b_proj/v_b_proj instead of kv_b_proj
+  AttnTensors w;                 // the layer's tensors (hmla/model/params.h)
   LayerMode mode() const { return cfg->layer_modes[layer]; }
   bool latent() const { return latent_mqa_enabled(*cfg, layer); }
 };
@@ -61,15 +62,16 @@ struct MlaSaved {
 struct MlaBackwardOptions {
   Tensor row_weight;     // [b, s] loss-row weights of this rank's rows for the indexer's KL
   bool backbone = true;  // false: skip the backbone's backward (train_indexer_only)
-  io::TensorMap grads;   // optional: the layer's table (names without prefix, e.g. views of a
+  AttnTensors grads;     // optional: the layer's tensors' gradients (e.g. views of a
                          // gradient arena) to ADD the weight gradients into (hmla/ops/nn.h)
 };
 
 struct MlaGrads {
   Tensor dx;               // [b, s, hidden]; undefined without the backbone's backward
-  io::TensorMap dweights;  // names and shapes of the layer's weights (indexer.* from the KL only):
-                           // opt.grads with this call's gradients added, or, without it, new
-                           // tensors holding them; under context parallelism this rank's share
+  AttnTensors dweights;    // the gradients of the weights the call reached (indexer.* only without
+                           // the backbone's backward): opt.grads with this call's gradients
+                           // added, or new tensors holding them where opt.grads has none; under
+                           // context parallelism this rank's share
   double indexer_loss = 0; // coeff * sum_t rw kl (dsa modes)
   double indexer_kl = 0;   // sum_t rw kl, for logging
 };

@@ -41,11 +41,15 @@ struct ModelTensors {
   std::vector<LayerTensors> layers;
 };
 
-// Every tensor of a, in a fixed order (undefined ones included): zips two views of one table.
+// Every tensor of a, in a fixed order (undefined ones included): zips two views of one table. The
+// last kIndexerFields are the indexer's.
 std::vector<Tensor*> fields(AttnTensors& a);
+constexpr size_t kIndexerFields = 5;
 
-// From names without the "self_attn." prefix (an MlaLayer's map) ...
+// From names without the "self_attn." prefix (a layer's checkpoint tensors, `hmla layer`'s
+// files) and back (its defined tensors only) ...
 AttnTensors attn_tensors(const io::TensorMap& w);
+io::TensorMap attn_tensor_map(AttnTensors a);
 // ... and from a whole model's full names (the model's, a gradient arena's or a moment's views).
 ModelTensors model_tensors(const io::TensorMap& w, int64_t layers, bool tied);
 
