@@ -1,22 +1,37 @@
-// `hmla report RUN_DIR`: a self-contained HTML page (inline SVG, no scripts) with the LM loss and
-// the indexer KL per phase and the phase table, from metrics.jsonl and summary.json.
+// `hmla report RUN_DIR`: RUN_DIR/report.html, one self-contained page (inline SVG, no scripts):
+// the run's configuration and environment, LM loss and indexer KL over the global step (raw and
+// smoothed, phase boundaries, held-out points, the equivalence check), the learning rate, the
+// gradient norms, and per phase its speed and memory. `hmla report --bench BENCH.jsonl --out DIR`:
+// the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
+// Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
+// metrics, a cut line) is drawn as it is: gaps, never a crash.
 #include <algorithm>
+#include <array>
 #include <cmath>
-#include <iomanip>
 #include <filesystem>
-#include <fstream>
+#include <iomanip>
+#include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
+#include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/model/config.h"
+#include "hmla/model/indexer.h"
+#include "hmla/model/model.h"
+#include "svg_chart.h"
 
 namespace hmla::app {
 
 namespace {
 
 using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr double kEmaAlpha = 0.1;  // the smoothing of the loss and KL curves (about 20 steps)
+const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf"};
 
 // A number, or NaN where the field is missing, null or not a number (drawn as a gap).
 double number(const json& j, const char* key) {
@@ -24,126 +39,448 @@ double number(const json& j, const char* key) {
   return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
 }
 
-std::string text(const json& j, const char* key) {
+std::string str(const json& j, const char* key, const std::string& fallback = "?") {
   auto it = j.find(key);
-  std::string v = it != j.end() && it->is_string() ? it->get<std::string>() : "?", out;
-  for (char c : v) out += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '\'' ? "&#39;" : std::string(1, c);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+std::string fmt(double v, int prec, double div = 1) {
+  if (!std::isfinite(v)) return "-";
+  std::ostringstream c;
+  c << std::fixed << std::setprecision(prec) << v / div;
+  return c.str();
+}
+
+std::string sci(double v) {
+  if (!std::isfinite(v)) return "-";
+  std::ostringstream c;
+  c << std::setprecision(3) << v;
+  return c.str();
+}
+
+// A JSON file of the run, or null when it is absent or unreadable (the page says so).
+json read_json(const fs::path& p) {
+  if (!fs::exists(p)) return nullptr;
+  try {
+    return json::parse(io::read_file(p.string()));
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
+double median(std::vector<double> v) {
+  std::erase_if(v, [](double x) { return !std::isfinite(x); });
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// ---- the run -------------------------------------------------------------------------------
+
+struct Phase {
+  std::string name, mode;
+  double start = 0;                           // global step before its first step
+  std::vector<double> x, lm, kl, lr, gb, gi, tps, peak;  // per step
+  double heldout = std::nan(""), heldout_x = std::nan("");
+  double eq_diff = std::nan(""), eq_logit = std::nan("");
+  json end;  // its end-of-phase line (null if the run stopped inside it)
+};
+
+struct Run {
+  std::vector<Phase> phases;
+  int64_t skipped = 0;  // lines that were not JSON objects
+};
+
+Run read_run(const fs::path& metrics, const json& programme) {
+  std::map<std::string, std::string> modes;
+  if (programme.is_object() && programme["phases"].is_array())
+    for (const json& p : programme["phases"]) modes[str(p, "name")] = str(p, "mode");
+  Run run;
+  double global = 0;
+  auto phase = [&](const std::string& name) -> Phase& {
+    if (run.phases.empty() || run.phases.back().name != name) {
+      Phase p;
+      p.name = name;
+      p.mode = modes.count(name) ? modes[name] : "?";
+      p.start = global;
+      run.phases.push_back(std::move(p));
+    }
+    return run.phases.back();
+  };
+  std::istringstream in(io::read_file(metrics.string()));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception&) {  // e.g. a line cut by a crash: draw the rest
+      ++run.skipped;
+      continue;
+    }
+    if (!j.is_object() || !j.contains("phase")) {
+      ++run.skipped;
+      continue;
+    }
+    Phase& p = phase(str(j, "phase"));
+    if (j.contains("step")) {
+      global += 1;
+      p.x.push_back(global);
+      p.lm.push_back(number(j, "lm_loss"));
+      p.kl.push_back(number(j, "indexer_kl"));
+      p.lr.push_back(number(j, "lr"));
+      p.gb.push_back(number(j, "grad_norm_backbone"));
+      p.gi.push_back(number(j, "grad_norm_indexer"));
+      p.tps.push_back(number(j, "tokens_per_s"));
+      p.peak.push_back(number(j, "peak_bytes"));
+    } else if (j.contains("equivalence_max_diff")) {
+      if (!std::isfinite(p.eq_diff)) p.eq_diff = number(j, "equivalence_max_diff"), p.eq_logit = number(j, "equivalence_max_logit");
+    } else if (j.contains("heldout_lm_loss") || j.contains("seconds")) {
+      p.end = j;
+      p.heldout = number(j, "heldout_lm_loss");
+      p.heldout_x = global;
+    }
+  }
+  return run;
+}
+
+std::vector<ChartMarker> boundaries(const Run& run) {
+  std::vector<ChartMarker> m;
+  for (const Phase& p : run.phases) m.push_back({p.start + 0.5, p.name + " · " + p.mode});
+  return m;
+}
+
+// One phase-coloured raw + smoothed pair per phase with values; held-out points; boundaries.
+Chart per_phase_chart(const Run& run, const std::string& title, const std::string& y_title,
+                      std::vector<double> Phase::*values, bool smooth, bool heldout, bool log) {
+  Chart c{title, "global step (all phases)", y_title, true, log};
+  c.markers = boundaries(run);
+  std::vector<double> hx, hy;
+  for (size_t i = 0; i < run.phases.size(); ++i) {
+    const Phase& p = run.phases[i];
+    const std::vector<double>& y = p.*values;
+    const std::string color = kColors[i % 7];
+    if (std::any_of(y.begin(), y.end(), [](double v) { return std::isfinite(v); })) {
+      if (smooth) {
+        c.series.push_back({"", color, p.x, y, ChartSeries::faint});
+        c.series.push_back({p.name + " (" + p.mode + ")", color, p.x, ema(y, kEmaAlpha), ChartSeries::line});
+      } else {
+        c.series.push_back({p.name + " (" + p.mode + ")", color, p.x, y, ChartSeries::line});
+      }
+    }
+    if (heldout && std::isfinite(p.heldout)) hx.push_back(p.heldout_x), hy.push_back(p.heldout);
+  }
+  if (!hx.empty()) c.series.push_back({"held-out loss", "#ffd700", hx, hy, ChartSeries::points});
+  if (smooth)
+    c.note = "faint: every step; bold: its EMA (alpha = " + fmt(kEmaAlpha, 1) +
+             ", bias-corrected, restarted at each phase); dashed: a phase starts";
+  return c;
+}
+
+Chart grad_norm_chart(const Run& run) {
+  Chart c{"Gradient norms (before clipping)", "global step (all phases)", "L2 norm (log scale)", true, true};
+  c.markers = boundaries(run);
+  std::vector<double> x, gb, gi;
+  for (const Phase& p : run.phases) {
+    x.insert(x.end(), p.x.begin(), p.x.end());
+    gb.insert(gb.end(), p.gb.begin(), p.gb.end());
+    gi.insert(gi.end(), p.gi.begin(), p.gi.end());
+  }
+  c.series.push_back({"backbone", "#1f77b4", x, gb, ChartSeries::line});
+  c.series.push_back({"indexer", "#d62728", x, gi, ChartSeries::line});
+  c.note = "zeros (a part that does not train in a phase) are not drawn on the log axis";
+  return c;
+}
+
+// A small inline sparkline of v (the phase's tokens/s per step).
+std::string sparkline(const std::vector<double>& v) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (double y : v)
+    if (std::isfinite(y)) lo = std::min(lo, y), hi = std::max(hi, y);
+  if (!(lo <= hi)) return "";
+  if (hi == lo) hi = lo + 1;
+  std::ostringstream os, pts;
+  const double W = 120, H = 24;
+  for (size_t i = 0; i < v.size(); ++i)
+    if (std::isfinite(v[i]))
+      pts << W * double(i) / std::max<double>(double(v.size()) - 1, 1) << "," << H - 2 - (H - 4) * (v[i] - lo) / (hi - lo) << " ";
+  os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' class='sparkline'>"
+     << "<polyline fill='none' stroke='#1f77b4' stroke-width='1' points='" << pts.str() << "'/></svg>";
+  return os.str();
+}
+
+std::string bar(double v, double max) {
+  if (!std::isfinite(v) || !(max > 0)) return "";
+  std::ostringstream os;
+  os << "<svg xmlns='http://www.w3.org/2000/svg' width='100' height='12' class='bar'><rect width='"
+     << std::max(1.0, 100 * v / max) << "' height='12' fill='#9467bd'/></svg>";
+  return os.str();
+}
+
+std::string phase_table(const Run& run) {
+  double max_peak = 0;
+  for (const Phase& p : run.phases)
+    for (double b : p.peak)
+      if (std::isfinite(b)) max_peak = std::max(max_peak, b);
+  std::ostringstream os;
+  os << "<h2>Phases</h2>\n<table class='phases'>\n<tr><th>phase</th><th>mode</th><th>steps</th><th>tokens/s (median)"
+        "</th><th>tokens/s per step</th><th>peak MiB</th><th></th><th>loss (first 20)</th><th>loss (last 20)</th>"
+        "<th>KL (last 20)</th><th>held-out loss</th><th>time (s)</th></tr>\n";
+  for (const Phase& p : run.phases) {
+    const double peak = p.peak.empty() ? std::nan("") : *std::max_element(p.peak.begin(), p.peak.end());
+    os << "<tr><td>" << xml_escape(p.name) << "</td><td>" << xml_escape(p.mode) << "</td><td>" << p.x.size()
+       << (p.end.is_null() ? " (stopped)" : "") << "</td><td>" << fmt(median(p.tps), 0) << "</td><td>" << sparkline(p.tps)
+       << "</td><td>" << fmt(peak, 1, 1048576.0) << "</td><td>" << bar(peak, max_peak) << "</td><td>"
+       << fmt(number(p.end, "first20_lm_loss"), 4) << "</td><td>" << fmt(number(p.end, "last20_lm_loss"), 4) << "</td><td>"
+       << fmt(number(p.end, "last20_indexer_kl"), 4) << "</td><td>" << fmt(p.heldout, 4)
+       << (std::isfinite(p.heldout) || p.end.is_null() ? "" : " (" + xml_escape(str(p.end, "heldout_unavailable", "not run")) + ")")
+       << "</td><td>"
+       << fmt(number(p.end, "seconds"), 1) << "</td></tr>\n";
+  }
+  return os.str() + "</table>\n";
+}
+
+std::string row(const std::string& k, const std::string& v) {
+  return "<tr><th>" + xml_escape(k) + "</th><td>" + xml_escape(v) + "</td></tr>\n";
+}
+
+// Model geometry, parameter count, programme and environment.
+std::string config_summary(const fs::path& dir, const json& programme, const json& marker) {
+  std::ostringstream os;
+  os << "<h2>Configuration</h2>\n<table class='config'>\n";
+  const json cfg = read_json(dir / "config.json");
+  if (cfg.is_object()) {
+    auto g = [&](const char* k) { return cfg.contains(k) ? cfg[k].dump() : std::string("-"); };
+    os << row("model", "hidden " + g("hidden_size") + ", layers " + g("num_hidden_layers") + ", heads " +
+                           g("num_attention_heads") + ", q_lora_rank " + g("q_lora_rank") + ", kv_lora_rank " +
+                           g("kv_lora_rank") + ", qk " + g("qk_nope_head_dim") + "+" + g("qk_rope_head_dim") + ", v " +
+                           g("v_head_dim") + ", intermediate " + g("intermediate_size") + ", vocab " + g("vocab_size"))
+       << row("indexer", "heads " + g("index_n_heads") + ", head dim " + g("index_head_dim") + ", top-k " +
+                             g("index_topk"));
+    try {
+      const ModelConfig c = parse_model_config(cfg, "config.json");
+      const int64_t backbone = table_numel(model_param_table(c, std::vector<bool>(c.num_hidden_layers, false)));
+      os << row("parameters", std::to_string(backbone) + " (backbone) + " +
+                                  std::to_string(table_numel(indexer_param_table(c))) + " per layer with an indexer");
+    } catch (const std::exception& e) {
+      os << row("parameters", std::string("- (") + e.what() + ")");
+    }
+  } else {
+    os << row("model", "config.json is missing or unreadable");
+  }
+  if (programme.is_object()) {
+    std::string ph;
+    for (const json& p : programme.value("phases", json::array()))
+      ph += (ph.empty() ? "" : "; ") + str(p, "name") + " " + str(p, "mode") + " x " + p.value("steps", json()).dump() +
+            " (" + str(p, "optimizer") + ", lr " + p.value("lr", json()).dump() + ", batch " + p.value("batch", json()).dump() +
+            " x seq " + p.value("seq_len", json()).dump() + ")";
+    os << row("programme", str(marker, "programme", "?") + ", data " + str(programme, "data") + ", seed " +
+                               programme.value("seed", json()).dump())
+       << row("phases", ph);
+  }
+  const json env = marker.is_object() ? marker.value("environment", json()) : json();
+  if (env.is_object())
+    os << row("hmla", str(env, "hmla_version") + " (commit " + str(env, "commit") + ")")
+       << row("device", str(env, "device") + ", " + env.value("threads", json()).dump() + " threads, " + str(env, "cpu_isa"))
+       << row("BLAS", str(env, "blas") + "; kernels: " + str(env, "blas_core"));
+  else
+    os << row("environment", "not recorded (a run from before hmla recorded it in hmla-run.json)");
+  return os.str() + "</table>\n";
+}
+
+std::string equivalence_note(const Run& run) {
+  std::string out;
+  for (const Phase& p : run.phases)
+    if (std::isfinite(p.eq_diff)) {
+      out = "<p class='equivalence'>Equivalence check (before " + xml_escape(p.name) +
+            "): the latent MQA form's logits differ from MHA's by at most " + sci(p.eq_diff) + " (largest |logit| " +
+            sci(p.eq_logit) + ").</p>\n";
+      break;
+    }
   return out;
 }
 
-struct Series {
-  std::string phase;
-  std::vector<std::pair<double, double>> pts;  // (global step, value)
-};
+const char* kStyle =
+    "<style>body{font-family:sans-serif;max-width:980px;margin:auto}table{border-collapse:collapse;margin:8px 0}"
+    "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}svg{display:block}"
+    "td svg{display:inline}</style>";
 
-std::string svg_plot(const std::string& title, const std::vector<Series>& series) {
-  const double W = 760, H = 260, L = 60, R = 150, T = 30, B = 40;
-  double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
-  for (const Series& s : series)
-    for (auto [x, y] : s.pts) {
-      if (!std::isfinite(y)) continue;
-      x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
-    }
-  std::ostringstream os;
-  os << "<h2>" << title << "</h2>\n<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-     << "' style='font:12px sans-serif'>\n";
-  if (x0 > x1) return os.str() + "<text x='20' y='40'>no data</text></svg>\n";
-  if (x1 == x0) x1 = x0 + 1;
-  if (y1 == y0) y1 = y0 + 1;
-  auto X = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto Y = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
-  os << "<rect x='" << L << "' y='" << T << "' width='" << W - L - R << "' height='" << H - T - B
-     << "' fill='none' stroke='#999'/>\n";
-  for (int i = 0; i <= 4; ++i) {
-    const double y = y0 + (y1 - y0) * i / 4;
-    os << "<text x='" << L - 6 << "' y='" << Y(y) + 4 << "' text-anchor='end'>" << std::setprecision(3) << y << "</text>\n";
+void write_run_report(const fs::path& dir) {
+  const json programme = read_json(dir / "programme.json"), marker = read_json(dir / "hmla-run.json");
+  const Run run = read_run(dir / "metrics.jsonl", programme);
+  std::ostringstream html;
+  html << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'/><title>hmla run " << xml_escape(dir.filename().string())
+       << "</title>" << kStyle << "</head><body>\n<h1>hmla run: " << xml_escape(dir.string()) << "</h1>\n"
+       << config_summary(dir, programme, marker) << "<h2>Training curves</h2>\n"
+       << render_svg(per_phase_chart(run, "LM loss", "LM loss (nats per token)", &Phase::lm, true, true, false))
+       << equivalence_note(run)
+       << render_svg(per_phase_chart(run, "Indexer KL (dsa phases)", "KL(attention || indexer), log scale", &Phase::kl,
+                                     true, false, true))
+       << render_svg(per_phase_chart(run, "Learning rate", "learning rate", &Phase::lr, false, false, false))
+       << render_svg(grad_norm_chart(run)) << phase_table(run) << "</body></html>\n";
+  io::write_file_atomic((dir / "report.html").string(), html.str());
+  std::cout << "wrote " << (dir / "report.html").string() << "\n";
+  if (run.skipped > 0) std::cerr << "hmla: note: skipped " << run.skipped << " malformed line(s) of metrics.jsonl\n";
+}
+
+// ---- benches -------------------------------------------------------------------------------
+
+using Lines = std::vector<json>;
+
+Chart warmup_memory_chart(const Lines& rows, const std::string& geometry) {
+  Chart c{"Peak memory of one attention core fwd+bwd (" + geometry + ")", "sequence length s (log scale)",
+          "peak MiB above the inputs (log scale)", false, true, true};
+  std::vector<double> s, mha, warm, legacy;
+  for (const json& r : rows) {
+    if (str(r, "geometry") != geometry) continue;
+    s.push_back(number(r, "s"));
+    mha.push_back(number(r, "mha_peak_bytes") / 1048576.0);
+    warm.push_back(number(r, "warmup_peak_bytes") / 1048576.0);
+    legacy.push_back(number(r, "legacy_peak_bytes") / 1048576.0);
   }
-  os << "<text x='" << L << "' y='" << H - 12 << "'>step " << x0 << "</text><text x='" << W - R << "' y='" << H - 12
-     << "' text-anchor='end'>" << x1 << "</text>\n";
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
+  c.series = {{"mha (phase 1)", "#1f77b4", s, mha, ChartSeries::line},
+              {"dsa_warmup (hmla)", "#2ca02c", s, warm, ChartSeries::line},
+              {"legacy [s, s] table", "#d62728", s, legacy, ChartSeries::line}};
+  for (size_t i = 0, n = c.series.size(); i < n; ++i) {  // a marker at each measured s
+    ChartSeries pts = c.series[i];
+    pts.name = "", pts.style = ChartSeries::points;
+    c.series.push_back(pts);
+  }
+  if (!s.empty()) {
+    const size_t i = s.size() - 1;
+    c.note = "at s = " + fmt(s[i], 0) + ": dsa_warmup / mha = " + fmt(warm[i] / mha[i], 3) +
+             (std::isfinite(legacy[i]) ? ", legacy / mha = " + fmt(legacy[i] / mha[i], 1) : std::string());
+  }
+  return c;
+}
+
+Chart attention_chart(const Lines& rows) {
+  Chart c{"Dense attention fwd+bwd throughput", "sequence length s (log scale)", "GFLOP/s", false, false, true};
+  std::vector<double> s, hmla, naive, sgemm;
+  for (const json& r : rows) {
+    s.push_back(number(r, "s"));
+    const double g = number(r, "gflops");
+    hmla.push_back(g);
+    naive.push_back(g * number(r, "fwdbwd_ms") / number(r, "naive_fwdbwd_ms"));
+    sgemm.push_back(number(r, "sgemm_gflops"));
+  }
+  c.series = {{"hmla (flash-style)", "#1f77b4", s, hmla, ChartSeries::line},
+              {"naive (materialised scores)", "#d62728", s, naive, ChartSeries::line},
+              {"sgemm 2048^3, same threads", "#7f7f7f", s, sgemm, ChartSeries::line}};
+  if (!rows.empty()) c.note = "BLAS kernels: " + str(rows[0], "blas_core") + ", " + rows[0].value("threads", json()).dump() + " threads";
+  return c;
+}
+
+Chart indexer_chart(const Lines& rows) {
+  Chart c{"Indexer dense KL workspace", "sequence length s (log scale)", "workspace MiB (log scale)", false, true, true};
+  std::vector<double> s, fused, mat;
+  for (const json& r : rows) {
+    s.push_back(number(r, "s"));
+    fused.push_back(number(r, "dense_kl_workspace_bytes") / 1048576.0);
+    mat.push_back(number(r, "materialized_kl_workspace_bytes") / 1048576.0);
+  }
+  c.series = {{"fused (hmla)", "#2ca02c", s, fused, ChartSeries::line},
+              {"materialised [s, s]", "#d62728", s, mat, ChartSeries::line}};
+  return c;
+}
+
+Chart sparse_chart(const Lines& rows) {
+  Chart c{"Sparse latent MQA fwd+bwd: time per valid pair", "sequence length s (log scale)", "ns per (row, key) pair",
+          false, false, true};
+  std::vector<double> s, ns;
+  for (const json& r : rows) s.push_back(number(r, "s")), ns.push_back(number(r, "ns_per_pair"));
+  c.series = {{"hmla", "#1f77b4", s, ns, ChartSeries::line}, {"", "#1f77b4", s, ns, ChartSeries::points}};
+  return c;
+}
+
+Chart train_chart(const Lines& rows) {
+  Chart c{"Training step throughput: hmla vs the PyTorch twin", "sequence length (log scale)", "tokens/s", false,
+          false, true};
+  std::map<std::string, std::array<std::vector<double>, 3>> by_mode;
+  for (const json& r : rows) {
+    auto& m = by_mode[str(r, "mode")];
+    m[0].push_back(number(r, "seq_len")), m[1].push_back(number(r, "hmla_tokens_per_s")),
+        m[2].push_back(number(r, "torch_tokens_per_s"));
+  }
   int k = 0;
-  for (const Series& s : series) {
-    const char* c = colors[k % 6];
-    os << "<polyline fill='none' stroke='" << c << "' stroke-width='1.2' points='";
-    for (auto [x, y] : s.pts) {
-      if (std::isfinite(y)) os << X(x) << "," << Y(y) << " ";
-      else os << "'/>\n<polyline fill='none' stroke='" << c << "' stroke-width='1.2' points='";  // a gap
-    }
-    os << "'/>\n<text x='" << W - R + 10 << "' y='" << T + 16 * (k + 1) << "' fill='" << c << "'>" << s.phase << "</text>\n";
-    ++k;
+  for (const auto& [mode, m] : by_mode) {
+    const std::string color = kColors[k++ % 7];
+    c.series.push_back({"hmla " + mode, color, m[0], m[1], ChartSeries::line});
+    c.series.push_back({"torch " + mode, color, m[0], m[2], ChartSeries::faint});
   }
-  return os.str() + "</svg>\n";
+  c.note = "faint: the PyTorch twin (same model, weights, batch and threads)";
+  return c;
+}
+
+void write_bench_report(const fs::path& file, const fs::path& out) {
+  std::map<std::string, Lines> by_bench;
+  std::istringstream in(io::read_file(file.string()));
+  std::string line;
+  int64_t skipped = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;  // the benches' other output
+    try {
+      const json j = json::parse(line);
+      if (j.is_object() && j.contains("bench")) by_bench[str(j, "bench")].push_back(j);
+    } catch (const json::exception&) {
+      ++skipped;
+    }
+  }
+  std::vector<std::pair<std::string, Chart>> charts;
+  if (by_bench.count("warmup-memory")) {
+    std::vector<std::string> geos;
+    for (const json& r : by_bench["warmup-memory"])
+      if (std::find(geos.begin(), geos.end(), str(r, "geometry")) == geos.end()) geos.push_back(str(r, "geometry"));
+    for (const std::string& g : geos) charts.push_back({"warmup_memory_" + g, warmup_memory_chart(by_bench["warmup-memory"], g)});
+  }
+  if (by_bench.count("attention")) charts.push_back({"attention", attention_chart(by_bench["attention"])});
+  if (by_bench.count("indexer")) charts.push_back({"indexer", indexer_chart(by_bench["indexer"])});
+  if (by_bench.count("sparse")) charts.push_back({"sparse", sparse_chart(by_bench["sparse"])});
+  if (by_bench.count("train")) charts.push_back({"train", train_chart(by_bench["train"])});
+  HMLA_CHECK(!charts.empty(), IoError, file.string(), ": no bench line with a plot (warmup-memory, attention, indexer, "
+                                                        "sparse, train); run hmla bench ... --json");
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  HMLA_CHECK(!ec, IoError, out.string(), ": cannot create the directory (", ec.message(), ")");
+  std::ostringstream html;
+  html << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'/><title>hmla benches</title>" << kStyle
+       << "</head><body>\n<h1>hmla benches: " << xml_escape(file.string()) << "</h1>\n";
+  for (const auto& [name, chart] : charts) {
+    const std::string svg = render_svg(chart);
+    io::write_file_atomic((out / (name + ".svg")).string(), "<?xml version='1.0' encoding='UTF-8'?>\n" + svg);
+    html << svg;
+    std::cout << "wrote " << (out / (name + ".svg")).string() << "\n";
+  }
+  io::write_file_atomic((out / "bench.html").string(), html.str() + "</body></html>\n");
+  std::cout << "wrote " << (out / "bench.html").string() << "\n";
+  if (skipped > 0) std::cerr << "hmla: note: skipped " << skipped << " malformed line(s) of " << file.string() << "\n";
 }
 
 }  // namespace
 
 void add_report_command(CLI::App& app) {
-  auto dir = std::make_shared<std::string>();
-  CLI::App* rep = app.add_subcommand("report", "Write RUN_DIR/report.html: loss and indexer KL plots per phase, phase table.");
-  rep->add_option("run_dir", *dir, "run directory of hmla train")->required()->check(CLI::ExistingDirectory);
-  rep->callback([dir] {
-    namespace fs = std::filesystem;
-    const fs::path run(*dir);
-    std::istringstream in(io::read_file((run / "metrics.jsonl").string()));
-    std::vector<Series> loss, kl;
-    std::map<std::string, size_t> idx;
-    std::string line;
-    double global = 0;
-    int64_t skipped = 0;
-    while (std::getline(in, line)) {
-      if (line.empty()) continue;
-      json j;
-      try {
-        j = json::parse(line);
-      } catch (const json::exception&) {  // e.g. a line cut by a crash: draw the rest
-        ++skipped;
-        continue;
-      }
-      if (!j.is_object() || !j.contains("step")) continue;
-      const std::string ph = text(j, "phase");
-      if (!idx.count(ph)) {
-        idx[ph] = loss.size();
-        loss.push_back({ph, {}});
-        kl.push_back({ph, {}});
-      }
-      global += 1;
-      loss[idx[ph]].pts.push_back({global, number(j, "lm_loss")});
-      if (j.contains("indexer_kl") && !j["indexer_kl"].is_null()) kl[idx[ph]].pts.push_back({global, number(j, "indexer_kl")});
+  struct Opts {
+    std::string dir, bench, out;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* rep = app.add_subcommand(
+      "report", "Write RUN_DIR/report.html (configuration, loss/KL/lr/gradient-norm plots, phase table), or with "
+                "--bench BENCH.jsonl --out DIR the bench plots as DIR/*.svg and DIR/bench.html.");
+  rep->add_option("run_dir", o->dir, "run directory of hmla train")->check(CLI::ExistingDirectory);
+  rep->add_option("--bench", o->bench, "JSON lines of hmla bench ... --json")->check(CLI::ExistingFile);
+  rep->add_option("--out", o->out, "with --bench: the directory to write the plots to");
+  rep->callback([o] {
+    HMLA_CHECK(o->dir.empty() != o->bench.empty(), ConfigError,
+               "hmla report: give either RUN_DIR or --bench BENCH.jsonl --out DIR");
+    if (!o->bench.empty()) {
+      HMLA_CHECK(!o->out.empty(), ConfigError, "hmla report --bench: --out DIR is required");
+      write_bench_report(o->bench, o->out);
+    } else {
+      HMLA_CHECK(o->out.empty(), ConfigError, "hmla report RUN_DIR writes RUN_DIR/report.html; --out is for --bench");
+      HMLA_CHECK(fs::exists(fs::path(o->dir) / "metrics.jsonl"), IoError, o->dir,
+                 ": no metrics.jsonl; is it a run directory of hmla train?");
+      write_run_report(o->dir);
     }
-    std::erase_if(kl, [](const Series& s) { return s.pts.empty(); });
-    std::ostringstream html;
-    html << "<!doctype html>\n<html><head><meta charset='utf-8'><title>hmla run " << run.filename().string()
-         << "</title></head><body style='font-family:sans-serif;max-width:820px;margin:auto'>\n<h1>hmla run: "
-         << run.string() << "</h1>\n"
-         << svg_plot("LM loss per step", loss) << svg_plot("Indexer KL per step (dsa phases)", kl);
-    html << "<h2>Phases</h2>\n<table border='1' cellpadding='4' style='border-collapse:collapse'>\n<tr><th>phase</th><th>mode</th>"
-            "<th>steps</th><th>loss (first 20)</th><th>loss (last 20)</th><th>KL (last 20)</th><th>held-out loss</th>"
-            "<th>time (s)</th><th>peak MiB</th></tr>\n";
-    if (fs::exists(run / "summary.json")) {
-      json table;
-      try {
-        table = json::parse(io::read_file((run / "summary.json").string()));
-      } catch (const json::exception&) {
-        throw IoError((run / "summary.json").string() + ": not JSON");
-      }
-      for (const json& r : table.is_array() ? table : json::array()) {
-        auto cell = [&](const char* k, int prec, double div = 1) {
-          std::ostringstream c;
-          const double v = number(r, k);
-          if (std::isfinite(v)) c << std::fixed << std::setprecision(prec) << v / div;
-          else c << "-";
-          return c.str();
-        };
-        html << "<tr><td>" << text(r, "phase") << "</td><td>" << text(r, "mode") << "</td><td>" << cell("steps", 0)
-             << "</td><td>" << cell("first20_lm_loss", 4) << "</td><td>" << cell("last20_lm_loss", 4) << "</td><td>"
-             << cell("last20_indexer_kl", 4) << "</td><td>" << cell("heldout_lm_loss", 4) << "</td><td>"
-             << cell("seconds", 1) << "</td><td>" << cell("peak_bytes", 1, 1048576.0) << "</td></tr>\n";
-      }
-    }
-    html << "</table>\n</body></html>\n";
-    io::write_file_atomic((run / "report.html").string(), html.str());
-    std::cout << "wrote " << (run / "report.html").string() << "\n";
-    if (skipped > 0) std::cerr << "hmla: note: skipped " << skipped << " malformed line(s) of metrics.jsonl\n";
   });
 }
 

@@ -10,6 +10,7 @@ packages=(
   libopenblas-openmp-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
+  librsvg2-bin  # rsvg-convert: the report test rasterises its SVGs
 )
 
 missing=()

@@ -4,12 +4,15 @@
 // what makes the directory this run's.
 #include "hmla/train/run_dir.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/ops/cpu_blas.h"
 
 namespace hmla {
 
@@ -209,7 +212,18 @@ void RunDir::begin() {
   }
   lock_.announce(io::process_identity() + " (hmla train " + programme_ + ")");
   if (type_of(out / kRunMarker) != fs::file_type::regular) {  // kept from the run's start
-    const nlohmann::ordered_json j{{"hmla_run", 1}, {"created_by", io::process_identity()}, {"programme", programme_}};
+    const CpuBlasInfo blas = cpu_blas_info();
+    const nlohmann::ordered_json env{{"hmla_version", HMLA_VERSION_STRING},
+                                     {"commit", HMLA_COMMIT_STRING},
+                                     {"device", "cpu"},
+                                     {"threads", omp_get_max_threads()},
+                                     {"blas", blas.library},
+                                     {"blas_core", blas.core},
+                                     {"cpu_isa", blas.cpu_isa}};
+    const nlohmann::ordered_json j{{"hmla_run", 1},
+                                   {"created_by", io::process_identity()},
+                                   {"programme", programme_},
+                                   {"environment", env}};  // where the run started (hmla report)
     io::write_file_atomic((out / kRunMarker).string(), j.dump(2) + "\n");
   }
   remove_stale_temporaries(out / "checkpoints");

@@ -1,0 +1,52 @@
+// Line charts as standalone SVG (no scripts, no external fonts), for `hmla report`: axis titles,
+// "nice" 1-2-5 ticks (linear or log10), several series (faint raw lines, bold smoothed ones,
+// point markers), labelled vertical markers (phase boundaries) and a legend. Non-finite values
+// are gaps, never a crash; an empty chart says "no data".
+#pragma once
+#include <string>
+#include <vector>
+
+namespace hmla::app {
+
+struct ChartSeries {
+  std::string name;   // legend entry ("" = not in the legend)
+  std::string color;  // CSS color
+  std::vector<double> x, y;
+  enum Style { line, faint, points } style = line;
+};
+
+struct ChartMarker {  // a vertical line at x with a label at its top
+  double x;
+  std::string label;
+};
+
+struct Chart {
+  std::string title, x_title, y_title;
+  bool x_integer = false;  // integer ticks (steps)
+  bool y_log = false;      // log10 y axis; values <= 0 are gaps
+  bool x_log = false;      // log10 x axis
+  std::vector<ChartSeries> series = {};
+  std::vector<ChartMarker> markers = {};
+  std::string note = {};  // one line under the plot (e.g. the smoothing used)
+  double width = 860, height = 300;
+};
+
+// The chart as an <svg> element (well-formed XML).
+std::string render_svg(const Chart& c);
+
+// Tick positions: multiples of 1, 2 or 5 x 10^k covering [lo, hi] with about `target` ticks
+// (integers only when `integer`), or on a log axis the powers of ten (1-2-5 within a short range).
+std::vector<double> nice_ticks(double lo, double hi, int target, bool integer);
+std::vector<double> log_ticks(double lo, double hi);
+// A tick label: as few decimals as the tick spacing needs ("0.5", "1200"); log ticks "1e-4".."1e6"
+// beyond [1e-3, 1e5).
+std::string tick_label(double v, double spacing, bool log);
+
+// Exponential moving average with weight alpha on the new value, bias-corrected at the start
+// (TensorBoard's smoothing); a non-finite value leaves the average unchanged and stays a gap.
+std::vector<double> ema(const std::vector<double>& y, double alpha);
+
+// Escapes &, <, >, ' and " for XML text and attributes.
+std::string xml_escape(const std::string& s);
+
+}  // namespace hmla::app
