@@ -292,7 +292,7 @@ std::string equivalence_note(const Run& run) {
   std::string out;
   for (const Phase& p : run.phases)
     if (std::isfinite(p.eq_diff)) {
-      out = "<p class='equivalence'>Equivalence check (before " + xml_escape(p.name) +
+      out = "<p class='equivalence'>Equivalence check (phase " + xml_escape(p.name) +
             "): the latent MQA form's logits differ from MHA's by at most " + sci(p.eq_diff) + " (largest |logit| " +
             sci(p.eq_logit) + ").</p>\n";
       break;
