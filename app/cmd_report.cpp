@@ -327,6 +327,14 @@ void write_run_report(const fs::path& dir) {
 
 using Lines = std::vector<json>;
 
+// The finite values of v, sorted, each once (the measured lengths as x ticks).
+std::vector<double> distinct(std::vector<double> v) {
+  std::erase_if(v, [](double x) { return !std::isfinite(x); });
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
 Chart warmup_memory_chart(const Lines& rows, const std::string& geometry) {
   Chart c{"Peak memory of one attention core fwd+bwd (" + geometry + ")", "sequence length s (log scale)",
           "peak MiB above the inputs (log scale)", false, true, true};
@@ -351,23 +359,33 @@ Chart warmup_memory_chart(const Lines& rows, const std::string& geometry) {
     c.note = "at s = " + fmt(s[i], 0) + ": dsa_warmup / mha = " + fmt(warm[i] / mha[i], 3) +
              (std::isfinite(legacy[i]) ? ", legacy / mha = " + fmt(legacy[i] / mha[i], 1) : std::string());
   }
+  c.x_ticks = distinct(s);
   return c;
 }
 
+// One document per row (the naive arm runs there) and packed documents, each by s.
 Chart attention_chart(const Lines& rows) {
   Chart c{"Dense attention fwd+bwd throughput", "sequence length s (log scale)", "GFLOP/s", false, false, true};
-  std::vector<double> s, hmla, naive, sgemm;
+  std::vector<double> s1, one, naive, sgemm, sp, packed;
   for (const json& r : rows) {
-    s.push_back(number(r, "s"));
-    const double g = number(r, "gflops");
-    hmla.push_back(g);
+    const double s = number(r, "s"), g = number(r, "gflops");
+    if (number(r, "docs") > 1) {
+      sp.push_back(s), packed.push_back(g);
+      continue;
+    }
+    s1.push_back(s), one.push_back(g);
     naive.push_back(g * number(r, "fwdbwd_ms") / number(r, "naive_fwdbwd_ms"));
     sgemm.push_back(number(r, "sgemm_gflops"));
   }
-  c.series = {{"hmla (flash-style)", "#1f77b4", s, hmla, ChartSeries::line},
-              {"naive (materialised scores)", "#d62728", s, naive, ChartSeries::line},
-              {"sgemm 2048^3, same threads", "#7f7f7f", s, sgemm, ChartSeries::line}};
-  if (!rows.empty()) c.note = "BLAS kernels: " + str(rows[0], "blas_core") + ", " + rows[0].value("threads", json()).dump() + " threads";
+  c.series = {{"hmla, one document", "#1f77b4", s1, one, ChartSeries::line},
+              {"hmla, packed documents", "#2ca02c", sp, packed, ChartSeries::line},
+              {"naive (materialised scores)", "#d62728", s1, naive, ChartSeries::line},
+              {"sgemm 2048^3, same threads", "#7f7f7f", s1, sgemm, ChartSeries::line}};
+  if (!rows.empty())
+    c.note = "BLAS kernels: " + str(rows[0], "blas_core") + ", " + rows[0].value("threads", json()).dump() +
+             " threads; FLOPs of the allowed pairs (FlashAttention's convention)";
+  s1.insert(s1.end(), sp.begin(), sp.end());
+  c.x_ticks = distinct(s1);
   return c;
 }
 
@@ -381,6 +399,7 @@ Chart indexer_chart(const Lines& rows) {
   }
   c.series = {{"fused (hmla)", "#2ca02c", s, fused, ChartSeries::line},
               {"materialised [s, s]", "#d62728", s, mat, ChartSeries::line}};
+  c.x_ticks = distinct(s);
   return c;
 }
 
@@ -390,6 +409,7 @@ Chart sparse_chart(const Lines& rows) {
   std::vector<double> s, ns;
   for (const json& r : rows) s.push_back(number(r, "s")), ns.push_back(number(r, "ns_per_pair"));
   c.series = {{"hmla", "#1f77b4", s, ns, ChartSeries::line}, {"", "#1f77b4", s, ns, ChartSeries::points}};
+  c.x_ticks = distinct(s);
   return c;
 }
 
@@ -409,6 +429,8 @@ Chart train_chart(const Lines& rows) {
     c.series.push_back({"torch " + mode, color, m[0], m[2], ChartSeries::faint});
   }
   c.note = "faint: the PyTorch twin (same model, weights, batch and threads)";
+  for (const auto& [mode, m] : by_mode) c.x_ticks.insert(c.x_ticks.end(), m[0].begin(), m[0].end());
+  c.x_ticks = distinct(c.x_ticks);
   return c;
 }
 

@@ -139,7 +139,14 @@ std::string render_svg(const Chart& c) {
                          "' text-anchor='middle' class='no-data'>no data</text>\n</svg>\n";
   for (const ChartMarker& m : c.markers)
     if (usable(m.x, c.x_log)) xr.add(m.x);
-  const Axis ax = make_axis(xr, c.x_log, c.x_integer, 8), ay = make_axis(yr, c.y_log, false, 5);
+  Axis ax = make_axis(xr, c.x_log, c.x_integer, 8);
+  const Axis ay = make_axis(yr, c.y_log, false, 5);
+  if (!c.x_ticks.empty()) {  // exactly these, the axis spanning them and the data
+    ax.ticks = c.x_ticks;
+    ax.lo = std::min(xr.lo, *std::min_element(c.x_ticks.begin(), c.x_ticks.end()));
+    ax.hi = std::max(xr.hi, *std::max_element(c.x_ticks.begin(), c.x_ticks.end()));
+    if (ax.hi == ax.lo) ax.lo = c.x_log ? ax.lo / 2 : ax.lo - 1, ax.hi = c.x_log ? ax.hi * 2 : ax.hi + 1;
+  }
   auto X = [&](double v) { return ax.map(v, px0, px1); };
   auto Y = [&](double v) { return ay.map(v, py0, py1); };
   // Grid, ticks and axis titles.
@@ -147,7 +154,7 @@ std::string render_svg(const Chart& c) {
   for (double t : ay.ticks) os << "<line x1='" << px0 << "' x2='" << px1 << "' y1='" << Y(t) << "' y2='" << Y(t) << "'/>\n";
   os << "</g>\n<rect x='" << px0 << "' y='" << py1 << "' width='" << px1 - px0 << "' height='" << py0 - py1
      << "' fill='none' stroke='#888'/>\n";
-  const double xs = ax.ticks.size() > 1 ? ax.ticks[1] - ax.ticks[0] : 1, ys = ay.ticks.size() > 1 ? ay.ticks[1] - ay.ticks[0] : 1;
+  const double xs = !c.x_ticks.empty() ? 1 : ax.ticks.size() > 1 ? ax.ticks[1] - ax.ticks[0] : 1, ys = ay.ticks.size() > 1 ? ay.ticks[1] - ay.ticks[0] : 1;
   for (double t : ax.ticks)
     os << "<line x1='" << X(t) << "' x2='" << X(t) << "' y1='" << py0 << "' y2='" << py0 + 4 << "' stroke='#888'/>"
        << "<text class='tick' x='" << X(t) << "' y='" << py0 + 16 << "' text-anchor='middle'>" << tick_label(t, xs, c.x_log)

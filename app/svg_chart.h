@@ -28,6 +28,7 @@ struct Chart {
   std::vector<ChartSeries> series = {};
   std::vector<ChartMarker> markers = {};
   std::string note = {};  // one line under the plot (e.g. the smoothing used)
+  std::vector<double> x_ticks = {};  // given x ticks (e.g. the measured lengths), else nice ones
   double width = 860, height = 300;
 };
 
