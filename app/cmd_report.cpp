@@ -192,8 +192,17 @@ Chart grad_norm_chart(const Run& run) {
   return c;
 }
 
-// A small inline sparkline of v (the phase's tokens/s per step).
-std::string sparkline(const std::vector<double>& v) {
+// A small inline sparkline of v (the phase's tokens/s per step), at most 120 points (bucket means).
+std::string sparkline(const std::vector<double>& raw) {
+  const size_t per = (raw.size() + 119) / 120;
+  std::vector<double> v;
+  for (size_t i = 0; i < raw.size(); i += per) {
+    double sum = 0;
+    int n = 0;
+    for (size_t j = i; j < std::min(raw.size(), i + per); ++j)
+      if (std::isfinite(raw[j])) sum += raw[j], ++n;
+    v.push_back(n ? sum / n : std::nan(""));
+  }
   double lo = INFINITY, hi = -INFINITY;
   for (double y : v)
     if (std::isfinite(y)) lo = std::min(lo, y), hi = std::max(hi, y);
