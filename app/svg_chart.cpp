@@ -188,12 +188,13 @@ std::string render_svg(const Chart& c) {
     } else {
       std::ostringstream pts;
       int n = 0;
+      double px = 0, py = 0;  // the run's last point (a run of one is drawn as a dot)
       auto flush = [&] {
         if (n > 1)
           os << "<polyline fill='none' stroke-width='" << (faint ? 0.8 : 1.8) << "' stroke-opacity='"
              << (faint ? 0.3 : 1.0) << "' points='" << pts.str() << "'/>\n";
-        else if (n == 1) os << "<circle cx='" << pts.str().substr(0, pts.str().find(',')) << "' cy='"
-                            << pts.str().substr(pts.str().find(',') + 1) << "' r='1.5'/>\n";
+        else if (n == 1)
+          os << "<circle cx='" << px << "' cy='" << py << "' r='1.5'/>\n";
         pts.str(""), n = 0;
       };
       for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
@@ -201,8 +202,8 @@ std::string render_svg(const Chart& c) {
           flush();
           continue;
         }
-        pts << (n ? " " : "") << X(s.x[i]) << "," << Y(s.y[i]);
-        ++n;
+        px = X(s.x[i]), py = Y(s.y[i]);
+        pts << (n++ ? " " : "") << px << "," << py;
       }
       flush();
     }
