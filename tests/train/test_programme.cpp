@@ -5,10 +5,32 @@
 #include <set>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "hmla/io/safetensors.h"
+#include "hmla/model/config.h"
+#include "hmla/model/indexer.h"
+#include "hmla/model/model.h"
 #include "hmla/train/programme.h"
 
 namespace hmla {
 namespace {
+
+// configs/bench_1b.json, the GPU benchmark model (issue 16): DeepSeek-V3.2's attention shapes per
+// layer (fewer heads and layers), its vocabulary and index_topk, about 1e9 parameters with an
+// indexer in every layer, and dense MLPs only (hmla builds no MoE).
+TEST(Configs, TheBenchmarkModelHasDeepSeekV32sAttentionShapesAndAbout1BParameters) {
+  auto read = [](const char* f) { return nlohmann::json::parse(io::read_file(std::string(HMLA_SOURCE_DIR) + f)); };
+  const nlohmann::json v32 = read("/configs/deepseek_v32.json"), j = read("/configs/bench_1b.json");
+  for (const char* k : {"vocab_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                        "index_n_heads", "index_head_dim", "index_topk"})
+    EXPECT_EQ(j.at(k), v32.at(k)) << k;
+  const ModelConfig c = parse_model_config(j, "bench_1b.json");
+  const int64_t n = table_numel(model_param_table(c, std::vector<bool>(c.num_hidden_layers, true)));
+  EXPECT_GT(n, int64_t(900'000'000));
+  EXPECT_LT(n, int64_t(1'200'000'000));
+  EXPECT_GE(c.first_k_dense_replace, c.num_hidden_layers);  // every MLP dense
+}
 
 TEST(Programme, DemoPhasesDifferFromTheBaseOnlyWhereAllowed) {
   const Programme pr = load_programme(HMLA_SOURCE_DIR "/configs/demo.yaml");
