@@ -75,6 +75,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double max_finite(const std::vector<double>& v) {
+  double m = std::nan("");
+  for (double x : v)
+    if (std::isfinite(x) && !(x <= m)) m = x;
+  return m;
+}
+
 // ---- the run -------------------------------------------------------------------------------
 
 struct Phase {
@@ -93,8 +100,8 @@ struct Run {
 
 Run read_run(const fs::path& metrics, const json& programme) {
   std::map<std::string, std::string> modes;
-  if (programme.is_object() && programme["phases"].is_array())
-    for (const json& p : programme["phases"]) modes[str(p, "name")] = str(p, "mode");
+  if (programme.is_object() && programme.contains("phases") && programme.at("phases").is_array())
+    for (const json& p : programme.at("phases")) modes[str(p, "name")] = str(p, "mode");
   Run run;
   double global = 0;
   auto phase = [&](const std::string& name) -> Phase& {
@@ -229,14 +236,13 @@ std::string bar(double v, double max) {
 std::string phase_table(const Run& run) {
   double max_peak = 0;
   for (const Phase& p : run.phases)
-    for (double b : p.peak)
-      if (std::isfinite(b)) max_peak = std::max(max_peak, b);
+    if (std::isfinite(max_finite(p.peak))) max_peak = std::max(max_peak, max_finite(p.peak));
   std::ostringstream os;
   os << "<h2>Phases</h2>\n<table class='phases'>\n<tr><th>phase</th><th>mode</th><th>steps</th><th>tokens/s (median)"
         "</th><th>tokens/s per step</th><th>peak MiB</th><th></th><th>loss (first 20)</th><th>loss (last 20)</th>"
         "<th>KL (last 20)</th><th>held-out loss</th><th>time (s)</th></tr>\n";
   for (const Phase& p : run.phases) {
-    const double peak = p.peak.empty() ? std::nan("") : *std::max_element(p.peak.begin(), p.peak.end());
+    const double peak = max_finite(p.peak);
     os << "<tr><td>" << xml_escape(p.name) << "</td><td>" << xml_escape(p.mode) << "</td><td>" << p.x.size()
        << (p.end.is_null() ? " (stopped)" : "") << "</td><td>" << fmt(median(p.tps), 0) << "</td><td>" << sparkline(p.tps)
        << "</td><td>" << fmt(peak, 1, 1048576.0) << "</td><td>" << bar(peak, max_peak) << "</td><td>"
@@ -279,10 +285,13 @@ std::string config_summary(const fs::path& dir, const json& programme, const jso
   }
   if (programme.is_object()) {
     std::string ph;
-    for (const json& p : programme.value("phases", json::array()))
+    const json phases = programme.value("phases", json::array());
+    for (const json& p : phases.is_array() ? phases : json::array()) {
+      if (!p.is_object()) continue;
       ph += (ph.empty() ? "" : "; ") + str(p, "name") + " " + str(p, "mode") + " x " + p.value("steps", json()).dump() +
             " (" + str(p, "optimizer") + ", lr " + p.value("lr", json()).dump() + ", batch " + p.value("batch", json()).dump() +
             " x seq " + p.value("seq_len", json()).dump() + ")";
+    }
     os << row("programme", str(marker, "programme", "?") + ", data " + str(programme, "data") + ", seed " +
                                programme.value("seed", json()).dump())
        << row("phases", ph);

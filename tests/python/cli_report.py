@@ -144,9 +144,14 @@ def handmade_run(check, hmla, w):
     check("hand-made run: the stopped phase says so", "(stopped)" in html)
     check("hand-made run: no config is said, not crashed on", "config.json is missing" in html and
           "not recorded" in html)
-    # Nothing at all: an empty metrics file still renders (every chart says no data).
+    # Nothing at all: an empty metrics file (and damaged side files) still renders, every chart
+    # saying "no data".
     os.makedirs(f"{w}/empty")
     open(f"{w}/empty/metrics.jsonl", "w").close()
+    with open(f"{w}/empty/programme.json", "w") as f:  # damaged: phases that are not objects
+        f.write('{"phases": [1, "x", null], "seed": 1}')
+    with open(f"{w}/empty/hmla-run.json", "w") as f:
+        f.write('{"environment": [1, 2]}')
     html, _ = report(check, hmla, f"{w}/empty")
     check("empty run: charts say no data", html.count("no data") == 4, html.count("no data"))
 
