@@ -236,7 +236,7 @@ std::string bar(double v, double max) {
 std::string phase_table(const Run& run) {
   double max_peak = 0;
   for (const Phase& p : run.phases)
-    if (std::isfinite(max_finite(p.peak))) max_peak = std::max(max_peak, max_finite(p.peak));
+    if (const double m = max_finite(p.peak); std::isfinite(m)) max_peak = std::max(max_peak, m);
   std::ostringstream os;
   os << "<h2>Phases</h2>\n<table class='phases'>\n<tr><th>phase</th><th>mode</th><th>steps</th><th>tokens/s (median)"
         "</th><th>tokens/s per step</th><th>peak MiB</th><th></th><th>loss (first 20)</th><th>loss (last 20)</th>"

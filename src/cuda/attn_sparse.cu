@@ -366,9 +366,7 @@ void attn_sparse_fwd(const AttnSparseParams& p) {
 
 namespace hmla::cuda {
 
-void attn_sparse_bwd(const AttnSparseParams& p) {
-  AttnSparseParams f = p;
-  f.lse_c = nullptr;
+void attn_sparse_bwd(const AttnSparseParams& f) {
   const int64_t rows = f.b * f.sq;
   HMLA_CHECK(f.H % kHeadStep == 0, ShapeError, "sparse attention backward on CUDA: H = ", f.H,
              " must be a multiple of ", kHeadStep);

@@ -82,25 +82,16 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   return p;
 }
 
-// The layout lives on the CPU; a GPU kernel reads its device copy.
-struct LayoutOnDevice {
-  Tensor doc_start, doc_end;
-  LayoutOnDevice(const DocLayout& l, Device d, AttnDenseParams& p) {
-    if (d == Device::cpu) return;
-    doc_start = l.doc_start.to(d);
-    doc_end = l.doc_end.to(d);
-    p.doc_start = doc_start.data<int32_t>();
-    p.doc_end = doc_end.data<int32_t>();
-  }
-};
-
 void run(const AttnDenseInputs& in, AttnDenseParams p, bool backward) {
   const Device dev = in.q.device();
   const Backend& be = backend(dev);
   HMLA_CHECK(be.supports(p), ShapeError, "attention: no backend for ", dtype_name(p.dtype), " on ", device_name(dev),
              " with Dqk = ", p.Dqk, ", Dv = ", p.Dv,
              " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16)");
-  LayoutOnDevice on_device(*in.layout, dev, p);
+  // The layout lives on the CPU; a GPU kernel reads its device copy, held here.
+  const Tensor ds = in.layout->doc_start.on(dev), de = in.layout->doc_end.on(dev);
+  p.doc_start = ds.data<int32_t>();
+  p.doc_end = de.data<int32_t>();
   backward ? be.attn_dense_bwd(p) : be.attn_dense_fwd(p);
 }
 

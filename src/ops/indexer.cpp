@@ -25,9 +25,6 @@ void check_dev(const Tensor& t, const char* name, const Shape& want, DType dtype
              t.defined() ? shape_str(t.shape()) : "");
 }
 
-// The layout lives on the CPU; a GPU kernel reads its device copy, kept alive by the caller.
-Tensor doc_start_on(const DocLayout& l, Device d) { return d == Device::cpu ? l.doc_start : l.doc_start.to(d); }
-
 const Backend& supported(const IndexerParams& p, Device dev, const char* what) {
   const Backend& be = backend(dev);
   HMLA_CHECK(be.supports(p), ShapeError, what, ": the ", be.name(), " backend does not run HI = ", p.HI, ", DI = ", p.DI,
@@ -50,7 +47,7 @@ IndexerParams check_scores(const IndexerScores& sc, IndexerOp op, Tensor& ds) {
              sc.q_row0 + sq, ") are not inside the ", s, " key rows");
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
              "indexer: the layout must cover b = ", b, ", s = ", s);
-  ds = doc_start_on(*sc.layout, dev);
+  ds = sc.layout->doc_start.on(dev);  // the layout lives on the CPU; a GPU kernel reads a copy
   IndexerParams p;
   p.op = op;
   p.dtype = dt;
@@ -121,7 +118,7 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
              q_row0 + sq, ") inside");
   HMLA_CHECK(K >= 1 && W >= 0, ShapeError, "indexer_select: K = ", K, " must be >= 1 and W = ", W, " >= 0");
   const Device dev = scores.device();
-  const Tensor ds = doc_start_on(layout, dev);
+  const Tensor ds = layout.doc_start.on(dev);
   IndexerParams p;
   p.op = IndexerOp::select;
   p.b = b, p.sq = sq, p.s = s, p.q_row0 = q_row0, p.K = K, p.W = W;
