@@ -48,6 +48,25 @@ struct LayerSaved {
   Tensor g, u, act;         // SwiGLU inputs and output [N, inter]
 };
 
+// Consecutive views of a flat arena in the order of its table; each must have its entry's shape.
+struct ArenaCursor {
+  const std::vector<ParamSpec>& table;
+  Tensor flat;
+  size_t i = 0;
+  int64_t off = 0;
+  Tensor next(const Shape& shape) {
+    HMLA_CHECK(i < table.size() && table[i].shape == shape, ShapeError, "activation arena: entry ", i,
+               " is not ", shape_str(shape));
+    const int64_t n = shape_numel(shape);
+    Tensor t = flat.slice(0, off, off + n).view(shape);
+    off += n, ++i;
+    return t;
+  }
+  void finish() const {
+    HMLA_CHECK(i == table.size(), ShapeError, "activation arena: ", table.size() - i, " entries left unused");
+  }
+};
+
 struct Forward {
   Tensor ids;    // this rank's token ids [b, s] (its row shard)
   Tensor arena;  // activation_table's tensors, viewed by the fields below
@@ -104,48 +123,49 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   const ModelConfig& c = m.cfg;
   const Tensor local_ids = shard_ids(batch, cp);
   const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
-                V = c.vocab_size;
+                I = c.intermediate_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Forward f;
   f.ids = local_ids;
-  // Every activation outside the attention, from one arena of activation_table (names resolved
-  // once per forward, here).
+  // Every activation outside the attention, from one arena of activation_table, taken in its
+  // order (no names on this path; each view's shape is checked against the table's).
   const std::vector<ParamSpec> table = activation_table(c, N);
   f.arena = Tensor::empty({table_numel(table)}, DType::f32);
-  const io::TensorMap act = arena_views(table, f.arena);
-  Tensor h = act.at("embed").view({b, s, hid});
+  ArenaCursor act{table, f.arena.view({f.arena.numel()})};
+  Tensor h = act.next({N, hid}).view({b, s, hid});
   embedding_fwd(local_ids, m.w.embed_tokens, h);
   f.layers.resize(c.num_hidden_layers);
   const RopeCache rope = rope_cache(c, s, row_shard(cp, batch.input_ids.size(1)).row0);  // one per forward
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    const std::string pre = "layers." + std::to_string(L) + ".";
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
     sv.h_in = h;
-    sv.rstd1 = act.at(pre + "rstd1");
-    sv.a = act.at(pre + "a").view({b, s, hid});
+    sv.a = act.next({N, hid}).view({b, s, hid});
+    sv.h_mid = act.next({N, hid}).view({b, s, hid});
+    sv.mn = act.next({N, hid});
+    Tensor out = act.next({N, hid}).view({b, s, hid});
+    sv.rstd1 = act.next({N});
+    sv.rstd2 = act.next({N});
+    sv.g = act.next({N, I});
+    sv.u = act.next({N, I});
+    sv.act = act.next({N, I});
     rmsnorm_fwd(h, m.w.layers[L].input_layernorm, eps, sv.a, sv.rstd1);
     MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
-    sv.h_mid = act.at(pre + "h_mid").view({b, s, hid});
     add(h, y, sv.h_mid);
-    sv.rstd2 = act.at(pre + "rstd2");
-    sv.mn = act.at(pre + "mn");
     rmsnorm_fwd(sv.h_mid, m.w.layers[L].post_attention_layernorm, eps, sv.mn, sv.rstd2);
-    sv.g = act.at(pre + "g");
-    sv.u = act.at(pre + "u");
-    sv.act = act.at(pre + "act");
     linear_fwd(sv.mn, m.w.layers[L].gate_proj, sv.g);
     linear_fwd(sv.mn, m.w.layers[L].up_proj, sv.u);
     swiglu_fwd(sv.g, sv.u, sv.act);
-    h = act.at(pre + "out").view({b, s, hid});
+    h = out;
     linear_fwd(sv.act, m.w.layers[L].down_proj, h);
     add(h, sv.h_mid, h);
   }
   f.h_final = h;
-  f.rstd_final = act.at("norm.rstd");
-  f.n_final = act.at("norm.out");
+  f.n_final = act.next({N, hid});
+  f.rstd_final = act.next({N});
+  act.finish();
   rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
   if (logits) {
     f.logits = Tensor::empty({N, V}, DType::f32);
