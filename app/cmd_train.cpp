@@ -30,6 +30,8 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--cp", o->t.cp, "context-parallel ranks per replica (under mpirun -np CP * DP): each\n"
                                      "group of CP consecutive ranks splits every sequence by rows; the\n"
                                      "DP groups are data parallel")->capture_default_str()->check(Int(1, 1 << 20));
+  train->add_option("--device", o->t.device, "cpu or cuda (default: the programme's device key, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")
       ->capture_default_str()
       ->check(NonEmpty());

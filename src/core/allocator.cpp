@@ -26,6 +26,11 @@ void Allocator::deallocate(void* p, size_t bytes) {
   live_.fetch_sub(bytes);
 }
 
+void Allocator::copy_strided(void*, const int64_t*, const void*, const int64_t*, const int64_t*, int, size_t) {
+  throw Error("this device's allocator has no strided copy");
+}
+void Allocator::zero(void*, size_t) { throw Error("this device's allocator cannot zero memory"); }
+
 namespace {
 
 class CpuAllocator final : public Allocator {

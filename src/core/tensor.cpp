@@ -191,8 +191,19 @@ void Tensor::copy_from(const Tensor& src) {
                  src.strides_, shape_, dtype_size(dtype_), 0);
     return;
   }
-  HMLA_CHECK(is_contiguous() && src.is_contiguous(), ShapeError,
-             "copies between devices need contiguous tensors");
+  if (device() == src.device()) {  // within one device: its allocator's strided copy
+    Shape shape, ds, ss;  // size-1 dimensions dropped
+    for (size_t d = 0; d < shape_.size(); ++d)
+      if (shape_[d] != 1) shape.push_back(shape_[d]), ds.push_back(strides_[d]), ss.push_back(src.strides_[d]);
+    if (shape.empty()) shape = ds = ss = {1};
+    HMLA_CHECK(int(shape.size()) <= Allocator::kMaxStridedDims, ShapeError, "a copy on ", device_name(device()),
+               " of ", shape_str(shape_), ": at most ", Allocator::kMaxStridedDims, " dimensions of size > 1");
+    allocator(device()).copy_strided(raw_data(), ds.data(), src.raw_data(), ss.data(), shape.data(),
+                                     int(shape.size()), dtype_size(dtype_));
+    return;
+  }
+  if (!src.is_contiguous()) return copy_from(src.clone());  // contiguous on its own device first
+  if (!is_contiguous()) return copy_from(src.to(device()));  // then strided on this device
   device_copy(raw_data(), device(), src.raw_data(), src.device(), nbytes());
 }
 
@@ -200,23 +211,15 @@ Tensor Tensor::clone() const { return to(device()); }
 
 Tensor Tensor::to(Device device) const {
   Tensor t = empty(shape_, dtype_, device);
-  if (device == this->device() || is_contiguous()) {
-    t.copy_from(*this);
-  } else {
-    t.copy_from(clone());  // make it contiguous on its own device first
-  }
+  t.copy_from(*this);
   return t;
 }
 
 void Tensor::fill_zero() {
   HMLA_CHECK(is_contiguous(), ShapeError, "fill_zero of a non-contiguous tensor");
   if (numel() == 0) return;
-  if (device() == Device::cpu) {
-    std::memset(raw_data(), 0, nbytes());
-  } else {
-    Tensor z = zeros(shape_, dtype_, Device::cpu);
-    copy_from(z);
-  }
+  if (device() == Device::cpu) std::memset(raw_data(), 0, nbytes());
+  else allocator(device()).zero(raw_data(), nbytes());
 }
 
 int64_t first_non_finite(const Tensor& t) {

@@ -19,6 +19,10 @@ class CpuBackend final : public Backend {
   bool supports(const EmbeddingParams&) const override { return true; }
   bool supports(const CrossEntropyParams&) const override { return true; }
   bool supports(const AxpyParams&) const override { return true; }
+  bool supports(const ConvertParams& p) const override {
+    return p.src_dtype == p.dst_dtype || (p.src_dtype != DType::i32 && p.src_dtype != DType::i64 &&
+                                          p.dst_dtype != DType::i32 && p.dst_dtype != DType::i64);
+  }
   bool supports(const SumSquaresParams&) const override { return true; }
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
@@ -57,6 +61,7 @@ class CpuBackend final : public Backend {
     return cpu::cross_entropy(p.logits, p.target, p.w, p.N, p.V, p.dlogits, p.init);
   }
   void axpy(const AxpyParams& p) const override { cpu::axpy(p); }
+  void convert(const ConvertParams& p) const override { cpu::convert(p); }
   double sum_squares(const SumSquaresParams& p) const override { return cpu::sum_squares(p); }
   void adamw_update(const AdamWParams& p) const override { cpu::adamw_update(p); }
   void muon_momentum(const MuonParams& p) const override { cpu::muon_momentum(p); }

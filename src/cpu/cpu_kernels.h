@@ -55,6 +55,9 @@ void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float
 void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
           int64_t Dr, const float* cos, const float* sin, bool transpose);
 
+// dst = src converted element by element (ConvertParams: f32, bf16, or one dtype copied).
+void convert(const ConvertParams& p);
+
 // SwiGLU: y = silu(g) * u elementwise over n values; backward writes dg and du (overwrite).
 void swiglu_fwd(float* y, const float* g, const float* u, int64_t n);
 void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n);

@@ -187,4 +187,34 @@ void axpy(const AxpyParams& p) {
   }
 }
 
+namespace {
+float load(DType t, const void* p, int64_t i) {
+  return t == DType::f32 ? static_cast<const float*>(p)[i] : bf16_to_f32(static_cast<const bf16*>(p)[i]);
+}
+void store(DType t, void* p, int64_t i, float v) {
+  if (t == DType::f32) static_cast<float*>(p)[i] = v;
+  else static_cast<bf16*>(p)[i] = f32_to_bf16(v);
+}
+}  // namespace
+
+void convert(const ConvertParams& p) {
+  const int64_t s0 = p.dims > 0 ? p.shape[0] : 1, s1 = p.dims > 1 ? p.shape[1] : 1, s2 = p.dims > 2 ? p.shape[2] : 1,
+                s3 = p.dims > 3 ? p.shape[3] : 1;
+  auto at = [&](const int64_t* st, int64_t i, int64_t j, int64_t k, int64_t l) {
+    return (p.dims > 0 ? i * st[0] : 0) + (p.dims > 1 ? j * st[1] : 0) + (p.dims > 2 ? k * st[2] : 0) +
+           (p.dims > 3 ? l * st[3] : 0);
+  };
+  const size_t es = dtype_size(p.src_dtype);
+  for (int64_t i = 0; i < s0; ++i)
+    for (int64_t j = 0; j < s1; ++j)
+      for (int64_t k = 0; k < s2; ++k)
+        for (int64_t l = 0; l < s3; ++l) {
+          const int64_t a = at(p.src_stride, i, j, k, l), b = at(p.dst_stride, i, j, k, l);
+          if (p.src_dtype == p.dst_dtype)
+            std::memcpy(static_cast<char*>(p.dst) + b * es, static_cast<const char*>(p.src) + a * es, es);
+          else
+            store(p.dst_dtype, p.dst, b, load(p.src_dtype, p.src, a));
+        }
+}
+
 }  // namespace hmla::cpu

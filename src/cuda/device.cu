@@ -13,6 +13,7 @@
 #include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
 #include "runtime.h"
+#include "strided.cuh"
 
 namespace hmla {
 
@@ -94,6 +95,19 @@ class CudaAllocator final : public Allocator {
     check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a copy");
   }
   void synchronize() override { cuda::current_stream().sync(); }
+  void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                    const int64_t* shape, int dims, size_t esize) override {
+    const cuda::Strided4 g = cuda::strided4(shape, dst_strides, src_strides, dims);
+    switch (esize) {  // elements moved as unsigned words of their size
+      case 2: return cuda::strided_map(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), g);
+      case 4: return cuda::strided_map(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), g);
+      case 8: return cuda::strided_map(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(src), g);
+      default: throw Error("strided copy of " + std::to_string(esize) + "-byte elements");
+    }
+  }
+  void zero(void* p, size_t bytes) override {
+    check_cuda(cudaMemsetAsync(p, 0, bytes, cuda::current_stream().get()), "cudaMemsetAsync");
+  }
 
  private:
   void release_locked() {

@@ -4,6 +4,11 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "hmla/core/allocator.h"
 #include "hmla/core/error.h"
 
 // kernel<<<grid, block, smem, stream>>>(args...), spelled so that the SIMT emulator
@@ -38,7 +43,7 @@ class Stream {
   cudaStream_t s_ = nullptr;
 };
 
-// Unused until the projections move to the GPU (issue 16: cuBLASLt for every linear).
+// The products' handle (gemm.cu).
 class BlasLt {
  public:
   BlasLt() { check(cublasLtCreate(&h_), "cublasLtCreate"); }
@@ -56,5 +61,28 @@ class BlasLt {
 // The stream and cuBLASLt handle of this thread's device work (created on first use).
 Stream& current_stream();
 BlasLt& blaslt();
+
+// A device buffer of n T for the duration of one op, through the caching allocator (a steady
+// training step allocates nothing new). host() reads n values back (the stream's work first).
+template <class T>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n) : bytes_(size_t(std::max<int64_t>(n, 1)) * sizeof(T)) {
+    p_ = static_cast<T*>(allocator(Device::cuda).allocate(bytes_));
+  }
+  ~Scratch() { allocator(Device::cuda).deallocate(p_, bytes_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return p_; }
+  std::vector<T> host(int64_t n) const {
+    std::vector<T> v(size_t(std::max<int64_t>(n, 0)));
+    if (n > 0) device_copy(v.data(), Device::cpu, p_, Device::cuda, size_t(n) * sizeof(T));
+    return v;
+  }
+
+ private:
+  size_t bytes_;
+  T* p_ = nullptr;
+};
 
 }  // namespace hmla::cuda

@@ -55,19 +55,19 @@ void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor
   const RowShard sh = row_shard(cp, layout.s);
   sv.sc.layout = &layout;
   sv.sc.q_row0 = sh.row0;
-  sv.sc.qI = Tensor::empty({b, s, HI, DI}, DType::f32);
+  sv.sc.qI = Tensor::empty({b, s, HI, DI}, DType::f32, x.device());
   linear_fwd(cq, w.wq_b, sv.sc.qI.view({N, HI * DI}));
   rope(sv.sc.qI.slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
-  sv.kpre = Tensor::empty({N, DI}, DType::f32);
-  sv.k_mean = Tensor::empty({N}, DType::f32);
-  sv.k_rstd = Tensor::empty({N}, DType::f32);
-  Tensor kI = Tensor::empty({b, s, DI}, DType::f32);
+  sv.kpre = Tensor::empty({N, DI}, DType::f32, x.device());
+  sv.k_mean = Tensor::empty({N}, DType::f32, x.device());
+  sv.k_rstd = Tensor::empty({N}, DType::f32, x.device());
+  Tensor kI = Tensor::empty({b, s, DI}, DType::f32, x.device());
   linear_fwd(x, w.wk, sv.kpre);
   layernorm_fwd(sv.kpre, w.k_norm_weight, w.k_norm_bias, kNormEps, kI.view({N, DI}),
                 sv.k_mean, sv.k_rstd);
   rope(kI.view({b, s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
   sv.sc.kI = cp_all_gather_rows(cp, kI);  // the indexer's key: DI wide, of every row
-  sv.sc.w = Tensor::empty({b, s, HI}, DType::f32);
+  sv.sc.w = Tensor::empty({b, s, HI}, DType::f32, x.device());
   linear_fwd(x, w.weights_proj, sv.sc.w);
   scale(sv.sc.w, head_weight_scale(c), sv.sc.w);
 }
@@ -84,7 +84,7 @@ void indexer_backward(const ModelConfig& c, const IndexerTensors& w, const Tenso
 
   // This rank's rows of dkI, summed over every rank's queries.
   Tensor dk = cp.size() > 1 ? cp_reduce_scatter_rows(cp, kl.dkI) : kl.dkI.clone();
-  Tensor dkpre = Tensor::empty({N, DI}, DType::f32);
+  Tensor dkpre = Tensor::empty({N, DI}, DType::f32, x.device());
   rope(dk.view({x.size(0), s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, true);
   layernorm_bwd(dk.view({N, DI}), sv.kpre, w.k_norm_weight, sv.k_mean, sv.k_rstd, dkpre,
                 dw.k_norm_weight, dw.k_norm_bias);

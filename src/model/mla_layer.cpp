@@ -19,6 +19,7 @@ namespace {
 struct Dims {
   int64_t b, s, N, hid, H, Dn, Dr, Dv, Dqk, Rq, Rkv;
   int64_t S, NS, row0;
+  Device dev;  // where the layer runs: its input's device
 };
 
 Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const Comm& cp) {
@@ -28,11 +29,16 @@ Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const 
              layout.s, " rows");
   return {x.size(0), x.size(1), x.size(0) * x.size(1), c.hidden_size, c.num_attention_heads,
           c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.qk_head_dim(), c.q_lora_rank,
-          c.kv_lora_rank, layout.s, x.size(0) * layout.s, sh.row0};
+          c.kv_lora_rank, layout.s, x.size(0) * layout.s, sh.row0, x.device()};
 }
 
 
-Tensor f32(const Shape& s) { return Tensor::empty(s, DType::f32); }
+Tensor f32(Device dev, const Shape& s) { return Tensor::empty(s, DType::f32, dev); }
+
+// The attention kernels' dtype: f32 on the CPU; on CUDA bf16, so the layer hands them bf16
+// compute copies of its f32 activations and reads their outputs back as f32 (no copy on the CPU).
+Tensor core_in(const Tensor& t) { return t.device() == Device::cpu ? t : converted(t, DType::bf16); }
+Tensor f32_of(const Tensor& t) { return converted(t, DType::f32); }
 
 // Per-head absorption matrices as [H, rows, cols] views. W_kb_h is [Dn, Rkv] (the k half of
 // kv_b_proj's head h), stored as such in kv_b_proj and transposed in k_b_proj [H, Rkv, Dn]; W_vb_h
@@ -71,21 +77,21 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const AttnTensors& w, const MlaSa
   in.q_row0 = d.row0;
   if (L.cfg->attention_sink) in.sink = w.softmax_offset;
   if (L.latent()) {
-    in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
-    in.k = sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr});
+    in.q = core_in(sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr}));
+    in.k = core_in(sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr}));
     in.v = in.k.slice(3, 0, d.Rkv);  // the value is the latent: the key's first Rkv channels
   } else {
-    in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});
-    in.k = sv.k.view({d.b, d.S, d.H, d.Dqk});
-    in.v = sv.v.view({d.b, d.S, d.H, d.Dn + d.Dv}).slice(3, d.Dn, d.Dn + d.Dv);
+    in.q = core_in(sv.q.view({d.b, d.s, d.H, d.Dqk}));
+    in.k = core_in(sv.k.view({d.b, d.S, d.H, d.Dqk}));
+    in.v = core_in(sv.v.view({d.b, d.S, d.H, d.Dn + d.Dv}).slice(3, d.Dn, d.Dn + d.Dv));
   }
   return in;
 }
 
 AttnSparseInputs sparse_inputs(const MlaLayer& L, const AttnTensors& w, const MlaSaved& sv, const Dims& d) {
   AttnSparseInputs in;
-  in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});
-  in.kv = sv.ka.view({d.b, d.S, d.Rkv + d.Dr});
+  in.q = core_in(sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr}));
+  in.kv = core_in(sv.ka.view({d.b, d.S, d.Rkv + d.Dr}));
   in.Dv = d.Rkv;
   in.idx = sv.topk;
   in.K = L.cfg->index_topk;
@@ -197,8 +203,9 @@ void split_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   HMLA_CHECK(w.kv_b_proj.defined(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
   const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
-  w.k_b_proj = f32({H, Rkv, Dn});
-  w.v_b_proj = f32({H, Dv, Rkv});
+  const Device dev = w.kv_b_proj.device();
+  w.k_b_proj = f32(dev, {H, Rkv, Dn});
+  w.v_b_proj = f32(dev, {H, Dv, Rkv});
   w.k_b_proj.copy_from(heads.slice(1, 0, Dn).transpose(1, 2));
   w.v_b_proj.copy_from(heads.slice(1, Dn, Dn + Dv));
   w.kv_b_proj = Tensor();
@@ -208,7 +215,7 @@ void fold_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   HMLA_CHECK(w.k_b_proj.defined() && w.v_b_proj.defined(), ConfigError,
              "fold_kv_b_proj: k_b_proj.weight and v_b_proj.weight are required");
-  w.kv_b_proj = f32({H * (Dn + Dv), Rkv});
+  w.kv_b_proj = f32(w.k_b_proj.device(), {H * (Dn + Dv), Rkv});
   const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
   heads.slice(1, 0, Dn).copy_from(w.k_b_proj.transpose(1, 2));
   heads.slice(1, Dn, Dn + Dv).copy_from(w.v_b_proj);
@@ -231,12 +238,12 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   const Tensor x2 = x.view({d.N, d.hid});
   const AttnTensors& w = L.w;
 
-  sv.q = f32({d.N, d.H, d.Dqk});
+  sv.q = f32(d.dev, {d.N, d.H, d.Dqk});
   const Tensor q2 = sv.q.view({d.N, d.H * d.Dqk});
   if (d.Rq > 0) {
-    sv.qa = f32({d.N, d.Rq});
-    sv.rstd_q = f32({d.N});
-    sv.cq = f32({d.N, d.Rq});
+    sv.qa = f32(d.dev, {d.N, d.Rq});
+    sv.rstd_q = f32(d.dev, {d.N});
+    sv.cq = f32(d.dev, {d.N, d.Rq});
     linear_fwd(x2, w.q_a_proj, sv.qa);
     rmsnorm_fwd(sv.qa, w.q_a_layernorm, eps, sv.cq, sv.rstd_q);
     linear_fwd(sv.cq, w.q_b_proj, q2);
@@ -248,9 +255,9 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   // The shared key [c ; rope(k_pe)] of this rank's rows, then of every row: under context
   // parallelism this (Rkv + Dr)-wide latent is all that travels for the main attention.
   const int64_t Wa = d.Rkv + d.Dr;
-  sv.kva = f32({d.N, Wa});
-  sv.rstd_kv = f32({d.N});
-  Tensor ka = f32({d.b, d.s, Wa});
+  sv.kva = f32(d.dev, {d.N, Wa});
+  sv.rstd_kv = f32(d.dev, {d.N});
+  Tensor ka = f32(d.dev, {d.b, d.s, Wa});
   const Tensor ka2 = ka.view({d.N, Wa});
   linear_fwd(x2, w.kv_a_proj_with_mqa, sv.kva);
   rmsnorm_fwd(sv.kva.slice(1, 0, d.Rkv), w.kv_a_layernorm, eps, ka2.slice(1, 0, d.Rkv), sv.rstd_kv);
@@ -260,31 +267,33 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
 
   if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
     indexer_forward(cfg, w.indexer, x, sv.cq, layout, rc, sv.ind, cp);
-    sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
+    IndexerScores sc = sv.ind.sc;  // the scores' kernel takes bf16 copies on CUDA
+    sc.qI = core_in(sc.qI), sc.kI = core_in(sc.kI);
+    sv.topk = indexer_topk(sc, cfg.index_topk, cfg.index_window);
   }
   const Tensor kaf = sv.ka.view({d.NS, Wa});  // c in the first Rkv channels, k_pe after
   if (!L.latent()) {
     // Per-head keys [k_nope_h ; k_pe] and values of every key row, expanded here through
     // kv_b_proj; v stays a strided view of kv_b_proj's output.
-    sv.v = f32({d.NS, d.H * (d.Dn + d.Dv)});
+    sv.v = f32(d.dev, {d.NS, d.H * (d.Dn + d.Dv)});
     linear_fwd(kaf.slice(1, 0, d.Rkv), w.kv_b_proj, sv.v);
-    sv.k = f32({d.NS, d.H, d.Dqk});
+    sv.k = f32(d.dev, {d.NS, d.H, d.Dqk});
     sv.k.slice(2, 0, d.Dn).copy_from(sv.v.view({d.NS, d.H, d.Dn + d.Dv}).slice(2, 0, d.Dn));
     for (int64_t h = 0; h < d.H; ++h) sv.k.select(1, h).slice(1, d.Dn, d.Dqk).copy_from(kaf.slice(1, d.Rkv, Wa));
     run_core(L, w, sv, d, layout);
-    sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
+    sv.o = f32_of(sv.att.out).view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
     const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
-    sv.qabs = f32({d.N, d.H, Wa});
+    sv.qabs = f32(d.dev, {d.N, d.H, Wa});
     matmul(per_head(sv.q, 0, d.Dn), Trans::no, kb.m, op(kb.transposed), per_head(sv.qabs, 0, d.Rkv));
     sv.qabs.slice(2, d.Rkv, Wa).copy_from(sv.q.slice(2, d.Dn, d.Dqk));
     run_core(L, w, sv, d, layout);
-    sv.o = f32({d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
-    matmul(per_head(sv.att.out.view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
+    sv.o = f32(d.dev, {d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
+    matmul(per_head(f32_of(sv.att.out).view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
            per_head(sv.o, 0, d.Dv));
   }
-  Tensor y = f32({d.b, d.s, d.hid});
+  Tensor y = f32(d.dev, {d.b, d.s, d.hid});
   linear_fwd(sv.o.view({d.N, d.H * d.Dv}), w.o_proj, y);
   return y;
 }
@@ -296,7 +305,7 @@ void zeros_where_missing(AttnTensors w, AttnTensors& g, bool indexer) {
   const std::vector<Tensor*> wf = fields(w), gf = fields(g);
   const size_t first = wf.size() - kIndexerFields;
   for (size_t i = indexer ? first : 0; i < (indexer ? wf.size() : first); ++i)
-    if (wf[i]->defined() && !gf[i]->defined()) *gf[i] = Tensor::zeros(wf[i]->shape(), DType::f32);
+    if (wf[i]->defined() && !gf[i]->defined()) *gf[i] = Tensor::zeros(wf[i]->shape(), DType::f32, wf[i]->device());
 }
 
 // dsa_warmup: the dense KL against the MHA core's detached q/k (its lse is lseC unless a sink is
@@ -351,7 +360,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   const AttnTensors& dw = g.dweights;
 
   // o_proj
-  Tensor dO = f32({d.N, d.H, d.Dv});
+  Tensor dO = f32(d.dev, {d.N, d.H, d.Dv});
   linear_bwd(dy.view({d.N, d.hid}), sv.o.view({d.N, d.H * d.Dv}), w.o_proj, dw.o_proj,
              dO.view({d.N, d.H * d.Dv}));
 
@@ -364,12 +373,13 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   Tensor dq, dka;
   AttnDenseGrads ga;
   if (!L.latent()) {
-    ga = attn_dense_bwd(in, sv.att, dO.view({d.b, d.s, d.H, d.Dv}));
+    ga = attn_dense_bwd(in, sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})));
+    ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
     const Tensor dk = ga.dk.view({d.NS, d.H, d.Dqk});
-    Tensor dkvb = f32({d.NS, d.H, d.Dn + d.Dv});
+    Tensor dkvb = f32(d.dev, {d.NS, d.H, d.Dn + d.Dv});
     dkvb.slice(2, 0, d.Dn).copy_from(dk.slice(2, 0, d.Dn));
     dkvb.slice(2, d.Dn, d.Dn + d.Dv).copy_from(ga.dv.view({d.NS, d.H, d.Dv}));
-    dka = Tensor::zeros({d.b, d.S, Wa}, DType::f32);
+    dka = Tensor::zeros({d.b, d.S, Wa}, DType::f32, d.dev);
     const Tensor dka2 = dka.view({d.NS, Wa}), dk_pe = dka2.slice(1, d.Rkv, Wa);
     for (int64_t h = 0; h < d.H; ++h) add(dk_pe, dk.select(1, h).slice(1, d.Dn, d.Dqk), dk_pe);  // heads in order
     dq = ga.dq.view({d.N, d.H, d.Dqk});
@@ -378,19 +388,20 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   } else {
     const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
     const HeadMats dkb = w_kb(dw, d, L.split_kv_b_proj), dvb = w_vb(dw, d, L.split_kv_b_proj);
-    const Tensor oa = sv.att.out.view({d.N, d.H, d.Rkv});
-    Tensor doa = f32({d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
+    const Tensor oa = f32_of(sv.att.out).view({d.N, d.H, d.Rkv});
+    Tensor doa = f32(d.dev, {d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
     matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
     matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);
     if (sparse) {  // dkv holds the key's and the value's gradient together
       AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, w, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
-                                           doa.view({d.b, d.s, d.H, d.Rkv}));
-      ga = {gs.dq, gs.dkv, Tensor(), gs.dsink};
+                                           core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+      ga = {f32_of(gs.dq), f32_of(gs.dkv), Tensor(), gs.dsink};
     } else {
-      ga = attn_dense_bwd(in, sv.att, doa.view({d.b, d.s, d.H, d.Rkv}));
+      ga = attn_dense_bwd(in, sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+      ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
     }
     const Tensor dqa = ga.dq.view({d.N, d.H, Wa});  // qabs_h = q_nope_h W_kb_h
-    dq = f32({d.N, d.H, d.Dqk});
+    dq = f32(d.dev, {d.N, d.H, d.Dqk});
     matmul(per_head(dqa, 0, d.Rkv), Trans::no, kb.m, op(!kb.transposed), per_head(dq, 0, d.Dn));
     if (dkb.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
       matmul(per_head(dqa, 0, d.Rkv), Trans::yes, per_head(sv.q, 0, d.Dn), Trans::no, dkb.m, 1.f, 1.f);
@@ -411,15 +422,15 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   // RoPE backward, then the kv_a and q projections; dx accumulates in a fixed order.
   rope_rows(dq, d, d.Dn, rc, true);
   rope_rows(dka_own.view({d.N, 1, Wa}), d, d.Rkv, rc, true);
-  Tensor dkva = f32({d.N, Wa});
+  Tensor dkva = f32(d.dev, {d.N, Wa});
   rmsnorm_bwd(dka_own.slice(1, 0, d.Rkv), sv.kva.slice(1, 0, d.Rkv), w.kv_a_layernorm, sv.rstd_kv,
               dkva.slice(1, 0, d.Rkv), dw.kv_a_layernorm);
   dkva.slice(1, d.Rkv, Wa).copy_from(dka_own.slice(1, d.Rkv, Wa));
-  g.dx = f32({d.b, d.s, d.hid});
+  g.dx = f32(d.dev, {d.b, d.s, d.hid});
   const Tensor dx2 = g.dx.view({d.N, d.hid}), dq2 = dq.view({d.N, d.H * d.Dqk});
   linear_bwd(dkva, x2, w.kv_a_proj_with_mqa, dw.kv_a_proj_with_mqa, dx2);
   if (d.Rq > 0) {
-    Tensor dcq = f32({d.N, d.Rq}), dqa = f32({d.N, d.Rq});
+    Tensor dcq = f32(d.dev, {d.N, d.Rq}), dqa = f32(d.dev, {d.N, d.Rq});
     linear_bwd(dq2, sv.cq, w.q_b_proj, dw.q_b_proj, dcq);
     rmsnorm_bwd(dcq, sv.qa, w.q_a_layernorm, sv.rstd_q, dqa, dw.q_a_layernorm);
     linear_bwd(dqa, x2, w.q_a_proj, dw.q_a_proj, dx2, 1.f);

@@ -82,6 +82,9 @@ Tensor shard_ids(const Batch& batch, const Comm& cp) {
   return take_rows(batch.input_ids.view({b, sh.s, 1}), sh).view({b, sh.rows});
 }
 
+// A host-built tensor (ids, targets, weights, tables) on the model's device.
+Tensor on_model(const Model& m, const Tensor& t) { return t.on(m.device()); }
+
 // The LM head and its loss run over this many rows at a time, so their logits and the logits'
 // gradient (2 x rows x vocab_size f32) stay within 2 x 32 MiB: the [tokens, vocab] matrix of a
 // step is never whole. A batch within one chunk computes exactly as one unchunked call.
@@ -94,8 +97,8 @@ int64_t head_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, kHeadChunkE
 double lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
                     const Tensor& dn) {
   const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
-  const Tensor logits = Tensor::empty({rows, V}, DType::f32);
-  const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32) : Tensor();
+  const Tensor logits = Tensor::empty({rows, V}, DType::f32, m.device());
+  const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32, m.device()) : Tensor();
   double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t r1 = std::min(N, r0 + rows);
@@ -121,7 +124,7 @@ void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bo
 
 Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false, bool logits = false) {
   const ModelConfig& c = m.cfg;
-  const Tensor local_ids = shard_ids(batch, cp);
+  const Tensor local_ids = on_model(m, shard_ids(batch, cp));
   const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
                 I = c.intermediate_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -130,12 +133,13 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   // Every activation outside the attention, from one arena of activation_table, taken in its
   // order (no names on this path; each view's shape is checked against the table's).
   const std::vector<ParamSpec> table = activation_table(c, N);
-  f.arena = Tensor::empty({table_numel(table)}, DType::f32);
+  f.arena = Tensor::empty({table_numel(table)}, DType::f32, m.device());
   ArenaCursor act{table, f.arena.view({f.arena.numel()})};
   Tensor h = act.next({N, hid}).view({b, s, hid});
   embedding_fwd(local_ids, m.w.embed_tokens, h);
   f.layers.resize(c.num_hidden_layers);
-  const RopeCache rope = rope_cache(c, s, row_shard(cp, batch.input_ids.size(1)).row0);  // one per forward
+  RopeCache rope = rope_cache(c, s, row_shard(cp, batch.input_ids.size(1)).row0);  // one per forward
+  rope = {on_model(m, rope.cos), on_model(m, rope.sin)};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
@@ -168,7 +172,7 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   act.finish();
   rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
   if (logits) {
-    f.logits = Tensor::empty({N, V}, DType::f32);
+    f.logits = Tensor::empty({N, V}, DType::f32, m.device());
     linear_fwd(f.n_final, m.w.lm_head, f.logits);
   }
   return f;
@@ -327,7 +331,7 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   }
 }
 
-Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
   HMLA_CHECK(c.vocab_size > 0 && c.intermediate_size > 0, ConfigError,
              "a model needs vocab_size and intermediate_size (>= 1)");
   HMLA_CHECK(static_cast<int64_t>(has_indexer.size()) == c.num_hidden_layers, ConfigError,
@@ -345,7 +349,7 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
   m.cfg = c;
   m.has_indexer = has_indexer;
   m.table = model_param_table(c, has_indexer);
-  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32);
+  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
   m.params = arena_views(m.table, m.arena);
   m.w = model_tensors(m.params, c.num_hidden_layers, c.tie_word_embeddings);
   return m;
@@ -354,13 +358,16 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer) {
 void init_model(Model& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
+  const Tensor host = Tensor::empty({m.arena.numel()}, DType::f32);  // drawn on the host, then copied
+  float* v = host.data<float>();
   for (const ParamSpec& p : m.table) {
-    float* v = m.params.at(p.name).data<float>();
     const int64_t n = shape_numel(p.shape);
     const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos;
     const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos;
     for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
+    v += n;
   }
+  m.arena.copy_from(host);
 }
 
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
@@ -376,7 +383,7 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
     const Tensor& t = it->second;
     HMLA_CHECK(t.shape() == p.shape, IoError, what, ": tensor '", p.name, "' is ", shape_str(t.shape()),
                ", the config needs ", shape_str(p.shape));
-    Tensor dst = m.params.at(p.name);
+    Tensor dst = Tensor::empty(p.shape, DType::f32);  // on the host, checked, then into the arena
     if (t.dtype() == DType::f32) {
       dst.copy_from(t);
     } else {
@@ -388,6 +395,7 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
     const int64_t bad = first_non_finite(dst);
     HMLA_CHECK(bad < 0, IoError, what, ": tensor '", p.name, "' holds a non-finite value (", dst.data<float>()[bad],
                " at flat index ", bad, ")");
+    m.params.at(p.name).copy_from(dst);
   }
 }
 
@@ -417,8 +425,8 @@ double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   std::vector<float> keep;
   shard_targets(batch, m.cfg.pad_token_id, 0, cp, target, keep);
   const int64_t n = int64_t(keep.size());
-  return lm_head_loss(m, f.n_final, Tensor::from_vector<int32_t>({n}, target), Tensor::from_vector<float>({n}, keep),
-                      Tensor(), Tensor());
+  return lm_head_loss(m, f.n_final, on_model(m, Tensor::from_vector<int32_t>({n}, target)),
+                      on_model(m, Tensor::from_vector<float>({n}, keep)), Tensor(), Tensor());
 }
 
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
@@ -437,14 +445,14 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
 
   // The indexer's loss rows over the whole batch, then this rank's.
   const Tensor all_rows = loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, opt.valid_rows);
-  const Tensor row_weight = take_rows(all_rows.view({b, sh.s, 1}), sh).view({b, s});
+  const Tensor row_weight = on_model(m, take_rows(all_rows.view({b, sh.s, 1}), sh).view({b, s}));
   const ModelTensors gw = model_tensors(grads, c.num_hidden_layers, c.tie_word_embeddings);
-  auto tmp = [](const Shape& sh) { return Tensor::empty(sh, DType::f32); };
+  auto tmp = [&m](const Shape& sh) { return Tensor::empty(sh, DType::f32, m.device()); };
 
   // Head (with the LM loss, chunk by chunk) and final norm.
   Tensor dn = opt.backbone ? tmp({N, hid}) : Tensor(), dh;
-  st.lm_loss = lm_head_loss(m, f.n_final, Tensor::from_vector<int32_t>({N}, target),
-                            Tensor::from_vector<float>({N}, keep), gw.lm_head, dn);
+  st.lm_loss = lm_head_loss(m, f.n_final, on_model(m, Tensor::from_vector<int32_t>({N}, target)),
+                            on_model(m, Tensor::from_vector<float>({N}, keep)), gw.lm_head, dn);
   if (opt.backbone) {
     dh = tmp({b, s, hid});
     rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);

@@ -11,13 +11,6 @@ namespace hmla {
 
 namespace {
 
-void check_f32(const Tensor& t, const char* name, const Shape& want) {
-  HMLA_CHECK(t.defined() && t.dtype() == DType::f32 && t.device() == Device::cpu && t.is_contiguous() &&
-                 t.shape() == want,
-             ShapeError, "indexer: ", name, " must be a contiguous f32 CPU tensor ", shape_str(want), ", got ",
-             t.defined() ? dtype_name(t.dtype()) : "undefined", t.defined() ? shape_str(t.shape()) : "");
-}
-
 void check_dev(const Tensor& t, const char* name, const Shape& want, DType dtype, Device dev) {
   HMLA_CHECK(t.defined() && t.dtype() == dtype && t.device() == dev && t.is_contiguous() && t.shape() == want,
              ShapeError, "indexer: ", name, " must be a contiguous ", dtype_name(dtype), " ", device_name(dev),
@@ -32,14 +25,15 @@ const Backend& supported(const IndexerParams& p, Device dev, const char* what) {
   return be;
 }
 
-// CPU: f32 throughout. CUDA: bf16 qI and kI, f32 w. Fills the params' score fields; the caller keeps
+// CPU: f32 throughout. CUDA: bf16 qI and kI for the scores and selection (topk), f32 for the KLs;
+// w f32. Fills the params' score fields; the caller keeps
 // `ds` (the layout's doc_start on the inputs' device) alive while the params are used.
 IndexerParams check_scores(const IndexerScores& sc, IndexerOp op, Tensor& ds) {
   HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4 && sc.kI.defined() && sc.kI.dim() == 3, ShapeError,
              "indexer: qI must be [b, sq, HI, DI] and kI [b, s, DI]");
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
   const Device dev = sc.qI.device();
-  const DType dt = dev == Device::cpu ? DType::f32 : DType::bf16;
+  const DType dt = dev == Device::cpu || op != IndexerOp::topk ? DType::f32 : DType::bf16;
   check_dev(sc.qI, "qI", {b, sq, HI, DI}, dt, dev);
   check_dev(sc.kI, "kI", {b, s, DI}, dt, dev);
   check_dev(sc.w, "w", {b, sq, HI}, DType::f32, dev);
@@ -67,11 +61,13 @@ IndexerParams check_kl(const IndexerKlInputs& in, IndexerOp op, Tensor& ds) {
   const int64_t H = in.q.size(2), Hkv = in.k.size(2);
   HMLA_CHECK(in.q.size(0) == b && in.q.size(1) == sq && in.k.size(0) == b && in.k.size(1) == s &&
                  in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 && in.q.stride(3) == 1 &&
-                 in.k.stride(3) == 1 && in.q.dtype() == DType::f32 && in.k.dtype() == DType::f32,
+                 in.k.stride(3) == 1 && in.q.dtype() == DType::f32 && in.k.dtype() == DType::f32 &&
+                 in.q.device() == in.sc.qI.device() && in.k.device() == in.sc.qI.device(),
              ShapeError, "indexer KL: q ", shape_str(in.q.shape()), " and k ", shape_str(in.k.shape()),
-             " do not fit [b, sq, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H");
-  if (in.lse_c.defined()) check_f32(in.lse_c, "lse_c", {b, H, sq});
-  check_f32(in.row_weight, "row_weight", {b, sq});
+             " do not fit [b, sq, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H (f32, on qI's device)");
+  const Device dev = in.sc.qI.device();
+  if (in.lse_c.defined()) check_dev(in.lse_c, "lse_c", {b, H, sq}, DType::f32, dev);
+  check_dev(in.row_weight, "row_weight", {b, sq}, DType::f32, dev);
   HMLA_CHECK(in.scale > 0 && in.coeff >= 0, ShapeError, "indexer KL: scale must be > 0 and coeff >= 0");
   p.H = H, p.Hkv = Hkv, p.Dqk = in.q.size(3);
   p.q = in.q.data<float>();
@@ -86,8 +82,9 @@ IndexerParams check_kl(const IndexerKlInputs& in, IndexerOp op, Tensor& ds) {
 
 // Allocates the gradients and runs the KL the params name.
 IndexerKlResult run_kl(const Backend& be, IndexerParams& p, const IndexerKlInputs& in) {
-  IndexerKlResult r{0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32), Tensor::empty(in.sc.kI.shape(), DType::f32),
-                    Tensor::empty(in.sc.w.shape(), DType::f32)};
+  const Device dev = in.sc.qI.device();
+  IndexerKlResult r{0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32, dev), Tensor::empty(in.sc.kI.shape(), DType::f32, dev),
+                    Tensor::empty(in.sc.w.shape(), DType::f32, dev)};
   p.dqI = r.dqI.data<float>(), p.dkI = r.dkI.data<float>(), p.dw = r.dw.data<float>();
   r.kl_sum = p.op == IndexerOp::kl_dense ? be.indexer_kl_dense(p) : be.indexer_kl_sparse(p);
   r.loss = double(in.coeff) * r.kl_sum;
@@ -142,10 +139,12 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
   IndexerParams p = check_kl(in, IndexerOp::kl_sparse, ds_dev);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
-                 in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K,
-             ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, sq, K + W] table with K >= 1");
-  // The table's contract: keys inside A(t), no duplicates in a row.
-  const int32_t* idx = in.topk.data<int32_t>();
+                 in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K &&
+                 in.topk.device() == in.sc.qI.device(),
+             ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, sq, K + W] table with K >= 1 on qI's device");
+  // The table's contract: keys inside A(t), no duplicates in a row (a device's table: checked on a host copy).
+  const Tensor host_table = in.topk.on(Device::cpu);
+  const int32_t* idx = host_table.data<int32_t>();
   const int32_t* ds = in.sc.layout->doc_start.data<int32_t>();
   const int64_t KW = in.topk.size(2);
   std::unordered_set<int32_t> seen;
@@ -162,7 +161,7 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
     }
   }
   p.K = in.K, p.W = KW - in.K;
-  p.topk = idx;
+  p.topk = in.topk.data<int32_t>();
   return run_kl(supported(p, in.sc.qI.device(), "indexer sparse KL"), p, in);
 }
 

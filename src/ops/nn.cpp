@@ -275,12 +275,11 @@ EmbeddingParams embedding_params(const Tensor& ids, const Tensor& E, const Tenso
                  rows_t.numel() == p.N * p.D && rows_t.size(-1) == p.D,
              ShapeError, op, ": ", rows_name, " must be a contiguous f32 tensor of ", p.N, " rows of ", p.D,
              ", got ", desc(rows_t));
-  if (ids.device() == Device::cpu) {
-    const int32_t* id = ids.data<int32_t>();
-    for (int64_t n = 0; n < p.N; ++n)
-      HMLA_CHECK(id[n] >= 0 && id[n] < p.V, ShapeError, "token id ", id[n], " at position ", n,
-                 " is outside the vocabulary [0, ", p.V, ")");
-  }
+  const Tensor host = ids.on(Device::cpu);  // checked before any kernel reads a row (a device's ids: a copy)
+  const int32_t* id = host.data<int32_t>();
+  for (int64_t n = 0; n < p.N; ++n)
+    HMLA_CHECK(id[n] >= 0 && id[n] < p.V, ShapeError, "token id ", id[n], " at position ", n,
+               " is outside the vocabulary [0, ", p.V, ")");
   p.ids = ids.data<int32_t>();
   return p;
 }
@@ -308,12 +307,14 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   check_contiguous(target, DType::i32, {p.N}, "cross_entropy", "target");
   check_contiguous(w, DType::f32, {p.N}, "cross_entropy", "w");
   if (dlogits.defined()) check_contiguous(dlogits, DType::f32, {p.N, p.V}, "cross_entropy", "dlogits");
-  if (target.device() == Device::cpu && w.device() == Device::cpu)
+  {
+    const Tensor ht = target.on(Device::cpu), hw = w.on(Device::cpu);  // a device's: copies
     for (int64_t n = 0; n < p.N; ++n) {
-      const int32_t t = target.data<int32_t>()[n];
-      HMLA_CHECK(w.data<float>()[n] == 0.f || (t >= 0 && t < p.V), ShapeError, "cross_entropy: target ", t,
+      const int32_t t = ht.data<int32_t>()[n];
+      HMLA_CHECK(hw.data<float>()[n] == 0.f || (t >= 0 && t < p.V), ShapeError, "cross_entropy: target ", t,
                  " of row ", n, " is outside the vocabulary [0, ", p.V, ")");
     }
+  }
   p.logits = logits.data<float>(), p.target = target.data<int32_t>(), p.w = w.data<float>();
   p.dlogits = dlogits.defined() ? dlogits.data<float>() : nullptr;
   p.init = init;
@@ -337,6 +338,29 @@ void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out) {
 void add(const Tensor& a, const Tensor& b, const Tensor& out) { axpy(a, 1.f, b, out); }
 
 void scale(const Tensor& a, float alpha, const Tensor& out) { axpy(a, alpha, Tensor(), out); }
+
+void convert(const Tensor& src, const Tensor& dst) {
+  HMLA_CHECK(src.defined() && dst.defined() && src.shape() == dst.shape(), ShapeError, "convert: ", desc(src),
+             " into ", desc(dst), ": the shapes differ");
+  ConvertParams p;
+  p.src_dtype = src.dtype(), p.dst_dtype = dst.dtype();
+  for (int64_t d = 0; d < src.dim(); ++d) {
+    if (src.size(d) == 1) continue;
+    HMLA_CHECK(p.dims < 4, ShapeError, "convert: ", desc(src), " has more than four dimensions of size > 1");
+    p.shape[p.dims] = src.size(d), p.src_stride[p.dims] = src.stride(d), p.dst_stride[p.dims] = dst.stride(d);
+    ++p.dims;
+  }
+  p.src = src.raw_data(), p.dst = dst.raw_data();
+  if (src.numel() == 0) return;
+  dispatch("convert", p, {&src, &dst}).convert(p);
+}
+
+Tensor converted(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype && t.is_contiguous()) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype, t.device());
+  convert(t, out);
+  return out;
+}
 
 // ---- optimizer steps ----------------------------------------------------------------------------
 

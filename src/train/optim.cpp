@@ -30,8 +30,9 @@ void newton_schulz(const Tensor& G, int steps, Tensor out) {
   const int64_t rows = G.size(0), cols = G.size(1);
   const bool tr = rows > cols;  // iterate on the wide orientation
   const int64_t r = tr ? cols : rows, c = tr ? rows : cols;
-  Tensor X = Tensor::empty({r, c}, DType::f32), A = Tensor::empty({r, r}, DType::f32),
-         B = Tensor::empty({r, r}, DType::f32), Gs = Tensor::empty({rows, cols}, DType::f32);
+  const Device dev = G.device();
+  Tensor X = Tensor::empty({r, c}, DType::f32, dev), A = Tensor::empty({r, r}, DType::f32, dev),
+         B = Tensor::empty({r, r}, DType::f32, dev), Gs = Tensor::empty({rows, cols}, DType::f32, dev);
   const float inv = float(1.0 / (std::sqrt(sum_squares(G)) + 1e-7));
   scale(G, inv, Gs);
   X.copy_from(tr ? Gs.transpose(0, 1) : Gs);
@@ -61,8 +62,8 @@ Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only)
     : o_(o), indexer_only_(indexer_only), table_(m.table) {
   HMLA_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError, "optimizer '", o.optimizer,
              "': use adamw or muon");
-  m_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32);
-  v_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32);
+  m_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
+  v_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
   m_ = arena_views(table_, m_arena_);
   v_ = arena_views(table_, v_arena_);
 }
@@ -88,7 +89,7 @@ OptimStats Optimizer::step(Model& m, io::TensorMap& grads, int64_t step) {
     const float lr = float(lr_at(o_, idx ? o_.indexer_lr : o_.lr, step));
     const Tensor &w = m.params.at(p.name), &g = grads.at(p.name), &mm = m_.at(p.name);
     if (uses_muon(o_, p)) {
-      Tensor u = Tensor::empty(p.shape, DType::f32), upd = Tensor::empty(p.shape, DType::f32);
+      Tensor u = Tensor::empty(p.shape, DType::f32, w.device()), upd = Tensor::empty(p.shape, DType::f32, w.device());
       muon_momentum(g, mm, u, gscale, float(o_.muon_momentum));
       newton_schulz(u, o_.muon_ns_steps, upd);
       const float scale_ = 0.2f * std::sqrt(float(std::max(p.shape[0], p.shape[1])));

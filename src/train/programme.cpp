@@ -109,13 +109,17 @@ Programme parse_programme(const std::string& text, const std::string& path) {
     else if (k == "data") pr.data_dir = resolve(dir, get<std::string>(v, k, path));
     else if (k == "init_checkpoint") pr.init_checkpoint = resolve(dir, get<std::string>(v, k, path));
     else if (k == "seed") pr.seed = get<uint64_t>(v, k, path);
-    else if (k == "hybrid_layers") {
+    else if (k == "device") {
+      pr.device = get<std::string>(v, k, path);
+      HMLA_CHECK(pr.device == "cpu" || pr.device == "cuda", ConfigError, path, ": device '", pr.device,
+                 "': use cpu or cuda");
+    }    else if (k == "hybrid_layers") {
       if (!(v.IsScalar() && v.Scalar() == "all")) pr.hybrid_layers = get<std::vector<int64_t>>(v, k, path);
     } else if (k == "base") base = v;
     else if (k == "phases") phases = v;
     else
       throw ConfigError(path + ": unknown key '" + k +
-                        "' (known: model, data, init_checkpoint, seed, hybrid_layers, base, phases)");
+                        "' (known: model, data, init_checkpoint, seed, hybrid_layers, device, base, phases)");
   });
   HMLA_CHECK(!pr.model_config.empty() && !pr.data_dir.empty(), ConfigError, path, ": model and data are required");
   HMLA_CHECK(phases.IsSequence() && phases.size() > 0, ConfigError, path, ": phases must be a non-empty list");

@@ -12,6 +12,7 @@
 
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/core/cuda.h"
 #include "hmla/ops/cpu_blas.h"
 
 namespace hmla {
@@ -201,7 +202,7 @@ RunDir RunDir::claim(const Programme& pr, const std::string& out_dir, bool resum
   return d;
 }
 
-void RunDir::begin() {
+void RunDir::begin(Device device) {
   const fs::path out(out_);
   if (!lock_.held()) {
     std::error_code ec;
@@ -215,7 +216,8 @@ void RunDir::begin() {
     const CpuBlasInfo blas = cpu_blas_info();
     const nlohmann::ordered_json env{{"hmla_version", HMLA_VERSION_STRING},
                                      {"commit", HMLA_COMMIT_STRING},
-                                     {"device", "cpu"},
+                                     {"device", device == Device::cpu ? std::string("cpu")
+                                                                      : "cuda: " + cuda_device_name(0)},
                                      {"threads", omp_get_max_threads()},
                                      {"blas", blas.library},
                                      {"blas_core", blas.core},

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "hmla/core/cuda.h"
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
@@ -86,7 +87,7 @@ void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) 
 
 // A model for `cfg` carrying over every tensor of `old`; indexers new to it are initialised.
 Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>& has_indexer, uint64_t seed, int& created) {
-  Model m = build_model(cfg, has_indexer);
+  Model m = build_model(cfg, has_indexer, old.device());
   created = 0;
   for (const ParamSpec& p : m.table)
     if (old.params.count(p.name)) m.params.at(p.name).copy_from(old.params.at(p.name));
@@ -137,30 +138,40 @@ RunDir claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm) {
   comm.barrier();
   return d;
 }
-void begin_on_root(RunDir& d, Comm& comm) {
-  if (comm.is_root()) d.begin();
+void begin_on_root(RunDir& d, Comm& comm, Device dev) {
+  if (comm.is_root()) d.begin(dev);
   comm.barrier();
 }
 
 // out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
 // built in a temporary directory and renamed into place; then `latest` names it.
-void check_finite_weights(const Model& m) {
-  for (const auto& [name, t] : m.params)
+// The parameters as host tensors (one copy of the arena off a device; the arena itself on the CPU).
+io::TensorMap host_params(const Model& m) { return arena_views(m.table, m.arena.on(Device::cpu)); }
+
+void check_finite_weights(const io::TensorMap& params) {
+  for (const auto& [name, t] : params)
     if (const int64_t i = first_non_finite(t); i >= 0)
       throw DivergenceError("parameter '" + name + "' became non-finite (" + std::to_string(t.data<float>()[i]) +
                             " at flat index " + std::to_string(i) + ")");
 }
 
+io::TensorMap host_tensors(const io::TensorMap& m) {
+  io::TensorMap h;
+  for (const auto& [name, t] : m) h[name] = t.on(Device::cpu);
+  return h;
+}
+
 void save_checkpoint(const fs::path& root, const std::string& name, const Model& m, const Optimizer& o,
                      const RunState& st) {
-  check_finite_weights(m);  // a diverged model is never saved
+  const io::TensorMap params = host_params(m);
+  check_finite_weights(params);  // a diverged model is never saved
   const fs::path dir = root / name, tmp = root / ("." + name + ".tmp"), old = root / ("." + name + ".old");
   fs::remove_all(tmp);
   fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
   RemoveUnlessKept cleanup{tmp};
   save_model_config((tmp / "config.json").string(), m.cfg);
-  io::save_safetensors((tmp / "model.safetensors").string(), m.params, {{"format", "pt"}});
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), o.state());
+  io::save_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
   io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
   if (fs::exists(dir)) fs::rename(dir, old);
   fs::rename(tmp, dir);
@@ -360,7 +371,8 @@ std::vector<bool> indexers_in(const io::TensorMap& w, int64_t layers) {
 
 // --resume: the latest checkpoint of this run, once the data, the programme and metrics.jsonl
 // are known to be the ones it was written with and its data position lies inside its document.
-RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const RunInputs& in, std::ostream& log) {
+RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const RunInputs& in, Device dev,
+                            std::ostream& log) {
   const fs::path out(opt.out_dir), dir = latest_checkpoint(out / "checkpoints");
   const std::string name = dir.filename().string();
   const ModelConfig saved = load_model_config((dir / "config.json").string());
@@ -376,7 +388,7 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
   const io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
   ModelConfig cfg = in.cfg;
   cfg.layer_modes = saved.layer_modes;
-  s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers));
+  s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers), dev);
   load_into_model(s.model, w, (dir / "model.safetensors").string());
   s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
   log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";
@@ -385,14 +397,14 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
 
 // A new run: the init_checkpoint's weights (with the indexers it holds) or a random
 // initialisation from the seed.
-RunStart start_fresh(const Programme& pr, const ModelConfig& cfg) {
+RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {
   RunStart s;
   if (!pr.init_checkpoint.empty()) {
     const io::TensorMap w = io::load_checkpoint_tensors(pr.init_checkpoint);
-    s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers));
+    s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers), dev);
     load_into_model(s.model, w, pr.init_checkpoint);
   } else {
-    s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false));
+    s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev);
     init_model(s.model, pr.seed);
   }
   return s;
@@ -476,7 +488,7 @@ struct StepResult {
 StepResult train_step(const Run& run, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
                       PackedLoader& loader, Tensor& garena, io::TensorMap& grads) {
   const auto t0 = std::chrono::steady_clock::now();
-  allocator(Device::cpu).reset_peak();
+  allocator(model.device()).reset_peak();
   std::vector<Batch> micro;
   int64_t targets = 0, rows = 0;
   for (int64_t i = 0; i < ph.micro_batches; ++i) {
@@ -513,12 +525,12 @@ StepResult train_step(const Run& run, const PhaseSettings& ph, int64_t step, Mod
   return r;
 }
 
-void write_step_row(const Run& run, const PhaseSettings& ph, int64_t step, const StepResult& r) {
+void write_step_row(const Run& run, const PhaseSettings& ph, int64_t step, const StepResult& r, Device dev) {
   run.metrics.row(json{{"phase", ph.name}, {"step", step + 1}, {"lm_loss", r.lm},
                        {"indexer_kl", is_dsa(ph.mode) ? json(r.kl) : json()}, {"lr", r.os.lr},
                        {"grad_norm_backbone", r.os.grad_norm_backbone}, {"grad_norm_indexer", r.os.grad_norm_indexer},
                        {"tokens_per_s", double(r.tokens) / r.seconds},
-                       {"peak_bytes", allocator(Device::cpu).peak_bytes()}});
+                       {"peak_bytes", allocator(dev).peak_bytes()}});
 }
 
 // "[name] step 7/20  lm 3.1416  kl 0.1234  5123 tok/s  ETA 0m42s" (kl in dsa phases only).
@@ -576,7 +588,7 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
   opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
   PackedLoader loader(run.in.train, ph.seq_len, loader_seed(run.pr, p));
   if (resumed) loader.seek(resumed->data_pos);
-  Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32);
+  Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32, model.device());
   io::TensorMap grads = arena_views(model.table, garena);
 
   const int64_t first = resumed ? resumed->step : 0;
@@ -585,7 +597,7 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
     const StepResult r = train_step(run, ph, step, model, optim, loader, garena, grads);
     losses.push_back(r.lm);
     kls.push_back(r.kl);
-    write_step_row(run, ph, step, r);
+    write_step_row(run, ph, step, r, model.device());
     if ((step + 1) % ph.log_every == 0 || step + 1 == ph.steps) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
       print_progress(run, ph, step, r, elapsed / double(step + 1 - first));
@@ -607,9 +619,10 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
 
 // The run's final weights and config next to its checkpoints (a diverged model is never saved).
 void save_final_model(const fs::path& out, const Model& model) {
-  check_finite_weights(model);
+  const io::TensorMap params = host_params(model);
+  check_finite_weights(params);
   save_model_config((out / "config.json").string(), model.cfg);
-  io::save_safetensors((out / "model.safetensors").string(), model.params, {{"format", "pt"}});
+  io::save_safetensors((out / "model.safetensors").string(), params, {{"format", "pt"}});
 }
 
 // The end-of-run table on the console, one line per phase, then the phases without a held-out
@@ -649,6 +662,15 @@ void write_summary_json(const fs::path& out, const std::vector<PhaseSummary>& su
 
 }  // namespace
 
+Device training_device(const std::string& requested) {
+  HMLA_CHECK(requested == "cpu" || requested == "cuda", ConfigError, "device '", requested, "': use cpu or cuda");
+  if (requested == "cpu") return Device::cpu;
+  HMLA_CHECK(cuda_built(), ConfigError,
+             "device cuda: this build of hmla has no CUDA backend (rebuild with the CUDA toolkit's nvcc on PATH)");
+  HMLA_CHECK(cuda_device_count() > 0, ConfigError, "device cuda: no CUDA device is visible on this machine");
+  return Device::cuda;
+}
+
 void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& console) {
   RankGrid grid = set_up_rank_grid(pr, opt.cp);
   const bool root = grid.root();
@@ -657,12 +679,13 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   if (const char* f = std::getenv("HMLA_TEST_FAIL_RANK"); f && std::atoi(f) == grid.world.rank())
     throw Error("injected failure on rank " + std::to_string(grid.world.rank()) + " (HMLA_TEST_FAIL_RANK)");
   std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
+  const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
   const RunInputs in = load_run_inputs(pr, opt.cp);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root
-  RunStart start = opt.resume ? resume_from_latest(pr, opt, in, log) : start_fresh(pr, in.cfg);
+  RunStart start = opt.resume ? resume_from_latest(pr, opt, in, dev, log) : start_fresh(pr, in.cfg, dev);
 
-  begin_on_root(run_dir, grid.world);  // every check passed: create, lock (until the run ends), mark
+  begin_on_root(run_dir, grid.world, dev);  // every check passed: create, lock (until the run ends), mark
   std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
   if (root && opt.resume) {
     truncate_metrics(out / "metrics.jsonl", start.st.metrics_bytes);

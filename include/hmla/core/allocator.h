@@ -26,6 +26,13 @@ class Allocator {
   virtual void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) = 0;
   // Waits for every operation queued on the device.
   virtual void synchronize() {}
+  // Within this device: dst[i] = src[i] over `shape` (dims <= kMaxStridedDims, strides in
+  // elements of esize bytes), and zeroing contiguous bytes. The CPU's Tensor does both itself;
+  // the base versions throw.
+  static constexpr int kMaxStridedDims = 4;
+  virtual void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
+                            const int64_t* shape, int dims, size_t esize);
+  virtual void zero(void* p, size_t bytes);
 
  protected:
   virtual void* raw_allocate(size_t bytes) = 0;

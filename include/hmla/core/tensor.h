@@ -90,7 +90,7 @@ class Tensor {
   Tensor clone() const;                   // contiguous copy on the same device
   Tensor to(Device device) const;         // contiguous copy on device
   Tensor on(Device device) const { return device == this->device() ? *this : to(device); }  // no copy if there
-  void copy_from(const Tensor& src);      // same shape and dtype; any strides on the CPU
+  void copy_from(const Tensor& src);      // same shape and dtype, any strides, any devices
   void fill_zero();                       // contiguous tensors only
 
   template <class T> std::vector<T> to_vector() const;  // contiguous CPU copy

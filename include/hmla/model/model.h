@@ -54,11 +54,12 @@ struct Model {
   // v_b_proj split from its kv_b_proj when it runs, and its gradient is folded back (both
   // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.
   bool split_kv_b_proj = false;
+  Device device() const { return arena.device(); }  // where it computes (every tensor of a step)
 };
 
-// Allocates the arena (zeros) for this config. Throws ConfigError for MoE layers (DESIGN.md
+// Allocates the arena (zeros, on `device`) for this config. Throws ConfigError for MoE layers (DESIGN.md
 // section 2) and for an MLP without intermediate_size / a model without vocab_size.
-Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer);
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device = Device::cpu);
 // N(0, initializer_range) for matrices and embeddings, 1 for norm weights, 0 for biases and the
 // sink; indexer tensors per indexer_init_missing's rule.
 void init_model(Model& m, uint64_t seed);

@@ -40,6 +40,7 @@ class Backend {
   virtual bool supports(const EmbeddingParams&) const { return false; }
   virtual bool supports(const CrossEntropyParams&) const { return false; }
   virtual bool supports(const AxpyParams&) const { return false; }
+  virtual bool supports(const ConvertParams&) const { return false; }
   virtual bool supports(const SumSquaresParams&) const { return false; }
   virtual bool supports(const AdamWParams&) const { return false; }
   virtual bool supports(const MuonParams&) const { return false; }
@@ -60,6 +61,7 @@ class Backend {
   virtual void embedding_bwd(const EmbeddingParams& p) const;
   virtual double cross_entropy(const CrossEntropyParams& p) const;
   virtual void axpy(const AxpyParams& p) const;
+  virtual void convert(const ConvertParams& p) const;
   virtual double sum_squares(const SumSquaresParams& p) const;
   virtual void adamw_update(const AdamWParams& p) const;
   virtual void muon_momentum(const MuonParams& p) const;

@@ -156,4 +156,18 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);                //
 void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out);  // out = a + alpha b
 void scale(const Tensor& a, float alpha, const Tensor& out);                  // out = alpha a
 
+// dst = src element by element, converted to dst's dtype (f32 <-> bf16, or the same dtype): the
+// compute copies of f32 tensors for the bf16 kernels and back. Same shape, any strides, at most
+// four dimensions of size > 1, one device.
+struct ConvertParams {
+  DType src_dtype = DType::f32, dst_dtype = DType::f32;
+  int dims = 0;
+  int64_t shape[4] = {}, src_stride[4] = {}, dst_stride[4] = {};
+  const void* src = nullptr;
+  void* dst = nullptr;
+};
+void convert(const Tensor& src, const Tensor& dst);
+// A contiguous copy of t in `dtype` on t's device (t itself when it already is one).
+Tensor converted(const Tensor& t, DType dtype);
+
 }  // namespace hmla

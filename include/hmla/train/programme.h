@@ -33,6 +33,7 @@ struct Programme {
   std::string init_checkpoint;  // optional: start from these weights
   uint64_t seed = 0;
   std::vector<int64_t> hybrid_layers;  // the layers that move through the modes (empty: all)
+  std::string device = "cpu";          // where it trains unless `hmla train --device` says (cpu, cuda)
   std::vector<PhaseSettings> phases;
   // The raw key/value text of the base and of each phase's own entries (for the config-delta test).
   std::map<std::string, std::string> base_raw;

@@ -29,7 +29,7 @@ class RunDir {
   // takes the lock if not yet held (checking again under it: another run may have got there
   // first), writes this process into the lock file, marks the directory (kRunMarker) and removes
   // the temporary checkpoint directories a killed run left. The lock lasts until destruction.
-  void begin();
+  void begin(Device device = Device::cpu);
 
  private:
   std::string out_, programme_;

@@ -16,7 +16,12 @@ struct TrainOptions {
   bool allow_safe_changes = false;  // --resume may change steps/log_every/checkpoint_every/eval_rows ahead
   int cp = 1;           // context-parallel ranks; the rest of the world is data parallel
   std::string cp_split = "contiguous";  // the only split (check_cp_split)
+  std::string device;   // cpu or cuda; empty: the programme's `device` (default cpu)
 };
+
+// The device a run computes on: `requested` ("cpu", "cuda"), checked against the build and the
+// machine (ConfigError naming what is missing).
+Device training_device(const std::string& requested);
 
 // Thrown when SIGINT stopped the run; the last complete checkpoint is intact.
 struct Interrupted : Error {

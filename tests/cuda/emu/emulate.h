@@ -60,7 +60,7 @@ namespace hmla::emu {
 struct Fiber {
   ucontext_t uc;   // for the first entry
   jmp_buf jb;      // every later switch: _setjmp/_longjmp, no signal-mask system call
-  std::vector<char> stack;
+  char* stack = nullptr;  // from stack_pool()
   dim3 thread;
   bool done = false, started = false;
   unsigned collectives = 0;  // warp collectives this thread has made (the deposit buffer's parity)
@@ -134,6 +134,24 @@ inline void fiber_entry() {
   _longjmp(L.main, 1);
 }
 
+// Launches do not nest (a kernel cannot launch one), so one pool of stacks serves every launch.
+#define HMLA_EMU_ASSERT_NOT_NESTED(outer)                                              \
+  do {                                                                                 \
+    if (outer) {                                                                       \
+      std::fprintf(stderr, "emulator: a launch from inside a kernel is not emulated\n"); \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+
+// Fiber stacks, kept across launches (a training step launches hundreds of kernels; allocating
+// and zeroing 256 KiB per thread each time would dominate the emulated run).
+constexpr size_t kStackBytes = 256 << 10;
+inline char* stack_pool(unsigned i) {
+  static std::vector<std::unique_ptr<char[]>> pool;
+  while (pool.size() <= i) pool.emplace_back(new char[kStackBytes]);
+  return pool[i].get();
+}
+
 // Runs body() as grid x block threads, blocks in order.
 inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   const unsigned n = block.x * block.y * block.z;
@@ -142,9 +160,10 @@ inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void(
   L.block_dim = block;
   L.body = &body;
   L.fibers.resize(n);
-  for (Fiber& f : L.fibers) f.stack.resize(256 << 10);
-  L.warps.resize((n + 31) / 32);
   Launch* outer = g_launch;
+  HMLA_EMU_ASSERT_NOT_NESTED(outer);
+  for (unsigned t = 0; t < n; ++t) L.fibers[t].stack = stack_pool(t);
+  L.warps.resize((n + 31) / 32);
   g_launch = &L;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
@@ -160,8 +179,8 @@ inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void(
           f.collectives = 0;
           f.waiting = nullptr;
           getcontext(&f.uc);
-          f.uc.uc_stack.ss_sp = f.stack.data();
-          f.uc.uc_stack.ss_size = f.stack.size();
+          f.uc.uc_stack.ss_sp = f.stack;
+          f.uc.uc_stack.ss_size = kStackBytes;
           f.uc.uc_link = nullptr;
           makecontext(&f.uc, fiber_entry, 0);
           L.block_scope.members.push_back(t);

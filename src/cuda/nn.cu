@@ -1,0 +1,333 @@
+// The dense ops and optimizer steps on the GPU, f32 (hmla/ops/nn.h, hmla/ops/optim.h), with the
+// CPU's formulas. Deterministic by construction: no atomics; every reduction has a fixed shape.
+//   - Row ops (norms, cross-entropy): one block per row, a fixed tree over the block's threads.
+//   - Column sums (the norms' dw/db): partial sums over fixed chunks of rows, then each column
+//     adds its partials in chunk order (two launches).
+//   - The embedding's backward: one thread per column walks the tokens in order (the CPU's order).
+//   - Scalars (cross-entropy's loss, sum_squares): per-row or per-chunk partials in f64, read back
+//     and summed on the host in order.
+// Element-wise ops are grid-stride loops. docs/cuda.md says what is left for speed.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_kernels.h"
+#include "hmla/core/allocator.h"
+#include "runtime.h"
+#include "reduce.cuh"
+#include "strided.cuh"
+
+namespace hmla::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;        // every kernel of this file
+constexpr int64_t kColChunk = 128;   // rows per partial of a column sum
+constexpr int64_t kSumChunk = 8192;  // values per partial of sum_squares
+
+cudaStream_t stream() { return current_stream().get(); }
+
+#define HMLA_GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+// ---- norms ------------------------------------------------------------------------------------
+
+// mean is null for RMSNorm (then bias is too).
+__global__ void norm_fwd_kernel(NormParams p) {
+  __shared__ float red[kThreads];
+  const int64_t n = blockIdx.x;
+  const float* x = p.x + n * p.ldx;
+  float mu = 0.f;
+  if (p.mean) {
+    float s = 0.f;
+    for (int64_t d = threadIdx.x; d < p.D; d += kThreads) s += x[d];
+    mu = block_sum<kThreads>(s, red) / float(p.D);
+  }
+  float ss = 0.f;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) ss += (x[d] - mu) * (x[d] - mu);
+  const float r = 1.f / sqrtf(block_sum<kThreads>(ss, red) / float(p.D) + p.eps);
+  if (threadIdx.x == 0) {
+    p.rstd[n] = r;
+    if (p.mean) p.mean[n] = mu;
+  }
+  float* y = p.y + n * p.ldy;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) y[d] = (x[d] - mu) * r * p.w[d] + (p.bias ? p.bias[d] : 0.f);
+}
+
+__global__ void norm_bwd_dx_kernel(NormParams p) {
+  __shared__ float red[kThreads];
+  const int64_t n = blockIdx.x;
+  const float* x = p.x + n * p.ldx;
+  const float* dy = p.dy + n * p.lddy;
+  const float r = p.rstd[n], mu = p.mean ? p.mean[n] : 0.f;
+  float s1 = 0.f, s2 = 0.f;  // sums of g and g * xhat, g = dy * w
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) {
+    const float g = dy[d] * p.w[d];
+    s1 += g;
+    s2 += g * (x[d] - mu) * r;
+  }
+  const float m1 = p.mean ? block_sum<kThreads>(s1, red) / float(p.D) : 0.f;
+  const float m2 = block_sum<kThreads>(s2, red) / float(p.D);
+  float* dx = p.dx + n * p.lddx;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads)
+    dx[d] = r * (dy[d] * p.w[d] - m1 - (x[d] - mu) * r * m2);
+}
+
+// Partials of dw (and db) over rows [c * kColChunk, ...) into part [chunks, D] (and [chunks, D] after).
+__global__ void norm_bwd_partial_kernel(NormParams p, float* part, int64_t chunks) {
+  const int64_t c = blockIdx.y, d = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (d >= p.D) return;
+  float sw = 0.f, sb = 0.f;
+  const int64_t n1 = (c + 1) * kColChunk < p.N ? (c + 1) * kColChunk : p.N;
+  for (int64_t n = c * kColChunk; n < n1; ++n) {
+    const float g = p.dy[n * p.lddy + d];
+    sw += g * (p.x[n * p.ldx + d] - (p.mean ? p.mean[n] : 0.f)) * p.rstd[n];
+    sb += g;
+  }
+  part[c * p.D + d] = sw;
+  if (p.db) part[(chunks + c) * p.D + d] = sb;
+}
+
+__global__ void norm_bwd_finish_kernel(NormParams p, const float* part, int64_t chunks) {
+  HMLA_GRID_STRIDE(d, p.D) {
+    float sw = 0.f, sb = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) {
+      sw += part[c * p.D + d];
+      if (p.db) sb += part[(chunks + c) * p.D + d];
+    }
+    p.dw[d] += sw;
+    if (p.db) p.db[d] += sb;
+  }
+}
+
+void norm_fwd(const NormParams& p) {
+  if (p.N == 0) return;
+  HMLA_LAUNCH(norm_fwd_kernel, unsigned(p.N), kThreads, 0, stream(), p);
+  check_launch("norm forward");
+}
+
+void norm_bwd(const NormParams& p) {
+  if (p.N == 0) return;
+  HMLA_LAUNCH(norm_bwd_dx_kernel, unsigned(p.N), kThreads, 0, stream(), p);
+  check_launch("norm backward dx");
+  const int64_t chunks = (p.N + kColChunk - 1) / kColChunk;
+  Scratch<float> part(chunks * p.D * (p.db ? 2 : 1));
+  HMLA_LAUNCH(norm_bwd_partial_kernel, dim3(unsigned((p.D + kThreads - 1) / kThreads), unsigned(chunks)), kThreads, 0,
+              stream(), p, part.get(), chunks);
+  check_launch("norm backward partials");
+  HMLA_LAUNCH(norm_bwd_finish_kernel, grid_for(p.D), kThreads, 0, stream(), p, part.get(), chunks);
+  check_launch("norm backward dw");
+}
+
+// ---- RoPE, SwiGLU, axpy ---------------------------------------------------------------------------
+
+__global__ void rope_kernel(RopeParams p) {
+  const int64_t half = p.Dr / 2, step = p.layout == RopeLayout::interleaved ? 2 : 1,
+                off = p.layout == RopeLayout::interleaved ? 1 : half;
+  HMLA_GRID_STRIDE(e, p.N * p.heads * half) {
+    const int64_t i = e % half, h = (e / half) % p.heads, n = e / (half * p.heads);
+    float* x = p.x + n * p.ld + h * p.hstride;
+    const float c = p.cos[(n % p.s) * half + i], sn = p.sin[(n % p.s) * half + i], si = p.transpose ? -sn : sn;
+    const float a = x[i * step], b = x[i * step + off];
+    x[i * step] = a * c - b * si;
+    x[i * step + off] = b * c + a * si;
+  }
+}
+
+__global__ void swiglu_fwd_kernel(SwigluParams p) {
+  HMLA_GRID_STRIDE(i, p.n) p.y[i] = p.g[i] / (1.f + expf(-p.g[i])) * p.u[i];
+}
+
+__global__ void swiglu_bwd_kernel(SwigluParams p) {
+  HMLA_GRID_STRIDE(i, p.n) {
+    const float g = p.g[i], sig = 1.f / (1.f + expf(-g));
+    p.du[i] = p.dy[i] * g * sig;
+    p.dg[i] = p.dy[i] * p.u[i] * sig * (1.f + g * (1.f - sig));
+  }
+}
+
+__global__ void axpy_kernel(AxpyParams p) {
+  HMLA_GRID_STRIDE(e, p.N * p.D) {
+    const int64_t n = e / p.D, i = e % p.D;
+    const float a = p.a[n * p.lda + i];
+    p.out[n * p.ldout + i] = p.b ? a + p.alpha * p.b[n * p.ldb + i] : p.alpha * a;
+  }
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+
+__global__ void embedding_fwd_kernel(EmbeddingParams p) {
+  HMLA_GRID_STRIDE(e, p.N * p.D) {
+    const int64_t n = e / p.D, d = e % p.D;
+    p.out[e] = p.E[int64_t(p.ids[n]) * p.D + d];
+  }
+}
+
+// One thread per column, tokens in order: rows of one id add up in the CPU's order.
+__global__ void embedding_bwd_kernel(EmbeddingParams p) {
+  HMLA_GRID_STRIDE(d, p.D) {
+    for (int64_t n = 0; n < p.N; ++n) p.dE[int64_t(p.ids[n]) * p.D + d] += p.dout[n * p.D + d];
+  }
+}
+
+// ---- cross-entropy --------------------------------------------------------------------------------
+
+// One block per row: the row's weighted loss (f64) into loss[n], and its gradient.
+__global__ void cross_entropy_kernel(CrossEntropyParams p, double* loss) {
+  __shared__ float red[kThreads];
+  __shared__ double redd[kThreads];
+  const int64_t n = blockIdx.x;
+  const float* l = p.logits + n * p.V;
+  float* d = p.dlogits ? p.dlogits + n * p.V : nullptr;
+  const float w = p.w[n];
+  if (w == 0.f) {
+    if (d)
+      for (int64_t v = threadIdx.x; v < p.V; v += kThreads) d[v] = 0.f;
+    if (threadIdx.x == 0) loss[n] = 0;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t v = threadIdx.x; v < p.V; v += kThreads) mx = fmaxf(mx, l[v]);
+  mx = block_max<kThreads>(mx, red);
+  double z = 0;
+  for (int64_t v = threadIdx.x; v < p.V; v += kThreads) z += exp(double(l[v] - mx));
+  z = block_sum<kThreads>(z, redd);
+  const double lse = double(mx) + log(z);
+  const int32_t t = p.target[n];
+  if (threadIdx.x == 0) loss[n] = double(w) * (lse - double(l[t]));
+  if (d)
+    for (int64_t v = threadIdx.x; v < p.V; v += kThreads) d[v] = w * float(exp(double(l[v]) - lse)) - (v == t ? w : 0.f);
+}
+
+// ---- optimizer steps ----------------------------------------------------------------------------
+
+__global__ void sum_squares_kernel(const float* x, int64_t n, double* part) {
+  __shared__ double red[kThreads];
+  const int64_t i0 = int64_t(blockIdx.x) * kSumChunk, i1 = i0 + kSumChunk < n ? i0 + kSumChunk : n;
+  double s = 0;
+  for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) s += double(x[i]) * x[i];
+  s = block_sum<kThreads>(s, red);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void adamw_kernel(AdamWParams p) {
+  HMLA_GRID_STRIDE(i, p.n) {
+    const float gi = p.g[i] * p.gscale;
+    p.m[i] = p.b1 * p.m[i] + (1 - p.b1) * gi;
+    p.v[i] = p.b2 * p.v[i] + (1 - p.b2) * gi * gi;
+    const float mh = p.m[i] / float(p.bc1), vh = p.v[i] / float(p.bc2);
+    p.w[i] -= p.lr * (mh / (sqrtf(vh) + p.eps) + p.wd * p.w[i]);
+  }
+}
+
+__global__ void muon_momentum_kernel(MuonParams p) {
+  HMLA_GRID_STRIDE(i, p.n) {
+    p.m[i] = p.beta * p.m[i] + p.g[i] * p.gscale;
+    p.u[i] = p.g[i] * p.gscale + p.beta * p.m[i];
+  }
+}
+
+__global__ void muon_update_kernel(MuonParams p) {
+  HMLA_GRID_STRIDE(i, p.n) p.w[i] -= p.lr * (p.scale * p.u[i] + p.wd * p.w[i]);
+}
+
+#undef HMLA_GRID_STRIDE
+
+}  // namespace
+
+void rmsnorm_fwd(const NormParams& p) { norm_fwd(p); }
+void layernorm_fwd(const NormParams& p) { norm_fwd(p); }
+void rmsnorm_bwd(const NormParams& p) { norm_bwd(p); }
+void layernorm_bwd(const NormParams& p) { norm_bwd(p); }
+
+void rope(const RopeParams& p) {
+  const int64_t n = p.N * p.heads * (p.Dr / 2);
+  if (n == 0) return;
+  HMLA_LAUNCH(rope_kernel, grid_for(n), kThreads, 0, stream(), p);
+  check_launch("rope");
+}
+
+void swiglu_fwd(const SwigluParams& p) {
+  if (p.n == 0) return;
+  HMLA_LAUNCH(swiglu_fwd_kernel, grid_for(p.n), kThreads, 0, stream(), p);
+  check_launch("swiglu");
+}
+
+void swiglu_bwd(const SwigluParams& p) {
+  if (p.n == 0) return;
+  HMLA_LAUNCH(swiglu_bwd_kernel, grid_for(p.n), kThreads, 0, stream(), p);
+  check_launch("swiglu backward");
+}
+
+void axpy(const AxpyParams& p) {
+  if (p.N * p.D == 0) return;
+  HMLA_LAUNCH(axpy_kernel, grid_for(p.N * p.D), kThreads, 0, stream(), p);
+  check_launch("axpy");
+}
+
+void convert(const ConvertParams& p) {
+  const Strided4 g = strided4(p.shape, p.dst_stride, p.src_stride, p.dims);
+  if (p.src_dtype == p.dst_dtype) {
+    allocator(Device::cuda).copy_strided(p.dst, p.dst_stride, p.src, p.src_stride, p.shape, p.dims,
+                                         dtype_size(p.src_dtype));
+  } else if (p.src_dtype == DType::f32) {
+    strided_map(static_cast<__nv_bfloat16*>(p.dst), static_cast<const float*>(p.src), g);
+  } else {
+    strided_map(static_cast<float*>(p.dst), static_cast<const __nv_bfloat16*>(p.src), g);
+  }
+}
+
+void embedding_fwd(const EmbeddingParams& p) {
+  if (p.N * p.D == 0) return;
+  HMLA_LAUNCH(embedding_fwd_kernel, grid_for(p.N * p.D), kThreads, 0, stream(), p);
+  check_launch("embedding");
+}
+
+void embedding_bwd(const EmbeddingParams& p) {
+  if (p.N * p.D == 0) return;
+  HMLA_LAUNCH(embedding_bwd_kernel, grid_for(p.D), kThreads, 0, stream(), p);
+  check_launch("embedding backward");
+}
+
+double cross_entropy(const CrossEntropyParams& p) {
+  if (p.N == 0) return p.init;
+  Scratch<double> loss(p.N);
+  HMLA_LAUNCH(cross_entropy_kernel, unsigned(p.N), kThreads, 0, stream(), p, loss.get());
+  check_launch("cross_entropy");
+  double sum = p.init;  // rows in order, as the CPU
+  for (double x : loss.host(p.N)) sum += x;
+  return sum;
+}
+
+double sum_squares(const SumSquaresParams& p) {
+  if (p.n == 0) return p.init;
+  const int64_t chunks = (p.n + kSumChunk - 1) / kSumChunk;
+  Scratch<double> part(chunks);
+  HMLA_LAUNCH(sum_squares_kernel, unsigned(chunks), kThreads, 0, stream(), p.x, p.n, part.get());
+  check_launch("sum_squares");
+  double sum = p.init;
+  for (double x : part.host(chunks)) sum += x;
+  return sum;
+}
+
+void adamw_update(const AdamWParams& p) {
+  if (p.n == 0) return;
+  HMLA_LAUNCH(adamw_kernel, grid_for(p.n), kThreads, 0, stream(), p);
+  check_launch("adamw");
+}
+
+void muon_momentum(const MuonParams& p) {
+  if (p.n == 0) return;
+  HMLA_LAUNCH(muon_momentum_kernel, grid_for(p.n), kThreads, 0, stream(), p);
+  check_launch("muon momentum");
+}
+
+void muon_update(const MuonParams& p) {
+  if (p.n == 0) return;
+  HMLA_LAUNCH(muon_update_kernel, grid_for(p.n), kThreads, 0, stream(), p);
+  check_launch("muon update");
+}
+
+}  // namespace hmla::cuda
