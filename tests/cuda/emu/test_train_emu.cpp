@@ -11,11 +11,15 @@
 // 26 sites from the ids to the logits, each a relative perturbation <= u, so the logits, and the
 // losses and KLs built from them by log-sum-exp, move by <= 26 u ~ 5% relative to first order;
 // the backward crosses the same sites again (x2 for the gradient norms). Over a few steps of
-// lr 3e-3 the weights' own drift adds less than that. So: losses and KLs within 5%, gradient
-// norms within 10%; a wrong kernel (a missed mask, a transposed product) moves them by O(1).
+// lr 3e-3 the weights' own drift adds less than that. So: the LM losses within 5%, gradient norms
+// within 10%. The indexer's KL and gradient are differences between two nearly equal
+// distributions (Q ~ P): the rounding acts on log P and log Q, which are far larger than the KL,
+// so relative to the KL it weighs like a backward: 10% too. A wrong kernel (a missed mask, a
+// transposed product, a lost row) moves any of them by O(1).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -65,6 +69,8 @@ std::vector<json> metrics(const fs::path& out) {
   return rows;
 }
 
+double g_worst[2] = {0, 0};  // the largest relative differences seen (losses, gradient norms), printed
+
 void expect_close(const json& a, const json& b, const char* key, double rtol, const std::string& where) {
   if (!a.contains(key) || a[key].is_null()) {
     EXPECT_TRUE(!b.contains(key) || b[key].is_null()) << where << ": " << key;
@@ -72,6 +78,8 @@ void expect_close(const json& a, const json& b, const char* key, double rtol, co
   }
   const double x = a[key].get<double>(), y = b[key].get<double>();
   EXPECT_TRUE(std::isfinite(y)) << where << ": " << key;
+  double& worst = g_worst[rtol == kLossRtol ? 0 : 1];
+  worst = std::max(worst, std::abs(x - y) / std::max(std::abs(x), 1e-6));
   EXPECT_LE(std::abs(x - y), rtol * std::max(std::abs(x), 1e-6)) << where << ": " << key << " cpu " << x << " cuda " << y;
 }
 
@@ -80,9 +88,9 @@ void expect_same_run(const std::vector<json>& cpu, const std::vector<json>& cuda
   ASSERT_EQ(cpu.size(), cuda.size());
   for (size_t i = from; i < cpu.size(); ++i) {
     const std::string where = cpu[i].dump().substr(0, 40);
-    for (const char* k : {"lm_loss", "indexer_kl", "heldout_lm_loss"})
-      expect_close(cpu[i], cuda[i], k, kLossRtol, where);
-    for (const char* k : {"grad_norm_backbone", "grad_norm_indexer"}) expect_close(cpu[i], cuda[i], k, kGradRtol, where);
+    for (const char* k : {"lm_loss", "heldout_lm_loss"}) expect_close(cpu[i], cuda[i], k, kLossRtol, where);
+    for (const char* k : {"indexer_kl", "grad_norm_backbone", "grad_norm_indexer"})
+      expect_close(cpu[i], cuda[i], k, kGradRtol, where);
   }
 }
 
@@ -112,6 +120,8 @@ TEST(CudaTraining, EveryPhaseMatchesTheCpuAndResumesAcrossDevices) {
   run(g2c, "cpu", true);
   expect_same_run(a, metrics(c2g));
   expect_same_run(b, metrics(g2c));
+  std::printf("largest relative difference from the CPU: LM losses %.3g (rule %.3g), KLs and gradient norms %.3g (rule %.3g)\n",
+              g_worst[0], kLossRtol, g_worst[1], kGradRtol);
   for (const fs::path& d : {cpu, cuda, c2g, g2c}) fs::remove_all(d);
 }
 
