@@ -8,6 +8,7 @@
 #include <random>
 
 #include "attn_dense_ref.h"
+#include "hmla/core/cuda.h"
 #include "hmla/ops/attention.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_ref.h"
@@ -163,8 +164,9 @@ void PrintTo(const KlCase& c, std::ostream* os) { *os << c.name; }
 
 class IndexerKl : public ::testing::TestWithParam<KlCase> {};
 
-TEST_P(IndexerKl, MatchesFloat64OracleByTheRule) {
-  const KlCase& c = GetParam();
+// The case on `dev`: the inputs (and the selection table, the attention's lse) made on the CPU,
+// then moved, so both backends see the same problem. The KL kernels are f32 on both: the f32 rule.
+void run_kl_case(const KlCase& c, Device dev) {
   Problem p = make(2, 150, 4, 16, 4, c.Hkv, 12, docs_layout(), 11);
   const float scale = 0.3f, coeff = 0.5f;
   IndexerKlInputs in;
@@ -186,7 +188,10 @@ TEST_P(IndexerKl, MatchesFloat64OracleByTheRule) {
     in.K = K;
     topk = in.topk.to_vector<int32_t>();
   }
+  for (Tensor* t : {&in.sc.qI, &in.sc.kI, &in.sc.w, &in.q, &in.k, &in.row_weight, &in.lse_c, &in.topk})
+    if (t->defined()) *t = t->to(dev);
   IndexerKlResult r = c.sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
+  ASSERT_EQ(r.dqI.device(), dev);
   ref::KlAttn att{p.H, p.Hkv, p.Dqk, scale};
   auto o64 = ref::indexer_kl_ref<double>(p.dims(), att, to_f64(p.q), to_f64(p.k), to_f64(p.qI), to_f64(p.kI),
                                          to_f64(p.w), p.ds(), to_f64(p.rw), double(coeff), topk, K);
@@ -198,6 +203,14 @@ TEST_P(IndexerKl, MatchesFloat64OracleByTheRule) {
                               std::vector<double>{o64.kl_sum});
   EXPECT_NEAR(r.loss, coeff * r.kl_sum, 1e-12);
   EXPECT_GT(o64.kl_sum, 0.0);
+}
+
+TEST_P(IndexerKl, MatchesFloat64OracleByTheRule) { run_kl_case(GetParam(), Device::cpu); }
+
+// On CUDA where the build has it and a device (test_cuda_emu builds this file: the emulator).
+TEST_P(IndexerKl, MatchesFloat64OracleByTheRuleOnCuda) {
+  if (!cuda_built() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  run_kl_case(GetParam(), Device::cuda);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerKl,
