@@ -8,4 +8,5 @@ namespace hmla {
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
 std::string cuda_device_name(int) { throw Error("this build of hmla has no CUDA backend"); }
+int cuda_select_device(int) { throw Error("this build of hmla has no CUDA backend"); }
 }  // namespace hmla

@@ -139,6 +139,19 @@ int cuda_device_count() {
   return n;
 }
 
+int cuda_select_device(int world_rank) {
+  int local = world_rank;
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) {
+      local = std::atoi(s);
+      break;
+    }
+  const int n = cuda_device_count();
+  HMLA_CHECK(n > 0, Error, "no CUDA device is visible to rank ", world_rank);
+  check_cuda(cudaSetDevice(local % n), "cudaSetDevice");
+  return local % n;
+}
+
 std::string cuda_device_name(int device) {
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");

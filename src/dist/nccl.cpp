@@ -16,12 +16,6 @@ void check(ncclResult_t r, const char* what) {
 }
 void check(cudaError_t e, const char* what) { HMLA_CHECK(e == cudaSuccess, Error, what, ": ", cudaGetErrorString(e)); }
 
-// The rank among those on this node (Open MPI, MPICH/PMI, Slurm), else the group rank.
-int local_rank(int rank) {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* s = std::getenv(v)) return std::atoi(s);
-  return rank;
-}
 }  // namespace
 
 struct Group {
@@ -39,7 +33,8 @@ std::shared_ptr<Group> create(const void* mpi_comm, int rank, int size) {
   int devices = 0;
   check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
   HMLA_CHECK(devices > 0, Error, "device collectives need a GPU on every rank");
-  check(cudaSetDevice(local_rank(rank) % devices), "cudaSetDevice");
+  // The communicator is on the current device: the caller selected it (cuda_select_device, by the
+  // world rank, before anything was allocated), so a CP group's ranks keep their devices.
   ncclUniqueId id;
   if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mc);

@@ -692,6 +692,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     throw Error("injected failure on rank " + std::to_string(grid.world.rank()) + " (HMLA_TEST_FAIL_RANK)");
   std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
   const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
+  if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
   const RunInputs in = load_run_inputs(pr, opt.cp);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root

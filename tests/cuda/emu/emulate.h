@@ -360,6 +360,7 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
 }
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::strcpy(p->name, "hmla SIMT emulator (CPU)");
   return cudaSuccess;
