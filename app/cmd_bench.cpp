@@ -116,6 +116,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   tr->add_option("--python", to->python, "python with torch for the twin (\"\": hmla only)")->capture_default_str();
   tr->add_option("--twin", to->twin, "train_twin.py (default: the source tree's)");
+  tr->add_option("--device", to->device, "cpu, or cuda: the step on the GPU (bench \"cuda-train\": model FLOPs,\n"
+                                         "MFU against an H200's 989.5 dense bf16 TFLOP/s; the twin on the GPU for mha)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   tr->callback([to] {
     for (int64_t s : to->seq_lens)
       HMLA_CHECK(s >= 8, ConfigError, "--seq-len: sequence lengths must be >= 8, got ", s);

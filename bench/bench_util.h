@@ -21,10 +21,10 @@ inline Tensor randn(const Shape& shape, std::mt19937_64& rng, float sd = 1.f) {
   return t;
 }
 
-// Runs f and returns the CPU allocator's peak above what was live before it.
+// Runs f and returns the device allocator's peak above what was live before it.
 template <class F>
-size_t peak_above_live(F&& f) {
-  Allocator& a = allocator(Device::cpu);
+size_t peak_above_live(F&& f, Device d = Device::cpu) {
+  Allocator& a = allocator(d);
   const size_t live = a.live_bytes();
   a.reset_peak();
   f();

@@ -23,6 +23,7 @@
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/train/optim.h"
+#include "hmla/train/trainer.h"
 
 namespace hmla::bench {
 
@@ -96,6 +97,25 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Pairs (t, j) with j in A(t), and with at most `cap` of them per row (the sparse selection).
+double valid_pairs(const DocLayout& layout, int64_t cap) {
+  const std::vector<int32_t> ds = layout.doc_start.to_vector<int32_t>();
+  double n = 0;
+  for (int64_t r = 0; r < layout.b; ++r)
+    for (int64_t t = 0; t < layout.s; ++t) {
+      const int64_t a = t - ds[r * layout.s + t] + 1;
+      if (a > 0) n += double(cap > 0 ? std::min(a, cap) : a);
+    }
+  return n;
+}
+
+int64_t count_params(const Model& m, bool (*which)(const std::string&)) {
+  int64_t n = 0;
+  for (const ParamSpec& p : m.table)
+    if (which(p.name)) n += shape_numel(p.shape);
+  return n;
+}
+
 // The activation plan of a training step (model.h's plan_activations: a lower bound).
 int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s) {
   MemoryPlan plan;
@@ -105,8 +125,35 @@ int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s) {
 
 }  // namespace
 
+double model_flops(const ModelConfig& c, LayerMode mode, const DocLayout& layout, int64_t params,
+                   int64_t embedding_params, int64_t indexer_params) {
+  const double tokens = double(layout.b * layout.s), L = double(c.num_hidden_layers), H = double(c.num_attention_heads);
+  const double backbone = double(params - embedding_params - indexer_params), idx = double(indexer_params);
+  const bool warmup = mode == LayerMode::dsa_warmup;
+  double f = (warmup ? 2.0 : 6.0) * backbone * tokens + 6.0 * idx * tokens;
+  const double passes = warmup ? 1.0 : 3.5;  // the attention's forward (+ 2.5 x for its backward)
+  const double pairs = valid_pairs(layout, 0);
+  if (mode == LayerMode::dsa_sparse) {
+    const double Wa = double(c.kv_lora_rank + c.qk_rope_head_dim), sel = valid_pairs(layout, c.index_topk + c.index_window);
+    f += passes * L * H * 2.0 * (Wa + double(c.kv_lora_rank)) * sel;
+  } else if (mode == LayerMode::mqa_full_causal) {
+    f += passes * L * H * 2.0 * double(2 * c.kv_lora_rank + c.qk_rope_head_dim) * pairs;
+  } else {
+    f += passes * L * H * 2.0 * double(c.qk_head_dim() + c.v_head_dim) * pairs;
+  }
+  if (is_dsa(mode)) {
+    const double HIDI = double(c.index_n_heads * c.index_head_dim);
+    const double cand = mode == LayerMode::dsa_sparse ? valid_pairs(layout, c.index_topk) : pairs;
+    const double Dqk = mode == LayerMode::dsa_sparse ? double(c.kv_lora_rank + c.qk_rope_head_dim) : double(c.qk_head_dim());
+    f += L * (2.0 * HIDI * pairs + (6.0 * HIDI + 2.0 * H * Dqk) * cand);
+  }
+  return f;
+}
+
 void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
   const int threads = omp_get_max_threads();
+  const Device dev = training_device(opt.device);
+  const bool gpu = dev == Device::cuda;
   const ModelConfig base = load_model_config(opt.config);
   const std::string script = opt.twin.empty() ? HMLA_SOURCE_DIR "/tests/python/train_twin.py" : opt.twin;
   const bool twin_ok = !opt.python.empty() && fs::exists(opt.python) && fs::exists(script);
@@ -118,47 +165,54 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
       const LayerMode mode = parse_mode(mode_text, "--mode");
       ModelConfig cfg = base;
       set_all_modes(cfg, mode);
-      Model m = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, is_dsa(mode)));
+      Model m = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, is_dsa(mode)), dev);
       init_model(m, 1);
       const Batch batch = bench_batch(opt.batch, s, cfg.vocab_size);
       OptimSettings os_;
       os_.lr = os_.indexer_lr = 1e-3;
-      Optimizer optim(m, os_, false);
-      Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+      const bool warmup = mode == LayerMode::dsa_warmup;  // the indexers alone learn, no backbone backward
+      Optimizer optim(m, os_, warmup);
+      Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32, dev);
       io::TensorMap grads = arena_views(m.table, garena);
+      // The twin's modes: mha and dsa_sparse (on the GPU: mha, the baseline of the phase 1).
+      const bool with_twin = twin_ok && (mode == LayerMode::mha || (!gpu && mode == LayerMode::dsa_sparse));
 
       // The twin's inputs: the initial weights, the batch, hmla's selection tables.
       const fs::path dir = fs::temp_directory_path() / ("hmla_bench_train_" + std::to_string(::getpid()));
       fs::create_directories(dir);
       std::unique_ptr<Twin> twin;
-      if (twin_ok) {
-        io::save_safetensors((dir / "weights.safetensors").string(), m.params);
+      if (with_twin) {
+        io::save_safetensors((dir / "weights.safetensors").string(), arena_views(m.table, m.arena.on(Device::cpu)));
         io::TensorMap bt{{"input_ids", batch.input_ids}, {"doc_start", batch.layout.doc_start},
                          {"doc_end", batch.layout.doc_end}};
         std::vector<Tensor> tables;
         model_logits(m, batch, &tables);
         for (size_t L = 0; L < tables.size(); ++L)
-          if (tables[L].defined()) bt["table." + std::to_string(L)] = tables[L];
+          if (tables[L].defined()) bt["table." + std::to_string(L)] = tables[L].on(Device::cpu);
         io::save_safetensors((dir / "batch.safetensors").string(), bt);
         io::write_file_atomic((dir / "twin.json").string(),
                               nlohmann::json{{"config", fs::absolute(opt.config).string()}, {"mode", mode_text},
-                                             {"threads", threads}, {"lr", os_.lr}}
+                                             {"threads", threads}, {"lr", os_.lr}, {"device", opt.device}}
                                   .dump());
         twin = std::make_unique<Twin>(opt.python, script, dir);
       }
       std::vector<double> hmla_ms, torch_ms;
       double hmla_loss0 = 0, torch_loss0 = std::nan("");
       size_t peak = 0;
+      allocator(dev).reset_peak();
       bool torch_running = bool(twin);
       const int64_t targets = count_lm_targets(batch, cfg.pad_token_id);
       for (int rep = 0; rep <= opt.reps; ++rep) {  // rep 0 warms both arms up
         const auto t0 = Clock::now();
-        peak = std::max(peak, peak_above_live([&] {
-          garena.fill_zero();
-          StepStats st = model_step(m, batch, {true, targets, 0, false}, grads);
-          optim.step(m, grads, rep);
-          if (rep == 0) hmla_loss0 = st.lm_loss;
-        }));
+        peak = std::max(peak, peak_above_live(
+                                  [&] {
+                                    garena.fill_zero();
+                                    StepStats st = model_step(m, batch, {!warmup, targets, 0, false}, grads);
+                                    optim.step(m, grads, rep);
+                                    allocator(dev).synchronize();  // the step's device work, all of it
+                                    if (rep == 0) hmla_loss0 = st.lm_loss;
+                                  },
+                                  dev));
         if (rep > 0) hmla_ms.push_back(ms_since(t0));
         double ms = 0, loss = 0;
         if (torch_running && !(torch_running = twin->step(ms, loss)))
@@ -172,6 +226,22 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
       const double hm = median(hmla_ms), tm = median(torch_ms);
       const double tokens = double(opt.batch * s);
       auto num = [](double x) { return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(); };
+      if (gpu) {
+        const double flops = model_flops(
+            cfg, mode, batch.layout, m.arena.numel(),
+            count_params(m, [](const std::string& n) { return n == "model.embed_tokens.weight"; }),
+            count_params(m, [](const std::string& n) { return n.find("indexer.") != std::string::npos; }));
+        const double tflops = flops / (hm * 1e-3) / 1e12;
+        nlohmann::ordered_json j{{"bench", "cuda-train"}, {"mode", mode_text}, {"seq_len", s}, {"batch", opt.batch},
+                                 {"params", m.arena.numel()}, {"reps", opt.reps}, {"step_ms", hm},
+                                 {"tokens_per_s", tokens / hm * 1e3}, {"model_tflops", tflops},
+                                 {"mfu", tflops / kH200PeakTflops}, {"peak_bytes", allocator(dev).peak_bytes()},
+                                 {"torch_step_ms", num(tm)}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
+                                 {"speedup", num(tm / hm)}, {"loss_rel_diff", num(std::abs(torch_loss0 - hmla_loss0) / std::abs(hmla_loss0))},
+                                 {"torch", torch_version}, {"torch_attention", torch_attention}};
+        os << j.dump() << std::endl;
+        continue;
+      }
       nlohmann::ordered_json j{{"bench", "train"}, {"mode", mode_text}, {"seq_len", s}, {"batch", opt.batch},
                                {"params", m.arena.numel()}, {"threads", threads}, {"reps", opt.reps},
                                {"hmla_step_ms", hm}, {"torch_step_ms", num(tm)},

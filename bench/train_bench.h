@@ -1,10 +1,15 @@
 // `hmla bench train`: hmla's whole training step (forward + backward + AdamW, f32, this machine's
 // threads) next to a PyTorch twin of the same model, weights and batch (tests/python/
-// train_twin.py, run by Debian's python3 with python3-torch), interleaved rep by rep.
+// train_twin.py, run by Debian's python3 with python3-torch), interleaved rep by rep. With
+// --device cuda (bench "cuda-train"): the step on the GPU with its model FLOPs and MFU, the
+// twin on the same GPU (bf16 autocast, SDPA) for the mha phase.
 #pragma once
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "hmla/core/layout.h"
+#include "hmla/model/config.h"
 
 namespace hmla::bench {
 
@@ -17,7 +22,20 @@ struct TrainBenchOptions {
   bool json = true;  // the only format (--json accepted like the other benches)
   std::string python = "/usr/bin/python3";  // "" or missing: hmla's arm only
   std::string twin;                          // train_twin.py (default: the source tree's)
+  std::string device = "cpu";                // cpu or cuda
 };
+
+// The model FLOPs of one training step of `mode` over a batch with this layout (docs/cuda.md):
+// 6 x the non-embedding parameters x tokens (2 x for the backbone in dsa_warmup, which runs no
+// backbone backward), plus attention over the valid pairs by the FlashAttention convention (3.5 x
+// the forward's 2 (Dqk + Dv) per pair and head; the forward alone in dsa_warmup), sparse attention
+// over the valid selected pairs, and in the dsa modes the indexer's scores (2 HI DI per pair of
+// A(t)) and its KL (6 HI DI + 2 H Dqk per candidate pair).
+double model_flops(const ModelConfig& cfg, LayerMode mode, const DocLayout& layout, int64_t params,
+                   int64_t embedding_params, int64_t indexer_params);
+
+// An H200's dense bf16 tensor-core peak, the MFU's denominator.
+inline constexpr double kH200PeakTflops = 989.5;
 
 void run_train_bench(const TrainBenchOptions& opt, std::ostream& os);
 

@@ -5,11 +5,14 @@ SwiGLU MLP -> residual; final norm, lm_head), the same weights and batch, writte
 would: autograd, torch's scaled_dot_product_attention with a boolean document mask (a masked
 softmax where torch predates it, as Debian 12's 1.13 does; the answer says which) (dsa_sparse:
 the mask of hmla's selection table in the latent MQA form), the materialised indexer KL, and
-torch.optim.AdamW after a per-group norm clip. f32, the bench's thread count.
+torch.optim.AdamW after a per-group norm clip. f32, the bench's thread count; with "device": "cuda"
+(`hmla bench train --device cuda`) on the GPU, its products and attention under bf16 autocast (the
+baseline a PyTorch user would run), timed with the device synchronised.
 
 Protocol (--serve DIR): reads DIR/twin.json, DIR/weights.safetensors and DIR/batch.safetensors,
 then for each line "step" on stdin runs one training step and answers one line
 {"ms": wall time of the step, "loss": its LM loss, "attention", "torch"}; "quit" ends it."""
+import contextlib
 import json
 import math
 import os
@@ -29,7 +32,7 @@ def sdpa(q, k, v, allowed, scale):
     """q [b,s,H,D], k/v [b,s,Hk,.] (Hk = 1 or H), allowed [b,t,j]; rows with no key attend to
     themselves (padding: no loss reads them)."""
     s = q.shape[1]
-    eye = torch.eye(s, dtype=torch.bool).unsqueeze(0)
+    eye = torch.eye(s, dtype=torch.bool, device=q.device).unsqueeze(0)
     mask = allowed | (eye & ~allowed.any(-1, keepdim=True))
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if k.shape[1] != q.shape[1]:
@@ -56,7 +59,7 @@ def attention(cfg, w, x, allowed, mode, table, rw):
     c = rms(kva[..., :Rkv], w["kv_a_layernorm.weight"], eps)
     inv, af = rope_freqs(cfg)
     ang = torch.from_numpy(np.arange(s, dtype=np.float64)[:, None] * inv[None, :])
-    cos, sin = (torch.cos(ang) * af).float(), (torch.sin(ang) * af).float()
+    cos, sin = (torch.cos(ang) * af).float().to(x.device), (torch.sin(ang) * af).float().to(x.device)
     q_pe = rope_interleaved(q_pe, cos[:, None, :], sin[:, None, :])
     k_pe = rope_interleaved(kva[..., Rkv:], cos, sin)
     scale = softmax_scale(cfg)
@@ -104,21 +107,22 @@ def main():
     torch.set_num_threads(opt["threads"])
     cfg = json.load(open(opt["config"]))
     mode = opt["mode"]
-    p = {n: torch.tensor(a, dtype=torch.float32, requires_grad=True)
+    dev = torch.device(opt.get("device", "cpu"))
+    p = {n: torch.tensor(a, dtype=torch.float32, device=dev, requires_grad=True)
          for n, a in st.load(f"{d}/weights.safetensors").items()}
     bt = st.load(f"{d}/batch.safetensors")
-    ids = torch.from_numpy(bt["input_ids"].astype(np.int64))
-    ds = torch.from_numpy(bt["doc_start"].astype(np.int64))
-    de = torch.from_numpy(bt["doc_end"].astype(np.int64))
+    ids = torch.from_numpy(bt["input_ids"].astype(np.int64)).to(dev)
+    ds = torch.from_numpy(bt["doc_start"].astype(np.int64)).to(dev)
+    de = torch.from_numpy(bt["doc_end"].astype(np.int64)).to(dev)
     b, s = ids.shape
-    t = torch.arange(s)
+    t = torch.arange(s, device=dev)
     allowed = (t.view(1, 1, s) <= t.view(1, s, 1)) & (t.view(1, 1, s) >= ds.view(b, s, 1))
     pad = cfg.get("pad_token_id") or 0
-    nxt = torch.cat([ids[:, 1:], torch.full((b, 1), pad)], 1)
+    nxt = torch.cat([ids[:, 1:], torch.full((b, 1), pad, device=dev)], 1)
     keep = ((ds <= t) & (t + 1 < de) & (nxt != pad)).float()
     targets = torch.where(keep > 0, nxt, torch.zeros_like(nxt))
-    rowmask = ((ids != pad) & (ds <= t)).double().numpy()
-    rw = torch.from_numpy(rowmask / max(rowmask.sum(), 1)).float()
+    rowmask = ((ids != pad) & (ds <= t)).double().cpu().numpy()
+    rw = torch.from_numpy(rowmask / max(rowmask.sum(), 1)).float().to(dev)
     tables = {int(n.split(".")[1]): a for n, a in bt.items() if n.startswith("table.")}
     backbone = [x for n, x in p.items() if "indexer." not in n]
     indexer = [x for n, x in p.items() if "indexer." in n]
@@ -128,12 +132,15 @@ def main():
             break
         t0 = time.perf_counter()
         optim.zero_grad(set_to_none=True)
-        lm, kl = step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw)
+        with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext():
+            lm, kl = step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw)
         (lm + kl if kl is not None else lm).backward()
         torch.nn.utils.clip_grad_norm_(backbone, 1.0)
         if indexer:
             torch.nn.utils.clip_grad_norm_(indexer, 1.0)
         optim.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         print(json.dumps({"ms": ms, "loss": float(lm), "attention": ATTENTION, "torch": torch.__version__}),
               flush=True)
