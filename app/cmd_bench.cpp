@@ -11,6 +11,7 @@
 #include "validators.h"
 #include "hmla/core/error.h"
 #include "hmla/model/mla_layer.h"
+#include "hmla/train/trainer.h"
 #include "hmla/ops/cpu_blas.h"
 
 namespace hmla::app {
@@ -63,8 +64,11 @@ void add_bench_command(CLI::App& app) {
   ind->add_option("--index-dim", io->index_dim, "DI")->capture_default_str()->check(Int(1));
   ind->add_option("--topk", io->topk, "K")->capture_default_str()->check(Int(1));
   ind->add_flag("!--no-materialized", io->materialized, "skip the materialised arm");
+  ind->add_flag("--cuda", io->cuda, "the fused KL on the GPU (f32 inputs; scores + top-k on bf16 copies); the\n"
+                                    "materialised arm on the GPU is tests/cuda/torch_kl_bench.py");
   ind->callback([io] {
     for (int64_t s : io->seq_lens) HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
+    if (io->cuda) training_device("cuda");  // a clear error without a GPU
     bench::run_indexer_bench(*io, std::cout);
   });
 

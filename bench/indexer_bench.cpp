@@ -13,6 +13,7 @@
 
 #include "hmla/ops/attention.h"
 #include "bench_util.h"
+#include "hmla/ops/nn.h"
 #include "indexer_materialized.h"
 
 namespace hmla::bench {
@@ -26,12 +27,13 @@ struct Timed {
 };
 
 template <class F>
-Timed measure(F f) {
-  Allocator& a = allocator(Device::cpu);
+Timed measure(F f, Device dev = Device::cpu) {
+  Allocator& a = allocator(dev);
   const size_t live = a.live_bytes();
   a.reset_peak();
   auto t0 = Clock::now();
   IndexerKlResult r = f();
+  a.synchronize();
   Timed out;
   out.ms = ms_since(t0);
   const size_t grads = r.dqI.nbytes() + r.dkI.nbytes() + r.dw.nbytes();
@@ -60,19 +62,30 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
     in.coeff = 0.01f;
     in.row_weight = Tensor::empty({1, s}, DType::f32);
     for (int64_t t = 0; t < s; ++t) in.row_weight.data<float>()[t] = 1.f / float(s);
-    {  // the attention's lse: an input, computed once and not timed
+    const Device dev = o.cuda ? Device::cuda : Device::cpu;
+    double topk_ms = 0;
+    if (!o.cuda) {  // the attention's lse: an input, computed once and not timed
       AttnDenseInputs a{in.q, in.k, in.k.slice(3, 0, 8), &layout, {}, in.scale};
       in.lse_c = attn_dense_fwd(a).lse;
+      auto t0 = Clock::now();
+      { Tensor idx = indexer_topk(in.sc, o.topk, 0); }
+      topk_ms = ms_since(t0);
+    } else {  // on the GPU: the KL's inputs there; the kernel computes lseC itself (no CPU attention at long s)
+      for (Tensor* t : {&in.sc.qI, &in.sc.kI, &in.sc.w, &in.q, &in.k, &in.row_weight}) *t = t->to(dev);
+      IndexerScores sc = in.sc;  // the scores' kernel takes bf16 copies
+      sc.qI = converted(sc.qI, DType::bf16), sc.kI = converted(sc.kI, DType::bf16);
+      allocator(dev).synchronize();
+      auto t0 = Clock::now();
+      { Tensor idx = indexer_topk(sc, o.topk, 0); }
+      allocator(dev).synchronize();
+      topk_ms = ms_since(t0);
     }
-    auto t0 = Clock::now();
-    { Tensor idx = indexer_topk(in.sc, o.topk, 0); }
-    const double topk_ms = ms_since(t0);
-    Timed fused = measure([&] { return indexer_kl_dense(in); });
+    Timed fused = measure([&] { return indexer_kl_dense(in); }, dev);
     Timed mat;
-    if (o.materialized) mat = measure([&] { return indexer_kl_materialized(in); });
+    if (o.materialized && !o.cuda) mat = measure([&] { return indexer_kl_materialized(in); });
     if (o.json) {
       nlohmann::ordered_json j;
-      j["bench"] = "indexer";
+      j["bench"] = o.cuda ? "indexer-cuda" : "indexer";
       j["s"] = s;
       j["H"] = o.heads;
       j["dqk"] = o.dqk;
@@ -83,7 +96,8 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
       j["scores_topk_ms"] = topk_ms;
       j["dense_kl_ms"] = fused.ms;
       j["dense_kl_workspace_bytes"] = fused.workspace;
-      if (o.materialized) {
+      j["dense_kl"] = fused.kl;
+      if (o.materialized && !o.cuda) {
         j["materialized_kl_ms"] = mat.ms;
         j["materialized_kl_workspace_bytes"] = mat.workspace;
         j["kl_rel_diff"] = std::abs(fused.kl - mat.kl) / std::max(std::abs(mat.kl), 1e-30);
@@ -92,7 +106,7 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
     } else {
       os << std::left << std::setw(7) << s << std::right << std::fixed << std::setprecision(1) << std::setw(16)
          << topk_ms << std::setw(14) << fused.ms << std::setw(14) << fused.workspace / 1048576.0;
-      if (o.materialized)
+      if (o.materialized && !o.cuda)
         os << std::setw(16) << mat.ms << std::setw(16) << mat.workspace / 1048576.0 << std::setw(10)
            << double(mat.workspace) / double(fused.workspace);
       os << std::endl;

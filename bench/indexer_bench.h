@@ -11,6 +11,7 @@ struct IndexerBenchOptions {
   int64_t heads = 16, dqk = 192, index_heads = 64, index_dim = 128, topk = 2048;
   bool materialized = true;
   bool json = false;
+  bool cuda = false;  // the fused KL on the GPU (its materialised arm: tests/cuda/torch_kl_bench.py)
 };
 
 void run_indexer_bench(const IndexerBenchOptions& opt, std::ostream& os);

@@ -12,6 +12,7 @@
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
 #include "hmla/train/programme.h"
+#include "train_bench.h"
 
 namespace hmla {
 namespace {
@@ -30,6 +31,31 @@ TEST(Configs, TheBenchmarkModelHasDeepSeekV32sAttentionShapesAndAbout1BParameter
   EXPECT_GT(n, int64_t(900'000'000));
   EXPECT_LT(n, int64_t(1'200'000'000));
   EXPECT_GE(c.first_k_dense_replace, c.num_hidden_layers);  // every MLP dense
+}
+
+// The benchmark's model FLOPs count attention over valid pairs only (the FlashAttention
+// convention, 3.5 x the forward's 2 (Dqk + Dv) per pair and head): one causal document of s
+// tokens has s (s + 1) / 2 pairs, s one-token documents have s; padding rows have none; dsa_warmup
+// counts the attention forward alone and 2 x (not 6 x) the backbone's parameters per token.
+TEST(Configs, TheBenchmarksModelFlopsCountValidPairs) {
+  const ModelConfig c = load_model_config(HMLA_SOURCE_DIR "/configs/bench_1b.json");
+  const int64_t s = 64, P = 1000, E = 100, I = 10;
+  std::vector<int64_t> ones(s + 1);
+  for (int64_t i = 0; i <= s; ++i) ones[i] = i;
+  const DocLayout one = layout_from_cu_seqlens(s, {{0, s}}), single = layout_from_cu_seqlens(s, {ones}),
+                  half = layout_from_cu_seqlens(s, {{0, s / 2}});  // the rest padding
+  const double per_pair = 3.5 * double(c.num_hidden_layers * c.num_attention_heads) * 2.0 *
+                          double(c.qk_head_dim() + c.v_head_dim);
+  const double a = bench::model_flops(c, LayerMode::mha, one, P, E, I),
+               b = bench::model_flops(c, LayerMode::mha, single, P, E, I),
+               h = bench::model_flops(c, LayerMode::mha, half, P, E, I);
+  EXPECT_DOUBLE_EQ(a - b, per_pair * double(s * (s + 1) / 2 - s));
+  EXPECT_DOUBLE_EQ(a - h, per_pair * double(s * (s + 1) / 2 - (s / 2) * (s / 2 + 1) / 2));
+  EXPECT_DOUBLE_EQ(b, 6.0 * double(P - E - I) * s + 6.0 * double(I) * s + per_pair * double(s));
+  const double w = bench::model_flops(c, LayerMode::dsa_warmup, single, P, E, I);
+  const double HIDI = double(c.index_n_heads * c.index_head_dim);
+  EXPECT_DOUBLE_EQ(w, 2.0 * double(P - E - I) * s + 6.0 * double(I) * s + per_pair / 3.5 * double(s) +
+                          double(c.num_hidden_layers) * (8.0 * HIDI + 2.0 * c.num_attention_heads * c.qk_head_dim()) * s);
 }
 
 TEST(Programme, DemoPhasesDifferFromTheBaseOnlyWhereAllowed) {

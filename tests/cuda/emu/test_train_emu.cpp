@@ -1,5 +1,5 @@
-// The whole programme on the CUDA backend, run by the SIMT emulator, against the CPU backend in
-// the same process: every phase step by step (LM loss, indexer KL, gradient norms), the held-out
+// The whole programme on the CUDA backend (run by the SIMT emulator, or on a GPU) against the CPU
+// backend in the same process: every phase step by step (LM loss, indexer KL, gradient norms), the held-out
 // losses, and resuming across devices (a CPU checkpoint continued on CUDA and a CUDA checkpoint
 // continued on the CPU). The model (emu_model.json) has the CUDA kernels' widths: head widths,
 // index heads and index width multiples of 16, 16 heads (the sparse backward's warp tile).
@@ -28,6 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hmla/core/cuda.h"
 #include "hmla/train/trainer.h"
 
 namespace hmla {
@@ -103,7 +104,13 @@ fs::path stopped_copy(const fs::path& from, const std::string& tag, const std::s
   return to;
 }
 
+// Built twice: over the emulated backend (test_train_emu, label emu) and over the real one
+// (test_train_cuda, label gpu: skipped without a device).
+#define HMLA_NEED_DEVICE() \
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device"
+
 TEST(CudaTraining, EveryPhaseMatchesTheCpuAndResumesAcrossDevices) {
+  HMLA_NEED_DEVICE();
   const fs::path cpu = tmpdir("cpu"), cuda = tmpdir("cuda");
   run(cpu, "cpu");
   run(cuda, "cuda");
@@ -126,6 +133,7 @@ TEST(CudaTraining, EveryPhaseMatchesTheCpuAndResumesAcrossDevices) {
 }
 
 TEST(CudaTraining, TheRunRecordsItsDevice) {
+  HMLA_NEED_DEVICE();
   const fs::path out = tmpdir("env");
   std::ostringstream log;
   TrainOptions o;
