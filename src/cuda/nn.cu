@@ -235,6 +235,14 @@ __global__ void muon_update_kernel(MuonParams p) {
 
 #undef HMLA_GRID_STRIDE
 
+// A grid-stride kernel over n items (none: no launch).
+template <class K, class P>
+void launch(K kernel, int64_t n, const P& p, const char* what) {
+  if (n <= 0) return;
+  HMLA_LAUNCH(kernel, grid_for(n), kThreads, 0, stream(), p);
+  check_launch(what);
+}
+
 }  // namespace
 
 void rmsnorm_fwd(const NormParams& p) { norm_fwd(p); }
@@ -242,30 +250,10 @@ void layernorm_fwd(const NormParams& p) { norm_fwd(p); }
 void rmsnorm_bwd(const NormParams& p) { norm_bwd(p); }
 void layernorm_bwd(const NormParams& p) { norm_bwd(p); }
 
-void rope(const RopeParams& p) {
-  const int64_t n = p.N * p.heads * (p.Dr / 2);
-  if (n == 0) return;
-  HMLA_LAUNCH(rope_kernel, grid_for(n), kThreads, 0, stream(), p);
-  check_launch("rope");
-}
-
-void swiglu_fwd(const SwigluParams& p) {
-  if (p.n == 0) return;
-  HMLA_LAUNCH(swiglu_fwd_kernel, grid_for(p.n), kThreads, 0, stream(), p);
-  check_launch("swiglu");
-}
-
-void swiglu_bwd(const SwigluParams& p) {
-  if (p.n == 0) return;
-  HMLA_LAUNCH(swiglu_bwd_kernel, grid_for(p.n), kThreads, 0, stream(), p);
-  check_launch("swiglu backward");
-}
-
-void axpy(const AxpyParams& p) {
-  if (p.N * p.D == 0) return;
-  HMLA_LAUNCH(axpy_kernel, grid_for(p.N * p.D), kThreads, 0, stream(), p);
-  check_launch("axpy");
-}
+void rope(const RopeParams& p) { launch(rope_kernel, p.N * p.heads * (p.Dr / 2), p, "rope"); }
+void swiglu_fwd(const SwigluParams& p) { launch(swiglu_fwd_kernel, p.n, p, "swiglu"); }
+void swiglu_bwd(const SwigluParams& p) { launch(swiglu_bwd_kernel, p.n, p, "swiglu backward"); }
+void axpy(const AxpyParams& p) { launch(axpy_kernel, p.N * p.D, p, "axpy"); }
 
 void convert(const ConvertParams& p) {
   const Strided4 g = strided4(p.shape, p.dst_stride, p.src_stride, p.dims);
@@ -279,16 +267,9 @@ void convert(const ConvertParams& p) {
   }
 }
 
-void embedding_fwd(const EmbeddingParams& p) {
-  if (p.N * p.D == 0) return;
-  HMLA_LAUNCH(embedding_fwd_kernel, grid_for(p.N * p.D), kThreads, 0, stream(), p);
-  check_launch("embedding");
-}
-
+void embedding_fwd(const EmbeddingParams& p) { launch(embedding_fwd_kernel, p.N * p.D, p, "embedding"); }
 void embedding_bwd(const EmbeddingParams& p) {
-  if (p.N * p.D == 0) return;
-  HMLA_LAUNCH(embedding_bwd_kernel, grid_for(p.D), kThreads, 0, stream(), p);
-  check_launch("embedding backward");
+  if (p.N > 0) launch(embedding_bwd_kernel, p.D, p, "embedding backward");  // a thread per column
 }
 
 double cross_entropy(const CrossEntropyParams& p) {
@@ -312,22 +293,8 @@ double sum_squares(const SumSquaresParams& p) {
   return sum;
 }
 
-void adamw_update(const AdamWParams& p) {
-  if (p.n == 0) return;
-  HMLA_LAUNCH(adamw_kernel, grid_for(p.n), kThreads, 0, stream(), p);
-  check_launch("adamw");
-}
-
-void muon_momentum(const MuonParams& p) {
-  if (p.n == 0) return;
-  HMLA_LAUNCH(muon_momentum_kernel, grid_for(p.n), kThreads, 0, stream(), p);
-  check_launch("muon momentum");
-}
-
-void muon_update(const MuonParams& p) {
-  if (p.n == 0) return;
-  HMLA_LAUNCH(muon_update_kernel, grid_for(p.n), kThreads, 0, stream(), p);
-  check_launch("muon update");
-}
+void adamw_update(const AdamWParams& p) { launch(adamw_kernel, p.n, p, "adamw"); }
+void muon_momentum(const MuonParams& p) { launch(muon_momentum_kernel, p.n, p, "muon momentum"); }
+void muon_update(const MuonParams& p) { launch(muon_update_kernel, p.n, p, "muon update"); }
 
 }  // namespace hmla::cuda
