@@ -2,6 +2,7 @@
 // physical memory from sysconf).
 #include "hmla/core/size_check.h"
 
+
 #include <unistd.h>
 
 #include <cctype>
@@ -59,7 +60,7 @@ std::string format_bytes(double bytes) {
   return buf;
 }
 
-int64_t memory_budget() {
+int64_t memory_budget(Device dev) {
   if (const char* env = std::getenv("HMLA_MEMORY_BUDGET"); env && *env) {
     const std::string v = env;
     if (v == "unlimited") return -1;
@@ -81,6 +82,7 @@ int64_t memory_budget() {
                "': use a byte count with an optional K, M, G or T suffix (e.g. 64G), or 'unlimited'");
     return static_cast<int64_t>(x * scale);
   }
+  if (dev != Device::cpu) return allocator(dev).capacity();
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return -1;  // unknown: no limit rather than a wrong one
   int64_t bytes = 0;
@@ -88,9 +90,11 @@ int64_t memory_budget() {
   return bytes;
 }
 
-std::string memory_budget_source() {
+std::string memory_budget_source(Device dev) {
   const char* env = std::getenv("HMLA_MEMORY_BUDGET");
-  return env && *env ? "HMLA_MEMORY_BUDGET" : "physical memory (HMLA_MEMORY_BUDGET overrides)";
+  if (env && *env) return "HMLA_MEMORY_BUDGET";
+  return dev == Device::cuda ? "the GPU's memory (HMLA_MEMORY_BUDGET overrides)"
+                             : "physical memory (HMLA_MEMORY_BUDGET overrides)";
 }
 
 void MemoryPlan::add(const std::string& what, const std::vector<SizeFactor>& factors, int64_t elem_bytes) {
@@ -105,14 +109,14 @@ void MemoryPlan::add_bytes(const std::string& what, int64_t bytes, const std::st
   total_ = checked_add(total_, bytes, "the memory of " + what);
 }
 
-void MemoryPlan::check(const std::string& context) const {
-  const int64_t budget = memory_budget();
+void MemoryPlan::check(const std::string& context, Device dev) const {
+  const int64_t budget = memory_budget(dev);
   if (budget < 0 || total_ <= budget) return;
   const Item* big = &items_.front();
   for (const Item& it : items_)
     if (it.bytes > big->bytes) big = &it;
   throw ConfigError(context + " needs at least " + format_bytes(double(total_)) + ", more than the " +
-                    format_bytes(double(budget)) + " of " + memory_budget_source() + "; the largest part: " +
+                    format_bytes(double(budget)) + " of " + memory_budget_source(dev) + "; the largest part: " +
                     format_bytes(double(big->bytes)) + " for " + big->what);
 }
 

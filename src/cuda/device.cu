@@ -95,6 +95,14 @@ class CudaAllocator final : public Allocator {
     check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a copy");
   }
   void synchronize() override { cuda::current_stream().sync(); }
+  int64_t capacity() const override {
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return int64_t(total);
+  }
   void copy_strided(void* dst, const int64_t* dst_strides, const void* src, const int64_t* src_strides,
                     const int64_t* shape, int dims, size_t esize) override {
     const cuda::Strided4 g = cuda::strided4(shape, dst_strides, src_strides, dims);

@@ -119,7 +119,8 @@ void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bo
   plan_parameters(plan, m.cfg, m.has_indexer, training);
   plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training);
   plan.check(std::string(training ? "a training step" : "a forward") + " over input_ids " +
-             shape_str(batch.input_ids.shape()));
+                 shape_str(batch.input_ids.shape()),
+             m.device());
 }
 
 Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false, bool logits = false) {
@@ -344,7 +345,7 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, De
   }
   MemoryPlan plan;
   plan_parameters(plan, c, has_indexer, false);
-  plan.check("the model");
+  plan.check("the model", device);
   Model m;
   m.cfg = c;
   m.has_indexer = has_indexer;

@@ -200,7 +200,7 @@ struct PhaseSummary {
 // Checks every phase's plan against the budget; returns one line per phase for the console:
 // parameters with their gradients and moments, and a micro-batch's activations (lower bounds).
 std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid,
-                                   int cp) {
+                                   int cp, Device dev) {
   std::ostringstream lines;
   for (const PhaseSettings& ph : pr.phases) {
     ModelConfig pc = cfg;
@@ -213,12 +213,12 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
     plan_parameters(step, pc, indexer, true);
     const int64_t params = step.total();
     plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
-    step.check(where + ": a training step");
+    step.check(where + ": a training step", dev);
     lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params))
           << ", activations of a micro-batch >= " << format_bytes(double(step.total() - params)) << "\n";
     plan_parameters(eval, pc, indexer, false);
     plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
-    eval.check(where + ": the held-out evaluation");
+    eval.check(where + ": the held-out evaluation", dev);
   }
   return lines.str();
 }
@@ -341,13 +341,13 @@ struct RunInputs {
 
 // Reads and checks what the run needs before anything is created: the config fits the byte
 // tokenizer, the hybrid layers exist, every phase fits in memory; then the data.
-RunInputs load_run_inputs(const Programme& pr, int cp_ranks) {
+RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
   HMLA_CHECK(in.cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", in.cfg.vocab_size,
              " is smaller than the byte tokenizer's ", kByteVocab);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
-  in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks);
+  in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
   in.train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
   in.held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
   in.fingerprint = data_fingerprint(in.train, in.held);
@@ -693,7 +693,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
   const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
   if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
-  const RunInputs in = load_run_inputs(pr, opt.cp);
+  const RunInputs in = load_run_inputs(pr, opt.cp, dev);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root
   RunStart start = opt.resume ? resume_from_latest(pr, opt, in, dev, log) : start_fresh(pr, in.cfg, dev);

@@ -26,6 +26,8 @@ class Allocator {
   virtual void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) = 0;
   // Waits for every operation queued on the device.
   virtual void synchronize() {}
+  // The device's memory in bytes, -1 when unknown (the CPU's budget is the machine's: size_check).
+  virtual int64_t capacity() const { return -1; }
   // Within this device: dst[i] = src[i] over `shape` (dims <= kMaxStridedDims, strides in
   // elements of esize bytes), and zeroing contiguous bytes. The CPU's Tensor does both itself;
   // the base versions throw.

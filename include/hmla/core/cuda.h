@@ -1,6 +1,7 @@
 // What the CUDA backend reports about the machine. Without a CUDA build or a device, hmla runs
 // on the CPU alone and these say so.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace hmla {

@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+
+#include "hmla/core/allocator.h"
 #include <vector>
 
 namespace hmla {
@@ -26,9 +28,11 @@ std::string format_bytes(double bytes);
 // The bytes a command may plan to use: HMLA_MEMORY_BUDGET when set (bytes with an optional
 // K/M/G/T suffix, binary; "unlimited" switches the check off, returned as -1), else the
 // machine's physical memory (sysconf). ConfigError for a malformed value.
-int64_t memory_budget();
+// On Device::cuda the machine is the GPU: its memory (cudaMemGetInfo's total), unless the variable
+// is set.
+int64_t memory_budget(Device dev = Device::cpu);
 // Where memory_budget() comes from, for messages.
-std::string memory_budget_source();
+std::string memory_budget_source(Device dev = Device::cpu);
 
 // What a command will allocate, item by item, checked against memory_budget() before anything
 // is allocated. The items are lower bounds of the real footprint: the check refuses only what
@@ -42,7 +46,7 @@ class MemoryPlan {
   int64_t total() const { return total_; }
   // ConfigError "<context> needs at least X, more than the Y of <source>; the largest part: ..."
   // when the total exceeds the budget.
-  void check(const std::string& context) const;
+  void check(const std::string& context, Device dev = Device::cpu) const;
 
  private:
   struct Item {

@@ -361,6 +361,10 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
   return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {  // the emulated device: no limit of its own
+  *free = *total = size_t(1) << 40;
+  return cudaSuccess;
+}
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::strcpy(p->name, "hmla SIMT emulator (CPU)");
   return cudaSuccess;
