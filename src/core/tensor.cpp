@@ -73,7 +73,29 @@ Shape contiguous_strides(const Shape& shape) {
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = allocator(device).allocate(bytes);
 }
-Storage::~Storage() { allocator(device_).deallocate(data_, bytes_); }
+Storage::~Storage() {
+  if (!keep_) allocator(device_).deallocate(data_, bytes_);
+}
+
+Tensor Tensor::wrap(void* data, const Shape& shape, const Shape& strides, DType dtype, Device device,
+                    std::shared_ptr<void> keep) {
+  HMLA_CHECK(keep != nullptr, ShapeError, "wrap: external memory needs an owner to keep it alive");
+  HMLA_CHECK(shape.size() == strides.size(), ShapeError, "wrap: shape ", shape_str(shape), " and strides ",
+             shape_str(strides), " differ in rank");
+  int64_t extent = 1;  // one past the furthest element, in elements
+  for (size_t d = 0; d < shape.size(); ++d) {
+    HMLA_CHECK(shape[d] >= 0 && strides[d] >= 0, ShapeError, "wrap: shape ", shape_str(shape), " strides ",
+               shape_str(strides), ": negative entries");
+    if (shape[d] == 0) extent = 0;
+    if (extent > 0) extent += (shape[d] - 1) * strides[d];
+  }
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = strides;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(data, size_t(extent) * dtype_size(dtype), device, std::move(keep));
+  return t;
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)

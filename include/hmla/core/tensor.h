@@ -37,6 +37,10 @@ int64_t shape_numel(const Shape& s);
 class Storage {
  public:
   Storage(size_t bytes, Device device);
+  // Memory someone else owns (a torch tensor's), kept alive by `keep`; the allocator's counters
+  // do not see it.
+  Storage(void* data, size_t bytes, Device device, std::shared_ptr<void> keep)
+      : data_(data), bytes_(bytes), device_(device), keep_(std::move(keep)) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -48,6 +52,7 @@ class Storage {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  std::shared_ptr<void> keep_;  // set: external memory, not the allocator's
 };
 
 class Tensor {
@@ -57,6 +62,10 @@ class Tensor {
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu);
   template <class T>
   static Tensor from_vector(const Shape& shape, const std::vector<T>& values);
+  // A strided view of external memory (zero-copy: hmla.torch's operators on torch tensors);
+  // `keep` owns it for as long as any view lives. Strides in elements, non-negative.
+  static Tensor wrap(void* data, const Shape& shape, const Shape& strides, DType dtype, Device device,
+                     std::shared_ptr<void> keep);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

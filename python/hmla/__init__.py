@@ -1,0 +1,1 @@
+"""hmla: sparse-attention training for MLA models. `hmla.torch` holds its kernels as torch operators."""
