@@ -10,6 +10,7 @@ packages=(
   libopenblas-openmp-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
+  libtorch-dev python3-dev pybind11-dev  # hmla.torch (python/): built and tested by make build / make test
   librsvg2-bin  # rsvg-convert: the report test rasterises its SVGs
 )
 

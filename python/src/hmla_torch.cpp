@@ -21,7 +21,7 @@ namespace {
 using hmla::DType;
 using hmla::Shape;
 
-DType dtype_of(const at::Tensor& t) {
+DType hmla_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::f32;
     case at::kBFloat16: return DType::bf16;
@@ -41,7 +41,7 @@ at::ScalarType scalar_of(DType d) {
   }
 }
 
-hmla::Device device_of(const at::Tensor& t) {
+hmla::Device hmla_device(const at::Tensor& t) {
   if (t.is_cuda()) return hmla::Device::cuda;
   HMLA_CHECK(t.device().is_cpu(), hmla::ShapeError, "hmla.torch: tensors must be on the CPU or a CUDA device, got ",
              t.device().str());
@@ -52,7 +52,7 @@ hmla::Device device_of(const at::Tensor& t) {
 hmla::Tensor view(const at::Tensor& t) {
   if (!t.defined()) return {};
   const Shape shape(t.sizes().begin(), t.sizes().end()), strides(t.strides().begin(), t.strides().end());
-  return hmla::Tensor::wrap(t.data_ptr(), shape, strides, dtype_of(t), device_of(t), std::make_shared<at::Tensor>(t));
+  return hmla::Tensor::wrap(t.data_ptr(), shape, strides, hmla_dtype(t), hmla_device(t), std::make_shared<at::Tensor>(t));
 }
 
 // A zero-copy torch tensor of an hmla tensor (hmla's storage lives as long as torch's view); `like`
