@@ -24,11 +24,6 @@ class CMakeBuild(build_ext):
         args = [f"-DPython3_EXECUTABLE={sys.executable}", f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
                 f"-DHMLA_PYTHON_OUT={out}", "-DCMAKE_BUILD_TYPE=Release", "-DHMLA_APP=OFF", "-DHMLA_TESTS=OFF",
                 "-DHMLA_EMU=OFF", "-DHMLA_MPI=OFF"]
-        try:
-            import pybind11
-            args.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
-        except ImportError:
-            pass  # a system pybind11 (Debian's pybind11-dev)
         if shutil.which("ninja"):
             args += ["-G", "Ninja"]
         subprocess.run(["cmake", "-S", str(ROOT), "-B", str(build)] + args, check=True)
