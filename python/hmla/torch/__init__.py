@@ -10,8 +10,14 @@ the binding makes one contiguous copy. Bad input raises ValueError with hmla's m
 import torch
 
 from .. import _C
+from ._ops import kernels
 
 __all__ = ["attention", "indexer_topk", "indexer_kl", "sparse_mla", "memory_stats"]
+
+# The kernels the functions below call: hmla._C itself, or, where torch has torch.library custom
+# ops (2.4 and later), the same calls registered as opaque ops hmla::* with shape functions, so
+# torch.compile traces through them instead of breaking the graph (_ops.py).
+_K = kernels(_C)
 
 
 def _last_contiguous(t):
@@ -23,7 +29,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sink, scale, cu_seqlens, end_rows, v_from_k):
         vv = k[..., :v_from_k] if v_from_k else v
-        out, lse = _C.attention_fwd(q, k, vv, scale, cu_seqlens, end_rows, sink)
+        out, lse = _K.attention_fwd(q, k, vv, scale, cu_seqlens, end_rows, sink)
         ctx.save_for_backward(q, k, v, sink, out, lse, cu_seqlens, end_rows)
         ctx.scale, ctx.v_from_k = scale, v_from_k
         ctx.mark_non_differentiable(lse)
@@ -33,7 +39,7 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, sink, out, lse, cu_seqlens, end_rows = ctx.saved_tensors
         vv = k[..., :ctx.v_from_k] if ctx.v_from_k else v
-        dq, dk, dv, dsink = _C.attention_bwd(q, k, vv, ctx.scale, cu_seqlens, end_rows, sink, out, lse,
+        dq, dk, dv, dsink = _K.attention_bwd(q, k, vv, ctx.scale, cu_seqlens, end_rows, sink, out, lse,
                                              dout.contiguous())
         if ctx.v_from_k:  # the value is k's first Dv channels: its gradient lands there
             dk[..., :ctx.v_from_k] += dv
@@ -62,7 +68,7 @@ def indexer_topk(q_idx, k_idx, weights, *, topk, window=0, cu_seqlens=None, end_
     k_idx[j]) (descending; ties to the smaller j), then the window keys ascending, then -1.
     q_idx [b, s, HI, DI] and k_idx [b, s, DI] already roped, weights [b, s, HI] already scaled.
     Not differentiable; never materialises [s, s]. Inputs are made contiguous (one copy if not)."""
-    return _C.indexer_topk(q_idx.contiguous(), k_idx.contiguous(), weights.contiguous(), int(topk), int(window),
+    return _K.indexer_topk(q_idx.contiguous(), k_idx.contiguous(), weights.contiguous(), int(topk), int(window),
                            cu_seqlens, end_rows)
 
 
@@ -70,7 +76,7 @@ class _IndexerKl(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_idx, k_idx, weights, q, k, scale, cu_seqlens, end_rows, topk_indices, window, row_mask,
                 coeff):
-        loss, dq, dk, dw = _C.indexer_kl(q_idx, k_idx, weights, q, k, scale, cu_seqlens, end_rows, topk_indices,
+        loss, dq, dk, dw = _K.indexer_kl(q_idx, k_idx, weights, q, k, scale, cu_seqlens, end_rows, topk_indices,
                                          window, row_mask, coeff)
         ctx.save_for_backward(dq, dk, dw)
         return loss
@@ -101,7 +107,7 @@ def indexer_kl(q_idx, k_idx, weights, q, k, *, scale, cu_seqlens=None, end_rows=
 class _SparseMla(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kv, indices, sink, scale, dv):
-        out, lse, lse_c = _C.sparse_mla_fwd(q, kv, indices, scale, dv, sink)
+        out, lse, lse_c = _K.sparse_mla_fwd(q, kv, indices, scale, dv, sink)
         ctx.save_for_backward(q, kv, indices, sink, out, lse, lse_c)
         ctx.scale, ctx.dv = scale, dv
         ctx.mark_non_differentiable(lse)
@@ -110,7 +116,7 @@ class _SparseMla(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, kv, indices, sink, out, lse, lse_c = ctx.saved_tensors
-        dq, dkv, dsink = _C.sparse_mla_bwd(q, kv, indices, ctx.scale, ctx.dv, sink, out, lse, lse_c,
+        dq, dkv, dsink = _K.sparse_mla_bwd(q, kv, indices, ctx.scale, ctx.dv, sink, out, lse, lse_c,
                                            dout.contiguous())
         return dq, dkv, None, dsink, None, None
 
