@@ -91,8 +91,8 @@ def indexer_kl(q_idx, k_idx, weights, q, k, *, scale, cu_seqlens=None, end_rows=
                row_mask=None, coeff=1.0):
     """The indexer loss of DESIGN.md section 6 against the attention distribution of (q, k, scale):
     P = mean over heads of softmax(scale q_h k^T) over the candidates, Q = softmax(I) over them;
-    the candidates are A(t) (the dense KL) when topk_indices is None, else the table's first
-    topk + window - window columns (its last `window` columns are window keys, not candidates).
+    the candidates are A(t) (the dense KL) when topk_indices is None, else the keys listed in the
+    table's columns before its last `window` (those are window keys, not candidates).
     row_mask [b, s] bool (default: every row) is the loss-row mask before the empty-row rule.
     Returns coeff * sum_t mask[t] kl(t) / valid_rows, a 0-dim float32 tensor, differentiable in
     q_idx, k_idx and weights (q [b, s, H, Dqk] and k [b, s, Hkv, Dqk] are the constant target).
