@@ -143,8 +143,6 @@ void begin_on_root(RunDir& d, Comm& comm, Device dev) {
   comm.barrier();
 }
 
-// out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
-// built in a temporary directory and renamed into place; then `latest` names it.
 // The parameters as host tensors (one copy of the arena off a device; the arena itself on the CPU).
 io::TensorMap host_params(const Model& m) { return arena_views(m.table, m.arena.on(Device::cpu)); }
 
@@ -161,6 +159,9 @@ io::TensorMap host_tensors(const io::TensorMap& m) {
   return h;
 }
 
+// out/checkpoints/<name>/{config.json, model.safetensors, optimizer.safetensors, state.json},
+// built in a temporary directory (from host copies of a device's tensors) and renamed into
+// place; then `latest` names it.
 void save_checkpoint(const fs::path& root, const std::string& name, const Model& m, const Optimizer& o,
                      const RunState& st) {
   const io::TensorMap params = host_params(m);
