@@ -56,11 +56,25 @@ std::string programme() {
          "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n";
 }
 
-void run(const fs::path& out, const std::string& device, bool resume = false) {
+// The other branches of the device path: an attention sink, Muon (Newton-Schulz on the device's
+// products and strided copies), and the split kv_b_proj in the latent phases.
+std::string programme_muon_sink_split() {
+  return std::string("model: ") + HMLA_SOURCE_DIR + "/tests/cuda/emu/emu_model_sink.json\ndata: " + HMLA_SOURCE_DIR +
+         "/data/demo\nseed: 6\n"
+         "base: {batch: 4, micro_batches: 1, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, warmup_steps: 1, "
+         "log_every: 100, eval_rows: 4, optimizer: muon}\nphases:\n"
+         "  - {name: pre, mode: mha, steps: 2}\n"
+         "  - {name: eq, mode: mqa_full_causal, steps: 1, mqa_split_kv_b_proj: true}\n"
+         "  - {name: warm, mode: dsa_warmup, steps: 1}\n"
+         "  - {name: sparse, mode: dsa_sparse, steps: 2, mqa_split_kv_b_proj: true}\n";
+}
+
+void run(const fs::path& out, const std::string& device, bool resume = false,
+         const std::string& text = programme()) {
   std::ostringstream log;
   TrainOptions o;
   o.out_dir = out.string(), o.resume = resume, o.device = device;
-  run_programme(parse_programme(programme(), (out / "p.yaml").string()), o, log);
+  run_programme(parse_programme(text, (out / "p.yaml").string()), o, log);
 }
 
 std::vector<json> metrics(const fs::path& out) {
@@ -130,6 +144,17 @@ TEST(CudaTraining, EveryPhaseMatchesTheCpuAndResumesAcrossDevices) {
   std::printf("largest relative difference from the CPU: LM losses %.3g (rule %.3g), KLs and gradient norms %.3g (rule %.3g)\n",
               g_worst[0], kLossRtol, g_worst[1], kGradRtol);
   for (const fs::path& d : {cpu, cuda, c2g, g2c}) fs::remove_all(d);
+}
+
+TEST(CudaTraining, MuonSinkAndSplitKvBProjMatchTheCpu) {
+  HMLA_NEED_DEVICE();
+  const fs::path cpu = tmpdir("muon_cpu"), cuda = tmpdir("muon_cuda");
+  run(cpu, "cpu", false, programme_muon_sink_split());
+  run(cuda, "cuda", false, programme_muon_sink_split());
+  expect_same_run(metrics(cpu), metrics(cuda));
+  std::printf("largest relative difference from the CPU so far: LM losses %.3g, KLs and gradient norms %.3g\n",
+              g_worst[0], g_worst[1]);
+  for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
 }
 
 TEST(CudaTraining, TheRunRecordsItsDevice) {
