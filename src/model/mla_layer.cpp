@@ -369,11 +369,10 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   const int64_t Wa = d.Rkv + d.Dr;
   const bool sparse = L.mode() == LayerMode::dsa_sparse;
   const Tensor kaf = sv.ka.view({d.NS, Wa});
-  AttnDenseInputs in = core_inputs(L, w, sv, d, layout);
   Tensor dq, dka;
   AttnDenseGrads ga;
   if (!L.latent()) {
-    ga = attn_dense_bwd(in, sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})));
+    ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})));
     ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
     const Tensor dk = ga.dk.view({d.NS, d.H, d.Dqk});
     Tensor dkvb = f32(d.dev, {d.NS, d.H, d.Dn + d.Dv});
@@ -397,7 +396,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
                                            core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
       ga = {f32_of(gs.dq), f32_of(gs.dkv), Tensor(), gs.dsink};
     } else {
-      ga = attn_dense_bwd(in, sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+      ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
       ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
     }
     const Tensor dqa = ga.dq.view({d.N, d.H, Wa});  // qabs_h = q_nope_h W_kb_h
