@@ -46,27 +46,30 @@ fs::path tmpdir(const std::string& name) {
   return d;
 }
 
+// A programme over the demo data: the model config (tests/cuda/emu/), its seed, the base's
+// extra keys and the phases.
+std::string programme_text(const char* model, int seed, const std::string& base, const std::string& phases) {
+  return std::string("model: ") + HMLA_SOURCE_DIR + "/tests/cuda/emu/" + model + "\ndata: " + HMLA_SOURCE_DIR +
+         "/data/demo\nseed: " + std::to_string(seed) +
+         "\nbase: {batch: 4, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, warmup_steps: 1, log_every: 100, "
+         "eval_rows: 4, " + base + "}\nphases:\n" + phases;
+}
+
 // Every phase, with a checkpoint after step 2 of the first.
 std::string programme() {
-  return std::string("model: ") + HMLA_SOURCE_DIR + "/tests/cuda/emu/emu_model.json\ndata: " + HMLA_SOURCE_DIR +
-         "/data/demo\nseed: 5\n"
-         "base: {batch: 4, micro_batches: 2, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, warmup_steps: 1, "
-         "log_every: 100, eval_rows: 4, checkpoint_every: 2}\nphases:\n"
-         "  - {name: pre, mode: mha, steps: 3}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
-         "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n";
+  return programme_text("emu_model.json", 5, "micro_batches: 2, checkpoint_every: 2",
+                        "  - {name: pre, mode: mha, steps: 3}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
+                        "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n");
 }
 
 // The other branches of the device path: an attention sink, Muon (Newton-Schulz on the device's
 // products and strided copies), and the split kv_b_proj in the latent phases.
 std::string programme_muon_sink_split() {
-  return std::string("model: ") + HMLA_SOURCE_DIR + "/tests/cuda/emu/emu_model_sink.json\ndata: " + HMLA_SOURCE_DIR +
-         "/data/demo\nseed: 6\n"
-         "base: {batch: 4, micro_batches: 1, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, warmup_steps: 1, "
-         "log_every: 100, eval_rows: 4, optimizer: muon}\nphases:\n"
-         "  - {name: pre, mode: mha, steps: 2}\n"
-         "  - {name: eq, mode: mqa_full_causal, steps: 1, mqa_split_kv_b_proj: true}\n"
-         "  - {name: warm, mode: dsa_warmup, steps: 1}\n"
-         "  - {name: sparse, mode: dsa_sparse, steps: 2, mqa_split_kv_b_proj: true}\n";
+  return programme_text("emu_model_sink.json", 6, "micro_batches: 1, optimizer: muon",
+                        "  - {name: pre, mode: mha, steps: 2}\n"
+                        "  - {name: eq, mode: mqa_full_causal, steps: 1, mqa_split_kv_b_proj: true}\n"
+                        "  - {name: warm, mode: dsa_warmup, steps: 1}\n"
+                        "  - {name: sparse, mode: dsa_sparse, steps: 2, mqa_split_kv_b_proj: true}\n");
 }
 
 void run(const fs::path& out, const std::string& device, bool resume = false,
