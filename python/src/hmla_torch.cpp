@@ -7,12 +7,14 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hmla/core/allocator.h"
 #include "hmla/core/error.h"
 #include "hmla/core/layout.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/index_table.h"
 #include "hmla/ops/indexer.h"
 #include "hmla/ops/sparse_attention.h"
 
@@ -48,12 +50,25 @@ hmla::Device hmla_device(const at::Tensor& t) {
   return hmla::Device::cpu;
 }
 
-// A zero-copy hmla view of t (undefined for an undefined tensor).
-hmla::Tensor view(const at::Tensor& t) {
+// A zero-copy hmla view of t as it is (undefined for an undefined tensor).
+hmla::Tensor wrap(const at::Tensor& t) {
   if (!t.defined()) return {};
   const Shape shape(t.sizes().begin(), t.sizes().end()), strides(t.strides().begin(), t.strides().end());
   return hmla::Tensor::wrap(t.data_ptr(), shape, strides, hmla_dtype(t), hmla_device(t), std::make_shared<at::Tensor>(t));
 }
+
+// The two kinds of tensor argument, each made what its kernel takes with the smallest copy (none
+// when it already is): `strided` for the operands read through strides (q, k, v; the indexer KL's
+// q and k): hmla::kernel_strides_ok (expanded rows or heads, strides of 2^31 and more are copied);
+// `dense` for every other tensor, which the kernels read as contiguous (a sink [::2] or expand(H),
+// tables, the indexer's inputs, saved outputs and output gradients).
+hmla::Tensor strided(const at::Tensor& t) {
+  if (!t.defined()) return {};
+  hmla::Tensor v = wrap(t);
+  return hmla::kernel_strides_ok(v) ? v : wrap(t.contiguous());
+}
+
+hmla::Tensor dense(const at::Tensor& t) { return t.defined() ? wrap(t.contiguous()) : hmla::Tensor(); }
 
 // A zero-copy torch tensor of an hmla tensor (hmla's storage lives as long as torch's view); `like`
 // is an input on the same device (which CUDA device, for torch).
@@ -71,18 +86,28 @@ std::vector<int64_t> host_ints(const at::Tensor& t) {
   return std::vector<int64_t>(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
 }
 
+// A layout tensor is integer data: int32 (or, for cu_seqlens, int64) as documented; a float, bool
+// or grad-requiring tensor is refused rather than truncated.
+void check_layout_dtype(const at::Tensor& t, const char* name, bool int64_ok) {
+  const bool ok = t.scalar_type() == at::kInt || (int64_ok && t.scalar_type() == at::kLong);
+  HMLA_CHECK(ok, hmla::LayoutError, "hmla.torch: ", name, " must be an ", int64_ok ? "int32 or int64" : "int32",
+             " tensor, got ", c10::toString(t.scalar_type()));
+}
+
 // The document layout of hmla attention (DESIGN.md section 3), on the host: cu_seqlens [n + 1]
-// (b = 1), end_rows [b, s], or one causal document per row.
+// (b = 1; equal entries are zero-length documents), end_rows [b, s], or one causal document per row.
 hmla::DocLayout layout_of(int64_t b, int64_t s, const c10::optional<at::Tensor>& cu_seqlens,
                           const c10::optional<at::Tensor>& end_rows) {
   HMLA_CHECK(!(cu_seqlens && end_rows), hmla::LayoutError, "hmla.torch: give cu_seqlens or end_rows, not both");
   if (cu_seqlens) {
+    check_layout_dtype(*cu_seqlens, "cu_seqlens", true);
     HMLA_CHECK(b == 1 && cu_seqlens->dim() == 1, hmla::LayoutError,
                "hmla.torch: cu_seqlens is one [n + 1] vector for b = 1, got b = ", b, " and shape ",
                hmla::shape_str(Shape(cu_seqlens->sizes().begin(), cu_seqlens->sizes().end())));
     return hmla::layout_from_cu_seqlens(s, {host_ints(*cu_seqlens)});
   }
   if (end_rows) {
+    check_layout_dtype(*end_rows, "end_rows", false);
     HMLA_CHECK(end_rows->dim() == 2 && end_rows->size(0) == b && end_rows->size(1) == s, hmla::LayoutError,
                "hmla.torch: end_rows must be [b, s] = [", b, ", ", s, "]");
     return hmla::layout_from_end_rows(b, s, host_ints(*end_rows));
@@ -90,16 +115,30 @@ hmla::DocLayout layout_of(int64_t b, int64_t s, const c10::optional<at::Tensor>&
   return hmla::layout_causal(b, s);
 }
 
-hmla::Tensor opt_view(const c10::optional<at::Tensor>& t) { return t ? view(*t) : hmla::Tensor(); }
+// The API's shapes agree where it says they do: every per-token tensor has the same [b, s] as the
+// first (a q shorter than k is no prefix query: the kernels' row slices are internal).
+void check_rows(const char* op, const std::vector<std::pair<const char*, const at::Tensor*>>& ts) {
+  const at::Tensor& first = *ts.front().second;
+  for (const auto& [name, t] : ts) {
+    HMLA_CHECK(t->dim() >= 2, hmla::ShapeError, "hmla.torch: ", op, ": ", name, " must be [b, s, ...], got ", t->dim(),
+               " dimensions");
+    HMLA_CHECK(t->size(0) == first.size(0) && t->size(1) == first.size(1), hmla::ShapeError, "hmla.torch: ", op, ": ",
+               name, " has [b, s] = [", t->size(0), ", ", t->size(1), "] but ", ts.front().first, " has [",
+               first.size(0), ", ", first.size(1), "]");
+  }
+}
+
+hmla::Tensor opt_dense(const c10::optional<at::Tensor>& t) { return t ? dense(*t) : hmla::Tensor(); }
 
 // ---- attention -------------------------------------------------------------------------------
 
 hmla::AttnDenseInputs dense_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                    const hmla::DocLayout& layout, const c10::optional<at::Tensor>& sink) {
+  check_rows("attention", {{"q", &q}, {"k", &k}, {"v", &v}});
   hmla::AttnDenseInputs in;
-  in.q = view(q), in.k = view(k), in.v = view(v);
+  in.q = strided(q), in.k = strided(k), in.v = strided(v);
   in.layout = &layout;
-  in.sink = opt_view(sink);
+  in.sink = opt_dense(sink);
   in.scale = float(scale);
   return in;
 }
@@ -118,7 +157,7 @@ std::vector<at::Tensor> attention_bwd(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout) {
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
   const hmla::AttnDenseGrads g =
-      hmla::attn_dense_bwd(dense_inputs(q, k, v, scale, layout, sink), {view(out), view(lse)}, view(dout));
+      hmla::attn_dense_bwd(dense_inputs(q, k, v, scale, layout, sink), {dense(out), dense(lse)}, dense(dout));
   return {to_torch(g.dq, q), to_torch(g.dk, q), to_torch(g.dv, q), to_torch(g.dsink, q)};
 }
 
@@ -126,7 +165,8 @@ std::vector<at::Tensor> attention_bwd(const at::Tensor& q, const at::Tensor& k, 
 
 hmla::IndexerScores scores(const at::Tensor& qI, const at::Tensor& kI, const at::Tensor& w,
                            const hmla::DocLayout& layout) {
-  return {view(qI), view(kI), view(w), &layout, 0};
+  check_rows("indexer", {{"q_idx", &qI}, {"k_idx", &kI}, {"weights", &w}});
+  return {dense(qI), dense(kI), dense(w), &layout, 0};
 }
 
 at::Tensor indexer_topk(const at::Tensor& qI, const at::Tensor& kI, const at::Tensor& w, int64_t topk, int64_t window,
@@ -138,8 +178,10 @@ at::Tensor indexer_topk(const at::Tensor& qI, const at::Tensor& kI, const at::Te
 // The loss-row weights: mask[t] / valid_rows over the rows with a non-empty A(t) (DESIGN.md
 // section 6's empty-row rule), on the inputs' device.
 at::Tensor row_weights(const hmla::DocLayout& layout, const c10::optional<at::Tensor>& row_mask, const at::Device& dev) {
+  HMLA_CHECK(!row_mask || row_mask->scalar_type() == at::kBool, hmla::ShapeError,
+             "hmla.torch: row_mask must be a bool tensor, got ", row_mask ? c10::toString(row_mask->scalar_type()) : "");
   const int32_t* ds = layout.doc_start.data<int32_t>();
-  at::Tensor mask = row_mask ? row_mask->to(at::kCPU).to(at::kBool).contiguous() : at::Tensor();
+  at::Tensor mask = row_mask ? row_mask->to(at::kCPU).contiguous() : at::Tensor();
   HMLA_CHECK(!row_mask || (mask.dim() == 2 && mask.size(0) == layout.b && mask.size(1) == layout.s),
              hmla::ShapeError, "hmla.torch: row_mask must be [b, s] = [", layout.b, ", ", layout.s, "]");
   std::vector<float> rw(size_t(layout.b * layout.s), 0.f);
@@ -150,22 +192,38 @@ at::Tensor row_weights(const hmla::DocLayout& layout, const c10::optional<at::Te
   return torch::from_blob(rw.data(), {layout.b, layout.s}, at::kFloat).clone().to(dev);
 }
 
+// The table every op runs, under DESIGN.md section 4's contract (hmla::check_index_table): idx
+// itself, or with invalid="skip" a copy whose entries outside A(t) are -1; errors name the entry.
+at::Tensor index_table(const at::Tensor& idx, int64_t s, const c10::optional<at::Tensor>& cu_seqlens,
+                       const c10::optional<at::Tensor>& end_rows, bool skip) {
+  HMLA_CHECK(idx.dim() == 3 && idx.size(1) == s, hmla::ShapeError, "hmla.torch: the index table must be [b, s = ", s,
+             ", N], got ", hmla::shape_str(Shape(idx.sizes().begin(), idx.sizes().end())));
+  const hmla::DocLayout layout = layout_of(idx.size(0), s, cu_seqlens, end_rows);
+  const hmla::Tensor t = dense(idx);
+  const hmla::Tensor checked =
+      hmla::check_index_table(t, layout, 0, skip ? hmla::InvalidIndex::skip : hmla::InvalidIndex::error, "hmla.torch");
+  return checked.same_data(t) ? idx.contiguous() : to_torch(checked, idx);
+}
+
 // Returns (loss, dqI, dkI, dw): the loss as a 0-dim f32 tensor, the gradients of the loss.
 std::vector<at::Tensor> indexer_kl(const at::Tensor& qI, const at::Tensor& kI, const at::Tensor& w, const at::Tensor& q,
                                    const at::Tensor& k, double scale, const c10::optional<at::Tensor>& cu_seqlens,
                                    const c10::optional<at::Tensor>& end_rows,
                                    const c10::optional<at::Tensor>& topk_indices, int64_t window,
                                    const c10::optional<at::Tensor>& row_mask, double coeff) {
+  check_rows("indexer_kl", {{"q_idx", &qI}, {"q", &q}, {"k", &k}});
   const hmla::DocLayout layout = layout_of(qI.size(0), kI.size(1), cu_seqlens, end_rows);
   const at::Tensor rw = row_weights(layout, row_mask, qI.device());
   hmla::IndexerKlInputs in;
   in.sc = scores(qI, kI, w, layout);
-  in.q = view(q), in.k = view(k);
+  in.q = strided(q), in.k = strided(k);
   in.scale = float(scale);
-  in.row_weight = view(rw);
+  in.row_weight = dense(rw);
   in.coeff = float(coeff);
+  HMLA_CHECK(topk_indices || window == 0, hmla::ShapeError,
+             "hmla.torch: indexer_kl: window = ", window, " without topk_indices (the dense KL has no window)");
   if (topk_indices) {
-    in.topk = view(*topk_indices);
+    in.topk = dense(*topk_indices);
     HMLA_CHECK(topk_indices->dim() == 3 && window >= 0 && window < topk_indices->size(2), hmla::ShapeError,
                "hmla.torch: topk_indices must be [b, s, K + window] with K >= 1, got window = ", window);
     in.K = topk_indices->size(2) - window;
@@ -179,11 +237,12 @@ std::vector<at::Tensor> indexer_kl(const at::Tensor& qI, const at::Tensor& kI, c
 
 hmla::AttnSparseInputs sparse_inputs(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& idx, double scale,
                                      int64_t dv, const c10::optional<at::Tensor>& sink) {
+  check_rows("sparse_mla", {{"q", &q}, {"kv", &kv}, {"indices", &idx}});
   hmla::AttnSparseInputs in;
-  in.q = view(q), in.kv = view(kv), in.idx = view(idx);
+  in.q = strided(q), in.kv = dense(kv), in.idx = dense(idx);
   in.Dv = dv;
   in.K = idx.dim() == 3 ? idx.size(2) : 0;  // every listed key is a candidate
-  in.sink = opt_view(sink);
+  in.sink = opt_dense(sink);
   in.scale = float(scale);
   return in;
 }
@@ -198,7 +257,7 @@ std::vector<at::Tensor> sparse_mla_bwd(const at::Tensor& q, const at::Tensor& kv
                                        int64_t dv, const c10::optional<at::Tensor>& sink, const at::Tensor& out,
                                        const at::Tensor& lse, const at::Tensor& lse_c, const at::Tensor& dout) {
   const hmla::AttnSparseGrads g = hmla::attn_sparse_bwd(sparse_inputs(q, kv, idx, scale, dv, sink),
-                                                        {view(out), view(lse), view(lse_c)}, view(dout));
+                                                        {dense(out), dense(lse), dense(lse_c)}, dense(dout));
   return {to_torch(g.dq, q), to_torch(g.dkv, q), to_torch(g.dsink, q)};
 }
 
@@ -246,5 +305,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("indexer_kl", &indexer_kl);
   m.def("sparse_mla_fwd", &sparse_mla_fwd);
   m.def("sparse_mla_bwd", &sparse_mla_bwd);
+  m.def("index_table", &index_table);
   m.def("memory_stats", &memory_stats, py::arg("reset_peak") = false);
 }

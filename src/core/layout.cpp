@@ -80,8 +80,10 @@ static void check_cu_seqlens(int64_t s, const std::vector<std::vector<int64_t>>&
                " needs at least two entries (a start and an end), got ", c.size());
     HMLA_CHECK(c[0] == 0, LayoutError, "cu_seqlens of row ", r, " must start at 0, got ", c[0]);
     for (size_t i = 1; i < c.size(); ++i) {
-      HMLA_CHECK(c[i] > c[i - 1], LayoutError, "cu_seqlens of row ", r,
-                 " must be strictly increasing: entry ", i, " = ", c[i], " after ", c[i - 1]);
+      // Equal offsets are a zero-length document (FlashAttention's varlen and TileLang's
+      // generators write them): no rows, nothing to mark.
+      HMLA_CHECK(c[i] >= c[i - 1], LayoutError, "cu_seqlens of row ", r,
+                 " must be non-decreasing: entry ", i, " = ", c[i], " after ", c[i - 1]);
       HMLA_CHECK(c[i] <= s, LayoutError, "cu_seqlens of row ", r, " has entry ", i, " = ", c[i],
                  ", past s = ", s);
     }

@@ -2,6 +2,7 @@
 // CUDA backend's copy hook (src/cuda), so this file needs nothing but the standard library.
 #include "hmla/core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <cstring>
@@ -58,6 +59,24 @@ int64_t shape_numel(const Shape& s) {
   for (int64_t d : s)
     HMLA_CHECK(!__builtin_mul_overflow(n, d, &n), ShapeError, "shape ", shape_str(s), " has more than 2^63 elements");
   return n;
+}
+
+Shape kernel_strides(const Tensor& t) {
+  const Shape canonical = contiguous_strides(t.shape());
+  Shape st = t.strides();
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) == 1) st[size_t(d)] = canonical[size_t(d)];
+  return st;
+}
+
+bool kernel_strides_ok(const Tensor& t) {
+  if (t.dim() == 0) return true;
+  const Shape st = kernel_strides(t);
+  const int64_t width = t.size(-1), last = t.dim() - 1;
+  if (width > 1 && st[size_t(last)] != 1) return false;
+  for (int64_t d = 1; d < last; ++d)
+    if (st[size_t(d)] < std::max<int64_t>(width, 1) || st[size_t(d)] >= (int64_t(1) << 31)) return false;
+  return true;
 }
 
 Shape contiguous_strides(const Shape& shape) {

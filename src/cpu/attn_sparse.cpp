@@ -131,7 +131,9 @@ void attn_sparse_bwd(const AttnSparseParams& g) {
         float d = 0.f;
         for (int64_t c = 0; c < g.Dv; ++c) d += dO_t[h * g.Dv + c] * O_t[h * g.Dv + c];
         D[h] = d;
-        if (g.sink) dsink[h] -= std::exp(g.sink[h] - l) * d;
+        // lse = +inf only with a sink of +inf (a listed key makes it finite otherwise): out is 0,
+        // so D is 0 and the sink's share exp(sink - lse) (inf - inf) is no term: 0, not NaN.
+        if (g.sink && std::isfinite(l)) dsink[h] -= std::exp(g.sink[h] - l) * d;
       }
       sgemm(Trans::no, Trans::yes, g.H, n, g.Dv, 1.f, dO_t, g.Dv, Kg, g.Dqk, 0.f, dS, n);  // dP
       dscores_tile(dS, P, g.H, n, D, g.scale);

@@ -19,8 +19,9 @@ void check_rows(const Tensor& t, const char* name, int64_t b, int64_t s, int64_t
   Shape want{b, s, heads, width};
   HMLA_CHECK(t.shape() == want, ShapeError, "attention: ", name, " has shape ",
              shape_str(t.shape()), ", expected ", shape_str(want));
-  HMLA_CHECK(t.stride(3) == 1, ShapeError, "attention: the last dimension of ", name,
-             " must be contiguous");
+  HMLA_CHECK(kernel_strides_ok(t), ShapeError, "attention: ", name, " has strides ", shape_str(t.strides()),
+             " that no kernel takes (the last dimension contiguous, rows and heads at strides in [",
+             t.size(3), ", 2^31)); pass a contiguous copy");
 }
 
 void check_out(const Tensor& t, const char* name, const Shape& want, DType dtype, Device dev) {
@@ -70,12 +71,13 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
     check_out(in.sink, "sink", {p.H}, DType::f32, dev);
   p.dtype = dt;
   p.scale = in.scale;
+  const Shape qs = kernel_strides(in.q), ks = kernel_strides(in.k), vs = kernel_strides(in.v);
   p.q = in.q.raw_data();
-  p.q_bstride = in.q.stride(0), p.q_rstride = in.q.stride(1), p.q_hstride = in.q.stride(2);
+  p.q_bstride = qs[0], p.q_rstride = qs[1], p.q_hstride = qs[2];
   p.k = in.k.raw_data();
-  p.k_bstride = in.k.stride(0), p.k_rstride = in.k.stride(1), p.k_hstride = in.k.stride(2);
+  p.k_bstride = ks[0], p.k_rstride = ks[1], p.k_hstride = ks[2];
   p.v = in.v.raw_data();
-  p.v_bstride = in.v.stride(0), p.v_rstride = in.v.stride(1), p.v_hstride = in.v.stride(2);
+  p.v_bstride = vs[0], p.v_rstride = vs[1], p.v_hstride = vs[2];
   p.doc_start = in.layout->doc_start.data<int32_t>();
   p.doc_end = in.layout->doc_end.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;

@@ -2,10 +2,11 @@
 // and dispatch to the backend of the inputs' device.
 #include "hmla/ops/indexer.h"
 
-#include <unordered_set>
+#include <cmath>
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
+#include "hmla/ops/index_table.h"
 
 namespace hmla {
 
@@ -60,20 +61,27 @@ IndexerParams check_kl(const IndexerKlInputs& in, IndexerOp op, Tensor& ds) {
              "indexer KL: attention q [b, sq, H, Dqk] and k [b, s, Hkv, Dqk] are required");
   const int64_t H = in.q.size(2), Hkv = in.k.size(2);
   HMLA_CHECK(in.q.size(0) == b && in.q.size(1) == sq && in.k.size(0) == b && in.k.size(1) == s &&
-                 in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 && in.q.stride(3) == 1 &&
-                 in.k.stride(3) == 1 && in.q.dtype() == DType::f32 && in.k.dtype() == DType::f32 &&
+                 in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 && in.q.dtype() == DType::f32 &&
+                 in.k.dtype() == DType::f32 &&
                  in.q.device() == in.sc.qI.device() && in.k.device() == in.sc.qI.device(),
              ShapeError, "indexer KL: q ", shape_str(in.q.shape()), " and k ", shape_str(in.k.shape()),
              " do not fit [b, sq, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H (f32, on qI's device)");
+  HMLA_CHECK(kernel_strides_ok(in.q) && kernel_strides_ok(in.k), ShapeError, "indexer KL: q (strides ",
+             shape_str(in.q.strides()), ") or k (strides ", shape_str(in.k.strides()),
+             ") has strides no kernel takes (the last dimension contiguous, rows and heads at strides in [Dqk, "
+             "2^31)); pass contiguous copies");
   const Device dev = in.sc.qI.device();
   if (in.lse_c.defined()) check_dev(in.lse_c, "lse_c", {b, H, sq}, DType::f32, dev);
   check_dev(in.row_weight, "row_weight", {b, sq}, DType::f32, dev);
-  HMLA_CHECK(in.scale > 0 && in.coeff >= 0, ShapeError, "indexer KL: scale must be > 0 and coeff >= 0");
+  HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0 && std::isfinite(in.coeff) && in.coeff >= 0, ShapeError,
+             "indexer KL: scale must be a finite number > 0 and coeff a finite number >= 0, got scale = ", in.scale,
+             ", coeff = ", in.coeff);
   p.H = H, p.Hkv = Hkv, p.Dqk = in.q.size(3);
+  const Shape qs = kernel_strides(in.q), ks = kernel_strides(in.k);
   p.q = in.q.data<float>();
-  p.q_bstride = in.q.stride(0), p.q_rstride = in.q.stride(1), p.q_hstride = in.q.stride(2);
+  p.q_bstride = qs[0], p.q_rstride = qs[1], p.q_hstride = qs[2];
   p.k = in.k.data<float>();
-  p.k_bstride = in.k.stride(0), p.k_rstride = in.k.stride(1), p.k_hstride = in.k.stride(2);
+  p.k_bstride = ks[0], p.k_rstride = ks[1], p.k_hstride = ks[2];
   p.scale = in.scale, p.coeff = in.coeff;
   p.lse_c = in.lse_c.defined() ? in.lse_c.data<float>() : nullptr;
   p.row_weight = in.row_weight.data<float>();
@@ -137,29 +145,14 @@ IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
   Tensor ds_dev;
   IndexerParams p = check_kl(in, IndexerOp::kl_sparse, ds_dev);
-  const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
+  const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1);
   HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
                  in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K &&
                  in.topk.device() == in.sc.qI.device(),
              ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, sq, K + W] table with K >= 1 on qI's device");
-  // The table's contract: keys inside A(t), no duplicates in a row (a device's table: checked on a host copy).
-  const Tensor host_table = in.topk.on(Device::cpu);
-  const int32_t* idx = host_table.data<int32_t>();
-  const int32_t* ds = in.sc.layout->doc_start.data<int32_t>();
+  // The table's contract (DESIGN.md section 4); the window slots obey it too.
+  check_index_table(in.topk, *in.sc.layout, in.sc.q_row0, InvalidIndex::error, "indexer sparse KL");
   const int64_t KW = in.topk.size(2);
-  std::unordered_set<int32_t> seen;
-  for (int64_t row = 0; row < b * sq; ++row) {
-    seen.clear();
-    const int64_t t = in.sc.q_row0 + row % sq, start = ds[(row / sq) * s + t];
-    for (int64_t i = 0; i < KW; ++i) {
-      const int32_t j = idx[row * KW + i];
-      if (j < 0) continue;
-      HMLA_CHECK(j >= start && j <= t, ShapeError, "indexer sparse KL: row ", t, " of batch ", row / sq,
-                 " lists key ", j, " outside its allowed set [", start, ", ", t, "]");
-      HMLA_CHECK(seen.insert(j).second, ShapeError, "indexer sparse KL: row ", t, " of batch ", row / sq,
-                 " lists key ", j, " twice");
-    }
-  }
   p.K = in.K, p.W = KW - in.K;
   p.topk = in.topk.data<int32_t>();
   return run_kl(supported(p, in.sc.qI.device(), "indexer sparse KL"), p, in);

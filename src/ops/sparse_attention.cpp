@@ -14,8 +14,11 @@ namespace {
 
 // Validates the inputs and fills the params' shape and input fields; runs the table check.
 AttnSparseParams make_params(const AttnSparseInputs& in) {
-  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.stride(3) == 1 && in.q.size(2) >= 1, ShapeError,
-             "sparse attention: q must be [b, s, H >= 1, Dqk] with its last dim contiguous");
+  HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.size(2) >= 1, ShapeError,
+             "sparse attention: q must be [b, s, H >= 1, Dqk]");
+  HMLA_CHECK(kernel_strides_ok(in.q), ShapeError, "sparse attention: q has strides ", shape_str(in.q.strides()),
+             " that no kernel takes (the last dimension contiguous, rows and heads at strides in [", in.q.size(3),
+             ", 2^31)); pass a contiguous copy");
   const Device dev = in.q.device();
   const DType dt = dev == Device::cpu ? DType::f32 : DType::bf16;
   HMLA_CHECK(in.q.dtype() == dt, ShapeError, "sparse attention: q must be ", dtype_name(dt), " on ",
@@ -36,14 +39,16 @@ AttnSparseParams make_params(const AttnSparseInputs& in) {
              " must be in [0, K + W = ", in.idx.size(2), "]");
   HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ShapeError, "sparse attention: scale must be positive");
   if (in.sink.defined())
-    HMLA_CHECK(in.sink.shape() == Shape({in.q.size(2)}) && in.sink.dtype() == DType::f32 && in.sink.device() == dev,
-               ShapeError, "sparse attention: sink must be f32 [H] on q's device");
+    HMLA_CHECK(in.sink.shape() == Shape({in.q.size(2)}) && in.sink.dtype() == DType::f32 && in.sink.device() == dev &&
+                   in.sink.is_contiguous(),
+               ShapeError, "sparse attention: sink must be a contiguous f32 [H] tensor on q's device");
   AttnSparseParams p;
   p.dtype = dt;
   p.b = b, p.sq = s, p.skv = skv, p.H = in.q.size(2), p.Dqk = Dqk, p.Dv = in.Dv, p.KW = in.idx.size(2), p.K = in.K;
   p.scale = in.scale;
+  const Shape qs = kernel_strides(in.q);
   p.q = in.q.raw_data();
-  p.q_bstride = in.q.stride(0), p.q_rstride = in.q.stride(1), p.q_hstride = in.q.stride(2);
+  p.q_bstride = qs[0], p.q_rstride = qs[1], p.q_hstride = qs[2];
   p.kv = in.kv.raw_data();
   p.idx = in.idx.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;

@@ -24,7 +24,9 @@ TEST(Layout, CuSeqlensPerRowAndErrors) {
   DocLayout l = layout_from_cu_seqlens(4, {{0, 4}, {0, 1, 2}});
   EXPECT_EQ(starts(l), (std::vector<int32_t>{0, 0, 0, 0, 0, 1, 3, 4}));
   EXPECT_THROW(layout_from_cu_seqlens(4, {{1, 4}}), LayoutError);     // not starting at 0
-  EXPECT_THROW(layout_from_cu_seqlens(4, {{0, 2, 2}}), LayoutError);  // empty document
+  EXPECT_THROW(layout_from_cu_seqlens(4, {{0, 2, 1}}), LayoutError);  // decreasing
+  // Zero-length documents (repeated offsets, as FlashAttention's varlen writes them) are no rows.
+  EXPECT_EQ(starts(layout_from_cu_seqlens(4, {{0, 0, 2, 2, 3}})), (std::vector<int32_t>{0, 0, 2, 4}));
   EXPECT_THROW(layout_from_cu_seqlens(4, {{0, 5}}), LayoutError);     // past s
   EXPECT_THROW(layout_from_cu_seqlens(4, {{0}}), LayoutError);
   EXPECT_THROW(layout_from_cu_seqlens(0, {{0}}), LayoutError);

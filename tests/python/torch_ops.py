@@ -289,7 +289,7 @@ def main():
     far = torch.full((1, 8, 2), -1, dtype=torch.int32)
     far[0, 3, 0] = 9
     raises("sparse_mla: a key out of range", lambda: ht.sparse_mla(q, kv, far, scale=0.25, dv=8), "9")
-    raises("attention: mismatched k", lambda: ht.attention(q, q[:, :4], q, scale=0.25), "key rows")
+    raises("attention: mismatched k", lambda: ht.attention(q, q[:, :4], q, scale=0.25), "has [b, s]")
     raises("attention: both layouts", lambda: ht.attention(q, q, q, scale=0.25, cu_seqlens=torch.tensor([0, 8]),
                                                             end_rows=torch.full((1, 8), 8)), "not both")
     raises("attention: a float64 tensor", lambda: ht.attention(q.double(), q.double(), q.double(), scale=0.25),

@@ -24,7 +24,8 @@ struct DocLayout {
 DocLayout layout_causal(int64_t b, int64_t s);
 
 // cu_seqlens per row: document starts, then the end of the last document (rows from there up
-// to s are tail padding). Starts at 0, strictly increasing, last entry <= s.
+// to s are tail padding). Starts at 0, non-decreasing (equal entries: a zero-length document),
+// last entry <= s.
 DocLayout layout_from_cu_seqlens(int64_t s, const std::vector<std::vector<int64_t>>& cu_seqlens);
 
 // Per-token end rows, [b, s] row-major (flashmask convention): entry t is the exclusive end row

@@ -114,6 +114,15 @@ class Tensor {
 
 Shape contiguous_strides(const Shape& shape);
 
+// The strides every kernel takes for a strided operand [outer, mid..., width] (q, k, v of the
+// attention ops, the indexer KL's q and k): the last dimension contiguous; every middle dimension
+// (rows, heads) at a stride in [width, 2^31), because kernels hand it to BLAS or a tile loader as a
+// leading dimension (OpenBLAS rejects ld < width; its ld is an int); the outer dimension (batch) at
+// any stride, a pointer offset only. A dimension of one element takes any stride: kernel_strides
+// gives it the contiguous one. Entry points refuse what this rejects; hmla.torch copies it.
+bool kernel_strides_ok(const Tensor& t);
+Shape kernel_strides(const Tensor& t);  // t's strides, one-element dimensions made contiguous
+
 // Flat index of the first NaN or infinity of a contiguous f32 CPU tensor, or -1 when all are finite.
 int64_t first_non_finite(const Tensor& t);
 

@@ -24,7 +24,7 @@ class _Direct:
 
     def __init__(self, C):
         self.__dict__.update({n: getattr(C, n) for n in ("attention_fwd", "attention_bwd", "indexer_topk", "indexer_kl",
-                                                          "sparse_mla_fwd", "sparse_mla_bwd")})
+                                                          "sparse_mla_fwd", "sparse_mla_bwd", "index_table")})
 
 
 class _Registered:
@@ -52,6 +52,9 @@ class _Registered:
     def sparse_mla_bwd(self, *a):
         dq, dkv, dsink = self.ops.sparse_mla_bwd(*a)
         return dq, dkv, _none_if_empty(dsink)
+
+    def index_table(self, *a):
+        return self.ops.index_table(*a)
 
 
 def _register(C):
@@ -121,6 +124,15 @@ def _register(C):
     def _(q, kv, indices, scale, dv, sink, out, lse, lse_c, dout):
         ds = q.new_empty(q.shape[2], dtype=f32) if sink is not None else q.new_empty(0, dtype=f32)
         return [torch.empty_like(q), torch.empty_like(kv), ds]
+
+    @lib.custom_op("hmla::index_table", mutates_args=())
+    def index_table(idx: Tensor, s: int, cu_seqlens: Optional[Tensor], end_rows: Optional[Tensor],
+                    skip: bool) -> Tensor:
+        return C.index_table(idx, s, cu_seqlens, end_rows, skip).clone()  # a custom op may not alias its input
+
+    @index_table.register_fake
+    def _(idx, s, cu_seqlens, end_rows, skip):
+        return torch.empty_like(idx, memory_format=torch.contiguous_format)
 
     return _Registered(torch.ops.hmla)
 
