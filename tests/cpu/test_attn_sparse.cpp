@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 
 #include "attn_sparse_ref.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/index_table.h"
 #include "hmla/ops/sparse_attention.h"
 #include "op_cases.h"
 #include "testing.h"
@@ -103,6 +105,55 @@ TEST(AttnSparse, TableContractAndDeterminism) {
   EXPECT_EQ(0, std::memcmp(s1.out.raw_data(), s2.out.raw_data(), s1.out.nbytes()));
   EXPECT_EQ(0, std::memcmp(g1.dkv.raw_data(), g2.dkv.raw_data(), g1.dkv.nbytes()));
   EXPECT_EQ(0, std::memcmp(g1.dq.raw_data(), g2.dq.raw_data(), g1.dq.nbytes()));
+}
+
+// DESIGN.md section 4's one contract (check_index_table): -1 is no key; -5, a later position, a key
+// >= s or one of another document is an error, or with skip no key; a duplicate is an error in
+// both modes; a valid table comes back as it is (no copy).
+TEST(IndexTable, OneContractInBothModes) {
+  const DocLayout docs = layout_from_cu_seqlens(8, {{0, 4, 8}});
+  std::vector<int32_t> ok(8 * 2, -1);
+  for (int t = 0; t < 8; ++t) ok[size_t(t * 2)] = t;
+  const Tensor good = Tensor::from_vector<int32_t>({1, 8, 2}, ok);
+  EXPECT_TRUE(check_index_table(good, docs, 0, InvalidIndex::error, "t").same_data(good));
+  for (int32_t bad : {-5, 7, 8, 1}) {  // row 5: negative, later, past s, another document
+    std::vector<int32_t> v = ok;
+    v[5 * 2 + 1] = bad;
+    const Tensor t = Tensor::from_vector<int32_t>({1, 8, 2}, v);
+    EXPECT_THROW(check_index_table(t, docs, 0, InvalidIndex::error, "t"), ShapeError) << bad;
+    EXPECT_EQ(check_index_table(t, docs, 0, InvalidIndex::skip, "t").to_vector<int32_t>(), ok) << bad;
+  }
+  std::vector<int32_t> dup = ok;
+  dup[5 * 2 + 1] = 5;
+  for (InvalidIndex m : {InvalidIndex::error, InvalidIndex::skip})
+    EXPECT_THROW(check_index_table(Tensor::from_vector<int32_t>({1, 8, 2}, dup), docs, 0, m, "t"), ShapeError);
+  // A row slice (context parallelism): rows 4..7 at global positions; key 6 is later than row 4.
+  std::vector<int32_t> slice = {6, -1, 4, -1, 4, 6, 7, -1};
+  const Tensor sl = Tensor::from_vector<int32_t>({1, 4, 2}, slice);
+  EXPECT_THROW(check_index_table(sl, docs, 4, InvalidIndex::error, "t"), ShapeError);
+  EXPECT_EQ(check_index_table(sl, docs, 4, InvalidIndex::skip, "t").to_vector<int32_t>(),
+            (std::vector<int32_t>{-1, -1, 4, -1, 4, 6, 7, -1}));
+}
+
+// A stride no kernel takes is refused at the entry point, never handed to BLAS: a stride-0
+// (expanded) head of q, a row stride below the width.
+TEST(AttnSparse, RefusesStridesNoKernelTakes) {
+  auto kv = randn(8 * 8, 2);
+  std::vector<int32_t> idx(8 * 2, -1);
+  for (int t = 0; t < 8; ++t) idx[size_t(t * 2)] = t;
+  const Tensor q0 = Tensor::from_vector<float>({1, 8, 1, 8}, randn(8 * 8, 1));
+  const Tensor expanded = Tensor::wrap(q0.raw_data(), {1, 8, 2, 8}, {64, 8, 0, 1}, DType::f32, Device::cpu,
+                                       std::make_shared<Tensor>(q0));
+  AttnSparseInputs in{expanded, Tensor::from_vector<float>({1, 8, 8}, kv), 4, Tensor::from_vector<int32_t>({1, 8, 2}, idx),
+                      2, {}, 0.3f};
+  EXPECT_FALSE(kernel_strides_ok(expanded));
+  EXPECT_THROW(attn_sparse_fwd(in), ShapeError);
+  const Tensor ones = Tensor::wrap(q0.raw_data(), {1, 8, 1, 8}, {int64_t(1) << 40, 8, int64_t(1) << 33, 1},
+                                   DType::f32, Device::cpu, std::make_shared<Tensor>(q0));
+  EXPECT_TRUE(kernel_strides_ok(ones));  // one-element dimensions take any stride
+  EXPECT_EQ(kernel_strides(ones), (Shape{64, 8, 8, 1}));
+  in.q = ones;
+  EXPECT_NO_THROW(attn_sparse_fwd(in));
 }
 
 // A table listing all of A(t) makes sparse attention the dense MQA core (up to reassociation).
