@@ -109,4 +109,14 @@ void sgemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, con
 
 #endif
 
+// The backend's entry: one sgemm per batch matrix.
+void gemm(const GemmParams& p) {
+  const float* a = static_cast<const float*>(p.a);
+  const float* b = static_cast<const float*>(p.b);
+  float* c = static_cast<float*>(p.c);
+  for (int64_t i = 0; i < p.batch; ++i)
+    sgemm(p.ta, p.tb, p.M, p.N, p.K, p.alpha, a + i * p.a_batch, p.lda, b + i * p.b_batch, p.ldb, p.beta,
+          c + i * p.c_batch, p.ldc);
+}
+
 }  // namespace hmla::cpu

@@ -39,7 +39,7 @@ void select_row(const float* I, int64_t jbase, int64_t lo, int64_t t, int64_t K,
 
 }  // namespace
 
-void indexer_topk(const IndexerParams& p) {
+void indexer_topk(const IndexerTopkParams& p) {
   using T = IndexerCpuTraits;
   const int64_t b = p.b, sq = p.sq, HI = p.HI, DI = p.DI, s = p.s, q0 = p.q_row0, K = p.K, W = p.W;
   const int64_t ntiles = (sq + T::kBq - 1) / T::kBq;
@@ -75,7 +75,7 @@ void indexer_topk(const IndexerParams& p) {
   }
 }
 
-void indexer_select(const IndexerParams& p) {
+void indexer_select(const IndexerTopkParams& p) {
   const int64_t b = p.b, sq = p.sq, s = p.s, q0 = p.q_row0, K = p.K, W = p.W;
   const float* I = p.scores;
   const int32_t* ds = p.doc_start;

@@ -8,19 +8,11 @@
 
 namespace hmla::cpu {
 
-void linear_fwd(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t N,
-                int64_t in, int64_t out) {
-  sgemm(Trans::no, Trans::yes, N, out, in, 1.f, x, ldx, W, in, 0.f, y, ldy);
-}
-
-void linear_bwd(float* dx, int64_t lddx, float beta, float* dW, const float* dy, int64_t lddy,
-                const float* x, int64_t ldx, const float* W, int64_t N, int64_t in, int64_t out) {
-  sgemm(Trans::yes, Trans::no, out, in, N, 1.f, dy, lddy, x, ldx, 1.f, dW, in);
-  if (dx) sgemm(Trans::no, Trans::no, N, in, out, 1.f, dy, lddy, W, in, beta, dx, lddx);
-}
-
-void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx, const float* w,
-                 int64_t N, int64_t D, float eps) {
+void rmsnorm_fwd(const NormParams& p) {
+  float *y = p.y, *rstd = p.rstd;
+  const float *x = p.x, *w = p.w;
+  const int64_t ldy = p.ldy, ldx = p.ldx, N = p.N, D = p.D;
+  const float eps = p.eps;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * ldx;
@@ -33,8 +25,10 @@ void rmsnorm_fwd(float* y, int64_t ldy, float* rstd, const float* x, int64_t ldx
   }
 }
 
-void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t lddy, const float* x,
-                 int64_t ldx, const float* w, const float* rstd, int64_t N, int64_t D) {
+void rmsnorm_bwd(const NormParams& p) {
+  float *dx = p.dx, *dw = p.dw;
+  const float *dy = p.dy, *x = p.x, *w = p.w, *rstd = p.rstd;
+  const int64_t lddx = p.lddx, lddy = p.lddy, ldx = p.ldx, N = p.N, D = p.D;
   // dw is a sum over rows: rows are walked in order so the bits do not depend on threads.
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * ldx;
@@ -54,8 +48,11 @@ void rmsnorm_bwd(float* dx, int64_t lddx, float* dw, const float* dy, int64_t ld
   }
 }
 
-void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const float* w, const float* b,
-                   int64_t N, int64_t D, float eps) {
+void layernorm_fwd(const NormParams& p) {  // rows contiguous
+  float *y = p.y, *mean = p.mean, *rstd = p.rstd;
+  const float *x = p.x, *w = p.w, *b = p.bias;
+  const int64_t N = p.N, D = p.D;
+  const float eps = p.eps;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = x + n * D;
@@ -71,8 +68,10 @@ void layernorm_fwd(float* y, float* mean, float* rstd, const float* x, const flo
   }
 }
 
-void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
-                   const float* mean, const float* rstd, int64_t N, int64_t D) {
+void layernorm_bwd(const NormParams& p) {  // rows contiguous
+  float *dx = p.dx, *dw = p.dw, *db = p.db;
+  const float *dy = p.dy, *x = p.x, *w = p.w, *mean = p.mean, *rstd = p.rstd;
+  const int64_t N = p.N, D = p.D;
   for (int64_t n = 0; n < N; ++n)  // rows in order: bits independent of threads
     for (int64_t d = 0; d < D; ++d) {
       dw[d] += dy[n * D + d] * (x[n * D + d] - mean[n]) * rstd[n];
@@ -96,8 +95,12 @@ void layernorm_bwd(float* dx, float* dw, float* db, const float* dy, const float
   }
 }
 
-void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t heads, int64_t N, int64_t s,
-          int64_t Dr, const float* cos, const float* sin, bool transpose) {
+void rope(const RopeParams& prm) {
+  const RopeLayout layout = prm.layout;
+  float* x = prm.x;
+  const int64_t ld = prm.ld, hstride = prm.hstride, heads = prm.heads, N = prm.N, s = prm.s, Dr = prm.Dr;
+  const float *cos = prm.cos, *sin = prm.sin;
+  const bool transpose = prm.transpose;
   const int64_t half = Dr / 2;
   // Pair i is (p[i * step], p[i * step + off]).
   const int64_t step = layout == RopeLayout::interleaved ? 2 : 1;
@@ -118,12 +121,18 @@ void rope(RopeLayout layout, float* x, int64_t ld, int64_t hstride, int64_t head
   }
 }
 
-void swiglu_fwd(float* y, const float* g, const float* u, int64_t n) {
+void swiglu_fwd(const SwigluParams& p) {
+  float* y = p.y;
+  const float *g = p.g, *u = p.u;
+  const int64_t n = p.n;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
 
-void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const float* u, int64_t n) {
+void swiglu_bwd(const SwigluParams& p) {
+  float *dg = p.dg, *du = p.du;
+  const float *dy = p.dy, *g = p.g, *u = p.u;
+  const int64_t n = p.n;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float sig = 1.f / (1.f + std::exp(-g[i]));
@@ -132,8 +141,12 @@ void swiglu_bwd(float* dg, float* du, const float* dy, const float* g, const flo
   }
 }
 
-double cross_entropy(const float* logits, const int32_t* target, const float* w, int64_t N, int64_t V,
-                     float* dlogits, double init) {
+double cross_entropy(const CrossEntropyParams& p) {
+  const float *logits = p.logits, *w = p.w;
+  const int32_t* target = p.target;
+  const int64_t N = p.N, V = p.V;
+  float* dlogits = p.dlogits;
+  const double init = p.init;
   std::vector<double> row_loss(N, 0.0);
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {

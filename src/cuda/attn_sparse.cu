@@ -18,6 +18,7 @@
 #include "attn_dense.cuh"
 #include "hmla/core/allocator.h"
 #include "cuda_kernels.h"
+#include "traits.h"
 #include "mma.cuh"
 #include "runtime.h"
 
@@ -25,7 +26,8 @@ namespace hmla::cuda {
 
 namespace {
 
-constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8, kMaxKW = 4096;
+constexpr int kWarps = SparseTraits::kWarps, kHeads = SparseTraits::kHeads, kBk = SparseTraits::kBk,
+              kChunk = SparseTraits::kChunk, kPad = SparseTraits::kPad, kMaxKW = SparseTraits::kMaxKW;
 
 // The row's listed keys, candidates (slots < K) first, each in slot order; returns their count
 // and sets *nc to the candidates'. All threads take part.
@@ -175,8 +177,8 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
 // contributions of the chunk in (row, slot) order through an inverse index built on the host, into
 // an f32 accumulator; chunks go in row order. Column chunks of 128 keep accumulators in registers.
 
-constexpr int kBwdWarps = 2, kBwdHeads = 16 * kBwdWarps;  // 32 heads or keys per block
-constexpr int kHeadStep = 16;                              // heads per k-step of dkg
+constexpr int kBwdWarps = SparseTraits::kBwdWarps, kBwdHeads = SparseTraits::kBwdHeads;
+constexpr int kHeadStep = SparseTraits::kHeadStep;
 
 struct SparseBwdParams {
   AttnSparseParams f;  // with the saved out and lse, dout, dq
@@ -336,7 +338,6 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
 
 void attn_sparse_check_table(const AttnSparseParams& p) {
   const int64_t rows = p.b * p.sq, KW = p.KW, skv = p.skv;
-  HMLA_CHECK(KW <= kMaxKW, ShapeError, "sparse attention on CUDA: K + W = ", KW, " exceeds ", kMaxKW);
   Tensor err = Tensor::zeros({1}, DType::i32).to(Device::cuda);
   if (rows > 0) {
     HMLA_LAUNCH(check_table_kernel, unsigned(rows), 256, 0, current_stream().get(), p.idx, KW, skv,
@@ -368,8 +369,6 @@ namespace hmla::cuda {
 
 void attn_sparse_bwd(const AttnSparseParams& f) {
   const int64_t rows = f.b * f.sq;
-  HMLA_CHECK(f.H % kHeadStep == 0, ShapeError, "sparse attention backward on CUDA: H = ", f.H,
-             " must be a multiple of ", kHeadStep);
   // The table on the host for the inverse index, before any kernel is queued (a copy waits for them).
   std::vector<int32_t> idx(size_t(rows * f.KW));
   device_copy(idx.data(), Device::cpu, f.idx, Device::cuda, idx.size() * sizeof(int32_t));

@@ -4,29 +4,41 @@
 // everything else is f32.
 #include "hmla/ops/backend.h"
 #include "cuda_kernels.h"
+#include "traits.h"
 
 namespace hmla {
 
 namespace {
 
+using cuda::IndexerKlTraits;
+using cuda::kMmaK;
+using cuda::SparseTraits;
+using cuda::TopkTraits;
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() : Backend(Device::cuda) {}
   const char* name() const override { return "cuda"; }
-  using Backend::supports;  // the families not overridden below: unsupported
-
+  // Every limit of the CUDA kernels, for the real params (traits.h and attn_dense.cuh say why).
   bool supports(const AttnDenseParams& p) const override {
-    return p.dtype == DType::bf16 && p.Dqk % 16 == 0 && p.Dv % 16 == 0;
+    return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0;
   }
   bool supports(const AttnSparseParams& p) const override {
-    return p.dtype == DType::bf16 && p.Dqk % 16 == 0 && p.Dv % 16 == 0;
+    using T = SparseTraits;
+    const bool backward = p.dq != nullptr;
+    return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0 && p.KW <= T::kMaxKW &&
+           (!backward || p.H % T::kHeadStep == 0);
   }
-  bool supports(const IndexerParams& p) const override {
-    switch (p.op) {
-      case IndexerOp::select: return true;
-      case IndexerOp::topk: return p.dtype == DType::bf16 && p.HI % 16 == 0 && p.DI % 16 == 0;
-      default: return p.dtype == DType::f32 && p.HI <= 256 && p.H <= 1024 && p.K <= 8192;  // the KLs' shared memory
-    }
+  bool supports(const IndexerTopkParams& p) const override {
+    const bool select = p.scores != nullptr;  // from given scores: f32, any widths
+    return p.K <= TopkTraits::kMaxK &&
+           (select || (p.dtype == DType::bf16 && p.HI % kMmaK == 0 && p.DI % kMmaK == 0));
+  }
+  bool supports(const IndexerKlParams& p) const override {
+    using T = IndexerKlTraits;
+    const int64_t cand = p.topk ? T::pow2_at_least(p.K) : 0;
+    return p.dtype == DType::f32 && p.HI <= T::kMaxHI && p.H <= T::kMaxH && p.K <= T::kMaxK &&
+           T::smem_bytes(p.HI, p.H, cand) <= T::kMaxSmemBytes;
   }
   bool supports(const GemmParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const NormParams&) const override { return true; }
@@ -43,32 +55,9 @@ class CudaBackend final : public Backend {
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
 
-  void attn_dense_fwd(const AttnDenseParams& p) const override { cuda::attn_dense_fwd(p); }
-  void attn_dense_bwd(const AttnDenseParams& p) const override { cuda::attn_dense_bwd(p); }
-  void attn_sparse_check_table(const AttnSparseParams& p) const override { cuda::attn_sparse_check_table(p); }
-  void attn_sparse_fwd(const AttnSparseParams& p) const override { cuda::attn_sparse_fwd(p); }
-  void attn_sparse_bwd(const AttnSparseParams& p) const override { cuda::attn_sparse_bwd(p); }
-  void indexer_topk(const IndexerParams& p) const override { cuda::indexer_topk(p); }
-  void indexer_select(const IndexerParams& p) const override { cuda::indexer_select(p); }
-  double indexer_kl_dense(const IndexerParams& p) const override { return cuda::indexer_kl_dense(p); }
-  double indexer_kl_sparse(const IndexerParams& p) const override { return cuda::indexer_kl_sparse(p); }
-  void gemm(const GemmParams& p) const override { cuda::gemm(p); }
-  void rmsnorm_fwd(const NormParams& p) const override { cuda::rmsnorm_fwd(p); }
-  void rmsnorm_bwd(const NormParams& p) const override { cuda::rmsnorm_bwd(p); }
-  void layernorm_fwd(const NormParams& p) const override { cuda::layernorm_fwd(p); }
-  void layernorm_bwd(const NormParams& p) const override { cuda::layernorm_bwd(p); }
-  void rope(const RopeParams& p) const override { cuda::rope(p); }
-  void swiglu_fwd(const SwigluParams& p) const override { cuda::swiglu_fwd(p); }
-  void swiglu_bwd(const SwigluParams& p) const override { cuda::swiglu_bwd(p); }
-  void embedding_fwd(const EmbeddingParams& p) const override { cuda::embedding_fwd(p); }
-  void embedding_bwd(const EmbeddingParams& p) const override { cuda::embedding_bwd(p); }
-  double cross_entropy(const CrossEntropyParams& p) const override { return cuda::cross_entropy(p); }
-  void axpy(const AxpyParams& p) const override { cuda::axpy(p); }
-  void convert(const ConvertParams& p) const override { cuda::convert(p); }
-  double sum_squares(const SumSquaresParams& p) const override { return cuda::sum_squares(p); }
-  void adamw_update(const AdamWParams& p) const override { cuda::adamw_update(p); }
-  void muon_momentum(const MuonParams& p) const override { cuda::muon_momentum(p); }
-  void muon_update(const MuonParams& p) const override { cuda::muon_update(p); }
+#define HMLA_CUDA_ENTRY(ret, name, P) HMLA_FORWARD(cuda, ret, name, P)
+  HMLA_OP_LIST(HMLA_CUDA_ENTRY)
+#undef HMLA_CUDA_ENTRY
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "cuda_kernels.h"
+#include "traits.h"
 #include "mma.cuh"  // HMLA_DYNAMIC_SHARED
 #include "reduce.cuh"
 #include "runtime.h"
@@ -30,7 +31,7 @@ namespace hmla::cuda {
 
 namespace {
 
-constexpr int kTile = 128;  // threads per block = keys (rows pass) or rows (keys pass) per tile
+constexpr int kTile = IndexerKlTraits::kTile;  // threads per block = keys (rows pass) or rows (keys pass) per tile
 
 struct Work {
   float* lseI;       // [b * sq]
@@ -42,8 +43,8 @@ struct Work {
 
 // Shared memory: S [HI, kTile] (the tile's scores per index head), dI [kTile], lC [H] (rows pass),
 // then, for the sparse rows pass, the row's candidates [pow2 >= K].
-size_t smem_bytes(const IndexerParams& p, int64_t cand) {
-  return size_t(p.HI * kTile + kTile + p.H) * sizeof(float) + size_t(cand) * sizeof(int32_t);
+size_t smem_bytes(const IndexerKlParams& p, int64_t cand) {
+  return size_t(IndexerKlTraits::smem_bytes(p.HI, p.H, cand));  // CudaBackend::supports bounds it
 }
 
 __host__ __device__ int64_t pow2_at_least(int64_t n) {
@@ -53,7 +54,7 @@ __host__ __device__ int64_t pow2_at_least(int64_t n) {
 }
 
 // I(t, j) with the per-head scores S[h * kTile] of query row `row` (local, over b * sq) and key j.
-__device__ float score(const IndexerParams& p, int64_t row, int64_t bb, int64_t j, float* S) {
+__device__ float score(const IndexerKlParams& p, int64_t row, int64_t bb, int64_t j, float* S) {
   const float* q = static_cast<const float*>(p.qI) + row * p.HI * p.DI;
   const float* k = static_cast<const float*>(p.kI) + (bb * p.s + j) * p.DI;
   float I = 0.f;
@@ -67,7 +68,7 @@ __device__ float score(const IndexerParams& p, int64_t row, int64_t bb, int64_t 
 }
 
 // The attention logit of head h between local row tl and key j.
-__device__ float logit(const IndexerParams& p, int64_t bb, int64_t tl, int64_t h, int64_t j) {
+__device__ float logit(const IndexerKlParams& p, int64_t bb, int64_t tl, int64_t h, int64_t j) {
   const float* q = p.q + bb * p.q_bstride + tl * p.q_rstride + h * p.q_hstride;
   const float* k = p.k + bb * p.k_bstride + j * p.k_rstride + (h / (p.H / p.Hkv)) * p.k_hstride;
   float acc = 0.f;
@@ -76,7 +77,7 @@ __device__ float logit(const IndexerParams& p, int64_t bb, int64_t tl, int64_t h
 }
 
 // P(t, j) = mean_h exp(l_h - lseC_h).
-__device__ float target_prob(const IndexerParams& p, int64_t bb, int64_t tl, int64_t j, const float* lC) {
+__device__ float target_prob(const IndexerKlParams& p, int64_t bb, int64_t tl, int64_t j, const float* lC) {
   float P = 0.f;
   for (int64_t h = 0; h < p.H; ++h) P += expf(logit(p, bb, tl, h, j) - lC[h]);
   return P / float(p.H);
@@ -113,7 +114,7 @@ __device__ void block_sort(int32_t* a, int64_t n) {
 // One block per query row (over b * sq). Dense: keys [doc_start[t], t]; sparse: the row's
 // candidates (the table's first K slots), sorted ascending into the workspace.
 template <bool kSparse>
-__global__ void __launch_bounds__(kTile) kl_rows_kernel(IndexerParams p, Work ws) {
+__global__ void __launch_bounds__(kTile) kl_rows_kernel(IndexerKlParams p, Work ws) {
   HMLA_DYNAMIC_SHARED(float, smem);
   __shared__ float red[kTile];
   float* S = smem;                     // [HI, kTile]
@@ -220,7 +221,7 @@ __device__ int64_t find(const int32_t* a, int64_t n, int64_t j) {
 
 // One block per key (over b * s): dkI[j] = sum over the rows t that see j of sum_h dS(t, h, j) qI[t, h].
 template <bool kSparse>
-__global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerParams p, Work ws) {
+__global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerKlParams p, Work ws) {
   HMLA_DYNAMIC_SHARED(float, smem);
   __shared__ float red[kTile];
   __shared__ int64_t rows[kTile];
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerParams p, Work ws
 }
 
 template <bool kSparse>
-double run_kl(const IndexerParams& p) {
+double run_kl(const IndexerKlParams& p) {
   const int64_t rows = p.b * p.sq;
   Scratch<float> lseI(rows), lseC(kSparse ? 1 : rows * p.H), kl(rows);
   Scratch<int32_t> sorted(kSparse ? rows * p.K : 1);
@@ -300,7 +301,7 @@ double run_kl(const IndexerParams& p) {
 
 }  // namespace
 
-double indexer_kl_dense(const IndexerParams& p) { return run_kl<false>(p); }
-double indexer_kl_sparse(const IndexerParams& p) { return run_kl<true>(p); }
+double indexer_kl_dense(const IndexerKlParams& p) { return run_kl<false>(p); }
+double indexer_kl_sparse(const IndexerKlParams& p) { return run_kl<true>(p); }
 
 }  // namespace hmla::cuda

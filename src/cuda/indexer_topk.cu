@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "cuda_kernels.h"
+#include "traits.h"
 #include "mma.cuh"
 #include "runtime.h"
 
@@ -24,10 +25,9 @@ namespace hmla::cuda {
 
 namespace {
 
-constexpr int kSelThreads = 256;
-constexpr int kMaxK = 2048;                              // the selection's shared sort buffer
-constexpr int64_t kWorkspaceBytes = int64_t(256) << 20;  // scores of one chunk of rows
-constexpr int kRowsPerBlock = 4, kKeyTile = 64, kPad = 8;
+constexpr int kSelThreads = TopkTraits::kSelThreads, kMaxK = TopkTraits::kMaxK;
+constexpr int64_t kWorkspaceBytes = TopkTraits::kWorkspaceBytes;
+constexpr int kRowsPerBlock = TopkTraits::kRowsPerBlock, kKeyTile = TopkTraits::kKeyTile, kPad = TopkTraits::kPad;
 
 __device__ __forceinline__ uint32_t order_key(float f) {
   const uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);
@@ -203,22 +203,16 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   }
 }
 
-void check_k(int64_t K) {
-  HMLA_CHECK(K <= kMaxK, ShapeError, "index_topk = ", K, ": the CUDA selection takes at most ", kMaxK);
-}
-
 }  // namespace
 
-void indexer_select(const IndexerParams& p) {
-  check_k(p.K);
+void indexer_select(const IndexerTopkParams& p) {
   if (p.b * p.sq == 0) return;
   HMLA_LAUNCH(select_kernel, unsigned(p.b * p.sq), kSelThreads, 0, current_stream().get(),
       p.scores, p.s, 0, p.sq, p.q_row0, p.doc_start, p.s, int(p.K), int(p.W), p.table);
   check_launch("indexer_select");
 }
 
-void indexer_topk(const IndexerParams& p) {
-  check_k(p.K);
+void indexer_topk(const IndexerTopkParams& p) {
   const int64_t b = p.b, sq = p.sq, HI = p.HI, DI = p.DI, s = p.s;
   if (b * sq == 0) return;
   const int64_t chunk = std::max<int64_t>(kRowsPerBlock, std::min<int64_t>(sq, kWorkspaceBytes / (4 * s)) /

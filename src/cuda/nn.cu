@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cuda_kernels.h"
+#include "traits.h"
 #include "hmla/core/allocator.h"
 #include "runtime.h"
 #include "reduce.cuh"
@@ -23,9 +24,9 @@ namespace hmla::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;        // every kernel of this file
-constexpr int64_t kColChunk = 128;   // rows per partial of a column sum
-constexpr int64_t kSumChunk = 8192;  // values per partial of sum_squares
+constexpr int kThreads = NnTraits::kThreads;          // every kernel of this file
+constexpr int64_t kColChunk = NnTraits::kColChunk;  // rows per partial of a column sum
+constexpr int64_t kSumChunk = NnTraits::kSumChunk;  // values per partial of sum_squares
 
 cudaStream_t stream() { return current_stream().get(); }
 

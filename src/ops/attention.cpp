@@ -3,6 +3,7 @@
 #include "hmla/ops/attention.h"
 
 #include <cmath>
+#include <string>
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
@@ -84,29 +85,22 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   return p;
 }
 
-void run(const AttnDenseInputs& in, AttnDenseParams p, bool backward) {
+void run(const AttnDenseInputs& in, AttnDenseParams p, void (Backend::*entry)(const AttnDenseParams&) const) {
   const Device dev = in.q.device();
-  const Backend& be = backend(dev);
-  HMLA_CHECK(be.supports(p), ShapeError, "attention: no backend for ", dtype_name(p.dtype), " on ", device_name(dev),
-             " with Dqk = ", p.Dqk, ", Dv = ", p.Dv,
-             " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16)");
   // The layout lives on the CPU; a GPU kernel reads its device copy, held here.
   const Tensor ds = in.layout->doc_start.on(dev), de = in.layout->doc_end.on(dev);
   p.doc_start = ds.data<int32_t>();
   p.doc_end = de.data<int32_t>();
-  backward ? be.attn_dense_bwd(p) : be.attn_dense_fwd(p);
+  dispatch(dev, entry, p, "attention",
+           std::string(dtype_name(p.dtype)) + " with Dqk = " + std::to_string(p.Dqk) + ", Dv = " + std::to_string(p.Dv) +
+               " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16)");
 }
 
 }  // namespace
 
 bool attn_dense_supports(const AttnDenseInputs& in) {
   const Backend* be = in.q.device() == Device::cpu ? &cpu_backend() : cuda_backend();
-  if (!be) return false;
-  AttnDenseParams p;
-  p.dtype = in.q.dtype();
-  p.Dqk = in.q.size(3);
-  p.Dv = in.v.size(3);
-  return be->supports(p);
+  return be && be->supports(make_params(in));
 }
 
 void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
@@ -115,7 +109,7 @@ void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
   check_out(saved.lse, "lse", {p.b, p.H, p.sq}, DType::f32, in.q.device());
   p.out = saved.out.raw_data();
   p.lse = saved.lse.data<float>();
-  run(in, p, false);
+  run(in, p, &Backend::attn_dense_fwd);
 }
 
 AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in) {
@@ -147,7 +141,7 @@ void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, cons
   p.dk = g.dk.raw_data();
   p.dv = g.dv.raw_data();
   p.dsink = in.sink.defined() ? g.dsink.data<float>() : nullptr;
-  run(in, p, true);
+  run(in, p, &Backend::attn_dense_bwd);
 }
 
 AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,

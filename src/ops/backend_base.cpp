@@ -13,34 +13,9 @@ namespace {
 }
 }  // namespace
 
-#define HMLA_UNSUPPORTED(ret, name, params)                   \
-  ret Backend::name params const { unsupported(*this, #name); }
-HMLA_UNSUPPORTED(void, gemm, (const GemmParams&))
-HMLA_UNSUPPORTED(void, rmsnorm_fwd, (const NormParams&))
-HMLA_UNSUPPORTED(void, rmsnorm_bwd, (const NormParams&))
-HMLA_UNSUPPORTED(void, layernorm_fwd, (const NormParams&))
-HMLA_UNSUPPORTED(void, layernorm_bwd, (const NormParams&))
-HMLA_UNSUPPORTED(void, rope, (const RopeParams&))
-HMLA_UNSUPPORTED(void, swiglu_fwd, (const SwigluParams&))
-HMLA_UNSUPPORTED(void, swiglu_bwd, (const SwigluParams&))
-HMLA_UNSUPPORTED(void, embedding_fwd, (const EmbeddingParams&))
-HMLA_UNSUPPORTED(void, embedding_bwd, (const EmbeddingParams&))
-HMLA_UNSUPPORTED(double, cross_entropy, (const CrossEntropyParams&))
-HMLA_UNSUPPORTED(void, axpy, (const AxpyParams&))
-HMLA_UNSUPPORTED(void, convert, (const ConvertParams&))
-HMLA_UNSUPPORTED(double, sum_squares, (const SumSquaresParams&))
-HMLA_UNSUPPORTED(void, adamw_update, (const AdamWParams&))
-HMLA_UNSUPPORTED(void, muon_momentum, (const MuonParams&))
-HMLA_UNSUPPORTED(void, muon_update, (const MuonParams&))
-HMLA_UNSUPPORTED(void, attn_dense_fwd, (const AttnDenseParams&))
-HMLA_UNSUPPORTED(void, attn_dense_bwd, (const AttnDenseParams&))
-HMLA_UNSUPPORTED(void, attn_sparse_check_table, (const AttnSparseParams&))
-HMLA_UNSUPPORTED(void, attn_sparse_fwd, (const AttnSparseParams&))
-HMLA_UNSUPPORTED(void, attn_sparse_bwd, (const AttnSparseParams&))
-HMLA_UNSUPPORTED(void, indexer_topk, (const IndexerParams&))
-HMLA_UNSUPPORTED(void, indexer_select, (const IndexerParams&))
-HMLA_UNSUPPORTED(double, indexer_kl_dense, (const IndexerParams&))
-HMLA_UNSUPPORTED(double, indexer_kl_sparse, (const IndexerParams&))
+#define HMLA_UNSUPPORTED(ret, name, P) \
+  ret Backend::name(const P&) const { unsupported(*this, #name); }
+HMLA_OP_LIST(HMLA_UNSUPPORTED)
 #undef HMLA_UNSUPPORTED
 
 }  // namespace hmla

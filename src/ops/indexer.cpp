@@ -3,6 +3,7 @@
 #include "hmla/ops/indexer.h"
 
 #include <cmath>
+#include <string>
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
@@ -19,22 +20,19 @@ void check_dev(const Tensor& t, const char* name, const Shape& want, DType dtype
              t.defined() ? shape_str(t.shape()) : "");
 }
 
-const Backend& supported(const IndexerParams& p, Device dev, const char* what) {
-  const Backend& be = backend(dev);
-  HMLA_CHECK(be.supports(p), ShapeError, what, ": the ", be.name(), " backend does not run HI = ", p.HI, ", DI = ", p.DI,
-             dev == Device::cuda ? " (CUDA: the scores and selection, HI and DI multiples of 16)" : "");
-  return be;
+// What a backend was asked, for its refusal.
+std::string widths(const IndexerScoreParams& p) {
+  return std::string(dtype_name(p.dtype)) + " HI = " + std::to_string(p.HI) + ", DI = " + std::to_string(p.DI) +
+         ", K = " + std::to_string(p.K);
 }
 
-// CPU: f32 throughout. CUDA: bf16 qI and kI for the scores and selection (topk), f32 for the KLs;
-// w f32. Fills the params' score fields; the caller keeps
-// `ds` (the layout's doc_start on the inputs' device) alive while the params are used.
-IndexerParams check_scores(const IndexerScores& sc, IndexerOp op, Tensor& ds) {
+// Validates the score inputs (qI, kI in `dt`, w f32) and fills the params' score fields; the caller
+// keeps `ds` (the layout's doc_start on the inputs' device) alive while the params are used.
+void check_scores(const IndexerScores& sc, DType dt, IndexerScoreParams& p, Tensor& ds) {
   HMLA_CHECK(sc.qI.defined() && sc.qI.dim() == 4 && sc.kI.defined() && sc.kI.dim() == 3, ShapeError,
              "indexer: qI must be [b, sq, HI, DI] and kI [b, s, DI]");
   const int64_t b = sc.qI.size(0), sq = sc.qI.size(1), HI = sc.qI.size(2), DI = sc.qI.size(3), s = sc.kI.size(1);
   const Device dev = sc.qI.device();
-  const DType dt = dev == Device::cpu || op != IndexerOp::topk ? DType::f32 : DType::bf16;
   check_dev(sc.qI, "qI", {b, sq, HI, DI}, dt, dev);
   check_dev(sc.kI, "kI", {b, s, DI}, dt, dev);
   check_dev(sc.w, "w", {b, sq, HI}, DType::f32, dev);
@@ -43,19 +41,17 @@ IndexerParams check_scores(const IndexerScores& sc, IndexerOp op, Tensor& ds) {
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
              "indexer: the layout must cover b = ", b, ", s = ", s);
   ds = sc.layout->doc_start.on(dev);  // the layout lives on the CPU; a GPU kernel reads a copy
-  IndexerParams p;
-  p.op = op;
   p.dtype = dt;
   p.b = b, p.sq = sq, p.s = s, p.HI = HI, p.DI = DI, p.q_row0 = sc.q_row0;
   p.qI = sc.qI.raw_data();
   p.kI = sc.kI.raw_data();
   p.w = sc.w.data<float>();
   p.doc_start = ds.data<int32_t>();
-  return p;
 }
 
-IndexerParams check_kl(const IndexerKlInputs& in, IndexerOp op, Tensor& ds) {
-  IndexerParams p = check_scores(in.sc, op, ds);
+IndexerKlParams check_kl(const IndexerKlInputs& in, Tensor& ds) {
+  IndexerKlParams p;
+  check_scores(in.sc, DType::f32, p, ds);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.q.defined() && in.k.defined() && in.q.dim() == 4 && in.k.dim() == 4, ShapeError,
              "indexer KL: attention q [b, sq, H, Dqk] and k [b, s, Hkv, Dqk] are required");
@@ -88,13 +84,14 @@ IndexerParams check_kl(const IndexerKlInputs& in, IndexerOp op, Tensor& ds) {
   return p;
 }
 
-// Allocates the gradients and runs the KL the params name.
-IndexerKlResult run_kl(const Backend& be, IndexerParams& p, const IndexerKlInputs& in) {
+// Allocates the gradients and runs the KL `entry`.
+IndexerKlResult run_kl(double (Backend::*entry)(const IndexerKlParams&) const, IndexerKlParams& p,
+                       const IndexerKlInputs& in, const char* op) {
   const Device dev = in.sc.qI.device();
   IndexerKlResult r{0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32, dev), Tensor::empty(in.sc.kI.shape(), DType::f32, dev),
                     Tensor::empty(in.sc.w.shape(), DType::f32, dev)};
   p.dqI = r.dqI.data<float>(), p.dkI = r.dkI.data<float>(), p.dw = r.dw.data<float>();
-  r.kl_sum = p.op == IndexerOp::kl_dense ? be.indexer_kl_dense(p) : be.indexer_kl_sparse(p);
+  r.kl_sum = dispatch(dev, entry, p, op, widths(p) + ", H = " + std::to_string(p.H));
   r.loss = double(in.coeff) * r.kl_sum;
   return r;
 }
@@ -103,14 +100,15 @@ IndexerKlResult run_kl(const Backend& be, IndexerParams& p, const IndexerKlInput
 
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   Tensor ds;
-  IndexerParams p = check_scores(sc, IndexerOp::topk, ds);
+  IndexerTopkParams p;
+  // The CPU scores in f32; the CUDA kernel reads bf16 qI and kI (w f32).
+  check_scores(sc, sc.qI.device() == Device::cpu ? DType::f32 : DType::bf16, p, ds);
   HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
   HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
   p.K = K, p.W = W;
-  const Backend& be = supported(p, sc.qI.device(), "indexer");
   Tensor table = Tensor::empty({p.b, p.sq, K + W}, DType::i32, sc.qI.device());
   p.table = table.data<int32_t>();
-  be.indexer_topk(p);
+  dispatch(sc.qI.device(), &Backend::indexer_topk, p, "indexer", widths(p));
   return table;
 }
 
@@ -124,27 +122,25 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
   HMLA_CHECK(K >= 1 && W >= 0, ShapeError, "indexer_select: K = ", K, " must be >= 1 and W = ", W, " >= 0");
   const Device dev = scores.device();
   const Tensor ds = layout.doc_start.on(dev);
-  IndexerParams p;
-  p.op = IndexerOp::select;
+  IndexerTopkParams p;
   p.b = b, p.sq = sq, p.s = s, p.q_row0 = q_row0, p.K = K, p.W = W;
   p.scores = scores.data<float>();
   p.doc_start = ds.data<int32_t>();
-  const Backend& be = supported(p, dev, "indexer_select");
   Tensor table = Tensor::empty({b, sq, K + W}, DType::i32, dev);
   p.table = table.data<int32_t>();
-  be.indexer_select(p);
+  dispatch(dev, &Backend::indexer_select, p, "indexer_select", "K = " + std::to_string(K));
   return table;
 }
 
 IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
   Tensor ds;
-  IndexerParams p = check_kl(in, IndexerOp::kl_dense, ds);
-  return run_kl(supported(p, in.sc.qI.device(), "indexer KL"), p, in);
+  IndexerKlParams p = check_kl(in, ds);
+  return run_kl(&Backend::indexer_kl_dense, p, in, "indexer KL");
 }
 
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
   Tensor ds_dev;
-  IndexerParams p = check_kl(in, IndexerOp::kl_sparse, ds_dev);
+  IndexerKlParams p = check_kl(in, ds_dev);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1);
   HMLA_CHECK(in.topk.defined() && in.topk.dtype() == DType::i32 && in.topk.dim() == 3 && in.topk.size(0) == b &&
                  in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K &&
@@ -155,7 +151,7 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
   const int64_t KW = in.topk.size(2);
   p.K = in.K, p.W = KW - in.K;
   p.topk = in.topk.data<int32_t>();
-  return run_kl(supported(p, in.sc.qI.device(), "indexer sparse KL"), p, in);
+  return run_kl(&Backend::indexer_kl_sparse, p, in, "indexer sparse KL");
 }
 
 }  // namespace hmla

@@ -19,9 +19,8 @@ std::string desc(const Tensor& t) {
                      : "undefined";
 }
 
-// One device for every defined tensor; returns its backend after asking it about the params.
-template <class P>
-const Backend& dispatch(const char* op, const P& params, std::initializer_list<const Tensor*> ts) {
+// The one device of every defined tensor.
+Device device_of(const char* op, std::initializer_list<const Tensor*> ts) {
   Device dev = Device::cpu;
   bool first = true;
   for (const Tensor* t : ts) {
@@ -31,9 +30,13 @@ const Backend& dispatch(const char* op, const P& params, std::initializer_list<c
                " and ", device_name(t->device()), ")");
     first = false;
   }
-  const Backend& be = backend(dev);
-  HMLA_CHECK(be.supports(params), ShapeError, op, ": the ", be.name(), " backend does not run these tensors");
-  return be;
+  return dev;
+}
+
+// hmla::dispatch on the tensors' device.
+template <class P, class R>
+R run(const char* op, R (Backend::*entry)(const P&) const, const P& p, std::initializer_list<const Tensor*> ts) {
+  return dispatch(device_of(op, ts), entry, p, op, "these tensors");
 }
 
 void check_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
@@ -110,7 +113,7 @@ void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& 
   p.c = c.raw_data();
   p.ldc = c.stride(-2);
   p.c_batch = batched ? c.stride(0) : 0;
-  dispatch("matmul", p, {&a, &b, &c}).gemm(p);
+  run("matmul", &Backend::gemm, p, {&a, &b, &c});
 }
 
 void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y) {
@@ -128,7 +131,7 @@ void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y) {
   p.a = X.p, p.lda = X.ld;
   p.b = W.raw_data(), p.ldb = in;
   p.c = Y.p, p.ldc = Y.ld;
-  dispatch("linear", p, {&x, &W, &y}).gemm(p);
+  run("linear", &Backend::gemm, p, {&x, &W, &y});
 }
 
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dW, const Tensor& dx,
@@ -150,8 +153,7 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
   p.a = DY.p, p.lda = DY.ld;
   p.b = X.p, p.ldb = X.ld;
   p.c = dW.raw_data(), p.ldc = in;
-  const Backend& be = dispatch("linear backward", p, {&dy, &x, &W, &dW, &dx});
-  be.gemm(p);
+  run("linear backward", &Backend::gemm, p, {&dy, &x, &W, &dW, &dx});
   if (!dx.defined()) return;
   const Rows DX = rows(dx, dt, "linear backward", "dx");
   same_rows(DX, X, "linear backward", "dx", "x");
@@ -162,7 +164,7 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
   q.a = DY.p, q.lda = DY.ld;
   q.b = W.raw_data(), q.ldb = in;
   q.c = DX.p, q.ldc = DX.ld;
-  be.gemm(q);
+  run("linear backward", &Backend::gemm, q, {&dy, &x, &W, &dW, &dx});
 }
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
@@ -174,7 +176,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, c
   p.N = X.N, p.D = X.D, p.eps = eps;
   p.x = f(X), p.ldx = X.ld, p.w = w.data<float>();
   p.y = f(Y), p.ldy = Y.ld, p.rstd = rstd.data<float>();
-  dispatch("rmsnorm", p, {&x, &w, &y, &rstd}).rmsnorm_fwd(p);
+  run("rmsnorm", &Backend::rmsnorm_fwd, p, {&x, &w, &y, &rstd});
 }
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
@@ -190,7 +192,7 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
   p.N = X.N, p.D = X.D;
   p.x = f(X), p.ldx = X.ld, p.w = w.data<float>(), p.rstd = rstd.data<float>();
   p.dy = f(DY), p.lddy = DY.ld, p.dx = f(DX), p.lddx = DX.ld, p.dw = dw.data<float>();
-  dispatch(op, p, {&dy, &x, &w, &rstd, &dx, &dw}).rmsnorm_bwd(p);
+  run(op, &Backend::rmsnorm_bwd, p, {&dy, &x, &w, &rstd, &dx, &dw});
 }
 
 void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
@@ -206,7 +208,7 @@ void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
   p.N = X.N, p.D = X.D, p.eps = eps;
   p.x = f(X), p.ldx = X.D, p.w = w.data<float>(), p.bias = b.data<float>();
   p.y = y.data<float>(), p.ldy = X.D, p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
-  dispatch(op, p, {&x, &w, &b, &y, &mean, &rstd}).layernorm_fwd(p);
+  run(op, &Backend::layernorm_fwd, p, {&x, &w, &b, &y, &mean, &rstd});
 }
 
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
@@ -224,7 +226,7 @@ void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
   p.x = f(X), p.ldx = X.D, p.w = w.data<float>(), p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
   p.dy = dy.data<float>(), p.lddy = X.D, p.dx = dx.data<float>(), p.lddx = X.D;
   p.dw = dw.data<float>(), p.db = db.data<float>();
-  dispatch(op, p, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db}).layernorm_bwd(p);
+  run(op, &Backend::layernorm_bwd, p, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db});
 }
 
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose) {
@@ -242,7 +244,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layo
   check_contiguous(sin, DType::f32, {p.s, p.Dr / 2}, "rope", "sin");
   p.cos = cos.data<float>(), p.sin = sin.data<float>();
   p.transpose = transpose;
-  dispatch("rope", p, {&x, &cos, &sin}).rope(p);
+  run("rope", &Backend::rope, p, {&x, &cos, &sin});
 }
 
 void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
@@ -250,7 +252,7 @@ void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
     check_contiguous(*t, DType::f32, g.shape(), "swiglu", name);
   SwigluParams p;
   p.n = g.numel(), p.g = g.data<float>(), p.u = u.data<float>(), p.y = y.data<float>();
-  dispatch("swiglu", p, {&g, &u, &y}).swiglu_fwd(p);
+  run("swiglu", &Backend::swiglu_fwd, p, {&g, &u, &y});
 }
 
 void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du) {
@@ -260,7 +262,7 @@ void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor
   SwigluParams p;
   p.n = g.numel(), p.g = g.data<float>(), p.u = u.data<float>();
   p.dy = dy.data<float>(), p.dg = dg.data<float>(), p.du = du.data<float>();
-  dispatch("swiglu backward", p, {&dy, &g, &u, &dg, &du}).swiglu_bwd(p);
+  run("swiglu backward", &Backend::swiglu_bwd, p, {&dy, &g, &u, &dg, &du});
 }
 
 namespace {
@@ -288,13 +290,13 @@ EmbeddingParams embedding_params(const Tensor& ids, const Tensor& E, const Tenso
 void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out) {
   EmbeddingParams p = embedding_params(ids, E, out, "embedding", "out");
   p.E = E.data<float>(), p.out = out.data<float>();
-  dispatch("embedding", p, {&ids, &E, &out}).embedding_fwd(p);
+  run("embedding", &Backend::embedding_fwd, p, {&ids, &E, &out});
 }
 
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE) {
   EmbeddingParams p = embedding_params(ids, dE, dout, "embedding backward", "dout");
   p.dout = dout.data<float>(), p.dE = dE.data<float>();
-  dispatch("embedding backward", p, {&ids, &dout, &dE}).embedding_bwd(p);
+  run("embedding backward", &Backend::embedding_bwd, p, {&ids, &dout, &dE});
 }
 
 double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
@@ -318,7 +320,7 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   p.logits = logits.data<float>(), p.target = target.data<int32_t>(), p.w = w.data<float>();
   p.dlogits = dlogits.defined() ? dlogits.data<float>() : nullptr;
   p.init = init;
-  return dispatch("cross_entropy", p, {&logits, &target, &w, &dlogits}).cross_entropy(p);
+  return run("cross_entropy", &Backend::cross_entropy, p, {&logits, &target, &w, &dlogits});
 }
 
 void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out) {
@@ -332,7 +334,7 @@ void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out) {
     same_rows(A, B, "axpy", "a", "b");
     p.b = f(B), p.ldb = B.ld;
   }
-  dispatch("axpy", p, {&a, &b, &out}).axpy(p);
+  run("axpy", &Backend::axpy, p, {&a, &b, &out});
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) { axpy(a, 1.f, b, out); }
@@ -352,7 +354,7 @@ void convert(const Tensor& src, const Tensor& dst) {
   }
   p.src = src.raw_data(), p.dst = dst.raw_data();
   if (src.numel() == 0) return;
-  dispatch("convert", p, {&src, &dst}).convert(p);
+  run("convert", &Backend::convert, p, {&src, &dst});
 }
 
 Tensor converted(const Tensor& t, DType dtype) {
@@ -368,7 +370,7 @@ double sum_squares(const Tensor& x, double init) {
   check_contiguous(x, DType::f32, x.shape(), "sum_squares", "x");
   SumSquaresParams p;
   p.n = x.numel(), p.x = x.data<float>(), p.init = init;
-  return dispatch("sum_squares", p, {&x}).sum_squares(p);
+  return run("sum_squares", &Backend::sum_squares, p, {&x});
 }
 
 void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWParams& hyper) {
@@ -376,7 +378,7 @@ void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tenso
     check_contiguous(*t, DType::f32, w.shape(), "adamw", name);
   AdamWParams p = hyper;
   p.n = w.numel(), p.w = w.data<float>(), p.g = g.data<float>(), p.m = m.data<float>(), p.v = v.data<float>();
-  dispatch("adamw", p, {&w, &g, &m, &v}).adamw_update(p);
+  run("adamw", &Backend::adamw_update, p, {&w, &g, &m, &v});
 }
 
 void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gscale, float beta) {
@@ -385,7 +387,7 @@ void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gsca
   MuonParams p;
   p.n = g.numel(), p.g = g.data<float>(), p.m = m.data<float>(), p.u = u.data<float>();
   p.gscale = gscale, p.beta = beta;
-  dispatch("muon momentum", p, {&g, &m, &u}).muon_momentum(p);
+  run("muon momentum", &Backend::muon_momentum, p, {&g, &m, &u});
 }
 
 void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, float wd) {
@@ -394,7 +396,7 @@ void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, flo
   MuonParams p;
   p.n = w.numel(), p.w = w.data<float>(), p.u = upd.data<float>();
   p.lr = lr, p.scale = scale_, p.wd = wd;
-  dispatch("muon update", p, {&w, &upd}).muon_update(p);
+  run("muon update", &Backend::muon_update, p, {&w, &upd});
 }
 
 }  // namespace hmla

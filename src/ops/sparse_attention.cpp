@@ -4,6 +4,7 @@
 #include "hmla/ops/sparse_attention.h"
 
 #include <cmath>
+#include <string>
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
@@ -11,6 +12,13 @@
 namespace hmla {
 
 namespace {
+
+// What a backend was asked, for its refusal.
+std::string widths(const AttnSparseParams& p) {
+  return std::string(dtype_name(p.dtype)) + " Dqk = " + std::to_string(p.Dqk) + ", Dv = " + std::to_string(p.Dv) +
+         ", H = " + std::to_string(p.H) + (p.dq ? " backward" : "") +
+         " (the CPU runs f32; CUDA bf16 with Dqk and Dv multiples of 16, the backward with H a multiple of 16)";
+}
 
 // Validates the inputs and fills the params' shape and input fields; runs the table check.
 AttnSparseParams make_params(const AttnSparseInputs& in) {
@@ -52,10 +60,7 @@ AttnSparseParams make_params(const AttnSparseInputs& in) {
   p.kv = in.kv.raw_data();
   p.idx = in.idx.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
-  const Backend& be = backend(dev);
-  HMLA_CHECK(be.supports(p), ShapeError, "sparse attention: the ", be.name(), " backend does not run Dqk = ", Dqk,
-             ", Dv = ", in.Dv, dev == Device::cuda ? " (CUDA: multiples of 16)" : "");
-  be.attn_sparse_check_table(p);
+  dispatch(dev, &Backend::attn_sparse_check_table, p, "sparse attention", widths(p));
   return p;
 }
 
@@ -70,7 +75,7 @@ AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
   p.out = sv.out.raw_data();
   p.lse = sv.lse.data<float>();
   p.lse_c = in.K > 0 ? sv.lse_c.data<float>() : nullptr;
-  backend(dev).attn_sparse_fwd(p);
+  dispatch(dev, &Backend::attn_sparse_fwd, p, "sparse attention", widths(p));
   return sv;
 }
 
@@ -95,7 +100,7 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
   p.dq = g.dq.raw_data();
   p.dkv = g.dkv.raw_data();
   p.dsink = g.dsink.defined() ? g.dsink.data<float>() : nullptr;
-  backend(dev).attn_sparse_bwd(p);
+  dispatch(dev, &Backend::attn_sparse_bwd, p, "sparse attention backward", widths(p));
   return g;
 }
 

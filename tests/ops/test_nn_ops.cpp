@@ -448,10 +448,8 @@ TEST_P(NnOps, MatchesTheOracleOnCuda) {
   g_dev = Device::cpu;
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, NnOps, ::testing::Range<size_t>(0, 15),
+INSTANTIATE_TEST_SUITE_P(Table, NnOps, ::testing::Range<size_t>(0, cases().size()),
                          [](const auto& info) { return cases()[info.param].name; });
-
-TEST(NnOps, TableCoversEveryCase) { EXPECT_EQ(cases().size(), 15u); }
 
 // Bad input: one clear error naming the op and the tensor.
 TEST(NnOps, BadInputIsAClearError) {

@@ -78,3 +78,8 @@ AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& s
                               const Tensor& dout);
 
 }  // namespace hmla
+
+// The family's backend entries (op_list.h).
+#define HMLA_ATTN_DENSE_OPS(X)              \
+  X(void, attn_dense_fwd, AttnDenseParams)  \
+  X(void, attn_dense_bwd, AttnDenseParams)

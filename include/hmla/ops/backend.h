@@ -8,11 +8,14 @@
 // CUDA sources compiled for the CPU; tests/cuda/emu). Adding an op: docs/ops.md.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "hmla/core/allocator.h"
+#include "hmla/core/error.h"
 #include "hmla/ops/attention.h"
 #include "hmla/ops/indexer.h"
 #include "hmla/ops/nn.h"
+#include "hmla/ops/op_list.h"
 #include "hmla/ops/optim.h"
 #include "hmla/ops/sparse_attention.h"
 
@@ -32,51 +35,20 @@ class Backend {
   Allocator& memory() const { return allocator(device_); }
   void synchronize() const { memory().synchronize(); }
 
-  // Whether the backend runs the op on these params (dtype, widths).
-  virtual bool supports(const GemmParams&) const { return false; }
-  virtual bool supports(const NormParams&) const { return false; }
-  virtual bool supports(const RopeParams&) const { return false; }
-  virtual bool supports(const SwigluParams&) const { return false; }
-  virtual bool supports(const EmbeddingParams&) const { return false; }
-  virtual bool supports(const CrossEntropyParams&) const { return false; }
-  virtual bool supports(const AxpyParams&) const { return false; }
-  virtual bool supports(const ConvertParams&) const { return false; }
-  virtual bool supports(const SumSquaresParams&) const { return false; }
-  virtual bool supports(const AdamWParams&) const { return false; }
-  virtual bool supports(const MuonParams&) const { return false; }
-  virtual bool supports(const AttnDenseParams&) const { return false; }
-  virtual bool supports(const AttnSparseParams&) const { return false; }
-  virtual bool supports(const IndexerParams&) const { return false; }
+  // Whether the backend runs the op on these params (dtypes, widths, shape limits): the only place
+  // a backend writes its limits. One per params struct (op_list.h).
+#define HMLA_SUPPORTS(P) \
+  virtual bool supports(const P&) const { return false; }
+  HMLA_PARAMS_LIST(HMLA_SUPPORTS)
+#undef HMLA_SUPPORTS
 
-  // Op entries, called with validated params.
-  virtual void gemm(const GemmParams& p) const;
-  virtual void rmsnorm_fwd(const NormParams& p) const;
-  virtual void rmsnorm_bwd(const NormParams& p) const;
-  virtual void layernorm_fwd(const NormParams& p) const;
-  virtual void layernorm_bwd(const NormParams& p) const;
-  virtual void rope(const RopeParams& p) const;
-  virtual void swiglu_fwd(const SwigluParams& p) const;
-  virtual void swiglu_bwd(const SwigluParams& p) const;
-  virtual void embedding_fwd(const EmbeddingParams& p) const;
-  virtual void embedding_bwd(const EmbeddingParams& p) const;
-  virtual double cross_entropy(const CrossEntropyParams& p) const;
-  virtual void axpy(const AxpyParams& p) const;
-  virtual void convert(const ConvertParams& p) const;
-  virtual double sum_squares(const SumSquaresParams& p) const;
-  virtual void adamw_update(const AdamWParams& p) const;
-  virtual void muon_momentum(const MuonParams& p) const;
-  virtual void muon_update(const MuonParams& p) const;
-  virtual void attn_dense_fwd(const AttnDenseParams& p) const;
-  virtual void attn_dense_bwd(const AttnDenseParams& p) const;
-  // The table's contract (entries in [-1, skv), no duplicate in a row): throws ShapeError.
-  virtual void attn_sparse_check_table(const AttnSparseParams& p) const;
-  virtual void attn_sparse_fwd(const AttnSparseParams& p) const;
-  virtual void attn_sparse_bwd(const AttnSparseParams& p) const;
-  virtual void indexer_topk(const IndexerParams& p) const;
-  virtual void indexer_select(const IndexerParams& p) const;
-  // The KLs return kl_sum (without coeff) and overwrite dqI, dkI, dw with the loss's gradients.
-  virtual double indexer_kl_dense(const IndexerParams& p) const;
-  virtual double indexer_kl_sparse(const IndexerParams& p) const;
+  // Op entries, called with validated params (op_list.h; the defaults throw "does not run this
+  // op"). Notable contracts: attn_sparse_check_table throws ShapeError unless every entry is -1 or
+  // in [0, skv) and no row lists a key twice; the indexer KLs return kl_sum (without coeff) and
+  // overwrite dqI, dkI, dw with the loss's gradients.
+#define HMLA_ENTRY(ret, name, P) virtual ret name(const P& p) const;
+  HMLA_OP_LIST(HMLA_ENTRY)
+#undef HMLA_ENTRY
 
  private:
   Device device_;
@@ -84,6 +56,15 @@ class Backend {
 
 // The backend of a device; throws hmla::Error naming the device when this build has none.
 const Backend& backend(Device d);
+
+// The one dispatch of every entry point: the backend of `dev` runs `entry` on the validated
+// params if it supports them, else ShapeError "<op>: the <backend> backend does not run <why>".
+template <class P, class R>
+R dispatch(Device dev, R (Backend::*entry)(const P&) const, const P& p, const char* op, const std::string& why) {
+  const Backend& be = backend(dev);
+  if (!be.supports(p)) throw ShapeError(std::string(op) + ": the " + be.name() + " backend does not run " + why);
+  return (be.*entry)(p);
+}
 
 // Each backend's instance (src/cpu/backend.cpp, src/cuda/backend.cu); the CUDA one is null in a
 // build without CUDA (src/ops/no_cuda.cpp).

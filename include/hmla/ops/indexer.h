@@ -17,33 +17,39 @@
 
 namespace hmla {
 
-enum class IndexerOp { topk, select, kl_dense, kl_sparse };
-
-// The backends' params struct for every indexer op (FlashAttention's one struct per kernel
-// family): pointers on the backend's device (strides in elements where a tensor may be strided),
-// filled and validated by the entry points below; `op` says which fields are read.
-struct IndexerParams {
-  IndexerOp op = IndexerOp::topk;
+// The backends' params structs (FlashAttention's one struct per kernel family), filled and
+// validated by the entry points below: pointers on the backend's device, strides in elements
+// where a tensor may be strided. Query rows [q_row0, q_row0 + sq) of the s key rows.
+struct IndexerScoreParams {
   DType dtype = DType::f32;  // of qI and kI; w, scores and every KL tensor are f32
   int64_t b = 0, sq = 0, s = 0, HI = 0, DI = 0, q_row0 = 0;
-  const void* qI = nullptr;            // [b, sq, HI, DI] contiguous (not select)
-  const void* kI = nullptr;            // [b, s, DI] contiguous (not select)
-  const float* w = nullptr;            // [b, sq, HI] (not select)
+  const void* qI = nullptr;            // [b, sq, HI, DI] contiguous (null for select)
+  const void* kI = nullptr;            // [b, s, DI] contiguous (null for select)
+  const float* w = nullptr;            // [b, sq, HI] contiguous (null for select)
   const int32_t* doc_start = nullptr;  // [b, s]
   int64_t K = 0, W = 0;                // top-k slots, then window slots, per table row
-  const float* scores = nullptr;       // select: [b, sq, s], row r holding I(q_row0 + r, j)
-  int32_t* table = nullptr;            // topk, select: the output [b, sq, K + W]
-  // The KLs.
+};
+
+// indexer_topk (the scores from qI, kI, w) and indexer_select (from given scores).
+struct IndexerTopkParams : IndexerScoreParams {
+  const float* scores = nullptr;  // select only: [b, sq, s], row r holding I(q_row0 + r, j); null for topk
+  int32_t* table = nullptr;       // [b, sq, K + W] output
+};
+
+// The dense and sparse KLs.
+struct IndexerKlParams : IndexerScoreParams {
   int64_t H = 0, Hkv = 0, Dqk = 0;
   const float* q = nullptr;  // [b, sq, H, Dqk], last dim contiguous
   int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
   const float* k = nullptr;  // [b, s, Hkv, Dqk], last dim contiguous
   int64_t k_bstride = 0, k_rstride = 0, k_hstride = 0;
   float scale = 0.f, coeff = 0.f;
-  const float* lse_c = nullptr;       // [b, H, sq] or null (dense KL)
+  const float* lse_c = nullptr;       // [b, H, sq] or null (dense KL: computed)
   const float* row_weight = nullptr;  // [b, sq]
-  const int32_t* topk = nullptr;      // kl_sparse: [b, sq, K + W], slots < K the candidates
-  float *dqI = nullptr, *dkI = nullptr, *dw = nullptr;  // outputs, shapes of qI, kI, w
+  const int32_t* topk = nullptr;      // sparse only: [b, sq, K + W], slots < K the candidates
+  float* dqI = nullptr;               // [b, sq, HI, DI] output
+  float* dkI = nullptr;               // [b, s, DI] output
+  float* dw = nullptr;                // [b, sq, HI] output
 };
 
 // Query rows may be a slice of the key rows (context parallelism): qI, w and everything per
@@ -94,3 +100,11 @@ IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in);
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in);
 
 }  // namespace hmla
+
+// The family's backend entries (op_list.h); the KLs return kl_sum (without coeff) and overwrite
+// dqI, dkI, dw with the loss's gradients.
+#define HMLA_INDEXER_OPS(X)                         \
+  X(void, indexer_topk, IndexerTopkParams)          \
+  X(void, indexer_select, IndexerTopkParams)        \
+  X(double, indexer_kl_dense, IndexerKlParams)      \
+  X(double, indexer_kl_sparse, IndexerKlParams)

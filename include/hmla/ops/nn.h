@@ -53,17 +53,17 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
 struct NormParams {
   int64_t N = 0, D = 0;
   float eps = 0.f;
-  const float* x = nullptr;
+  const float* x = nullptr;  // [N, D] rows at stride ldx
   int64_t ldx = 0;
-  const float* w = nullptr;
-  const float* bias = nullptr;
-  float* y = nullptr;
+  const float* w = nullptr;     // [D]
+  const float* bias = nullptr;  // [D] LayerNorm only
+  float* y = nullptr;           // [N, D] rows at stride ldy
   int64_t ldy = 0;
   float* mean = nullptr;  // [N] LayerNorm only
   float* rstd = nullptr;  // [N]
-  const float* dy = nullptr;
+  const float* dy = nullptr;  // [N, D] rows at stride lddy (backward)
   int64_t lddy = 0;
-  float* dx = nullptr;
+  float* dx = nullptr;  // [N, D] rows at stride lddx (backward)
   int64_t lddx = 0;
   float* dw = nullptr;  // [D]
   float* db = nullptr;  // [D] LayerNorm only
@@ -171,3 +171,19 @@ void convert(const Tensor& src, const Tensor& dst);
 Tensor converted(const Tensor& t, DType dtype);
 
 }  // namespace hmla
+
+// The family's backend entries (op_list.h): X(return type, entry, params struct).
+#define HMLA_NN_OPS(X)                          \
+  X(void, gemm, GemmParams)                     \
+  X(void, rmsnorm_fwd, NormParams)              \
+  X(void, rmsnorm_bwd, NormParams)              \
+  X(void, layernorm_fwd, NormParams)            \
+  X(void, layernorm_bwd, NormParams)            \
+  X(void, rope, RopeParams)                     \
+  X(void, swiglu_fwd, SwigluParams)             \
+  X(void, swiglu_bwd, SwigluParams)             \
+  X(void, embedding_fwd, EmbeddingParams)       \
+  X(void, embedding_bwd, EmbeddingParams)       \
+  X(double, cross_entropy, CrossEntropyParams)  \
+  X(void, axpy, AxpyParams)                     \
+  X(void, convert, ConvertParams)

@@ -45,3 +45,10 @@ void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gsca
 void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale, float wd);
 
 }  // namespace hmla
+
+// The family's backend entries (op_list.h).
+#define HMLA_OPTIM_OPS(X)                      \
+  X(double, sum_squares, SumSquaresParams)     \
+  X(void, adamw_update, AdamWParams)           \
+  X(void, muon_momentum, MuonParams)           \
+  X(void, muon_update, MuonParams)

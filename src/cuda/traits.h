@@ -1,0 +1,68 @@
+// The compile-time constants of the CUDA kernel families other than dense attention (its tiles:
+// AttnCudaTraits in attn_dense.cuh), one traits struct each, and the shape limits they put on the
+// ops. CudaBackend::supports (backend.cu) reads the limits from here and is the only place they
+// are enforced: the entry points ask it before any kernel runs. Plain C++ (no device code), so
+// that the backend and the kernels share it.
+#pragma once
+#include <cstdint>
+
+namespace hmla::cuda {
+
+// Every kernel's mma.sync tiles are 16 x 8 x 16 (bf16): operand widths come in multiples of 16.
+inline constexpr int kMmaK = 16;
+
+// Sparse latent MQA (attn_sparse.cu). Forward: a block is kWarps warps of 16 heads against key
+// tiles of kBk listed keys, output columns in chunks of kChunk (accumulators in registers at the
+// 576/512 width); the row's list is compacted into shared memory, hence kMaxKW. Backward: kBwdWarps
+// warps (32 heads or keys per block: its dq and dkg tiles fit 163 KB of shared memory at
+// 576/512), dkg walking heads in steps of kHeadStep, so H must be a multiple of it.
+struct SparseTraits {
+  static constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8;
+  static constexpr int kMaxKW = 4096;  // listed slots per row: the shared list of compact()
+  static constexpr int kBwdWarps = 2, kBwdHeads = 16 * kBwdWarps, kHeadStep = 16;
+  static_assert(kBk % kMmaK == 0 && kChunk % 8 == 0 && kHeadStep % kMmaK == 0, "mma tiles are 16 x 8 x 16");
+  static_assert(kBwdHeads % kHeadStep == 0, "dkg's head steps tile a block's heads");
+};
+
+// The indexer's scores and selection (indexer_topk.cu): blocks of kSelThreads sort a row's
+// candidates in a shared buffer of kMaxK; the scores of a chunk of rows live in a workspace of
+// kWorkspaceBytes; the score tiles are kRowsPerBlock query rows by kKeyTile keys.
+struct TopkTraits {
+  static constexpr int kSelThreads = 256;
+  static constexpr int kMaxK = 2048;  // index_topk: DeepSeek-V3.2's and GLM-5's K
+  static constexpr int64_t kWorkspaceBytes = int64_t(256) << 20;
+  static constexpr int kRowsPerBlock = 4, kKeyTile = 64, kPad = 8;
+  static_assert(kMaxK % kSelThreads == 0, "the sort's buffer is a whole number of passes of the block");
+  static_assert(kKeyTile % kMmaK == 0, "mma tiles are 16 x 8 x 16");
+};
+
+// The fused indexer KLs (indexer_kl.cu): kTile threads per block, one per key (rows pass) or row
+// (keys pass); shared memory holds S [HI, kTile], dI [kTile], lC [H] (f32) and, in the sparse rows
+// pass, the row's candidates (i32, K rounded up to a power of two): smem_bytes, which must fit the
+// opt-in shared memory of the smallest target, an A100's 163 KB (Hopper has 227 KB).
+struct IndexerKlTraits {
+  static constexpr int kTile = 128;
+  static constexpr int64_t kMaxHI = 256, kMaxH = 1024, kMaxK = 8192;
+  static constexpr int64_t kMaxSmemBytes = 163 * 1024;
+  static constexpr int64_t pow2_at_least(int64_t n) {
+    int64_t r = 1;
+    while (r < n) r *= 2;
+    return r;
+  }
+  static constexpr int64_t smem_bytes(int64_t HI, int64_t H, int64_t cand) {
+    return (HI * kTile + kTile + H) * 4 + cand * 4;
+  }
+};
+// DeepSeek-V3.2's and GLM-5's indexer (HI 64 / 32, H 128 / 64, K 2048) fits with room.
+static_assert(IndexerKlTraits::smem_bytes(64, 128, 2048) <= IndexerKlTraits::kMaxSmemBytes,
+              "the reference geometries fit");
+
+// The dense ops (nn.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
+// and sums of squares in partials of kSumChunk values, summed in a fixed order (deterministic).
+struct NnTraits {
+  static constexpr int kThreads = 256;
+  static constexpr int64_t kColChunk = 128, kSumChunk = 8192;
+  static_assert(kThreads % 32 == 0, "whole warps");
+};
+
+}  // namespace hmla::cuda
