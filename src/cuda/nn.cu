@@ -57,6 +57,24 @@ __global__ void norm_fwd_kernel(NormParams p) {
   for (int64_t d = threadIdx.x; d < p.D; d += kThreads) y[d] = (x[d] - mu) * r * p.w[d] + (p.bias ? p.bias[d] : 0.f);
 }
 
+// The residual step: xs = x + x2 (each thread its own d), then norm_fwd_kernel's RMSNorm of xs.
+__global__ void add_rmsnorm_fwd_kernel(NormParams p) {
+  __shared__ float red[kThreads];
+  const int64_t n = blockIdx.x;
+  const float *x = p.x + n * p.ldx, *x2 = p.x2 + n * p.ldx2;
+  float* xs = p.xs + n * p.ldxs;
+  float ss = 0.f;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) {
+    const float v = x[d] + 1.f * x2[d];
+    xs[d] = v;
+    ss += v * v;
+  }
+  const float r = 1.f / sqrtf(block_sum<kThreads>(ss, red) / float(p.D) + p.eps);
+  if (threadIdx.x == 0) p.rstd[n] = r;
+  float* y = p.y + n * p.ldy;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) y[d] = xs[d] * r * p.w[d];
+}
+
 __global__ void norm_bwd_dx_kernel(NormParams p) {
   __shared__ float red[kThreads];
   const int64_t n = blockIdx.x;
@@ -249,6 +267,11 @@ void launch(K kernel, int64_t n, const P& p, const char* what) {
 void rmsnorm_fwd(const NormParams& p) { norm_fwd(p); }
 void layernorm_fwd(const NormParams& p) { norm_fwd(p); }
 void rmsnorm_bwd(const NormParams& p) { norm_bwd(p); }
+void add_rmsnorm_fwd(const NormParams& p) {
+  if (p.N == 0) return;
+  HMLA_LAUNCH(add_rmsnorm_fwd_kernel, unsigned(p.N), kThreads, 0, stream(), p);
+  check_launch("add_rmsnorm");
+}
 void layernorm_bwd(const NormParams& p) { norm_bwd(p); }
 
 void rope(const RopeParams& p) { launch(rope_kernel, p.N * p.heads * (p.Dr / 2), p, "rope"); }

@@ -158,8 +158,7 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
     MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
     Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
     if (drop_core) mla_drop_core(sv.attn);
-    add(h, y, sv.h_mid);
-    rmsnorm_fwd(sv.h_mid, m.w.layers[L].post_attention_layernorm, eps, sv.mn, sv.rstd2);
+    add_rmsnorm_fwd(h, y, m.w.layers[L].post_attention_layernorm, eps, sv.h_mid, sv.mn, sv.rstd2);
     linear_fwd(sv.mn, m.w.layers[L].gate_proj, sv.g);
     linear_fwd(sv.mn, m.w.layers[L].up_proj, sv.u);
     swiglu_fwd(sv.g, sv.u, sv.act);

@@ -179,6 +179,23 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, c
   run("rmsnorm", &Backend::rmsnorm_fwd, p, {&x, &w, &y, &rstd});
 }
 
+void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float eps, const Tensor& xs, const Tensor& y,
+                     const Tensor& rstd) {
+  const char* op = "add_rmsnorm";
+  const Rows X = rows(x, DType::f32, op, "x"), X2 = rows(x2, DType::f32, op, "x2"), XS = rows(xs, DType::f32, op, "xs"),
+             Y = rows(y, DType::f32, op, "y");
+  same_rows(X, X2, op, "x", "x2");
+  same_rows(X, XS, op, "x", "xs");
+  same_rows(X, Y, op, "x", "y");
+  check_contiguous(w, DType::f32, {X.D}, op, "w");
+  check_contiguous(rstd, DType::f32, {X.N}, op, "rstd");
+  NormParams p;
+  p.N = X.N, p.D = X.D, p.eps = eps;
+  p.x = f(X), p.ldx = X.ld, p.x2 = f(X2), p.ldx2 = X2.ld, p.xs = f(XS), p.ldxs = XS.ld, p.w = w.data<float>();
+  p.y = f(Y), p.ldy = Y.ld, p.rstd = rstd.data<float>();
+  run(op, &Backend::add_rmsnorm_fwd, p, {&x, &x2, &w, &xs, &y, &rstd});
+}
+
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                  const Tensor& dw) {
   const char* op = "rmsnorm backward";

@@ -188,6 +188,40 @@ void rmsnorm_case() {  // x and y are column slices, as the MLA layer's kv_a lat
   check("rmsnorm dw", vec(dw), out(2));
 }
 
+// The residual step's oracle: xs = x + x2 and y = RMSNorm(xs) w, both in T.
+template <class T>
+V<T> add_rmsnorm_ref(const Vec& x, const Vec& x2, const Vec& w, int64_t N, int64_t D, double eps, bool want_sum) {
+  V<T> xs(N * D), y(N * D);
+  for (int64_t n = 0; n < N; ++n) {
+    T ms = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      xs[n * D + d] = T(x[n * D + d]) + T(x2[n * D + d]);
+      ms += xs[n * D + d] * xs[n * D + d] / T(D);
+    }
+    const T r = T(1) / std::sqrt(ms + T(eps));
+    for (int64_t d = 0; d < D; ++d) y[n * D + d] = xs[n * D + d] * r * T(w[d]);
+  }
+  return want_sum ? xs : y;
+}
+
+// The fused residual step: xs written over x2 (aliased, as the stream may be), y a column slice;
+// and the bits of add then rmsnorm_fwd on the same backend (what keeps the model's results).
+void add_rmsnorm_case() {
+  const int64_t N = 9, D = 12, wide = D + 4;
+  const Vec X = randn(N * D, 40), X2 = randn(N * D, 41), Wt = randn(D, 42);
+  Tensor x2 = t({N, D}, X2), y = dev_zeros({N, wide}, DType::f32), rstd = dev_empty({N}, DType::f32);
+  add_rmsnorm_fwd(t({N, D}, X), x2, t({D}, Wt), 1e-6f, x2, y.slice(1, 0, D), rstd);
+  auto ref = [&](bool sum) { return [&, sum](auto z) { return add_rmsnorm_ref<decltype(z)>(X, X2, Wt, N, D, 1e-6, sum); }; };
+  check("add_rmsnorm xs", vec(x2), ref(true));
+  check("add_rmsnorm y", cols(vec(y), N, wide, 0, D), ref(false));
+  Tensor xs2 = dev_empty({N, D}, DType::f32), y2 = dev_empty({N, D}, DType::f32), rstd2 = dev_empty({N}, DType::f32);
+  add(t({N, D}, X), t({N, D}, X2), xs2);
+  rmsnorm_fwd(xs2, t({D}, Wt), 1e-6f, y2, rstd2);
+  EXPECT_EQ(vec(x2), vec(xs2)) << "add_rmsnorm's sum: the bits of add";
+  EXPECT_EQ(cols(vec(y), N, wide, 0, D), vec(y2)) << "add_rmsnorm's norm: the bits of rmsnorm_fwd";
+  EXPECT_EQ(vec(rstd), vec(rstd2));
+}
+
 void layernorm_case() {
   const int64_t N = 8, D = 10;
   const Vec X = randn(N * D, 13), Wt = randn(D, 14), B = randn(D, 15), DY = randn(N * D, 16);
@@ -410,6 +444,7 @@ const std::vector<Case>& cases() {
       {"matmul_per_head_views", runs<GemmParams>, batched_case},
       {"linear_column_slices", runs<GemmParams>, linear_case},
       {"rmsnorm_column_slices", runs<NormParams>, rmsnorm_case},
+      {"add_rmsnorm_aliased", runs<NormParams>, add_rmsnorm_case},
       {"layernorm", runs<NormParams>, layernorm_case},
       {"rope_interleaved", runs<RopeParams>, [] { rope_case(RopeLayout::interleaved); }},
       {"rope_half", runs<RopeParams>, [] { rope_case(RopeLayout::half); }},

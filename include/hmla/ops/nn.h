@@ -49,12 +49,17 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
                 float dx_beta = 0.f);
 
 // RMSNorm (bias and mean null) or LayerNorm over rows of width D: y = xhat * w (+ bias),
-// xhat = (x - mean) * rstd; the backward writes dx and adds into dw (and db). f32.
+// xhat = (x - mean) * rstd; the backward writes dx and adds into dw (and db). f32. The fused
+// add_rmsnorm_fwd first writes xs = x + x2 (the residual stream) and normalises xs.
 struct NormParams {
   int64_t N = 0, D = 0;
   float eps = 0.f;
   const float* x = nullptr;  // [N, D] rows at stride ldx
   int64_t ldx = 0;
+  const float* x2 = nullptr;  // add_rmsnorm: [N, D] rows at stride ldx2, added to x
+  int64_t ldx2 = 0;
+  float* xs = nullptr;  // add_rmsnorm: [N, D] rows at stride ldxs, x + x2 (may alias x or x2)
+  int64_t ldxs = 0;
   const float* w = nullptr;     // [D]
   const float* bias = nullptr;  // [D] LayerNorm only
   float* y = nullptr;           // [N, D] rows at stride ldy
@@ -73,6 +78,10 @@ struct NormParams {
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                  const Tensor& dw);
+// The residual stream's step, fused: xs = x + x2, then y = rmsnorm_fwd(xs) (the same bits as add
+// then rmsnorm_fwd). x, x2, xs, y row matrices of one shape; xs may be x or x2.
+void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float eps, const Tensor& xs, const Tensor& y,
+                     const Tensor& rstd);
 // y = (x - mean) * rstd * w + b per row; contiguous rows.
 void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
                    const Tensor& rstd);
@@ -177,6 +186,7 @@ Tensor converted(const Tensor& t, DType dtype);
   X(void, gemm, GemmParams)                     \
   X(void, rmsnorm_fwd, NormParams)              \
   X(void, rmsnorm_bwd, NormParams)              \
+  X(void, add_rmsnorm_fwd, NormParams)          \
   X(void, layernorm_fwd, NormParams)            \
   X(void, layernorm_bwd, NormParams)            \
   X(void, rope, RopeParams)                     \
