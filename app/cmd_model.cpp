@@ -1,6 +1,7 @@
 // `hmla forward` (logits of a checkpoint) and `hmla generate` (continuations), both on a
 // checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
-// or sharded; f32 or bf16). Each layer runs the mode its config records.
+// or sharded; f32 or bf16). Each layer runs the mode its config records. generate runs the prompt
+// once and then one token a step against a latent KV cache (CPU).
 #include <iostream>
 #include <random>
 
@@ -8,10 +9,12 @@
 #include "hmla/io/paths.h"
 #include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/model/decode.h"
 #include "hmla/model/model.h"
 #include "hmla/model/sample.h"
 #include "hmla/train/data.h"
 #include "inputs.h"
+#include "stdout.h"
 #include "validators.h"
 
 namespace hmla::app {
@@ -38,6 +41,18 @@ Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
   Model m = build_model(c, has_indexer);
   load_into_model(m, w, dir);
   return m;
+}
+
+// The prompt and the tokens asked for must fit the model's positions (RoPE and YaRN are defined up
+// to max_position_embeddings), checked before any compute; returns how many positions that is.
+int64_t check_generation_length(int64_t prompt, int64_t tokens, const ModelConfig& c, const std::string& config) {
+  const int64_t max_pos = c.max_position_embeddings;
+  HMLA_CHECK(prompt <= max_pos && tokens <= max_pos - prompt, ConfigError, "--prompt is ", prompt,
+             " tokens (its bytes) and --tokens is ", tokens, ": ", prompt, " + ", tokens,
+             " positions exceed max_position_embeddings = ", max_pos, " (", config, "); ",
+             prompt < max_pos ? "pass --tokens " + std::to_string(max_pos - prompt) + " or less, or a shorter prompt"
+                              : "shorten the prompt to at most " + std::to_string(max_pos - 1) + " bytes");
+  return prompt + tokens;
 }
 
 Batch one_document_rows(const Tensor& ids32) {
@@ -84,18 +99,27 @@ void add_model_commands(CLI::App& app) {
   gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str()->check(Real(0, false));
   gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str()->check(Int(0));
   gen->callback([g] {
-    const Model m = load_checkpoint_model(g->checkpoint, load_model_config(g->checkpoint + "/config.json"));
-    std::vector<int32_t> ids = tokenize_bytes(g->prompt);
+    const std::string config = g->checkpoint + "/config.json";
+    const ModelConfig cfg = load_model_config(config);
+    const std::vector<int32_t> ids = tokenize_bytes(g->prompt);
+    const int64_t positions = check_generation_length(int64_t(ids.size()), g->tokens, cfg, config);
+    MemoryPlan plan;  // the prefill and the cache, before the weights are read
+    plan_parameters(plan, cfg, std::vector<bool>(cfg.num_hidden_layers, false), false);
+    plan_decode(plan, cfg, {"prompt + --tokens", positions});
+    plan.check("generate: " + config + "'s model over " + std::to_string(positions) + " positions");
+    const Model m = load_checkpoint_model(g->checkpoint, cfg);
     std::mt19937_64 rng(g->seed);
-    std::cout << g->prompt << std::flush;
-    for (int64_t k = 0; k < g->tokens; ++k) {  // full recompute per token: simple, fine at demo scale
-      Tensor t = Tensor::from_vector<int32_t>({1, int64_t(ids.size())}, ids);
-      Tensor logits = model_logits(m, one_document_rows(t));
-      const float* l = logits.data<float>() + (int64_t(ids.size()) - 1) * m.cfg.vocab_size;
-      const int32_t next = sample_token({l, size_t(m.cfg.vocab_size)}, g->temperature, rng);
+    std::cout << g->prompt;
+    flush_stdout();
+    // The prompt once (prefill), then one token a step against the KV cache (hmla/model/decode.h).
+    KvCache cache = kv_cache(m, positions);
+    Tensor logits = decode_step(m, cache, ids);
+    for (int64_t k = 0; k < g->tokens; ++k) {
+      const int32_t next = sample_token({logits.data<float>(), size_t(m.cfg.vocab_size)}, g->temperature, rng);
       if (next == kEosId || next == kPadId) break;
-      ids.push_back(next);
-      std::cout << detokenize_bytes({next}) << std::flush;
+      std::cout << detokenize_bytes({next});
+      flush_stdout();  // streamed: a failed write stops the generation
+      if (k + 1 < g->tokens) logits = decode_step(m, cache, std::span<const int32_t>(&next, 1));
     }
     std::cout << "\n";
   });

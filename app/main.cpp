@@ -11,6 +11,7 @@
 #include "hmla/core/error.h"
 #include "hmla/dist/comm.h"
 #include "hmla/train/trainer.h"
+#include "stdout.h"
 
 namespace {
 // One rank failing ends the whole job (MPI_Abort under mpirun), never a hang.
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   hmla::app::add_report_command(app);
   try {
     app.parse(argc, argv);
+    hmla::app::flush_stdout();  // every command's output, written or an error
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const hmla::Interrupted& e) {

@@ -188,6 +188,7 @@ void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split,
     HMLA_CHECK(it->second.shape() == p.shape && it->second.dtype() == DType::f32, ConfigError, what,
                ": tensor '", p.name, "' is ", dtype_name(it->second.dtype()), shape_str(it->second.shape()),
                ", expected f32", shape_str(p.shape));
+    check_finite_weight(it->second, what, p.name);  // as every checkpoint loader does
   }
   for (const auto& [name, t] : w) {
     bool known = false;

@@ -370,8 +370,27 @@ void init_model(Model& m, uint64_t seed) {
   m.arena.copy_from(host);
 }
 
+namespace {
+
+// README: a tensor a command would ignore is an error. A checkpoint with more layers than the
+// config, a sink or an indexer the config does not run, is refused before anything is copied.
+void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std::string& what) {
+  const std::vector<std::string> extra = unexpected_tensors(m.table, tensors);
+  if (extra.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < std::min<size_t>(extra.size(), 3); ++i) names += (i ? ", '" : "'") + extra[i] + "'";
+  if (extra.size() > 3) names += " and " + std::to_string(extra.size() - 3) + " more";
+  throw IoError(what + ": " + std::to_string(extra.size()) + " tensor" + (extra.size() > 1 ? "s" : "") +
+                " the config's model does not have (" + names + "); an ignored tensor is an error: check that the "
+                "config (num_hidden_layers = " + std::to_string(m.cfg.num_hidden_layers) +
+                ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
+}
+
+}  // namespace
+
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing) {
+  check_no_unexpected(m, tensors, what);
   for (const ParamSpec& p : m.table) {
     auto it = tensors.find(p.name);
     if (it == tensors.end()) {
@@ -392,9 +411,7 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
       const bf16* src = t.data<bf16>();
       for (int64_t i = 0; i < t.numel(); ++i) dst.data<float>()[i] = bf16_to_f32(src[i]);
     }
-    const int64_t bad = first_non_finite(dst);
-    HMLA_CHECK(bad < 0, IoError, what, ": tensor '", p.name, "' holds a non-finite value (", dst.data<float>()[bad],
-               " at flat index ", bad, ")");
+    check_finite_weight(dst, what, p.name);
     m.params.at(p.name).copy_from(dst);
   }
 }

@@ -1,5 +1,9 @@
 #include "hmla/model/params.h"
 
+#include <set>
+
+#include "hmla/core/error.h"
+
 namespace hmla {
 
 namespace {
@@ -8,6 +12,21 @@ Tensor get(const io::TensorMap& w, const std::string& name) {
   return it == w.end() ? Tensor() : it->second;
 }
 }  // namespace
+
+void check_finite_weight(const Tensor& t, const std::string& what, const std::string& name) {
+  const int64_t bad = first_non_finite(t);
+  HMLA_CHECK(bad < 0, IoError, what, ": tensor '", name, "' holds a non-finite value (", t.data<float>()[bad],
+             " at flat index ", bad, "); weights must be finite");
+}
+
+std::vector<std::string> unexpected_tensors(const std::vector<ParamSpec>& table, const io::TensorMap& w) {
+  std::set<std::string> known;
+  for (const ParamSpec& p : table) known.insert(p.name);
+  std::vector<std::string> extra;
+  for (const auto& [name, t] : w)
+    if (!known.count(name)) extra.push_back(name);
+  return extra;
+}
 
 // The names of fields(a)'s tensors, in the same order.
 const std::vector<std::string>& attn_names() {

@@ -149,6 +149,13 @@ TEST(MlaLayer, WeightTableAndModeChecks) {
   io::TensorMap bad = w;
   bad["q_b_proj.weight"] = Tensor::zeros({4, 4}, DType::f32);
   EXPECT_THROW(check_mla_weights(bad, c, false, false, "w"), ConfigError);
+  // Non-finite weights are refused as every checkpoint loader refuses them (check_finite_weight).
+  for (float v : {NAN, INFINITY}) {
+    io::TensorMap nonfinite = w;
+    nonfinite["o_proj.weight"] = w.at("o_proj.weight").clone();
+    nonfinite["o_proj.weight"].data<float>()[7] = v;
+    EXPECT_THROW(check_mla_weights(nonfinite, c, false, false, "w"), IoError);
+  }
   // The split form is only for latent modes.
   MlaLayer L{&c, 0, true, attn_tensors(w)};
   split_kv_b_proj(L.w, c);

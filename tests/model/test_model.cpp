@@ -168,6 +168,34 @@ TEST(Model, LoadRoundTripAndErrors) {
   EXPECT_NO_THROW(load_into_model(b, no_idx, "ckpt", idx_names));
 }
 
+// README: a tensor a command would ignore is an error. A checkpoint with a layer, a sink or an
+// indexer the config does not have is refused before anything is copied, naming the first few.
+TEST(Model, LoadRefusesTensorsTheConfigDoesNotHave) {
+  ModelConfig two = tiny({"mha", "dsa_sparse"}), one = tiny({"mha"});
+  Model a = build_model(two, {false, true}), b = build_model(one, {false});
+  init_model(a, 2);
+  const std::vector<float> before = b.arena.to_vector<float>();
+  try {
+    load_into_model(b, a.params, "ckpt");
+    ADD_FAILURE() << "a 2-layer checkpoint loaded into a 1-layer model";
+  } catch (const IoError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("tensors the config's model does not have ('model.layers.1.input_layernorm.weight', "),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find(" more)"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(b.arena.to_vector<float>(), before);  // nothing copied
+  // Indexer tensors on a layer without one (here layer 1 as mha) and a sink without attention_sink.
+  Model c = build_model(tiny({"mha", "mha"}), {false, false});
+  EXPECT_THROW(load_into_model(c, a.params, "ckpt"), IoError);
+  io::TensorMap sink = b.params;
+  sink["model.layers.0.self_attn.softmax_offset"] = Tensor::zeros({2}, DType::f32);
+  EXPECT_THROW(load_into_model(b, sink, "ckpt"), IoError);
+  io::TensorMap nan = b.params;
+  nan["model.norm.weight"] = Tensor::from_vector<float>({32}, std::vector<float>(32, NAN));
+  EXPECT_THROW(load_into_model(b, nan, "ckpt"), IoError);
+}
+
 TEST(Model, DsaStepsRunAndIndexerOnlySkipsTheBackbone) {
   ModelConfig c = tiny({"dsa_warmup", "dsa_sparse"});
   Model m = build_model(c, {true, true});

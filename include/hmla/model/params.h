@@ -14,6 +14,13 @@ struct ParamSpec {
   Shape shape;
 };
 
+// The checks every loader of weights shares (the model's checkpoints, `hmla layer`'s files).
+// IoError "<what>: tensor 'name' holds a non-finite value (nan at flat index i)" for a weight with
+// a NaN or an infinity; t is a contiguous f32 CPU tensor.
+void check_finite_weight(const Tensor& t, const std::string& what, const std::string& name);
+// The names of `w` that `table` does not have (sorted): a loader that would ignore them refuses.
+std::vector<std::string> unexpected_tensors(const std::vector<ParamSpec>& table, const io::TensorMap& w);
+
 // Typed views of one table's tensors (weights, their gradients or the optimizer's moments alike:
 // same names, same shapes). Built once from the named views, so the math reads `w.o_proj`, and
 // names stay at the checkpoint boundary. A tensor the config does not have is undefined.

@@ -1,0 +1,21 @@
+#include "stdout.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+
+#include "hmla/core/error.h"
+
+namespace hmla::app {
+
+void flush_stdout() {
+  errno = 0;
+  std::cout.flush();
+  const bool ok = std::fflush(stdout) == 0 && std::cout.good() && !std::ferror(stdout);
+  const int err = errno;
+  HMLA_CHECK(ok, IoError, "standard output: a write failed (", err != 0 ? std::strerror(err) : "stream error",
+             "); the output is incomplete");
+}
+
+}  // namespace hmla::app
