@@ -4,7 +4,7 @@
 // gradient norms, and per phase its speed and memory. `hmla report --bench BENCH.jsonl --out DIR`:
 // the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
-// metrics, a cut line) is drawn as it is: gaps, never a crash.
+// metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -44,17 +44,19 @@ std::string str(const json& j, const char* key, const std::string& fallback = "?
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
-std::string fmt(double v, int prec, double div = 1) {
-  if (!std::isfinite(v)) return "-";
-  std::ostringstream c;
-  c << std::fixed << std::setprecision(prec) << v / div;
-  return c.str();
-}
-
 std::string sci(double v) {
   if (!std::isfinite(v)) return "-";
   std::ostringstream c;
   c << std::setprecision(3) << v;
+  return c.str();
+}
+
+// Fixed-point with `prec` decimals; scientific from 1e15 on (1e308 would be 309 digits).
+std::string fmt(double v, int prec, double div = 1) {
+  if (!std::isfinite(v / div)) return "-";
+  if (std::abs(v / div) >= 1e15) return sci(v / div);
+  std::ostringstream c;
+  c << std::fixed << std::setprecision(prec) << v / div;
   return c.str();
 }
 
@@ -204,22 +206,24 @@ std::string sparkline(const std::vector<double>& raw) {
   const size_t per = (raw.size() + 119) / 120;
   std::vector<double> v;
   for (size_t i = 0; i < raw.size(); i += per) {
-    double sum = 0;
-    int n = 0;
-    for (size_t j = i; j < std::min(raw.size(), i + per); ++j)
-      if (std::isfinite(raw[j])) sum += raw[j], ++n;
-    v.push_back(n ? sum / n : std::nan(""));
+    const size_t end = std::min(raw.size(), i + per);
+    const auto n = std::count_if(raw.begin() + i, raw.begin() + end, [](double x) { return std::isfinite(x); });
+    double mean = 0;  // a sum of x / n, which cannot overflow as the sum of x can
+    for (size_t j = i; j < end; ++j)
+      if (std::isfinite(raw[j])) mean += raw[j] / double(n);
+    v.push_back(n ? mean : std::nan(""));
   }
   double lo = INFINITY, hi = -INFINITY;
   for (double y : v)
     if (std::isfinite(y)) lo = std::min(lo, y), hi = std::max(hi, y);
   if (!(lo <= hi)) return "";
-  if (hi == lo) hi = lo + 1;
+  const bool flat = indistinct(lo, hi);  // drawn at mid height
   std::ostringstream os, pts;
   const double W = 120, H = 24;
   for (size_t i = 0; i < v.size(); ++i)
     if (std::isfinite(v[i]))
-      pts << W * double(i) / std::max<double>(double(v.size()) - 1, 1) << "," << H - 2 - (H - 4) * (v[i] - lo) / (hi - lo) << " ";
+      pts << W * double(i) / std::max<double>(double(v.size()) - 1, 1) << ","
+          << H - 2 - (H - 4) * (flat ? 0.5 : unit_position(v[i], lo, hi)) << " ";
   os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' class='sparkline'>"
      << "<polyline fill='none' stroke='#1f77b4' stroke-width='1' points='" << pts.str() << "'/></svg>";
   return os.str();
@@ -229,7 +233,7 @@ std::string bar(double v, double max) {
   if (!std::isfinite(v) || !(max > 0)) return "";
   std::ostringstream os;
   os << "<svg xmlns='http://www.w3.org/2000/svg' width='100' height='12' class='bar'><rect width='"
-     << std::max(1.0, 100 * v / max) << "' height='12' fill='#9467bd'/></svg>";
+     << std::max(1.0, 100 * std::clamp(v / max, 0.0, 1.0)) << "' height='12' fill='#9467bd'/></svg>";
   return os.str();
 }
 
