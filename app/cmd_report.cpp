@@ -5,6 +5,8 @@
 // the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
 // metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
+// A bench line that names a file (geometry) or cannot be drawn (s <= 0) is refused before anything
+// is written.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,6 +19,7 @@
 
 #include "commands.h"
 #include "hmla/core/error.h"
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/model/indexer.h"
@@ -456,20 +459,59 @@ Chart train_chart(const Lines& rows) {
   return c;
 }
 
-void write_bench_report(const fs::path& file, const fs::path& out) {
+// The x each plotted bench draws against: a sequence length, on a log axis.
+const std::map<std::string, const char*> kBenchX = {
+    {"warmup-memory", "s"}, {"attention", "s"}, {"indexer", "s"}, {"sparse", "s"}, {"train", "seq_len"}};
+
+// A plotted line must hold its x as a positive number (JSON holds no non-finite one: a number
+// beyond the double range is refused by the parser) and, for warmup-memory, a geometry that is a
+// plain name, since it names the line's SVG file. The values it plots may be missing or null:
+// an arm that did not run (no --legacy, no torch, no naive arm at this s) is a gap.
+void check_bench_line(const json& j, const std::string& where) {
+  const std::string bench = str(j, "bench");
+  const auto x = kBenchX.find(bench);
+  if (x == kBenchX.end()) return;  // not plotted
+  const double v = number(j, x->second);
+  HMLA_CHECK(std::isfinite(v) && v > 0, IoError, where, " (", bench, "): '", x->second, "' is ",
+             j.contains(x->second) ? j.at(x->second).dump() : std::string("missing"),
+             "; it must be a positive number (a sequence length); nothing was written");
+  if (bench != "warmup-memory") return;
+  HMLA_CHECK(j.contains("geometry") && j.at("geometry").is_string(), IoError, where,
+             ": a warmup-memory line needs its geometry as a string; nothing was written");
+  io::check_path_name(j.at("geometry").get<std::string>(), where + ": geometry");
+}
+
+struct BenchLines {
   std::map<std::string, Lines> by_bench;
+  int64_t skipped = 0, first_skipped = 0;  // lines that are not JSON (a bench killed mid-line)
+};
+
+BenchLines read_bench_lines(const fs::path& file) {
+  BenchLines b;
   std::istringstream in(io::read_file(file.string()));
   std::string line;
-  int64_t skipped = 0;
-  while (std::getline(in, line)) {
+  for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.empty() || line[0] != '{') continue;  // the benches' other output
+    const std::string where = file.string() + " line " + std::to_string(n);
+    json j;
     try {
-      const json j = json::parse(line);
-      if (j.is_object() && j.contains("bench")) by_bench[str(j, "bench")].push_back(j);
+      j = json::parse(line);
+    } catch (const json::out_of_range& e) {  // 1e999: a number, but none a chart can draw
+      detail::throw_error<IoError>(where, ": a number beyond the double range (", e.what(), "); nothing was written");
     } catch (const json::exception&) {
-      ++skipped;
+      if (b.skipped++ == 0) b.first_skipped = n;
+      continue;
     }
+    if (!j.is_object() || !j.contains("bench")) continue;
+    check_bench_line(j, where);
+    b.by_bench[str(j, "bench")].push_back(std::move(j));
   }
+  return b;
+}
+
+void write_bench_report(const fs::path& file, const fs::path& out) {
+  BenchLines lines = read_bench_lines(file);
+  std::map<std::string, Lines>& by_bench = lines.by_bench;
   std::vector<std::pair<std::string, Chart>> charts;
   if (by_bench.count("warmup-memory")) {
     std::vector<std::string> geos;
@@ -497,7 +539,9 @@ void write_bench_report(const fs::path& file, const fs::path& out) {
   }
   io::write_file_atomic((out / "bench.html").string(), html.str() + "</body></html>\n");
   std::cout << "wrote " << (out / "bench.html").string() << "\n";
-  if (skipped > 0) std::cerr << "hmla: note: skipped " << skipped << " malformed line(s) of " << file.string() << "\n";
+  if (lines.skipped > 0)
+    std::cerr << "hmla: note: skipped " << lines.skipped << " malformed line(s) of " << file.string() << " (the first: line "
+              << lines.first_skipped << ")\n";
 }
 
 }  // namespace

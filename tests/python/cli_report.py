@@ -6,7 +6,7 @@ Every SVG must be well-formed XML with axis titles, tick labels, a title, the ph
 the held-out points; rsvg-convert (Debian's librsvg2-bin), when installed, must rasterise each
 one. Values from the whole double range (+-1e308, 1 ulp apart, denormals; a real run whose lr is
 constant to 1 ulp) must draw, in bounded time and memory, with every coordinate finite and inside
-the chart. Bad invocations fail with one hmla error line."""
+the chart. Bad invocations and bad bench lines fail with one hmla error line, writing nothing."""
 import json
 import math
 import os
@@ -353,6 +353,40 @@ def bench_extremes(check, hmla, w):
             check(f"extreme bench {n}.svg written", False)
 
 
+def bench_refusals(check, hmla, w):
+    """Bench lines that name files or cannot be drawn are refused, naming the line, before
+    anything is written: a geometry is one plain name (it was a path: "x/../../escaped" wrote
+    escaped.svg outside --out); s <= 0 drew NaN coordinates on the log axis."""
+    root = f"{w}/refuse"
+    os.makedirs(f"{root}/a/b")
+    good = json.dumps({"bench": "sparse", "s": 2048, "ns_per_pair": 3.5})
+    cases = [
+        ("geometry x/../../escaped", {"bench": "warmup-memory", "geometry": "x/../../escaped", "s": 1024,
+                                      "mha_peak_bytes": 1, "warmup_peak_bytes": 1}, ": geometry 'x/../../escaped' is not a plain name"),
+        ("geometry ../escaped", {"bench": "warmup-memory", "geometry": "../escaped", "s": 1024}, ": geometry '../escaped' is not a plain name"),
+        ("geometry /abs", {"bench": "warmup-memory", "geometry": f"{root}/abs", "s": 1024}, f": geometry '{root}/abs' is not a plain name"),
+        ("geometry .hidden", {"bench": "warmup-memory", "geometry": ".hidden", "s": 1024}, ": geometry '.hidden' is not a plain name"),
+        ("geometry missing", {"bench": "warmup-memory", "s": 1024}, ": a warmup-memory line needs its geometry as a string"),
+        ("s = 0", {"bench": "sparse", "s": 0, "ns_per_pair": 1.0}, " (sparse): 's' is 0; it must be a positive number"),
+        ("s < 0", {"bench": "attention", "s": -1024, "gflops": 1.0}, " (attention): 's' is -1024"),
+        ("s missing", {"bench": "indexer", "dense_kl_workspace_bytes": 1.0}, " (indexer): 's' is missing"),
+        ("s a string", {"bench": "sparse", "s": "2048"}, " (sparse): 's' is \"2048\"; it must be a positive number"),
+        ("seq_len < 0", {"bench": "train", "mode": "mha", "seq_len": -5, "hmla_tokens_per_s": 1.0}, " (train): 'seq_len' is -5"),
+    ]
+    for name, line, needle in cases:
+        with open(f"{root}/b.jsonl", "w") as f:
+            f.write(good + "\n" + json.dumps(line) + "\n")
+        check_refused(check, f"report --bench refuses {name}", [hmla, "report", "--bench", f"{root}/b.jsonl", "--out",
+                                                                 f"{root}/a/b/out"], "b.jsonl line 2" + needle, root)
+    with open(f"{root}/b.jsonl", "w") as f:
+        f.write(good + '\n{"bench": "sparse", "s": 1e999, "ns_per_pair": 1}\n')
+    check_refused(check, "report --bench refuses a number beyond the double range",
+                  [hmla, "report", "--bench", f"{root}/b.jsonl", "--out", f"{root}/a/b/out"],
+                  "b.jsonl line 2: a number beyond the double range", root)
+    escaped = [os.path.join(d, n) for d, _, ns in os.walk(w) for n in ns if n.startswith("escaped")]
+    check("no escaped.svg anywhere", not escaped, escaped)
+
+
 def main():
     a = parse_args(__doc__)
     check = Checker()
@@ -362,6 +396,7 @@ def main():
     extreme_ranges(check, a.hmla, a.workdir)
     long_phase_stopped(check, a.hmla, a.workdir)
     bench_extremes(check, a.hmla, a.workdir)
+    bench_refusals(check, a.hmla, a.workdir)
     check.exit()
 
 
