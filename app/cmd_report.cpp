@@ -5,8 +5,8 @@
 // the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
 // metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
-// A bench line that names a file (geometry) or cannot be drawn (s <= 0) is refused before anything
-// is written.
+// The page goes only into a run directory (the run marker) or to an explicit --out; a bench line
+// that names a file (geometry) or cannot be drawn (s <= 0) is refused before anything is written.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -24,6 +24,7 @@
 #include "hmla/model/config.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
+#include "hmla/train/run_dir.h"
 #include "svg_chart.h"
 
 namespace hmla::app {
@@ -330,7 +331,7 @@ const char* kStyle =
     "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}svg{display:block}"
     "td svg{display:inline}</style>";
 
-void write_run_report(const fs::path& dir) {
+void write_run_report(const fs::path& dir, const fs::path& page) {
   const json programme = read_json(dir / "programme.json"), marker = read_json(dir / "hmla-run.json");
   const Run run = read_run(dir / "metrics.jsonl", programme);
   std::ostringstream html;
@@ -343,8 +344,8 @@ void write_run_report(const fs::path& dir) {
                                      true, false, true))
        << render_svg(per_phase_chart(run, "Learning rate", "learning rate", &Phase::lr, false, false, false))
        << render_svg(grad_norm_chart(run)) << phase_table(run) << "</body></html>\n";
-  io::write_file_atomic((dir / "report.html").string(), html.str());
-  std::cout << "wrote " << (dir / "report.html").string() << "\n";
+  io::write_file_atomic(page.string(), html.str());
+  std::cout << "wrote " << page.string() << "\n";
   if (run.skipped > 0) std::cerr << "hmla: note: skipped " << run.skipped << " malformed line(s) of metrics.jsonl\n";
 }
 
@@ -556,7 +557,8 @@ void add_report_command(CLI::App& app) {
                 "--bench BENCH.jsonl --out DIR the bench plots as DIR/*.svg and DIR/bench.html.");
   rep->add_option("run_dir", o->dir, "run directory of hmla train")->check(CLI::ExistingDirectory);
   rep->add_option("--bench", o->bench, "JSON lines of hmla bench ... --json")->check(CLI::ExistingFile);
-  rep->add_option("--out", o->out, "with --bench: the directory to write the plots to");
+  rep->add_option("--out", o->out, "with --bench: the directory to write the plots to; with RUN_DIR: the page to write "
+                                   "(default RUN_DIR/report.html, written only into a run directory)");
   rep->callback([o] {
     HMLA_CHECK(o->dir.empty() != o->bench.empty(), ConfigError,
                "hmla report: give either RUN_DIR or --bench BENCH.jsonl --out DIR");
@@ -564,10 +566,15 @@ void add_report_command(CLI::App& app) {
       HMLA_CHECK(!o->out.empty(), ConfigError, "hmla report --bench: --out DIR is required");
       write_bench_report(o->bench, o->out);
     } else {
-      HMLA_CHECK(o->out.empty(), ConfigError, "hmla report RUN_DIR writes RUN_DIR/report.html; --out is for --bench");
       HMLA_CHECK(fs::exists(fs::path(o->dir) / "metrics.jsonl"), IoError, o->dir,
                  ": no metrics.jsonl; is it a run directory of hmla train?");
-      write_run_report(o->dir);
+      // RUN_DIR/report.html is the run's own file; in any other directory it may be the user's.
+      HMLA_CHECK(!o->out.empty() || is_run_directory(o->dir), IoError, o->dir, ": not an hmla run directory (no ",
+                 kRunMarker, "), so its report.html may not be hmla's to replace; write the page elsewhere with "
+                 "--out FILE.html (nothing was written)");
+      const fs::path page = o->out.empty() ? fs::path(o->dir) / "report.html" : fs::path(o->out);
+      io::check_output_file(page.string(), o->out.empty() ? "" : "--out");
+      write_run_report(o->dir, page);
     }
   });
 }

@@ -6,7 +6,8 @@ Every SVG must be well-formed XML with axis titles, tick labels, a title, the ph
 the held-out points; rsvg-convert (Debian's librsvg2-bin), when installed, must rasterise each
 one. Values from the whole double range (+-1e308, 1 ulp apart, denormals; a real run whose lr is
 constant to 1 ulp) must draw, in bounded time and memory, with every coordinate finite and inside
-the chart. Bad invocations and bad bench lines fail with one hmla error line, writing nothing."""
+the chart. Bad invocations and bad bench lines fail with one hmla error line, writing nothing;
+the page goes only into a run directory or an explicit --out."""
 import json
 import math
 import os
@@ -160,6 +161,8 @@ phases:
 def handmade_run(check, hmla, w):
     run = f"{w}/handmade"
     os.makedirs(run)
+    with open(f"{run}/hmla-run.json", "w") as f:  # the run marker (report.html is the run's own file)
+        f.write("{}\n")
     rows = [{"phase": "a", "step": 1, "lm_loss": 3.0, "lr": 1e-3, "grad_norm_backbone": 1.0, "grad_norm_indexer": 0.0,
              "tokens_per_s": 1000, "peak_bytes": 1 << 20}]
     rows.append({"phase": "a", "step": 2, "lm_loss": None, "lr": 1e-3, "tokens_per_s": 900})  # missing metrics
@@ -387,6 +390,29 @@ def bench_refusals(check, hmla, w):
     check("no escaped.svg anywhere", not escaped, escaped)
 
 
+def unmarked_directory(check, hmla, w):
+    """A directory with a metrics.jsonl but no run marker may hold the user's own report.html:
+    report refuses to replace it and writes to an explicit --out instead."""
+    d = f"{w}/mine"
+    os.makedirs(d)
+    with open(f"{d}/metrics.jsonl", "w") as f:
+        f.write(json.dumps({"phase": "p", "step": 1, "lm_loss": 3.0}) + "\n")
+    with open(f"{d}/report.html", "w") as f:
+        f.write("the user's own report\n")
+    check_refused(check, "report of an unmarked directory", [hmla, "report", d], "not an hmla run directory", d)
+    r = bounded([hmla, "report", d, "--out", f"{w}/mine_report.html"])
+    check("report of an unmarked directory --out FILE", r.returncode == 0 and os.path.exists(f"{w}/mine_report.html"),
+          r.stderr[-300:])
+    with open(f"{d}/report.html") as f:
+        check("the user's report.html is untouched", f.read() == "the user's own report\n")
+    check_refused(check, "report --out a directory", [hmla, "report", d, "--out", d], "is a directory", w)
+    os.makedirs(f"{d}/checkpoints")  # a run from before the marker: checkpoints/latest marks it
+    with open(f"{d}/checkpoints/latest", "w") as f:
+        f.write("0-p-end\n")
+    r = bounded([hmla, "report", d])
+    check("report of a run from before the marker (checkpoints/latest)", r.returncode == 0, r.stderr[-300:])
+
+
 def main():
     a = parse_args(__doc__)
     check = Checker()
@@ -397,6 +423,7 @@ def main():
     long_phase_stopped(check, a.hmla, a.workdir)
     bench_extremes(check, a.hmla, a.workdir)
     bench_refusals(check, a.hmla, a.workdir)
+    unmarked_directory(check, a.hmla, a.workdir)
     check.exit()
 
 
