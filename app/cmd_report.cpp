@@ -4,7 +4,9 @@
 // gradient norms, and per phase its speed and memory. `hmla report --bench BENCH.jsonl --out DIR`:
 // the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
-// metrics, a cut line) is drawn as it is: gaps, never a crash.
+// metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
+// The page goes only into a run directory (the run marker) or to an explicit --out; a bench line
+// that names a file (geometry) or cannot be drawn (s <= 0) is refused before anything is written.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,10 +19,12 @@
 
 #include "commands.h"
 #include "hmla/core/error.h"
+#include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
+#include "hmla/train/run_dir.h"
 #include "svg_chart.h"
 
 namespace hmla::app {
@@ -44,17 +48,19 @@ std::string str(const json& j, const char* key, const std::string& fallback = "?
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
-std::string fmt(double v, int prec, double div = 1) {
-  if (!std::isfinite(v)) return "-";
-  std::ostringstream c;
-  c << std::fixed << std::setprecision(prec) << v / div;
-  return c.str();
-}
-
 std::string sci(double v) {
   if (!std::isfinite(v)) return "-";
   std::ostringstream c;
   c << std::setprecision(3) << v;
+  return c.str();
+}
+
+// Fixed-point with `prec` decimals; scientific from 1e15 on (1e308 would be 309 digits).
+std::string fmt(double v, int prec, double div = 1) {
+  if (!std::isfinite(v / div)) return "-";
+  if (std::abs(v / div) >= 1e15) return sci(v / div);
+  std::ostringstream c;
+  c << std::fixed << std::setprecision(prec) << v / div;
   return c.str();
 }
 
@@ -204,22 +210,24 @@ std::string sparkline(const std::vector<double>& raw) {
   const size_t per = (raw.size() + 119) / 120;
   std::vector<double> v;
   for (size_t i = 0; i < raw.size(); i += per) {
-    double sum = 0;
-    int n = 0;
-    for (size_t j = i; j < std::min(raw.size(), i + per); ++j)
-      if (std::isfinite(raw[j])) sum += raw[j], ++n;
-    v.push_back(n ? sum / n : std::nan(""));
+    const size_t end = std::min(raw.size(), i + per);
+    const auto n = std::count_if(raw.begin() + i, raw.begin() + end, [](double x) { return std::isfinite(x); });
+    double mean = 0;  // a sum of x / n, which cannot overflow as the sum of x can
+    for (size_t j = i; j < end; ++j)
+      if (std::isfinite(raw[j])) mean += raw[j] / double(n);
+    v.push_back(n ? mean : std::nan(""));
   }
   double lo = INFINITY, hi = -INFINITY;
   for (double y : v)
     if (std::isfinite(y)) lo = std::min(lo, y), hi = std::max(hi, y);
   if (!(lo <= hi)) return "";
-  if (hi == lo) hi = lo + 1;
+  const bool flat = indistinct(lo, hi);  // drawn at mid height
   std::ostringstream os, pts;
   const double W = 120, H = 24;
   for (size_t i = 0; i < v.size(); ++i)
     if (std::isfinite(v[i]))
-      pts << W * double(i) / std::max<double>(double(v.size()) - 1, 1) << "," << H - 2 - (H - 4) * (v[i] - lo) / (hi - lo) << " ";
+      pts << W * double(i) / std::max<double>(double(v.size()) - 1, 1) << ","
+          << H - 2 - (H - 4) * (flat ? 0.5 : unit_position(v[i], lo, hi)) << " ";
   os << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' class='sparkline'>"
      << "<polyline fill='none' stroke='#1f77b4' stroke-width='1' points='" << pts.str() << "'/></svg>";
   return os.str();
@@ -229,7 +237,7 @@ std::string bar(double v, double max) {
   if (!std::isfinite(v) || !(max > 0)) return "";
   std::ostringstream os;
   os << "<svg xmlns='http://www.w3.org/2000/svg' width='100' height='12' class='bar'><rect width='"
-     << std::max(1.0, 100 * v / max) << "' height='12' fill='#9467bd'/></svg>";
+     << std::max(1.0, 100 * std::clamp(v / max, 0.0, 1.0)) << "' height='12' fill='#9467bd'/></svg>";
   return os.str();
 }
 
@@ -323,7 +331,7 @@ const char* kStyle =
     "td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;font-size:13px}svg{display:block}"
     "td svg{display:inline}</style>";
 
-void write_run_report(const fs::path& dir) {
+void write_run_report(const fs::path& dir, const fs::path& page) {
   const json programme = read_json(dir / "programme.json"), marker = read_json(dir / "hmla-run.json");
   const Run run = read_run(dir / "metrics.jsonl", programme);
   std::ostringstream html;
@@ -336,8 +344,8 @@ void write_run_report(const fs::path& dir) {
                                      true, false, true))
        << render_svg(per_phase_chart(run, "Learning rate", "learning rate", &Phase::lr, false, false, false))
        << render_svg(grad_norm_chart(run)) << phase_table(run) << "</body></html>\n";
-  io::write_file_atomic((dir / "report.html").string(), html.str());
-  std::cout << "wrote " << (dir / "report.html").string() << "\n";
+  io::write_file_atomic(page.string(), html.str());
+  std::cout << "wrote " << page.string() << "\n";
   if (run.skipped > 0) std::cerr << "hmla: note: skipped " << run.skipped << " malformed line(s) of metrics.jsonl\n";
 }
 
@@ -452,20 +460,59 @@ Chart train_chart(const Lines& rows) {
   return c;
 }
 
-void write_bench_report(const fs::path& file, const fs::path& out) {
+// The x each plotted bench draws against: a sequence length, on a log axis.
+const std::map<std::string, const char*> kBenchX = {
+    {"warmup-memory", "s"}, {"attention", "s"}, {"indexer", "s"}, {"sparse", "s"}, {"train", "seq_len"}};
+
+// A plotted line must hold its x as a positive number (JSON holds no non-finite one: a number
+// beyond the double range is refused by the parser) and, for warmup-memory, a geometry that is a
+// plain name, since it names the line's SVG file. The values it plots may be missing or null:
+// an arm that did not run (no --legacy, no torch, no naive arm at this s) is a gap.
+void check_bench_line(const json& j, const std::string& where) {
+  const std::string bench = str(j, "bench");
+  const auto x = kBenchX.find(bench);
+  if (x == kBenchX.end()) return;  // not plotted
+  const double v = number(j, x->second);
+  HMLA_CHECK(std::isfinite(v) && v > 0, IoError, where, " (", bench, "): '", x->second, "' is ",
+             j.contains(x->second) ? j.at(x->second).dump() : std::string("missing"),
+             "; it must be a positive number (a sequence length); nothing was written");
+  if (bench != "warmup-memory") return;
+  HMLA_CHECK(j.contains("geometry") && j.at("geometry").is_string(), IoError, where,
+             ": a warmup-memory line needs its geometry as a string; nothing was written");
+  io::check_path_name(j.at("geometry").get<std::string>(), where + ": geometry");
+}
+
+struct BenchLines {
   std::map<std::string, Lines> by_bench;
+  int64_t skipped = 0, first_skipped = 0;  // lines that are not JSON (a bench killed mid-line)
+};
+
+BenchLines read_bench_lines(const fs::path& file) {
+  BenchLines b;
   std::istringstream in(io::read_file(file.string()));
   std::string line;
-  int64_t skipped = 0;
-  while (std::getline(in, line)) {
+  for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.empty() || line[0] != '{') continue;  // the benches' other output
+    const std::string where = file.string() + " line " + std::to_string(n);
+    json j;
     try {
-      const json j = json::parse(line);
-      if (j.is_object() && j.contains("bench")) by_bench[str(j, "bench")].push_back(j);
+      j = json::parse(line);
+    } catch (const json::out_of_range& e) {  // 1e999: a number, but none a chart can draw
+      detail::throw_error<IoError>(where, ": a number beyond the double range (", e.what(), "); nothing was written");
     } catch (const json::exception&) {
-      ++skipped;
+      if (b.skipped++ == 0) b.first_skipped = n;
+      continue;
     }
+    if (!j.is_object() || !j.contains("bench")) continue;
+    check_bench_line(j, where);
+    b.by_bench[str(j, "bench")].push_back(std::move(j));
   }
+  return b;
+}
+
+void write_bench_report(const fs::path& file, const fs::path& out) {
+  BenchLines lines = read_bench_lines(file);
+  std::map<std::string, Lines>& by_bench = lines.by_bench;
   std::vector<std::pair<std::string, Chart>> charts;
   if (by_bench.count("warmup-memory")) {
     std::vector<std::string> geos;
@@ -493,7 +540,9 @@ void write_bench_report(const fs::path& file, const fs::path& out) {
   }
   io::write_file_atomic((out / "bench.html").string(), html.str() + "</body></html>\n");
   std::cout << "wrote " << (out / "bench.html").string() << "\n";
-  if (skipped > 0) std::cerr << "hmla: note: skipped " << skipped << " malformed line(s) of " << file.string() << "\n";
+  if (lines.skipped > 0)
+    std::cerr << "hmla: note: skipped " << lines.skipped << " malformed line(s) of " << file.string() << " (the first: line "
+              << lines.first_skipped << ")\n";
 }
 
 }  // namespace
@@ -508,7 +557,8 @@ void add_report_command(CLI::App& app) {
                 "--bench BENCH.jsonl --out DIR the bench plots as DIR/*.svg and DIR/bench.html.");
   rep->add_option("run_dir", o->dir, "run directory of hmla train")->check(CLI::ExistingDirectory);
   rep->add_option("--bench", o->bench, "JSON lines of hmla bench ... --json")->check(CLI::ExistingFile);
-  rep->add_option("--out", o->out, "with --bench: the directory to write the plots to");
+  rep->add_option("--out", o->out, "with --bench: the directory to write the plots to; with RUN_DIR: the page to write "
+                                   "(default RUN_DIR/report.html, written only into a run directory)");
   rep->callback([o] {
     HMLA_CHECK(o->dir.empty() != o->bench.empty(), ConfigError,
                "hmla report: give either RUN_DIR or --bench BENCH.jsonl --out DIR");
@@ -516,10 +566,15 @@ void add_report_command(CLI::App& app) {
       HMLA_CHECK(!o->out.empty(), ConfigError, "hmla report --bench: --out DIR is required");
       write_bench_report(o->bench, o->out);
     } else {
-      HMLA_CHECK(o->out.empty(), ConfigError, "hmla report RUN_DIR writes RUN_DIR/report.html; --out is for --bench");
       HMLA_CHECK(fs::exists(fs::path(o->dir) / "metrics.jsonl"), IoError, o->dir,
                  ": no metrics.jsonl; is it a run directory of hmla train?");
-      write_run_report(o->dir);
+      // RUN_DIR/report.html is the run's own file; in any other directory it may be the user's.
+      HMLA_CHECK(!o->out.empty() || is_run_directory(o->dir), IoError, o->dir, ": not an hmla run directory (no ",
+                 kRunMarker, "), so its report.html may not be hmla's to replace; write the page elsewhere with "
+                 "--out FILE.html (nothing was written)");
+      const fs::path page = o->out.empty() ? fs::path(o->dir) / "report.html" : fs::path(o->out);
+      io::check_output_file(page.string(), o->out.empty() ? "" : "--out");
+      write_run_report(o->dir, page);
     }
   });
 }

@@ -108,7 +108,7 @@ void check_run_dir(const DirView& v, const fs::path& out, bool resume) {
   if (resume) {
     HMLA_CHECK(v.exists && !v.entries.empty(), ConfigError, "--resume: ", o, v.exists ? " is empty" : " does not exist",
                ": there is no run to resume (nothing was changed)");
-    HMLA_CHECK(v.marked || v.has_latest, ConfigError, "--resume: ", o, " is not an hmla run (it holds ",
+    HMLA_CHECK(is_run_directory(out), ConfigError, "--resume: ", o, " is not an hmla run (it holds ",
                listing(v.entries), " but no ", kRunMarker, "); nothing to resume (nothing was changed)");
     HMLA_CHECK(v.has_latest, ConfigError, "--resume: the run in ", o,
                " has no checkpoint yet (no checkpoints/latest); start it again without --resume (nothing was changed)");
@@ -170,6 +170,11 @@ void remove_stale_temporaries(const fs::path& ckroot) {
 }
 
 }  // namespace
+
+bool is_run_directory(const fs::path& dir) {
+  return type_of(dir / kRunMarker) == fs::file_type::regular ||
+         type_of(dir / "checkpoints" / "latest") != fs::file_type::not_found;
+}
 
 fs::path latest_checkpoint(const fs::path& ckroot) {
   const fs::path latest = ckroot / "latest";

@@ -54,6 +54,8 @@ def output_path_cases(hmla, w, layer, check):
     os.makedirs(q("run"))
     with open(q("run/metrics.jsonl"), "w") as f:
         f.write(json.dumps({"phase": "pre", "step": 1, "lm_loss": 5.0, "indexer_kl": None}) + "\n")
+    with open(q("run/hmla-run.json"), "w") as f:  # a run directory, so only the symlink is wrong
+        f.write("{}\n")
     os.symlink(q("target"), q("run/report.html"))
     check_refused(check, "report onto a symlinked report.html", [hmla, "report", q("run")], "symbolic link", d)
 

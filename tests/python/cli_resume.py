@@ -170,6 +170,8 @@ def main():
                 '{"phase":"b","step":3,"lm_loss":2.5,"indexer_kl":"x"}\n{"phase":"b","step":4,"lm_lo\n[1]\n')
     with open(f"{w}/gaps/summary.json", "w") as f:
         f.write('[{"phase":"a","heldout_lm_loss":null,"peak_bytes":null},{"x":1}]')
+    with open(f"{w}/gaps/hmla-run.json", "w") as f:  # a run directory: report writes report.html only into one
+        f.write("{}\n")
     r = hmla("report", f"{w}/gaps")
     check("report draws a run with gaps", r.returncode == 0 and os.path.exists(f"{w}/gaps/report.html"), r.stderr)
     check.exit()

@@ -37,6 +37,10 @@ class RunDir {
   io::FileLock lock_;
 };
 
+// Whether `dir` is an hmla run: it holds kRunMarker (a regular file) or, for a run from before
+// the marker, a checkpoints/latest. The rule --resume and `hmla report RUN_DIR` go by.
+bool is_run_directory(const std::filesystem::path& dir);
+
 // The checkpoint `ckroot/latest` names: its content must be one plain name (io::is_plain_name)
 // and a directory of that name must exist under ckroot, so `latest` never leads outside the run.
 std::filesystem::path latest_checkpoint(const std::filesystem::path& ckroot);
