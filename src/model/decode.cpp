@@ -130,8 +130,7 @@ void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache,
   const int64_t n = st.n, hid = c.hidden_size, I = c.intermediate_size;
   Tensor a = f32({1, n, hid}), mid = f32({1, n, hid}), mn = f32({n, hid}), rstd = f32({n});
   rmsnorm_fwd(h, lw.input_layernorm, eps, a, rstd);
-  add(h, attention(st, m, L, a, cache, topk), mid);
-  rmsnorm_fwd(mid, lw.post_attention_layernorm, eps, mn, rstd);
+  add_rmsnorm_fwd(h, attention(st, m, L, a, cache, topk), lw.post_attention_layernorm, eps, mid, mn, rstd);
   Tensor g = f32({n, I}), u = f32({n, I}), act = f32({n, I});
   linear_fwd(mn, lw.gate_proj, g);
   linear_fwd(mn, lw.up_proj, u);
