@@ -7,6 +7,7 @@
 #include "hmla/model/decode.h"
 
 #include "hmla/model/indexer.h"
+#include "hmla/model/mlp.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/sparse_attention.h"
 
@@ -127,16 +128,15 @@ void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache,
   const ModelConfig& c = st.c;
   const LayerTensors& lw = m.w.layers[L];
   const float eps = float(c.rms_norm_eps);
-  const int64_t n = st.n, hid = c.hidden_size, I = c.intermediate_size;
+  const int64_t n = st.n, hid = c.hidden_size;
   Tensor a = f32({1, n, hid}), mid = f32({1, n, hid}), mn = f32({n, hid}), rstd = f32({n});
   rmsnorm_fwd(h, lw.input_layernorm, eps, a, rstd);
   add_rmsnorm_fwd(h, attention(st, m, L, a, cache, topk), lw.post_attention_layernorm, eps, mid, mn, rstd);
-  Tensor g = f32({n, I}), u = f32({n, I}), act = f32({n, I});
-  linear_fwd(mn, lw.gate_proj, g);
-  linear_fwd(mn, lw.up_proj, u);
-  swiglu_fwd(g, u, act);
+  const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw);
+  std::vector<Tensor> saved;  // the MLP's activations: temporaries here
+  for (const ActField& f : mlp->fields()) saved.push_back(f32(f.width ? Shape{n, f.width} : Shape{n}));
   h = f32({1, n, hid});
-  linear_fwd(act, lw.down_proj, h);
+  mlp->forward(mn, saved, h);
   add(h, mid, h);
 }
 

@@ -152,77 +152,6 @@ void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& lay
   run_core(L, L.w, sv, dims(*L.cfg, x, layout, cp), layout);
 }
 
-std::vector<ParamSpec> mla_param_table(const ModelConfig& c, bool split, bool indexer) {
-  const int64_t H = c.num_attention_heads, hid = c.hidden_size, Dqk = c.qk_head_dim();
-  const int64_t Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim,
-                Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
-  std::vector<ParamSpec> t;
-  if (Rq > 0) {
-    t.push_back({"q_a_proj.weight", {Rq, hid}});
-    t.push_back({"q_a_layernorm.weight", {Rq}});
-    t.push_back({"q_b_proj.weight", {H * Dqk, Rq}});
-  } else {
-    t.push_back({"q_proj.weight", {H * Dqk, hid}});
-  }
-  t.push_back({"kv_a_proj_with_mqa.weight", {Rkv + Dr, hid}});
-  t.push_back({"kv_a_layernorm.weight", {Rkv}});
-  if (split) {
-    t.push_back({"k_b_proj.weight", {H, Rkv, Dn}});
-    t.push_back({"v_b_proj.weight", {H, Dv, Rkv}});
-  } else {
-    t.push_back({"kv_b_proj.weight", {H * (Dn + Dv), Rkv}});
-  }
-  t.push_back({"o_proj.weight", {hid, H * Dv}});
-  if (c.attention_sink) t.push_back({"softmax_offset", {H}});
-  if (indexer)
-    for (ParamSpec& p : indexer_param_table(c)) t.push_back(std::move(p));
-  return t;
-}
-
-void check_mla_weights(const io::TensorMap& w, const ModelConfig& c, bool split, bool indexer,
-                       const std::string& what) {
-  auto table = mla_param_table(c, split, indexer);
-  for (const ParamSpec& p : table) {
-    auto it = w.find(p.name);
-    HMLA_CHECK(it != w.end(), ConfigError, what, ": tensor '", p.name, "' is missing");
-    HMLA_CHECK(it->second.shape() == p.shape && it->second.dtype() == DType::f32, ConfigError, what,
-               ": tensor '", p.name, "' is ", dtype_name(it->second.dtype()), shape_str(it->second.shape()),
-               ", expected f32", shape_str(p.shape));
-    check_finite_weight(it->second, what, p.name);  // as every checkpoint loader does
-  }
-  for (const auto& [name, t] : w) {
-    bool known = false;
-    for (const ParamSpec& p : table) known |= p.name == name;
-    HMLA_CHECK(known, ConfigError, what, ": unexpected tensor '", name, "' for this config",
-               name == "softmax_offset" ? " (softmax_offset needs attention_sink: true)"
-               : name.rfind("indexer.", 0) == 0 ? " (indexer tensors belong to the dsa modes)" : "");
-  }
-}
-
-// kv_b_proj [H (Dn + Dv), Rkv] viewed per head: rows [0, Dn) are W_kb_h, rows [Dn, Dn + Dv) W_vb_h.
-void split_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
-  const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
-  HMLA_CHECK(w.kv_b_proj.defined(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
-  const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
-  const Device dev = w.kv_b_proj.device();
-  w.k_b_proj = f32(dev, {H, Rkv, Dn});
-  w.v_b_proj = f32(dev, {H, Dv, Rkv});
-  w.k_b_proj.copy_from(heads.slice(1, 0, Dn).transpose(1, 2));
-  w.v_b_proj.copy_from(heads.slice(1, Dn, Dn + Dv));
-  w.kv_b_proj = Tensor();
-}
-
-void fold_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
-  const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
-  HMLA_CHECK(w.k_b_proj.defined() && w.v_b_proj.defined(), ConfigError,
-             "fold_kv_b_proj: k_b_proj.weight and v_b_proj.weight are required");
-  w.kv_b_proj = f32(w.k_b_proj.device(), {H * (Dn + Dv), Rkv});
-  const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
-  heads.slice(1, 0, Dn).copy_from(w.k_b_proj.transpose(1, 2));
-  heads.slice(1, Dn, Dn + Dv).copy_from(w.v_b_proj);
-  w.k_b_proj = w.v_b_proj = Tensor();
-}
-
 Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
   HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() && x.dtype() == DType::f32,
@@ -341,6 +270,74 @@ void indexer_grads(const MlaLayer& L, const AttnTensors& w, const Tensor& x, con
   g.indexer_kl = kl.kl_sum;
 }
 
+// The core's backward and what feeds it, per form: dq [N, H, Dqk] for this rank's rows, dka
+// [b, S, Rkv + Dr] the shared key's gradient over every key row, dsink; kv_b_proj's (or
+// k_b_proj/v_b_proj's) gradient added into dw.
+struct CoreGrads {
+  Tensor dq, dka, dsink;
+};
+
+CoreGrads mha_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims& d, const DocLayout& layout,
+                            const Tensor& dO, const AttnTensors& dw) {
+  const AttnTensors& w = L.w;
+  const int64_t Wa = d.Rkv + d.Dr;
+  const Tensor kaf = sv.ka.view({d.NS, Wa});
+  CoreGrads r;
+  AttnDenseGrads ga;
+  ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})));
+  ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
+  const Tensor dk = ga.dk.view({d.NS, d.H, d.Dqk});
+  Tensor dkvb = f32(d.dev, {d.NS, d.H, d.Dn + d.Dv});
+  dkvb.slice(2, 0, d.Dn).copy_from(dk.slice(2, 0, d.Dn));
+  dkvb.slice(2, d.Dn, d.Dn + d.Dv).copy_from(ga.dv.view({d.NS, d.H, d.Dv}));
+  r.dka = Tensor::zeros({d.b, d.S, Wa}, DType::f32, d.dev);
+  const Tensor dka2 = r.dka.view({d.NS, Wa}), dk_pe = dka2.slice(1, d.Rkv, Wa);
+  for (int64_t h = 0; h < d.H; ++h) add(dk_pe, dk.select(1, h).slice(1, d.Dn, d.Dqk), dk_pe);  // heads in order
+  r.dq = ga.dq.view({d.N, d.H, d.Dqk});
+  linear_bwd(dkvb.view({d.NS, d.H * (d.Dn + d.Dv)}), kaf.slice(1, 0, d.Rkv), w.kv_b_proj,
+             dw.kv_b_proj, dka2.slice(1, 0, d.Rkv));
+  r.dsink = ga.dsink;
+  return r;
+}
+
+CoreGrads latent_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims& d, const DocLayout& layout,
+                               const Tensor& dO, const AttnTensors& dw) {
+  const AttnTensors& w = L.w;
+  const int64_t Wa = d.Rkv + d.Dr;
+  const bool sparse = L.mode() == LayerMode::dsa_sparse;
+  CoreGrads r;
+  AttnDenseGrads ga;
+  const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
+  const HeadMats dkb = w_kb(dw, d, L.split_kv_b_proj), dvb = w_vb(dw, d, L.split_kv_b_proj);
+  const Tensor oa = f32_of(sv.att.out).view({d.N, d.H, d.Rkv});
+  Tensor doa = f32(d.dev, {d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
+  matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
+  matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);
+  if (sparse) {  // dkv holds the key's and the value's gradient together
+    AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, w, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
+                                         core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+    ga = {f32_of(gs.dq), f32_of(gs.dkv), Tensor(), gs.dsink};
+  } else {
+    ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+    ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
+  }
+  const Tensor dqa = ga.dq.view({d.N, d.H, Wa});  // qabs_h = q_nope_h W_kb_h
+  r.dq = f32(d.dev, {d.N, d.H, d.Dqk});
+  matmul(per_head(dqa, 0, d.Rkv), Trans::no, kb.m, op(!kb.transposed), per_head(r.dq, 0, d.Dn));
+  if (dkb.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
+    matmul(per_head(dqa, 0, d.Rkv), Trans::yes, per_head(sv.q, 0, d.Dn), Trans::no, dkb.m, 1.f, 1.f);
+  else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
+    matmul(per_head(sv.q, 0, d.Dn), Trans::yes, per_head(dqa, 0, d.Rkv), Trans::no, dkb.m, 1.f, 1.f);
+  r.dq.slice(2, d.Dn, d.Dqk).copy_from(dqa.slice(2, d.Rkv, Wa));
+  r.dka = ga.dk.view({d.b, d.S, Wa});
+  if (ga.dv.defined()) {  // the value is the key's first Rkv channels
+    const Tensor dc = r.dka.view({d.NS, Wa}).slice(1, 0, d.Rkv);
+    add(dc, ga.dv.view({d.NS, d.Rkv}), dc);
+  }
+  r.dsink = ga.dsink;
+  return r;
+}
+
 }  // namespace
 
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, const MlaSaved& sv,
@@ -367,54 +364,11 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
 
   // The core's gradients: dq for this rank's rows, and dka [NS, Rkv + Dr], the shared key's
   // gradient from this rank's queries over every key row (summed across ranks below).
+  const CoreGrads cg =
+      L.latent() ? latent_core_backward(L, sv, d, layout, dO, dw) : mha_core_backward(L, sv, d, layout, dO, dw);
+  const Tensor &dq = cg.dq, &dka = cg.dka;
   const int64_t Wa = d.Rkv + d.Dr;
-  const bool sparse = L.mode() == LayerMode::dsa_sparse;
-  const Tensor kaf = sv.ka.view({d.NS, Wa});
-  Tensor dq, dka;
-  AttnDenseGrads ga;
-  if (!L.latent()) {
-    ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})));
-    ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
-    const Tensor dk = ga.dk.view({d.NS, d.H, d.Dqk});
-    Tensor dkvb = f32(d.dev, {d.NS, d.H, d.Dn + d.Dv});
-    dkvb.slice(2, 0, d.Dn).copy_from(dk.slice(2, 0, d.Dn));
-    dkvb.slice(2, d.Dn, d.Dn + d.Dv).copy_from(ga.dv.view({d.NS, d.H, d.Dv}));
-    dka = Tensor::zeros({d.b, d.S, Wa}, DType::f32, d.dev);
-    const Tensor dka2 = dka.view({d.NS, Wa}), dk_pe = dka2.slice(1, d.Rkv, Wa);
-    for (int64_t h = 0; h < d.H; ++h) add(dk_pe, dk.select(1, h).slice(1, d.Dn, d.Dqk), dk_pe);  // heads in order
-    dq = ga.dq.view({d.N, d.H, d.Dqk});
-    linear_bwd(dkvb.view({d.NS, d.H * (d.Dn + d.Dv)}), kaf.slice(1, 0, d.Rkv), w.kv_b_proj,
-               dw.kv_b_proj, dka2.slice(1, 0, d.Rkv));
-  } else {
-    const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
-    const HeadMats dkb = w_kb(dw, d, L.split_kv_b_proj), dvb = w_vb(dw, d, L.split_kv_b_proj);
-    const Tensor oa = f32_of(sv.att.out).view({d.N, d.H, d.Rkv});
-    Tensor doa = f32(d.dev, {d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
-    matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
-    matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);
-    if (sparse) {  // dkv holds the key's and the value's gradient together
-      AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, w, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
-                                           core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
-      ga = {f32_of(gs.dq), f32_of(gs.dkv), Tensor(), gs.dsink};
-    } else {
-      ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
-      ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
-    }
-    const Tensor dqa = ga.dq.view({d.N, d.H, Wa});  // qabs_h = q_nope_h W_kb_h
-    dq = f32(d.dev, {d.N, d.H, d.Dqk});
-    matmul(per_head(dqa, 0, d.Rkv), Trans::no, kb.m, op(!kb.transposed), per_head(dq, 0, d.Dn));
-    if (dkb.transposed)  // dW^T = dqabs_h^T q_nope_h  [Rkv, Dn]
-      matmul(per_head(dqa, 0, d.Rkv), Trans::yes, per_head(sv.q, 0, d.Dn), Trans::no, dkb.m, 1.f, 1.f);
-    else  // dW = q_nope_h^T dqabs_h  [Dn, Rkv]
-      matmul(per_head(sv.q, 0, d.Dn), Trans::yes, per_head(dqa, 0, d.Rkv), Trans::no, dkb.m, 1.f, 1.f);
-    dq.slice(2, d.Dn, d.Dqk).copy_from(dqa.slice(2, d.Rkv, Wa));
-    dka = ga.dk.view({d.b, d.S, Wa});
-    if (ga.dv.defined()) {  // the value is the key's first Rkv channels
-      const Tensor dc = dka.view({d.NS, Wa}).slice(1, 0, d.Rkv);
-      add(dc, ga.dv.view({d.NS, d.Rkv}), dc);
-    }
-  }
-  if (cfg.attention_sink) add(dw.softmax_offset, ga.dsink, dw.softmax_offset);
+  if (cfg.attention_sink) add(dw.softmax_offset, cg.dsink, dw.softmax_offset);
 
   // This rank's rows of the shared key's gradient, summed over every rank's queries.
   const Tensor dka_own = cp_reduce_scatter_rows(cp, dka).view({d.N, Wa});  // dc, then dk_pe

@@ -1,6 +1,7 @@
-// Whole-model forward/backward, on ops. Per layer the forward keeps what its backward needs
-// (named in LayerSaved); the backward runs the layers in reverse and every op adds its weight
-// gradient straight into the gradient arena (hmla/ops/nn.h), in a fixed order.
+// Whole-model forward/backward, on ops: the embedding, the decoder layers (decoder_layer.h: each a
+// forward/backward pair whose saved state is LayerSaved), the final norm and the LM head. The
+// backward runs the layers in reverse and every op adds its weight gradient straight into the
+// gradient arena (hmla/ops/nn.h), in a fixed order.
 #include "hmla/model/model.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <random>
 
 #include "hmla/dist/cp.h"
+#include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
 #include "hmla/ops/nn.h"
 
@@ -21,51 +23,6 @@ bool is_moe_layer(const ModelConfig& c, int64_t L) {
   if (!c.mlp_layer_types.empty()) return c.mlp_layer_types.at(L) == "sparse";
   return L >= c.first_k_dense_replace;  // DESIGN.md section 2: default 3 without either field
 }
-
-bool split_kv_b_proj_at(const Model& m, int64_t L) { return m.split_kv_b_proj && latent_mqa_enabled(m.cfg, L); }
-
-// The attention's tensors of layer L: views of the arena, which holds kv_b_proj; k_b_proj/v_b_proj
-// are copies split from it where split_kv_b_proj_at.
-AttnTensors layer_attn(const Model& m, int64_t L) {
-  AttnTensors w = m.w.layers[L].attn;
-  if (split_kv_b_proj_at(m, L)) split_kv_b_proj(w, m.cfg);
-  return w;
-}
-
-// A split layer's gradients (k_b_proj/v_b_proj, new tensors) folded to kv_b_proj and added into
-// the arena's views.
-void add_split_grads(const MlaLayer& layer, AttnTensors into, MlaGrads& g) {
-  if (g.dweights.k_b_proj.defined()) fold_kv_b_proj(g.dweights, *layer.cfg);
-  const std::vector<Tensor*> dst = fields(into), src = fields(g.dweights);
-  for (size_t i = 0; i < dst.size(); ++i)
-    if (src[i]->defined()) add(*dst[i], *src[i], *dst[i]);
-}
-
-struct LayerSaved {
-  Tensor h_in, rstd1, a;  // layer input, input_layernorm statistics and output [N, hid]
-  MlaSaved attn;
-  Tensor h_mid, rstd2, mn;  // after attention, post_attention_layernorm statistics and output
-  Tensor g, u, act;         // SwiGLU inputs and output [N, inter]
-};
-
-// Consecutive views of a flat arena in the order of its table; each must have its entry's shape.
-struct ArenaCursor {
-  const std::vector<ParamSpec>& table;
-  Tensor flat;
-  size_t i = 0;
-  int64_t off = 0;
-  Tensor next(const Shape& shape) {
-    HMLA_CHECK(i < table.size() && table[i].shape == shape, ShapeError, "activation arena: entry ", i,
-               " is not ", shape_str(shape));
-    const int64_t n = shape_numel(shape);
-    Tensor t = flat.slice(0, off, off + n).view(shape);
-    off += n, ++i;
-    return t;
-  }
-  void finish() const {
-    HMLA_CHECK(i == table.size(), ShapeError, "activation arena: ", table.size() - i, " entries left unused");
-  }
-};
 
 struct Forward {
   Tensor ids;    // this rank's token ids [b, s] (its row shard)
@@ -126,8 +83,7 @@ void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bo
 Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false, bool logits = false) {
   const ModelConfig& c = m.cfg;
   const Tensor local_ids = on_model(m, shard_ids(batch, cp));
-  const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size,
-                I = c.intermediate_size, V = c.vocab_size;
+  const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Forward f;
   f.ids = local_ids;
@@ -144,27 +100,9 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
-    sv.h_in = h;
-    sv.a = act.next({N, hid}).view({b, s, hid});
-    sv.h_mid = act.next({N, hid}).view({b, s, hid});
-    sv.mn = act.next({N, hid});
-    Tensor out = act.next({N, hid}).view({b, s, hid});
-    sv.rstd1 = act.next({N});
-    sv.rstd2 = act.next({N});
-    sv.g = act.next({N, I});
-    sv.u = act.next({N, I});
-    sv.act = act.next({N, I});
-    rmsnorm_fwd(h, m.w.layers[L].input_layernorm, eps, sv.a, sv.rstd1);
-    MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
-    Tensor y = mla_forward(layer, sv.a, batch.layout, sv.attn, cp);
-    if (drop_core) mla_drop_core(sv.attn);
-    add_rmsnorm_fwd(h, y, m.w.layers[L].post_attention_layernorm, eps, sv.h_mid, sv.mn, sv.rstd2);
-    linear_fwd(sv.mn, m.w.layers[L].gate_proj, sv.g);
-    linear_fwd(sv.mn, m.w.layers[L].up_proj, sv.u);
-    swiglu_fwd(sv.g, sv.u, sv.act);
-    h = out;
-    linear_fwd(sv.act, m.w.layers[L].down_proj, h);
-    add(h, sv.h_mid, h);
+    take_layer_views(act, layer_fields(m, L), b, s, hid, sv);
+    decoder_layer_forward(decoder_layer(m, L, nullptr), h, batch.layout, sv, cp, drop_core);
+    h = sv.out;
   }
   f.h_final = h;
   f.n_final = act.next({N, hid});
@@ -239,14 +177,9 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
 }
 
 std::vector<ParamSpec> activation_table(const ModelConfig& c, int64_t N) {
-  const int64_t hid = c.hidden_size, I = c.intermediate_size;
+  const int64_t hid = c.hidden_size;
   std::vector<ParamSpec> t{{"embed", {N, hid}}};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    const std::string pre = "layers." + std::to_string(L) + ".";
-    for (const char* name : {"a", "h_mid", "mn", "out"}) t.push_back({pre + name, {N, hid}});
-    for (const char* name : {"rstd1", "rstd2"}) t.push_back({pre + name, {N}});
-    for (const char* name : {"g", "u", "act"}) t.push_back({pre + name, {N, I}});
-  }
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) append_layer_table(t, layer_fields(c, L), L, N);
   t.push_back({"norm.out", {N, hid}});
   t.push_back({"norm.rstd", {N}});
   return t;
@@ -301,12 +234,25 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
 }
 
 void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s) {
+  // Counted from the layers' fields (layer_fields, the one list of them), grouped by width.
+  std::map<int64_t, int64_t> fields_of_width;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    for (const ActField& a : layer_fields(c, L)) ++fields_of_width[a.width];
   const int64_t f = sizeof(float);
-  const SizeFactor layers{"num_hidden_layers", c.num_hidden_layers}, hid{"hidden_size", c.hidden_size};
-  plan.add("the layers' hidden states", {layers, {"4", 4}, rows, s, hid}, f);
-  plan.add("the MLP activations", {layers, {"3", 3}, rows, s, {"intermediate_size", c.intermediate_size}}, f);
-  plan.add("the embedding's and the final norm's outputs", {{"2", 2}, rows, s, hid}, f);
-  plan.add("the RMSNorm statistics", {{"2 x num_hidden_layers + 1", 2 * c.num_hidden_layers + 1}, rows, s}, f);
+  for (const auto& [width, n] : fields_of_width) {
+    const SizeFactor count{std::to_string(n) + " fields of the layers", n};
+    if (width == 0) {
+      plan.add("the layers' RMSNorm statistics", {count, rows, s}, f);
+    } else {
+      const std::string name = width == c.hidden_size         ? "hidden_size"
+                               : width == c.intermediate_size ? "intermediate_size"
+                                                              : std::to_string(width);
+      plan.add(width == c.hidden_size ? "the layers' hidden states" : "the layers' MLP activations",
+               {count, rows, s, {name, width}}, f);
+    }
+  }
+  plan.add("the embedding's and the final norm's outputs", {{"2", 2}, rows, s, {"hidden_size", c.hidden_size}}, f);
+  plan.add("the final norm's statistics", {rows, s}, f);
 }
 
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
@@ -449,8 +395,7 @@ double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   const ModelConfig& c = m.cfg;
   const RowShard sh = row_shard(cp, batch.input_ids.size(1));
-  const int64_t b = batch.input_ids.size(0), s = sh.rows, N = b * s, hid = c.hidden_size,
-                I = c.intermediate_size;
+  const int64_t b = batch.input_ids.size(0), s = sh.rows, N = b * s, hid = c.hidden_size;
   check_forward_memory(m, batch, cp, true);
   Forward f = forward(m, batch, cp, opt.recompute_attention);
   StepStats st;
@@ -477,42 +422,16 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
 
   int dsa_layers = 0;
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
-    LayerSaved& sv = f.layers[L];
-    MlaLayer layer{&c, L, split_kv_b_proj_at(m, L), layer_attn(m, L)};
-    if (opt.recompute_attention) mla_recompute_core(layer, sv.a, batch.layout, sv.attn, cp);
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
     if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;
-    if (!layer.split_kv_b_proj) mo.grads = gw.layers[L].attn;  // straight into the arena
-    if (!opt.backbone) {
-      if (!is_dsa(c.layer_modes[L])) continue;
-      MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, Tensor(), mo, cp);
-      if (layer.split_kv_b_proj) add_split_grads(layer, gw.layers[L].attn, g);
-      st.indexer_kl += g.indexer_kl;
-      ++dsa_layers;
-      continue;
-    }
-    // MLP: h = h_mid + down(swiglu(gate(mn), up(mn))).
-    const LayerTensors &lw = m.w.layers[L], &lg = gw.layers[L];
-    Tensor dact = tmp({N, I}), dg = tmp({N, I}), du = tmp({N, I});
-    linear_bwd(dh, sv.act, lw.down_proj, lg.down_proj, dact);
-    swiglu_bwd(dact, sv.g, sv.u, dg, du);
-    Tensor dmn = tmp({N, hid});
-    linear_bwd(dg, sv.mn, lw.gate_proj, lg.gate_proj, dmn);
-    linear_bwd(du, sv.mn, lw.up_proj, lg.up_proj, dmn, 1.f);
-    Tensor dmid = tmp({b, s, hid});
-    rmsnorm_bwd(dmn, sv.h_mid, lw.post_attention_layernorm, sv.rstd2, dmid, lg.post_attention_layernorm);
-    add(dmid, dh, dmid);
-    // Attention: h_mid = h_in + mla(input_layernorm(h_in)).
-    MlaGrads g = mla_backward(layer, sv.a, batch.layout, sv.attn, dmid, mo, cp);
-    if (layer.split_kv_b_proj) add_split_grads(layer, lg.attn, g);
+    const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, batch.layout, f.layers[L],
+                                                   mo, gw.layers[L], opt.recompute_attention, cp);
+    if (opt.backbone) dh = r.dh_in;
     if (is_dsa(c.layer_modes[L])) {
-      st.indexer_kl += g.indexer_kl;
+      st.indexer_kl += r.indexer_kl;
       ++dsa_layers;
     }
-    dh = tmp({b, s, hid});
-    rmsnorm_bwd(g.dx, sv.h_in, lw.input_layernorm, sv.rstd1, dh, lg.input_layernorm);
-    add(dh, dmid, dh);
   }
   if (opt.backbone) embedding_bwd(f.ids, dh, gw.embed_tokens);  // rows in token order
   if (dsa_layers > 0) st.indexer_kl /= dsa_layers;

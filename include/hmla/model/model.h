@@ -25,12 +25,12 @@ io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& are
 int64_t table_numel(const std::vector<ParamSpec>& table);
 
 // The activations a forward keeps outside the attention, over N = rows x s tokens, in arena order:
-// "embed" (the embedding's output); per layer "layers.{L}." a, h_mid, mn, out ([N, hidden]:
-// input_layernorm's output, after attention, post_attention_layernorm's output, the layer's
-// output), rstd1, rstd2 (the two norms' statistics), g, u, act (SwiGLU's inputs and output); then
-// "norm.out", "norm.rstd". A forward takes its views from one arena of this table in this order
-// (the names serve the plan and the tests); plan_activations counts the same table. The
-// attention's own saved tensors are planned by mla_memory_plan.
+// "embed" (the embedding's output); per layer "layers.{L}.<field>" for each of layer_fields
+// (decoder_layer.h: a, h_mid, mn, out, rstd1, rstd2, then the MLP's fields, for the dense MLP
+// g, u, act); then "norm.out", "norm.rstd". A forward takes its views from one arena of this table
+// in the same order (take_layer_views reads the same field list), and plan_activation_table counts
+// the same fields: the order is written once. The attention's own saved tensors are planned by
+// mla_memory_plan.
 std::vector<ParamSpec> activation_table(const ModelConfig& c, int64_t N);
 
 // Memory plans (size_check.h): the parameters of this config (training: with their gradients and

@@ -1,0 +1,38 @@
+// The MLP of a decoder layer, behind one interface: y = mlp(x) over N rows of width hidden. The
+// dense SwiGLU MLP (`mlp.{gate,up,down}_proj`) is the kind every layer has today; DeepSeekMoE
+// (DESIGN.md section 9, the MoE issue) is the second, and plugs in here: the decoder layer
+// (decoder_layer.h) reads and writes an MLP only through these calls.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hmla/core/tensor.h"
+#include "hmla/model/config.h"
+#include "hmla/model/params.h"
+
+namespace hmla {
+
+// A saved activation of N rows: [N, width], or [N] when width is 0. The fields of a layer, in
+// order, are the only place the order of its activations is written (decoder_layer.h).
+struct ActField {
+  const char* name;
+  int64_t width;
+};
+
+class Mlp {
+ public:
+  virtual ~Mlp() = default;
+  // What the forward keeps for the backward, in arena order.
+  virtual std::vector<ActField> fields() const = 0;
+  // y [N, hidden] = mlp(x [N, hidden]), written; `saved` are the views of fields() (N rows).
+  virtual void forward(const Tensor& x, const std::vector<Tensor>& saved, const Tensor& y) const = 0;
+  // dx [N, hidden] = the gradient reaching x, written; the weights' gradients are ADDED into the
+  // gradient views the MLP was made with (hmla/ops/nn.h's convention).
+  virtual void backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& saved, const Tensor& dx) const = 0;
+};
+
+// Layer L's MLP on its weights `w` (and, for a backward, the views `g` of their gradients).
+std::unique_ptr<Mlp> make_mlp(const ModelConfig& c, int64_t L, const LayerTensors& w, const LayerTensors* g = nullptr);
+
+}  // namespace hmla

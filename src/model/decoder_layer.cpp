@@ -1,0 +1,132 @@
+// The decoder layer's forward/backward pair (decoder_layer.h) on ops: the attention through
+// mla_forward/mla_backward, the MLP through its Mlp, the residual stream's adds and norms here.
+#include "hmla/model/decoder_layer.h"
+
+#include "hmla/model/model.h"
+#include "hmla/ops/nn.h"
+
+namespace hmla {
+
+namespace {
+
+bool split_kv_b_proj_at(const Model& m, int64_t L) { return m.split_kv_b_proj && latent_mqa_enabled(m.cfg, L); }
+
+// The attention's tensors of layer L: views of the arena, which holds kv_b_proj; k_b_proj/v_b_proj
+// are copies split from it where split_kv_b_proj_at.
+AttnTensors layer_attn(const Model& m, int64_t L) {
+  AttnTensors w = m.w.layers[L].attn;
+  if (split_kv_b_proj_at(m, L)) split_kv_b_proj(w, m.cfg);
+  return w;
+}
+
+// A split layer's gradients (k_b_proj/v_b_proj, new tensors) folded to kv_b_proj and added into
+// the arena's views.
+void add_split_grads(const MlaLayer& layer, AttnTensors into, MlaGrads& g) {
+  if (g.dweights.k_b_proj.defined()) fold_kv_b_proj(g.dweights, *layer.cfg);
+  const std::vector<Tensor*> dst = fields(into), src = fields(g.dweights);
+  for (size_t i = 0; i < dst.size(); ++i)
+    if (src[i]->defined()) add(*dst[i], *src[i], *dst[i]);
+}
+
+// The layer's own activations, in arena order; LayerSaved's fields in the same order.
+std::vector<ActField> own_fields(int64_t hidden) {
+  return {{"a", hidden}, {"h_mid", hidden}, {"mn", hidden}, {"out", hidden}, {"rstd1", 0}, {"rstd2", 0}};
+}
+std::vector<Tensor*> own_views(LayerSaved& sv) { return {&sv.a, &sv.h_mid, &sv.mn, &sv.out, &sv.rstd1, &sv.rstd2}; }
+
+Shape field_shape(const ActField& f, int64_t N) { return f.width ? Shape{N, f.width} : Shape{N}; }
+
+}  // namespace
+
+std::vector<ActField> layer_fields(const ModelConfig& c, int64_t L) {
+  std::vector<ActField> f = own_fields(c.hidden_size);
+  static const LayerTensors none;  // the fields do not depend on the weights
+  for (const ActField& m : make_mlp(c, L, none)->fields()) f.push_back(m);
+  return f;
+}
+
+std::vector<ActField> layer_fields(const Model& m, int64_t L) { return layer_fields(m.cfg, L); }
+
+Tensor ArenaCursor::next(const Shape& shape) {
+  HMLA_CHECK(i < table.size() && table[i].shape == shape, ShapeError, "activation arena: entry ", i, " is not ",
+             shape_str(shape));
+  const int64_t n = shape_numel(shape);
+  Tensor t = flat.slice(0, off, off + n).view(shape);
+  off += n, ++i;
+  return t;
+}
+
+void ArenaCursor::finish() const {
+  HMLA_CHECK(i == table.size(), ShapeError, "activation arena: ", table.size() - i, " entries left unused");
+}
+
+void append_layer_table(std::vector<ParamSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N) {
+  const std::string pre = "layers." + std::to_string(L) + ".";
+  for (const ActField& f : fields) table.push_back({pre + f.name, field_shape(f, N)});
+}
+
+void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int64_t b, int64_t s, int64_t hidden,
+                      LayerSaved& sv) {
+  const std::vector<Tensor*> own = own_views(sv);
+  sv.mlp.clear();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const Tensor t = cur.next(field_shape(fields[i], b * s));
+    if (i >= own.size())
+      sv.mlp.push_back(t);
+    else
+      *own[i] = fields[i].width == hidden && own[i] != &sv.mn ? t.view({b, s, hidden}) : t;
+  }
+}
+
+DecoderLayer decoder_layer(const Model& m, int64_t L, const LayerTensors* grads) {
+  return {m, L, MlaLayer{&m.cfg, L, split_kv_b_proj_at(m, L), layer_attn(m, L)},
+          make_mlp(m.cfg, L, m.w.layers[L], grads)};
+}
+
+void decoder_layer_forward(const DecoderLayer& d, const Tensor& h_in, const DocLayout& layout, LayerSaved& sv, Comm& cp,
+                           bool drop_core) {
+  const LayerTensors& lw = d.m.w.layers[d.L];
+  const float eps = float(d.m.cfg.rms_norm_eps);
+  sv.h_in = h_in;
+  rmsnorm_fwd(h_in, lw.input_layernorm, eps, sv.a, sv.rstd1);
+  const Tensor y = mla_forward(d.attn, sv.a, layout, sv.attn, cp);
+  if (drop_core) mla_drop_core(sv.attn);
+  add_rmsnorm_fwd(h_in, y, lw.post_attention_layernorm, eps, sv.h_mid, sv.mn, sv.rstd2);
+  d.mlp->forward(sv.mn, sv.mlp, sv.out);
+  add(sv.out, sv.h_mid, sv.out);
+}
+
+LayerBackward decoder_layer_backward(const DecoderLayer& d, const Tensor& dout, const DocLayout& layout, LayerSaved& sv,
+                                     const MlaBackwardOptions& opt, const LayerTensors& lg, bool recompute,
+                                     Comm& cp) {
+  const bool dsa = is_dsa(d.m.cfg.layer_modes[d.L]);
+  if (recompute) mla_recompute_core(d.attn, sv.a, layout, sv.attn, cp);
+  MlaBackwardOptions mo = opt;
+  if (!d.attn.split_kv_b_proj) mo.grads = lg.attn;  // straight into the arena
+  LayerBackward r;
+  if (!mo.backbone) {  // train_indexer_only: the indexers' KL alone
+    if (!dsa) return r;
+    MlaGrads g = mla_backward(d.attn, sv.a, layout, sv.attn, Tensor(), mo, cp);
+    if (d.attn.split_kv_b_proj) add_split_grads(d.attn, lg.attn, g);
+    r.indexer_kl = g.indexer_kl;
+    return r;
+  }
+  const LayerTensors& lw = d.m.w.layers[d.L];
+  auto tmp = [&](const Shape& sh) { return Tensor::empty(sh, DType::f32, d.m.device()); };
+  // out = h_mid + mlp(mn).
+  Tensor dmn = tmp(sv.mn.shape());
+  d.mlp->backward(dout, sv.mn, sv.mlp, dmn);
+  Tensor dmid = tmp(sv.h_mid.shape());
+  rmsnorm_bwd(dmn, sv.h_mid, lw.post_attention_layernorm, sv.rstd2, dmid, lg.post_attention_layernorm);
+  add(dmid, dout, dmid);
+  // h_mid = h_in + mla(input_layernorm(h_in)).
+  MlaGrads g = mla_backward(d.attn, sv.a, layout, sv.attn, dmid, mo, cp);
+  if (d.attn.split_kv_b_proj) add_split_grads(d.attn, lg.attn, g);
+  if (dsa) r.indexer_kl = g.indexer_kl;
+  r.dh_in = tmp(sv.h_in.shape());
+  rmsnorm_bwd(g.dx, sv.h_in, lw.input_layernorm, sv.rstd1, r.dh_in, lg.input_layernorm);
+  add(r.dh_in, dmid, r.dh_in);
+  return r;
+}
+
+}  // namespace hmla
