@@ -5,6 +5,9 @@
 #include "hmla/io/json_strict.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <sstream>
 #include <vector>
 
+#include "hmla/core/size_check.h"
 #include "hmla/io/paths.h"
 
 namespace hmla::io {
@@ -44,20 +48,59 @@ bool parse_dtype(const std::string& s, DType& t) {
   return true;
 }
 
-constexpr uint64_t kMaxHeader = 100ull << 20;
+constexpr uint64_t kMaxHeader = kMaxJsonBytes;
+
+// The format's __metadata__: a flat map of strings to strings (what every other reader assumes;
+// a nested value would be dropped or misread by them).
+void read_metadata(const json& m, const std::string& what, Metadata* out) {
+  HMLA_CHECK(m.is_object(), IoError, what, ": __metadata__ must be an object of strings");
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    HMLA_CHECK(it->is_string(), IoError, what, ": __metadata__ '", it.key(), "' must be a string, got ",
+               it->dump().substr(0, 60), " (safetensors metadata maps strings to strings)");
+    if (out) (*out)[it.key()] = it->get<std::string>();
+  }
+}
 
 }  // namespace
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  HMLA_CHECK(f.good(), IoError, path, ": cannot open for reading");
-  std::ostringstream os;
-  os << f.rdbuf();
-  HMLA_CHECK(!f.bad(), IoError, path, ": read error");
-  return os.str();
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  const int fd = open_input_file(path);
+  struct stat sb {};
+  ::fstat(fd, &sb);  // open_input_file stated it already
+  std::string out;
+  auto fail = [&](const std::string& why) {
+    ::close(fd);
+    throw IoError(path + ": " + why);
+  };
+  if (uint64_t(sb.st_size) > max_bytes)
+    fail(std::to_string(sb.st_size) + " bytes, more than the " + format_bytes(double(max_bytes)) +
+         " hmla reads from such a file");
+  out.resize(size_t(sb.st_size));
+  size_t done = 0;
+  for (;;) {  // to the end of the file, which may have grown since fstat
+    if (done == out.size()) {
+      if (out.size() >= max_bytes) {
+        char probe;
+        const ssize_t n = ::read(fd, &probe, 1);
+        if (n == 0) break;
+        if (n > 0) fail("grew past the " + format_bytes(double(max_bytes)) + " hmla reads from such a file");
+        if (errno == EINTR) continue;
+        fail(std::string("read error (") + std::strerror(errno) + ")");
+      }
+      out.resize(std::min<uint64_t>(max_bytes, std::max<size_t>(out.size() * 2, 1 << 16)));
+    }
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(std::string("read error (") + std::strerror(errno) + ")");
+    if (n == 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
 }
 
-TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what, Metadata* metadata) {
   HMLA_CHECK(bytes.size() >= 8, IoError, what, ": truncated safetensors file (", bytes.size(),
              " bytes, the header length alone needs 8)");
   uint64_t n = 0;
@@ -79,7 +122,7 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
-      HMLA_CHECK(it->is_object(), IoError, what, ": __metadata__ must be an object");
+      read_metadata(*it, what, metadata);
       continue;
     }
     const json& e = *it;
@@ -125,7 +168,9 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
   return out;
 }
 
-TensorMap load_safetensors(const std::string& path) { return parse_safetensors(read_file(path), path); }
+TensorMap load_safetensors(const std::string& path, Metadata* metadata) {
+  return parse_safetensors(read_file(path), path, metadata);
+}
 
 TensorMap load_checkpoint_tensors(const std::string& path) {
   namespace fs = std::filesystem;
@@ -137,7 +182,7 @@ TensorMap load_checkpoint_tensors(const std::string& path) {
     return load_safetensors((p / "model.safetensors").string());
   }
   if (p.extension() != ".json") return load_safetensors(path);
-  const json index = parse_json(read_file(path), path);
+  const json index = load_json(path);
   HMLA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), IoError,
              path, ": a sharded index needs a \"weight_map\" object");
   std::map<std::string, std::vector<std::string>> by_shard;

@@ -227,7 +227,7 @@ ModelConfig parse_model_config(const json& j, const std::string& what, LayerMode
 }
 
 ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
-  return parse_model_config(io::parse_json(io::read_file(path), path), path, modes);
+  return parse_model_config(io::load_json(path), path, modes);
 }
 
 void set_all_modes(ModelConfig& c, LayerMode m) {

@@ -3,6 +3,7 @@
 // defect is an IoError naming the file and the tensor. Writing goes to a temporary file in the
 // same directory that is renamed into place, so a failed save leaves the old file intact.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -11,10 +12,12 @@
 namespace hmla::io {
 
 using TensorMap = std::map<std::string, Tensor>;  // name -> CPU tensor
+using Metadata = std::map<std::string, std::string>;  // the header's __metadata__
 
-TensorMap load_safetensors(const std::string& path);
+// With `metadata`, the header's __metadata__ is stored there (its values must be strings either way).
+TensorMap load_safetensors(const std::string& path, Metadata* metadata = nullptr);
 // Parses an in-memory file; `what` names it in error messages.
-TensorMap parse_safetensors(const std::string& bytes, const std::string& what);
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what, Metadata* metadata = nullptr);
 
 // A checkpoint's tensors: `path` is a .safetensors file, an index (model.safetensors.index.json,
 // the sharded form: {"weight_map": {name: shard file}}), or a directory holding either.
