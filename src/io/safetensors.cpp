@@ -233,18 +233,47 @@ std::string serialize_safetensors(const TensorMap& tensors,
 
 namespace {
 
+namespace fs = std::filesystem;
+
 // Creates `tmp` for writing, never through an existing entry (O_EXCL | O_NOFOLLOW): a stale
-// temporary of an earlier process with the same pid is removed first, whatever it is.
-int create_temporary(const std::filesystem::path& tmp) {
+// temporary of an earlier process with the same pid is removed first, whatever it is. The writer
+// holds an flock on it until it is renamed, so that remove_stale_temporaries can tell it is live.
+int create_temporary(const fs::path& tmp) {
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = ::open(tmp.c_str(), flags, 0644);
   if (fd < 0 && errno == EEXIST) {
     std::error_code ec;
-    std::filesystem::remove(tmp, ec);
+    fs::remove(tmp, ec);
     fd = ::open(tmp.c_str(), flags, 0644);
   }
   HMLA_CHECK(fd >= 0, IoError, tmp.string(), ": cannot open for writing (", std::strerror(errno), ")");
+  ::flock(fd, LOCK_EX | LOCK_NB);  // a fresh file: nobody else can hold it
   return fd;
+}
+
+bool pid_is_dead(long pid) { return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH; }
+
+// A writer killed between creating and renaming its temporary leaves `.<name>.tmp.<pid>` beside
+// the target; the next writer of that target removes it. Only a regular file whose pid no longer
+// exists here and that no process holds locked (a writer on another host of a shared directory
+// holds its lock) is removed: never a live writer's file, never anything the name did not come from.
+void remove_stale_temporaries(const fs::path& dir, const std::string& name) {
+  const std::string prefix = "." + name + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() <= prefix.size() || n.size() > prefix.size() + 9 || n.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = n.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits[0] == '0') continue;
+    const long pid = std::stol(digits);
+    if (pid == long(::getpid()) || !pid_is_dead(pid)) continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat sb {};
+    if (::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0)
+      ::unlink(it->path().c_str());
+    ::close(fd);
+  }
 }
 
 bool write_all(int fd, const std::string& bytes) {
@@ -257,19 +286,32 @@ bool write_all(int fd, const std::string& bytes) {
   return true;
 }
 
+// The rename is durable only once the directory entry is on disk. EINVAL: a file system that
+// cannot sync directories (nothing more can be done there).
+void sync_directory(const fs::path& dir, const std::string& path) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = fd >= 0 && (::fsync(fd) == 0 || errno == EINVAL);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  HMLA_CHECK(synced, IoError, path, ": written, but its directory ", dir.string(), " could not be synced (",
+             std::strerror(err), "); a power loss now could still lose it");
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  namespace fs = std::filesystem;
   check_output_file(path, "");  // every writer refuses FIFOs, symlinks, devices and directories
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  remove_stale_temporaries(dir, target.filename().string());
   std::string name = target.filename().string();
   name.insert(0, 1, '.');
   name.append(".tmp.").append(std::to_string(::getpid()));
   const fs::path tmp = dir / name;
   const int fd = create_temporary(tmp);
-  const bool written = write_all(fd, bytes);
+  // fsync before the rename: without it a power loss can leave the new name on an empty or
+  // partial file, losing the old contents the temporary was there to protect.
+  const bool written = write_all(fd, bytes) && ::fsync(fd) == 0;
   const int write_errno = errno;
   const bool closed = ::close(fd) == 0;  // NFS and quotas may report a failed write only here
   if (!written || !closed) {
@@ -284,6 +326,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     fs::remove(tmp, ec);
     throw IoError(path + ": cannot rename the temporary file into place; the old file is unchanged");
   }
+  sync_directory(dir, path);
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,

@@ -28,9 +28,13 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 std::string serialize_safetensors(const TensorMap& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
-// Writes bytes to path atomically (temporary file in the same directory, then rename). The
-// target must be a regular file or a new path (io::check_output_file): anything else is refused.
+// Writes bytes to path atomically and durably: a temporary file in the same directory, fsynced,
+// renamed into place, then the directory fsynced (a power loss leaves the old file or the new one).
+// The target must be a regular file or a new path (io::check_output_file): anything else is
+// refused. Temporaries that killed writers left for the same target are removed first.
 void write_file_atomic(const std::string& path, const std::string& bytes);
-std::string read_file(const std::string& path);
+// A regular file's bytes (io::open_input_file: a FIFO, directory or device node is refused before
+// any read); IoError when it holds more than max_bytes (checked before reading).
+std::string read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
 
 }  // namespace hmla::io
