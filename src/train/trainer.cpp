@@ -346,9 +346,10 @@ RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
              " is smaller than the byte tokenizer's ", kByteVocab);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
-  in.train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
-  in.held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
-  in.fingerprint = data_fingerprint(in.train, in.held);
+  TokenData data = load_token_data(pr.data_dir);
+  in.train = std::move(data.train);
+  in.held = std::move(data.held);
+  in.fingerprint = std::move(data.fingerprint);
   return in;
 }
 
