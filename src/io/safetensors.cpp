@@ -313,15 +313,18 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   // partial file, losing the old contents the temporary was there to protect.
   const bool written = write_all(fd, bytes) && ::fsync(fd) == 0;
   const int write_errno = errno;
+  const int lock = ::dup(fd);  // holds the temporary's lock through the rename (the lock is the file's)
   const bool closed = ::close(fd) == 0;  // NFS and quotas may report a failed write only here
   if (!written || !closed) {
     const std::string why = std::strerror(written ? errno : write_errno);
     std::error_code ec;
     fs::remove(tmp, ec);
+    if (lock >= 0) ::close(lock);
     throw IoError(tmp.string() + ": write failed (" + why + "); " + path + " is unchanged");
   }
   std::error_code ec;
   fs::rename(tmp, target, ec);
+  if (lock >= 0) ::close(lock);
   if (ec) {
     fs::remove(tmp, ec);
     throw IoError(path + ": cannot rename the temporary file into place; the old file is unchanged");
