@@ -55,7 +55,8 @@ void check_omp_num_threads() {
     char* end = nullptr;
     const long n = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
     HMLA_CHECK(!item.empty() && *end == '\0' && n >= 1 && n <= kMaxThreads, hmla::ConfigError, "OMP_NUM_THREADS = '",
-               text, "': it must be an integer in [1, ", kMaxThreads, "] (or a comma list of them); unset it to use every core");
+               text, "': it must be an integer in [1, ", kMaxThreads,
+               "] (or a comma list of them); unset it to use every core");
   }
 }
 
