@@ -1,8 +1,10 @@
 // hmla: hybrid-MLA training through the DeepSeek Sparse Attention programme. One binary with
 // subcommands; errors print one line to stderr and exit non-zero.
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <new>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -15,7 +17,10 @@
 
 namespace {
 // One rank failing ends the whole job (MPI_Abort under mpirun), never a hang.
-[[noreturn]] void fail(const std::string& msg, int code) {
+// The message stays one line whatever it quotes (a file's text, a library's message).
+[[noreturn]] void fail(std::string msg, int code) {
+  for (char& ch : msg)
+    if (ch == '\n' || ch == '\r') ch = ' ';
   hmla::Comm& c = hmla::Comm::world();
   hmla::Comm::world().abort(c.size() > 1 ? msg + " (rank " + std::to_string(c.rank()) + ")" : msg, code);
 }
@@ -32,6 +37,28 @@ std::string describe(const std::filesystem::filesystem_error& e) {
   std::string paths = e.path1().string();
   if (!e.path2().empty()) paths += " and " + e.path2().string();
   return (paths.empty() ? "" : paths + ": ") + op + ": " + lower;
+}
+
+// OpenMP's thread count, checked before the first parallel region: libgomp creates the threads
+// there and ends the process with its own message ("Thread creation failed") when it cannot.
+// hmla splits rows across threads and gains nothing past the machine's cores; 1024 is above the
+// hardware threads of today's largest machines and far below the 4096 at which thread creation
+// failed (each thread reserves its stack). A comma list sets nested levels; each is checked.
+void check_omp_num_threads() {
+  constexpr long kMaxThreads = 1024;
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (!env) return;
+  const std::string text = env;
+  std::string item;
+  for (std::istringstream in(text); std::getline(in, item, ',');) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    char* end = nullptr;
+    const long n = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
+    HMLA_CHECK(!item.empty() && *end == '\0' && n >= 1 && n <= kMaxThreads, hmla::ConfigError, "OMP_NUM_THREADS = '",
+               text, "': it must be an integer in [1, ", kMaxThreads,
+               "] (or a comma list of them); unset it to use every core");
+  }
 }
 
 // CLI11's own errors (unknown option, validator messages) in hmla's one-line form.
@@ -57,6 +84,7 @@ int main(int argc, char** argv) {
   hmla::app::add_model_commands(app);
   hmla::app::add_report_command(app);
   try {
+    check_omp_num_threads();
     app.parse(argc, argv);
     hmla::app::flush_stdout();  // every command's output, written or an error
   } catch (const CLI::ParseError& e) {

@@ -21,6 +21,7 @@
 
 #include "bench_util.h"
 #include "hmla/core/error.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/train/optim.h"
 #include "hmla/train/trainer.h"
@@ -65,13 +66,15 @@ class Twin {
     char buf[512];
     if (!std::fgets(buf, sizeof buf, out_)) return false;
     try {
-      auto j = nlohmann::json::parse(buf);
+      auto j = io::parse_json(buf, "bench train: the twin's reply");
       ms = j.at("ms").get<double>();
       loss = j.at("loss").get<double>();
       attention = j.value("attention", "");
       version = j.value("torch", "");
       return true;
     } catch (const nlohmann::json::exception&) {
+      return false;
+    } catch (const IoError&) {
       return false;
     }
   }

@@ -1,6 +1,7 @@
-// Output-path checks, plain names and flock-based locks (include/hmla/io/paths.h). The checks
-// look at the path itself (symlink_status), never through it: a rename over a symlink replaces
-// the link, and opening a FIFO or device node writes into whatever is behind it.
+// Input and output path checks, plain names and flock-based locks (include/hmla/io/paths.h). The
+// output checks look at the path itself (symlink_status), never through it: a rename over a
+// symlink replaces the link, and opening a FIFO or device node writes into whatever is behind it.
+// Inputs are checked on the opened descriptor (fstat), so nothing can swap the file in between.
 #include "hmla/io/paths.h"
 
 #include <fcntl.h>
@@ -44,7 +45,37 @@ const char* refusal(fs::file_type t) {
   }
 }
 
+fs::file_type type_of(mode_t m) {
+  if (S_ISREG(m)) return fs::file_type::regular;
+  if (S_ISDIR(m)) return fs::file_type::directory;
+  if (S_ISFIFO(m)) return fs::file_type::fifo;
+  if (S_ISCHR(m)) return fs::file_type::character;
+  if (S_ISBLK(m)) return fs::file_type::block;
+  if (S_ISSOCK(m)) return fs::file_type::socket;
+  return fs::file_type::unknown;
+}
+
 }  // namespace
+
+int open_input_file(const std::string& path) {
+  HMLA_CHECK(!path.empty(), IoError, "an input path is empty: name the file to read");
+  // O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting for one.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  const int open_err = errno;
+  struct stat sb {};
+  const bool stated = fd >= 0 ? ::fstat(fd, &sb) == 0 : ::stat(path.c_str(), &sb) == 0;  // a socket fails to open
+  const int err = fd >= 0 ? errno : open_err;
+  if (fd < 0 || !stated || !S_ISREG(sb.st_mode)) {
+    if (fd >= 0) ::close(fd);
+    HMLA_CHECK(stated && (fd >= 0 || !S_ISREG(sb.st_mode)), IoError, path, ": cannot ",
+               fd < 0 ? "open for reading (" : "inspect it (", std::strerror(err), ")");
+    const fs::file_type t = type_of(sb.st_mode);
+    throw IoError(path + ": " + (t == fs::file_type::unknown ? "is not a regular file" : refusal(t)) +
+                  "; hmla reads only regular files (nothing was read)");
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a regular file's reads block as usual
+  return fd;
+}
 
 void check_output_file(const std::string& path, const std::string& what) {
   HMLA_CHECK(!path.empty(), IoError, what.empty() ? "output path" : what, " is empty: name the file to write");

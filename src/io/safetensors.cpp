@@ -5,6 +5,9 @@
 #include "hmla/io/json_strict.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +20,7 @@
 #include <sstream>
 #include <vector>
 
+#include "hmla/core/size_check.h"
 #include "hmla/io/paths.h"
 
 namespace hmla::io {
@@ -44,20 +48,59 @@ bool parse_dtype(const std::string& s, DType& t) {
   return true;
 }
 
-constexpr uint64_t kMaxHeader = 100ull << 20;
+constexpr uint64_t kMaxHeader = kMaxJsonBytes;
+
+// The format's __metadata__: a flat map of strings to strings (what every other reader assumes;
+// a nested value would be dropped or misread by them).
+void read_metadata(const json& m, const std::string& what, Metadata* out) {
+  HMLA_CHECK(m.is_object(), IoError, what, ": __metadata__ must be an object of strings");
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    HMLA_CHECK(it->is_string(), IoError, what, ": __metadata__ '", it.key(), "' must be a string, got ",
+               it->dump().substr(0, 60), " (safetensors metadata maps strings to strings)");
+    if (out) (*out)[it.key()] = it->get<std::string>();
+  }
+}
 
 }  // namespace
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  HMLA_CHECK(f.good(), IoError, path, ": cannot open for reading");
-  std::ostringstream os;
-  os << f.rdbuf();
-  HMLA_CHECK(!f.bad(), IoError, path, ": read error");
-  return os.str();
+std::string read_file(const std::string& path, uint64_t max_bytes) {
+  const int fd = open_input_file(path);
+  struct stat sb {};
+  ::fstat(fd, &sb);  // open_input_file stated it already
+  std::string out;
+  auto fail = [&](const std::string& why) {
+    ::close(fd);
+    throw IoError(path + ": " + why);
+  };
+  if (uint64_t(sb.st_size) > max_bytes)
+    fail(std::to_string(sb.st_size) + " bytes, more than the " + format_bytes(double(max_bytes)) +
+         " hmla reads from such a file");
+  out.resize(size_t(sb.st_size));
+  size_t done = 0;
+  for (;;) {  // to the end of the file, which may have grown since fstat
+    if (done == out.size()) {
+      if (out.size() >= max_bytes) {
+        char probe;
+        const ssize_t n = ::read(fd, &probe, 1);
+        if (n == 0) break;
+        if (n > 0) fail("grew past the " + format_bytes(double(max_bytes)) + " hmla reads from such a file");
+        if (errno == EINTR) continue;
+        fail(std::string("read error (") + std::strerror(errno) + ")");
+      }
+      out.resize(std::min<uint64_t>(max_bytes, std::max<size_t>(out.size() * 2, 1 << 16)));
+    }
+    const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(std::string("read error (") + std::strerror(errno) + ")");
+    if (n == 0) break;
+    done += size_t(n);
+  }
+  ::close(fd);
+  out.resize(done);
+  return out;
 }
 
-TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what, Metadata* metadata) {
   HMLA_CHECK(bytes.size() >= 8, IoError, what, ": truncated safetensors file (", bytes.size(),
              " bytes, the header length alone needs 8)");
   uint64_t n = 0;
@@ -79,7 +122,7 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
     if (name == "__metadata__") {
-      HMLA_CHECK(it->is_object(), IoError, what, ": __metadata__ must be an object");
+      read_metadata(*it, what, metadata);
       continue;
     }
     const json& e = *it;
@@ -125,7 +168,9 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what) {
   return out;
 }
 
-TensorMap load_safetensors(const std::string& path) { return parse_safetensors(read_file(path), path); }
+TensorMap load_safetensors(const std::string& path, Metadata* metadata) {
+  return parse_safetensors(read_file(path), path, metadata);
+}
 
 TensorMap load_checkpoint_tensors(const std::string& path) {
   namespace fs = std::filesystem;
@@ -137,7 +182,7 @@ TensorMap load_checkpoint_tensors(const std::string& path) {
     return load_safetensors((p / "model.safetensors").string());
   }
   if (p.extension() != ".json") return load_safetensors(path);
-  const json index = parse_json(read_file(path), path);
+  const json index = load_json(path);
   HMLA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), IoError,
              path, ": a sharded index needs a \"weight_map\" object");
   std::map<std::string, std::vector<std::string>> by_shard;
@@ -188,18 +233,47 @@ std::string serialize_safetensors(const TensorMap& tensors,
 
 namespace {
 
+namespace fs = std::filesystem;
+
 // Creates `tmp` for writing, never through an existing entry (O_EXCL | O_NOFOLLOW): a stale
-// temporary of an earlier process with the same pid is removed first, whatever it is.
-int create_temporary(const std::filesystem::path& tmp) {
+// temporary of an earlier process with the same pid is removed first, whatever it is. The writer
+// holds an flock on it until it is renamed, so that remove_stale_temporaries can tell it is live.
+int create_temporary(const fs::path& tmp) {
   const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   int fd = ::open(tmp.c_str(), flags, 0644);
   if (fd < 0 && errno == EEXIST) {
     std::error_code ec;
-    std::filesystem::remove(tmp, ec);
+    fs::remove(tmp, ec);
     fd = ::open(tmp.c_str(), flags, 0644);
   }
   HMLA_CHECK(fd >= 0, IoError, tmp.string(), ": cannot open for writing (", std::strerror(errno), ")");
+  ::flock(fd, LOCK_EX | LOCK_NB);  // a fresh file: nobody else can hold it
   return fd;
+}
+
+bool pid_is_dead(long pid) { return ::kill(pid_t(pid), 0) != 0 && errno == ESRCH; }
+
+// A writer killed between creating and renaming its temporary leaves `.<name>.tmp.<pid>` beside
+// the target; the next writer of that target removes it. Only a regular file whose pid no longer
+// exists here and that no process holds locked (a writer on another host of a shared directory
+// holds its lock) is removed: never a live writer's file, never anything the name did not come from.
+void remove_stale_temporaries(const fs::path& dir, const std::string& name) {
+  const std::string prefix = "." + name + ".tmp.";
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() <= prefix.size() || n.size() > prefix.size() + 9 || n.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = n.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits[0] == '0') continue;
+    const long pid = std::stol(digits);
+    if (pid == long(::getpid()) || !pid_is_dead(pid)) continue;
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat sb {};
+    if (::fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && ::flock(fd, LOCK_EX | LOCK_NB) == 0)
+      ::unlink(it->path().c_str());
+    ::close(fd);
+  }
 }
 
 bool write_all(int fd, const std::string& bytes) {
@@ -212,33 +286,50 @@ bool write_all(int fd, const std::string& bytes) {
   return true;
 }
 
+// The rename is durable only once the directory entry is on disk. EINVAL: a file system that
+// cannot sync directories (nothing more can be done there).
+void sync_directory(const fs::path& dir, const std::string& path) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = fd >= 0 && (::fsync(fd) == 0 || errno == EINVAL);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  HMLA_CHECK(synced, IoError, path, ": written, but its directory ", dir.string(), " could not be synced (",
+             std::strerror(err), "); a power loss now could still lose it");
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  namespace fs = std::filesystem;
   check_output_file(path, "");  // every writer refuses FIFOs, symlinks, devices and directories
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  remove_stale_temporaries(dir, target.filename().string());
   std::string name = target.filename().string();
   name.insert(0, 1, '.');
   name.append(".tmp.").append(std::to_string(::getpid()));
   const fs::path tmp = dir / name;
   const int fd = create_temporary(tmp);
-  const bool written = write_all(fd, bytes);
+  // fsync before the rename: without it a power loss can leave the new name on an empty or
+  // partial file, losing the old contents the temporary was there to protect.
+  const bool written = write_all(fd, bytes) && ::fsync(fd) == 0;
   const int write_errno = errno;
+  const int lock = ::dup(fd);  // holds the temporary's lock through the rename (the lock is the file's)
   const bool closed = ::close(fd) == 0;  // NFS and quotas may report a failed write only here
   if (!written || !closed) {
     const std::string why = std::strerror(written ? errno : write_errno);
     std::error_code ec;
     fs::remove(tmp, ec);
+    if (lock >= 0) ::close(lock);
     throw IoError(tmp.string() + ": write failed (" + why + "); " + path + " is unchanged");
   }
   std::error_code ec;
   fs::rename(tmp, target, ec);
+  if (lock >= 0) ::close(lock);
   if (ec) {
     fs::remove(tmp, ec);
     throw IoError(path + ": cannot rename the temporary file into place; the old file is unchanged");
   }
+  sync_directory(dir, path);
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,

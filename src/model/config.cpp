@@ -66,6 +66,31 @@ int64_t need_positive(const json& j, const char* key, const std::string& what) {
   return v;
 }
 
+// YaRN stretches a model trained on original_max_position_embeddings tokens by `factor`. Real
+// configs use 4 to 40 (DeepSeek-V3: 40); 2^16 (a 4k-token model stretched to 256M tokens) is far
+// past any context a model runs, and beyond it the interpolated frequencies 1 / (factor theta^i)
+// and ln(factor) in the attention factor stop meaning anything (1e308 gave frequencies of 0).
+constexpr double kMaxYarnFactor = 65536;
+
+// The YaRN fields hold the values transformers' _compute_yarn_parameters can mean: a stretch
+// (factor >= 1: < 1 would compress), a frequency ramp from beta_fast down to beta_slow rotations
+// (both > 0, beta_fast >= beta_slow, or the ramp runs backwards), and magnitudes m >= 0 (the
+// attention factor 0.1 m ln(factor) + 1 turns <= 0 for a negative m such as -50).
+void check_yarn(const RopeConfig& r, const std::string& f) {
+  HMLA_CHECK(std::isfinite(r.factor) && r.factor >= 1 && r.factor <= kMaxYarnFactor, ConfigError, f, ".factor = ",
+             r.factor, ": it must be in [1, ", kMaxYarnFactor, "] (YaRN stretches the context by it)");
+  HMLA_CHECK(std::isfinite(r.beta_fast) && std::isfinite(r.beta_slow) && r.beta_slow > 0, ConfigError, f,
+             ": beta_fast = ", r.beta_fast, ", beta_slow = ", r.beta_slow, ": both must be finite and positive");
+  HMLA_CHECK(r.beta_fast >= r.beta_slow, ConfigError, f, ": beta_fast = ", r.beta_fast, " is smaller than beta_slow = ",
+             r.beta_slow, "; YaRN's ramp runs from beta_fast rotations down to beta_slow (defaults 32 and 1)");
+  for (auto [key, v] : {std::pair{"mscale", r.mscale}, std::pair{"mscale_all_dim", r.mscale_all_dim}})
+    HMLA_CHECK(std::isfinite(v) && v >= 0, ConfigError, f, ".", key, " = ", v,
+               ": it must be finite and >= 0 (0 or absent: not set)");
+  if (r.attention_factor)
+    HMLA_CHECK(std::isfinite(*r.attention_factor) && *r.attention_factor > 0, ConfigError, f, ".attention_factor = ",
+               *r.attention_factor, ": it must be finite and positive");
+}
+
 RopeConfig parse_rope(const json& j, const std::string& what) {
   RopeConfig r;
   r.theta = get_num(j, "rope_theta", 10000.0, what);
@@ -99,10 +124,16 @@ RopeConfig parse_rope(const json& j, const std::string& what) {
     if (p->contains("attention_factor") && !(*p)["attention_factor"].is_null())
       r.attention_factor = get_num(*p, "attention_factor", 1.0, f);
     r.truncate = get_bool(*p, "truncate", true, f);
-    if (type == "yarn")
-      HMLA_CHECK(r.factor > 0, ConfigError, f, ".factor = ", r.factor, ": it must be positive");
+    if (type == "yarn") {
+      const bool given = p->contains("original_max_position_embeddings") && !(*p)["original_max_position_embeddings"].is_null();
+      HMLA_CHECK(!given || r.original_max_position_embeddings >= 1, ConfigError, f,
+                 ".original_max_position_embeddings = ", r.original_max_position_embeddings,
+                 ": it must be >= 1 (omit it to use max_position_embeddings)");
+      check_yarn(r, f);
+    }
   }
-  HMLA_CHECK(r.theta > 0, ConfigError, what, ": rope_theta = ", r.theta, ": it must be positive");
+  HMLA_CHECK(std::isfinite(r.theta) && r.theta > 0, ConfigError, what, ": rope_theta = ", r.theta,
+             ": it must be finite and positive");
   return r;
 }
 
@@ -135,6 +166,10 @@ void validate(const ModelConfig& c, const std::string& what) {
              ": use 0 (or null) for no q LoRA, or a positive rank");
   HMLA_CHECK(c.pad_token_id >= 0, ConfigError, what, ": pad_token_id = ", c.pad_token_id,
              " is negative");
+  HMLA_CHECK(c.vocab_size == 0 || c.pad_token_id < c.vocab_size, ConfigError, what, ": pad_token_id = ",
+             c.pad_token_id, " is not a token of the vocabulary [0, ", c.vocab_size, ")");
+  HMLA_CHECK(std::isfinite(c.initializer_range) && c.initializer_range >= 0, ConfigError, what,
+             ": initializer_range = ", c.initializer_range, ": it must be finite and >= 0 (a standard deviation)");
   HMLA_CHECK(static_cast<int64_t>(c.layer_modes.size()) == c.num_hidden_layers, ConfigError, what,
              ": hmla_layer_modes has ", c.layer_modes.size(), " entries for num_hidden_layers = ",
              c.num_hidden_layers);
@@ -164,6 +199,8 @@ static ModelConfig parse_fields(const json& j, const std::string& what, LayerMod
   c.hidden_size = need_positive(j, "hidden_size", what);
   c.num_attention_heads = need_positive(j, "num_attention_heads", what);
   c.num_hidden_layers = need_positive(j, "num_hidden_layers", what);
+  HMLA_CHECK(c.num_hidden_layers <= kMaxLayers, ConfigError, what, ": num_hidden_layers = ", c.num_hidden_layers,
+             ": hmla builds at most ", kMaxLayers, " layers");
   c.kv_lora_rank = need_positive(j, "kv_lora_rank", what);
   c.qk_nope_head_dim = need_positive(j, "qk_nope_head_dim", what);
   c.qk_rope_head_dim = need_positive(j, "qk_rope_head_dim", what);
@@ -227,7 +264,7 @@ ModelConfig parse_model_config(const json& j, const std::string& what, LayerMode
 }
 
 ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
-  return parse_model_config(io::parse_json(io::read_file(path), path), path, modes);
+  return parse_model_config(io::load_json(path), path, modes);
 }
 
 void set_all_modes(ModelConfig& c, LayerMode m) {

@@ -4,6 +4,7 @@
 // gradient arena (hmla/ops/nn.h), in a fixed order.
 #include "hmla/model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -159,20 +160,32 @@ void shard_targets(const Batch& batch, int64_t pad, int64_t global_targets, cons
 
 std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
 
+namespace {
+
+// Layer L's entries of the parameter table, in table order.
+void add_layer_params(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, bool indexer) {
+  const int64_t hid = c.hidden_size, I = c.intermediate_size;
+  const std::string pre = layer_prefix(L);
+  t.push_back({pre + "input_layernorm.weight", {hid}});
+  for (ParamSpec& p : mla_param_table(c, false, indexer)) t.push_back({pre + "self_attn." + p.name, p.shape});
+  t.push_back({pre + "post_attention_layernorm.weight", {hid}});
+  t.push_back({pre + "mlp.gate_proj.weight", {I, hid}});
+  t.push_back({pre + "mlp.up_proj.weight", {I, hid}});
+  t.push_back({pre + "mlp.down_proj.weight", {hid, I}});
+}
+
+std::vector<ParamSpec> head_params(const ModelConfig& c) {
+  std::vector<ParamSpec> t{{"model.norm.weight", {c.hidden_size}}};
+  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
+  return t;
+}
+
+}  // namespace
+
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer) {
-  const int64_t hid = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  std::vector<ParamSpec> t{{"model.embed_tokens.weight", {V, hid}}};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    const std::string pre = layer_prefix(L);
-    t.push_back({pre + "input_layernorm.weight", {hid}});
-    for (ParamSpec& p : mla_param_table(c, false, has_indexer.at(L))) t.push_back({pre + "self_attn." + p.name, p.shape});
-    t.push_back({pre + "post_attention_layernorm.weight", {hid}});
-    t.push_back({pre + "mlp.gate_proj.weight", {I, hid}});
-    t.push_back({pre + "mlp.up_proj.weight", {I, hid}});
-    t.push_back({pre + "mlp.down_proj.weight", {hid, I}});
-  }
-  t.push_back({"model.norm.weight", {hid}});
-  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", {V, hid}});
+  std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, has_indexer.at(L));
+  for (ParamSpec& p : head_params(c)) t.push_back(p);
   return t;
 }
 
@@ -217,12 +230,29 @@ std::string param_fields(const std::string& name) {
 
 }  // namespace
 
+// Counted per kind of layer (with and without an indexer), from one layer of each kind: the whole
+// table holds num_hidden_layers x ~15 named entries, itself per-layer memory that may be built
+// only once the plan has passed.
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training) {
+  HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
+  // The table's entries in its order, each with how many layers repeat it: the embedding, the
+  // first layer of each kind (its later layers repeat it), the final norm and the head.
+  std::vector<std::pair<ParamSpec, int64_t>> entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1}};
+  const int64_t with = std::count(has_indexer.begin(), has_indexer.end(), true), without = c.num_hidden_layers - with;
+  const int64_t first_with = std::find(has_indexer.begin(), has_indexer.end(), true) - has_indexer.begin();
+  const int64_t first_without = std::find(has_indexer.begin(), has_indexer.end(), false) - has_indexer.begin();
+  for (int64_t L : {std::min(first_with, first_without), std::max(first_with, first_without)}) {
+    if (L >= c.num_hidden_layers) continue;
+    std::vector<ParamSpec> layer;
+    add_layer_params(layer, c, L, has_indexer[L]);
+    for (ParamSpec& p : layer) entries.push_back({p, has_indexer[L] ? with : without});
+  }
+  for (ParamSpec& p : head_params(c)) entries.push_back({p, 1});
   int64_t total = 0;
   const ParamSpec* big = nullptr;
-  const std::vector<ParamSpec> table = model_param_table(c, has_indexer);
-  for (const ParamSpec& p : table) {
-    total = checked_add(total, shape_numel(p.shape), "the parameter count");
+  for (const auto& [p, repeats] : entries) {
+    total = checked_add(total, checked_product({{"layers", repeats}, {"values", shape_numel(p.shape)}}, "the parameter count"),
+                        "the parameter count");
     if (!big || shape_numel(p.shape) > shape_numel(big->shape)) big = &p;
   }
   const std::string largest = big ? "; the largest: " + big->name + " " + shape_str(big->shape) + param_fields(big->name)

@@ -11,6 +11,7 @@
 #include "hmla/io/paths.h"
 #include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/train/run_state.h"
 
 namespace hmla {
 
@@ -38,10 +39,14 @@ void add_doc(TokenSet& set, const std::string& text) {
   set.doc_offsets.push_back(static_cast<int64_t>(set.tokens.size()));
 }
 
-void save_token_set(const std::string& path, const TokenSet& set) {
+// Both files of a pair carry the pair's data_fingerprint (run_state.h), so that a reader can
+// tell them apart from two files of different prepare-data runs.
+constexpr const char* kPairKey = "data_fingerprint";
+
+void save_token_set(const std::string& path, const TokenSet& set, const std::string& fingerprint) {
   io::save_safetensors(path, {{"tokens", Tensor::from_vector<int32_t>({int64_t(set.tokens.size())}, set.tokens)},
                               {"doc_offsets", Tensor::from_vector<int64_t>({int64_t(set.doc_offsets.size())}, set.doc_offsets)}},
-                       {{"tokenizer", "bytes+3; pad 0, bos 1, eos 2"}});
+                       {{"tokenizer", "bytes+3; pad 0, bos 1, eos 2"}, {kPairKey, fingerprint}});
 }
 
 // prepare-data's --out: a new path or a directory whose token files may be replaced.
@@ -93,12 +98,15 @@ void prepare_data(const std::vector<std::string>& files, const std::string& out_
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   HMLA_CHECK(!ec, IoError, "prepare-data: --out ", out_dir, ": cannot create the directory (", ec.message(), ")");
-  save_token_set((out / "train.safetensors").string(), train);
-  save_token_set((out / "heldout.safetensors").string(), held);
+  // Two renames, one after the other: a run killed between them leaves a new train.safetensors
+  // beside the old heldout.safetensors, which load_token_data refuses (their fingerprints differ).
+  const std::string fingerprint = data_fingerprint(train, held);
+  save_token_set((out / "train.safetensors").string(), train, fingerprint);
+  save_token_set((out / "heldout.safetensors").string(), held, fingerprint);
 }
 
-TokenSet load_token_set(const std::string& path) {
-  io::TensorMap m = io::load_safetensors(path);
+TokenSet load_token_set(const std::string& path, io::Metadata* metadata) {
+  io::TensorMap m = io::load_safetensors(path, metadata);
   HMLA_CHECK(m.count("tokens") && m.count("doc_offsets") && m.at("tokens").dim() == 1 &&
                  m.at("doc_offsets").dtype() == DType::i64,
              IoError, path, ": a token file needs tokens [n] and doc_offsets (i64); run hmla prepare-data");
@@ -110,6 +118,22 @@ TokenSet load_token_set(const std::string& path) {
                      s.doc_offsets.end(),
              IoError, path, ": doc_offsets must rise strictly from 0 to the token count (no empty documents)");
   return s;
+}
+
+TokenData load_token_data(const std::string& dir) {
+  const std::filesystem::path d(dir);
+  io::Metadata mt, mh;
+  TokenData data;
+  data.train = load_token_set((d / "train.safetensors").string(), &mt);
+  data.held = load_token_set((d / "heldout.safetensors").string(), &mh);
+  data.fingerprint = data_fingerprint(data.train, data.held);
+  const auto t = mt.find(kPairKey), h = mh.find(kPairKey);
+  const bool legacy = t == mt.end() && h == mh.end();  // written before prepare-data recorded the pair
+  HMLA_CHECK(legacy || (t != mt.end() && h != mh.end() && t->second == data.fingerprint && h->second == data.fingerprint),
+             IoError, dir, ": train.safetensors and heldout.safetensors are not one prepare-data output (the ",
+             kPairKey, " they record does not match their contents: an interrupted prepare-data, or a file copied ",
+             "in from elsewhere); run hmla prepare-data again");
+  return data;
 }
 
 PackedLoader::PackedLoader(TokenSet data, int64_t seq_len, uint64_t seed)

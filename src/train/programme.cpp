@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "hmla/core/error.h"
 #include "hmla/io/paths.h"
@@ -90,6 +91,21 @@ void validate(const PhaseSettings& p, const std::string& where) {
              ": log_every and eval_rows must be >= 1, checkpoint_every >= 0");
 }
 
+// An explicit list names at least one layer, each once ("all" is the way to say every layer; an
+// empty list used to mean it too, silently).
+std::vector<int64_t> hybrid_layers(const YAML::Node& v, const std::string& path) {
+  std::vector<int64_t> layers = get<std::vector<int64_t>>(v, "hybrid_layers", path);
+  HMLA_CHECK(!layers.empty(), ConfigError, path, ": hybrid_layers", yaml_line(v),
+             " is an empty list; name at least one layer, or write 'all' (the default) for every layer");
+  std::set<int64_t> seen;
+  for (int64_t L : layers) {
+    HMLA_CHECK(L >= 0, ConfigError, path, ": hybrid_layers", yaml_line(v), ": layer ", L, " is negative");
+    HMLA_CHECK(seen.insert(L).second, ConfigError, path, ": hybrid_layers", yaml_line(v), ": layer ", L,
+               " is listed twice; give each layer once");
+  }
+  return layers;
+}
+
 std::string resolve(const std::string& base_dir, const std::string& p) {
   if (p.empty() || std::filesystem::path(p).is_absolute()) return p;
   return (std::filesystem::path(base_dir) / p).lexically_normal().string();
@@ -113,8 +129,8 @@ Programme parse_programme(const std::string& text, const std::string& path) {
       pr.device = get<std::string>(v, k, path);
       HMLA_CHECK(pr.device == "cpu" || pr.device == "cuda", ConfigError, path, ": device '", pr.device,
                  "': use cpu or cuda");
-    }    else if (k == "hybrid_layers") {
-      if (!(v.IsScalar() && v.Scalar() == "all")) pr.hybrid_layers = get<std::vector<int64_t>>(v, k, path);
+    } else if (k == "hybrid_layers") {
+      if (!(v.IsScalar() && v.Scalar() == "all")) pr.hybrid_layers = hybrid_layers(v, path);
     } else if (k == "base") base = v;
     else if (k == "phases") phases = v;
     else
@@ -148,6 +164,8 @@ Programme parse_programme(const std::string& text, const std::string& path) {
   return pr;
 }
 
-Programme load_programme(const std::string& path) { return parse_programme(io::read_file(path), path); }
+Programme load_programme(const std::string& path) {
+  return parse_programme(io::read_file(path, kMaxYamlBytes), path);
+}
 
 }  // namespace hmla

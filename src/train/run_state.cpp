@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hmla/core/error.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 
 namespace hmla {
@@ -70,7 +71,7 @@ RunState parse_run_state(const std::string& text, const std::string& what, const
                          const TokenSet& train) {
   RunState st;
   try {
-    const json s = json::parse(text);
+    const json s = io::parse_ordered_json(text, what);
     st.phase = s.at("phase").get<int64_t>();
     st.step = s.at("step").get<int64_t>();
     st.data_pos = s.at("data_pos").get<std::vector<int64_t>>();
@@ -118,14 +119,10 @@ std::string programme_json(const Programme& pr) {
 }
 
 std::vector<std::string> programme_changes(const std::string& saved, const std::string& current,
-                                           int64_t from_phase, bool allow_safe) {
+                                           int64_t from_phase, bool allow_safe, const std::string& saved_what) {
   std::map<std::string, std::string> a, b;
-  try {
-    flatten(json::parse(saved), "", a);
-  } catch (const json::exception& e) {
-    throw IoError(std::string("programme.json: malformed (") + e.what() + ")");
-  }
-  flatten(json::parse(current), "", b);
+  flatten(io::parse_ordered_json(saved, saved_what), "", a);
+  flatten(io::parse_ordered_json(current, "the programme"), "", b);
   std::vector<std::string> changed;
   for (const auto& [k, v] : a) {
     auto it = b.find(k);

@@ -14,6 +14,7 @@
 
 #include "hmla/core/cuda.h"
 #include "hmla/dist/comm.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/ops/cpu_blas.h"
@@ -261,11 +262,7 @@ std::vector<json> read_metrics(const fs::path& p) {
   std::istringstream in(io::read_file(p.string()));
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
-    try {
-      rows.push_back(json::parse(line));
-    } catch (const json::exception&) {
-      throw IoError(p.string() + ": line " + std::to_string(n) + " is not JSON");
-    }
+    rows.push_back(io::parse_ordered_json(line, p.string() + ": line " + std::to_string(n)));
   }
   return rows;
 }
@@ -321,7 +318,7 @@ std::vector<PhaseSummary> summaries_from_metrics(const Programme& pr, const std:
 void check_same_programme(const Programme& pr, const fs::path& saved, int64_t from_phase, bool allow_safe) {
   if (!fs::exists(saved)) return;  // a run from before hmla kept it
   const std::vector<std::string> changed =
-      programme_changes(io::read_file(saved.string()), programme_json(pr), from_phase, allow_safe);
+      programme_changes(io::read_file(saved.string()), programme_json(pr), from_phase, allow_safe, saved.string());
   if (changed.empty()) return;
   std::string list;
   for (const std::string& c : changed) list += (list.empty() ? "" : "; ") + c;
@@ -349,9 +346,10 @@ RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
              " is smaller than the byte tokenizer's ", kByteVocab);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
-  in.train = load_token_set((fs::path(pr.data_dir) / "train.safetensors").string());
-  in.held = load_token_set((fs::path(pr.data_dir) / "heldout.safetensors").string());
-  in.fingerprint = data_fingerprint(in.train, in.held);
+  TokenData data = load_token_data(pr.data_dir);
+  in.train = std::move(data.train);
+  in.held = std::move(data.held);
+  in.fingerprint = std::move(data.fingerprint);
   return in;
 }
 

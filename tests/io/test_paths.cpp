@@ -1,10 +1,18 @@
-// What hmla may write: output paths (regular file or new path only, checked by every writer),
-// plain names, and flock-based locks (a held lock refuses with its holder; a stale one does not).
+// What hmla may read and write: input files (regular files only, refused before any read), output
+// paths (regular file or new path only, checked by every writer), the temporaries killed writers
+// leave, plain names, and flock-based locks (a held lock refuses with its holder; a stale one does not).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -78,6 +86,110 @@ TEST(OutputPaths, AStaleTemporaryIsReplacedNotFollowed) {
   fs::create_symlink(t / "victim", t / (".out.tmp." + std::to_string(::getpid())));  // what a hostile user could plant
   write_file_atomic(t / "out", "data");
   EXPECT_EQ(read_file(t / "out"), "data");
+  EXPECT_EQ(read_file(t / "victim"), "keep");
+}
+
+// Runs fn in a child process that SIGALRM ends after `seconds`: true when fn returned true in time
+// (a read that blocks on a FIFO would otherwise hang the whole test binary).
+bool in_child_within(int seconds, const std::function<bool()>& fn) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(unsigned(seconds));
+    bool ok = false;
+    try {
+      ok = fn();
+    } catch (...) {
+    }
+    ::_exit(ok ? 0 : 1);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+// IoError from read_file naming `needle`, and nothing else.
+bool refused(const std::string& path, const std::string& needle) {
+  try {
+    read_file(path);
+  } catch (const IoError& e) {
+    return std::string(e.what()).find(needle) != std::string::npos &&
+           std::string(e.what()).find("hmla reads only regular files") != std::string::npos;
+  }
+  return false;
+}
+
+TEST(InputPaths, ReadingRefusesWhatIsNotARegularFileBeforeAnyRead) {
+  TempDir t;
+  ASSERT_EQ(::mkfifo((t / "fifo").c_str(), 0600), 0);
+  fs::create_directories(t / "dir");
+  write(t / "file", "data");
+  fs::create_symlink(t / "file", t / "link");
+  fs::create_symlink(t / "fifo", t / "fifo_link");
+  // A FIFO without a writer blocked the read forever; /dev/zero never ended; a directory read as "".
+  EXPECT_TRUE(in_child_within(10, [&] { return refused(t / "fifo", "is a FIFO"); }));
+  EXPECT_TRUE(in_child_within(10, [&] { return refused(t / "fifo_link", "is a FIFO"); }));
+  EXPECT_TRUE(in_child_within(10, [&] { return refused("/dev/zero", "is a device node"); }));
+  EXPECT_TRUE(in_child_within(10, [&] { return refused(t / "dir", "is a directory"); }));
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", (t / "sock").c_str());
+  if (sock >= 0 && ::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+    EXPECT_TRUE(in_child_within(10, [&] { return refused(t / "sock", "is a socket"); }));
+  if (sock >= 0) ::close(sock);
+  EXPECT_EQ(read_file(t / "link"), "data");  // a symlink to a regular file is that file
+  EXPECT_THROW(read_file(t / "missing"), IoError);
+  EXPECT_THROW(load_safetensors(t / "fifo"), IoError);  // every reader goes through read_file
+}
+
+TEST(InputPaths, ASizeBoundIsCheckedBeforeReading) {
+  TempDir t;
+  write(t / "f", std::string(1000, 'x'));
+  EXPECT_EQ(read_file(t / "f", 1000).size(), 1000u);
+  try {
+    read_file(t / "f", 999);
+    ADD_FAILURE() << "accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the 999 B hmla reads"), std::string::npos) << e.what();
+  }
+  write(t / "big", std::string(300000, 'y'));  // larger than one read: the loop reads it whole
+  EXPECT_EQ(read_file(t / "big"), std::string(300000, 'y'));
+  write(t / "empty", "");
+  EXPECT_EQ(read_file(t / "empty"), "");
+}
+
+// A pid that existed and has ended: a child that exits at once, reaped.
+pid_t dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+TEST(OutputPaths, TemporariesOfDeadWritersAreRemovedAndNothingElse) {
+  TempDir t;
+  const std::string dead = std::to_string(dead_pid()), live = std::to_string(::getppid());
+  write(t / (".out.tmp." + dead), "a killed writer's half file");
+  write(t / (".out.tmp." + live), "a live writer's file");
+  write(t / (".other.tmp." + dead), "another target's temporary");
+  write(t / (".out.tmp." + dead + "x"), "not a pid");
+  write(t / "victim", "keep");
+  const std::string dead2 = std::to_string(dead_pid());
+  fs::create_symlink(t / "victim", t / (".out.tmp." + dead2));  // not a file a writer made
+  // A lock on it: a writer elsewhere (another host sharing the directory) is still writing it.
+  const std::string held = t / (".out.tmp." + std::to_string(dead_pid()));
+  write(held, "a remote writer's file");
+  const int fd = ::open(held.c_str(), O_RDONLY);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  write_file_atomic(t / "out", "data");
+  EXPECT_TRUE(fs::exists(held));
+  ::close(fd);
+  EXPECT_EQ(read_file(t / "out"), "data");
+  EXPECT_FALSE(fs::exists(fs::symlink_status(t / (".out.tmp." + dead))));
+  EXPECT_TRUE(fs::exists(t / (".out.tmp." + live)));
+  EXPECT_TRUE(fs::exists(t / (".other.tmp." + dead)));
+  EXPECT_TRUE(fs::exists(t / (".out.tmp." + dead + "x")));
+  EXPECT_TRUE(fs::is_symlink(t / (".out.tmp." + dead2)));
   EXPECT_EQ(read_file(t / "victim"), "keep");
 }
 

@@ -97,6 +97,32 @@ TEST(Safetensors, FuzzedHeadersNeverCrash) {
   EXPECT_GT(errors, 1000);
 }
 
+TEST(Safetensors, MetadataIsAFlatMapOfStrings) {
+  Metadata meta;
+  TensorMap r = parse_safetensors(serialize_safetensors(sample(), {{"format", "pt"}, {"k", "v"}}), "mem", &meta);
+  EXPECT_EQ(meta, (Metadata{{"format", "pt"}, {"k", "v"}}));
+  // What the format's other readers cannot read as metadata is an error, not dropped.
+  for (const char* bad : {R"({"__metadata__": {"a": {"b": "c"}}})", R"({"__metadata__": {"a": 1}})",
+                          R"({"__metadata__": {"a": ["x"]}})", R"({"__metadata__": "x"})"}) {
+    try {
+      parse_safetensors(header_file(bad), "mem");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("__metadata__"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Safetensors, AHeaderNestedPastTheBoundIsRefused) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  try {
+    parse_safetensors(header_file("{\"__metadata__\": {}, \"x\": " + deep + "}"), "mem");
+    ADD_FAILURE() << "accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("mem: header: nests deeper than 64 levels"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Safetensors, AtomicWriteKeepsOldFileOnFailure) {
   fs::path dir = fs::temp_directory_path() / ("hmla_st_" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -3,11 +3,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "hmla/core/error.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/model/config.h"
+#include "hmla/model/model.h"
 
 namespace hmla {
 namespace {
@@ -181,6 +183,130 @@ TEST(ModelConfig, ADuplicatedJsonKeyIsAnError) {
   std::remove(path.c_str());
   EXPECT_THROW(io::parse_json("{\"a\": [{\"b\": 1, \"b\": 2}]}", "x"), IoError);
   EXPECT_NO_THROW(io::parse_json("{\"a\": {\"b\": 1}, \"c\": {\"b\": 2}}", "x"));  // same key, other objects
+}
+
+// Values no config can mean are refused at load, naming the field (issue 24).
+TEST(ModelConfig, YarnValuesThatCannotBeMeantAreErrors) {
+  auto yarn = [](json extra) {
+    json j = tiny();
+    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) j["rope_scaling"][it.key()] = *it;
+    return j;
+  };
+  EXPECT_NO_THROW(parse_model_config(yarn({}), "cfg"));
+  EXPECT_NO_THROW(parse_model_config(yarn({{"factor", 65536.0}, {"beta_fast", 1}, {"beta_slow", 1}}), "cfg"));
+  expect_config_error(yarn({{"original_max_position_embeddings", 0}}),
+                      "rope_scaling.original_max_position_embeddings = 0: it must be >= 1");
+  expect_config_error(yarn({{"original_max_position_embeddings", -4}}), "original_max_position_embeddings = -4");
+  expect_config_error(yarn({{"beta_fast", 1}, {"beta_slow", 32}}),
+                      "rope_scaling: beta_fast = 1 is smaller than beta_slow = 32");
+  expect_config_error(yarn({{"beta_slow", 0}}), "beta_slow = 0: both must be finite and positive");
+  expect_config_error(yarn({{"mscale", -50}}), "rope_scaling.mscale = -50: it must be finite and >= 0");
+  expect_config_error(yarn({{"mscale_all_dim", -1}}), "rope_scaling.mscale_all_dim = -1");
+  expect_config_error(yarn({{"factor", 1e308}}), "rope_scaling.factor = 1e+308: it must be in [1, 65536]");
+  expect_config_error(yarn({{"factor", 0.5}}), "rope_scaling.factor = 0.5: it must be in [1, 65536]");
+  expect_config_error(yarn({{"attention_factor", 0}}), "rope_scaling.attention_factor = 0");
+  json j = tiny();
+  j["rope_theta"] = std::nan("");  // NaN never reaches a table
+  expect_config_error(j, "rope_theta");
+  // Not YaRN: its fields are not read, so they are not checked either.
+  j = tiny();
+  j["rope_scaling"] = {{"type", "default"}, {"original_max_position_embeddings", 0}};
+  EXPECT_NO_THROW(parse_model_config(j, "cfg"));
+}
+
+TEST(ModelConfig, InitializerRangePadTokenAndLayerCountMustBeMeaningful) {
+  json j = tiny();
+  j["initializer_range"] = -0.02;
+  expect_config_error(j, "initializer_range = -0.02: it must be finite and >= 0");
+  j["initializer_range"] = 0;
+  EXPECT_NO_THROW(parse_model_config(j, "cfg"));
+  j = tiny();
+  j["vocab_size"] = 100;
+  j["pad_token_id"] = 100;
+  expect_config_error(j, "pad_token_id = 100 is not a token of the vocabulary [0, 100)");
+  j["pad_token_id"] = 99;
+  EXPECT_NO_THROW(parse_model_config(j, "cfg"));
+  j = tiny();  // vocab_size 0: a layer-only config, no vocabulary to check against
+  j["pad_token_id"] = 100;
+  EXPECT_NO_THROW(parse_model_config(j, "cfg"));
+  // 10^6 layers took 3.9 GB before the refusal; 2^31 ended in "out of memory" while loading.
+  for (int64_t layers : {int64_t(1000000), int64_t(1) << 31, kMaxLayers + 1}) {
+    j = tiny();
+    j["num_hidden_layers"] = layers;
+    expect_config_error(j, "num_hidden_layers = " + std::to_string(layers) + ": hmla builds at most 65536 layers");
+  }
+}
+
+// The parameter plan comes from one layer of each kind, never the whole table: it must count
+// exactly what the table (and so the arena) holds, for every mix of layers with and without an
+// indexer.
+TEST(ModelConfig, TheParameterPlanCountsTheTableWithoutBuildingIt) {
+  json j = tiny();
+  j["vocab_size"] = 300;
+  j["intermediate_size"] = 96;
+  j["num_hidden_layers"] = 4;
+  for (bool tie : {false, true}) {
+    j["tie_word_embeddings"] = tie;
+    const ModelConfig c = parse_model_config(j, "cfg");
+    for (std::vector<bool> has : {std::vector<bool>{false, false, false, false}, {true, true, true, true},
+                                  {true, false, true, false}, {false, false, true, true}})
+      for (bool training : {false, true}) {
+        MemoryPlan plan;
+        plan_parameters(plan, c, has, training);
+        EXPECT_EQ(plan.total(), (training ? 3 : 1) * 4 * table_numel(model_param_table(c, has)));
+      }
+  }
+  // The largest tensor the message names is the table's first largest.
+  j["tie_word_embeddings"] = false;
+  j["intermediate_size"] = 100000;
+  ::setenv("HMLA_MEMORY_BUDGET", "1K", 1);
+  MemoryPlan plan;
+  plan_parameters(plan, parse_model_config(j, "cfg"), {false, true, false, true}, false);
+  try {
+    plan.check("cfg");
+    ADD_FAILURE() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the largest: model.layers.0.mlp.gate_proj.weight [100000, 64]"),
+              std::string::npos) << e.what();
+  }
+  ::unsetenv("HMLA_MEMORY_BUDGET");
+}
+
+// Every JSON hmla reads is bounded in nesting and size (issue 24: 100,000 nested arrays in an
+// unknown key of config.json overflowed the stack after ~4 GB).
+TEST(StrictJson, NestingAndSizeAreBounded) {
+  auto nested = [](size_t levels) { return std::string(levels, '[') + std::string(levels, ']'); };
+  EXPECT_NO_THROW(io::parse_json(nested(io::kMaxJsonDepth), "x"));
+  EXPECT_NO_THROW(io::parse_ordered_json(nested(io::kMaxJsonDepth), "x"));
+  for (size_t levels : {io::kMaxJsonDepth + 1, size_t(100000)})
+    for (bool ordered : {false, true}) {
+      try {
+        ordered ? (void)io::parse_ordered_json(nested(levels), "x") : (void)io::parse_json(nested(levels), "x");
+        ADD_FAILURE() << levels << " levels accepted";
+      } catch (const IoError& e) {
+        EXPECT_NE(std::string(e.what()).find("x: nests deeper than 64 levels"), std::string::npos) << e.what();
+      }
+    }
+  try {
+    io::parse_json("{\"a\": {\"b\": " + nested(70) + "}}", "x");
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("(at 'a.b[][]"), std::string::npos) << e.what();  // says where
+  }
+  const std::string big(io::kMaxJsonBytes + 1, ' ');
+  try {
+    io::parse_json(big, "x");
+    ADD_FAILURE() << "accepted";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("x: 104857601 bytes of JSON, more than the 100.0 MiB hmla reads"),
+              std::string::npos) << e.what();
+  }
+  const std::string path = ::testing::TempDir() + "/hmla_deep_config.json";
+  std::string text = tiny().dump();
+  text.insert(text.size() - 1, ",\"unknown\": " + nested(100000));
+  std::ofstream(path) << text;
+  EXPECT_THROW(load_model_config(path), IoError);
+  std::remove(path.c_str());
 }
 
 }  // namespace

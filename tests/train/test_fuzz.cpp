@@ -1,19 +1,23 @@
 // Fuzz-style tests of every parser and validator that reads what a user or a disk hands hmla:
 // layouts (cu_seqlens, end rows, EOS), state.json, programme YAML and config.json (safetensors
-// headers: tests/io). Random and adversarial inputs; each outcome is a valid result or a typed
-// hmla::Error, never a crash, an out-of-bounds access (run them under the debug-asan preset) or a
-// library exception. HMLA_FUZZ_ITERS sets the iterations (default 200; the `fuzz` label runs 20000).
+// headers: tests/io), and the nesting and size bounds of every JSON and YAML text. Random and
+// adversarial inputs; each outcome is a valid result or a typed hmla::Error, never a crash, a stack
+// overflow, an out-of-bounds access (run them under the debug-asan preset) or a library exception.
+// HMLA_FUZZ_ITERS sets the iterations (default 200; the `fuzz` label runs 20000).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "hmla/core/layout.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/train/programme.h"
 #include "hmla/train/run_state.h"
+#include "hmla/train/yaml_map.h"
 
 namespace hmla {
 namespace {
@@ -159,9 +163,9 @@ TEST(Fuzz, ConfigJson) {
     const std::string text = mutate(good, rng, alphabet);
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception&) {
-      continue;  // not JSON: the reader's own error (load_model_config)
+      j = io::parse_json(text, "config.json");
+    } catch (const IoError&) {
+      continue;  // not JSON (or a key twice): the reader's own error (load_model_config)
     }
     try {
       ModelConfig c = parse_model_config(j, "config.json");
@@ -171,6 +175,133 @@ TEST(Fuzz, ConfigJson) {
       ADD_FAILURE() << "library exception escaped: " << e.what() << "\n" << text;
     }
   }
+}
+
+// A nesting depth that probes the bound: anywhere from 0 to twice the bound, the bound itself and
+// one past it, or very deep (100,000 levels overflowed the stack before the bound).
+size_t depth_near(std::mt19937_64& rng, size_t bound) {
+  switch (rng() % 6) {
+    case 0: return bound;
+    case 1: return bound + 1;
+    case 2: return 1000 + rng() % 100000;
+    default: return rng() % (2 * bound + 2);
+  }
+}
+
+// `levels` nested JSON collections of random kinds (lists, objects, lists with scalars beside) around `leaf`.
+std::string nest_json(std::mt19937_64& rng, size_t levels, const std::string& leaf) {
+  std::string open, close;
+  for (size_t i = 0; i < levels; ++i) {
+    switch (rng() % 3) {
+      case 0: open += "["; close += "]"; break;
+      case 1: open += "{\"k\": "; close += "}"; break;
+      default: open += "[1, \"two\", "; close += "]llun ,"; break;  // reversed below
+    }
+  }
+  std::reverse(close.begin(), close.end());
+  return open + leaf + close;
+}
+
+template <class Parse>
+void expect_depth_outcome(Parse parse, size_t levels, const std::string& text) {
+  try {
+    parse();
+    EXPECT_LE(levels, io::kMaxJsonDepth) << levels << " levels accepted";
+  } catch (const IoError& e) {
+    const bool deep = std::string(e.what()).find("nests deeper than 64 levels") != std::string::npos;
+    EXPECT_EQ(deep, levels > io::kMaxJsonDepth) << levels << " " << e.what();
+  } catch (const Error&) {
+    EXPECT_LE(levels, io::kMaxJsonDepth);  // a field error: the depth itself was fine
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "library exception escaped: " << e.what() << "\n" << text.substr(0, 200);
+  }
+}
+
+TEST(Fuzz, JsonDepthAndSize) {
+  std::mt19937_64 rng(5);
+  const std::string config = R"({"vocab_size": 260, "hidden_size": 32, "intermediate_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 2, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 4, "v_head_dim": 8, "unknown": )";
+  const Programme pr = parse_programme(kProgramme, "p.yaml");
+  TokenSet train{std::vector<int32_t>(100, 5), {0, 10, 40, 100}};
+  for (int it = 0; it < iters(); ++it) {
+    const size_t d = depth_near(rng, io::kMaxJsonDepth);
+    // Depth counted from the top-level object, which holds the nested value.
+    const std::string cfg = config + nest_json(rng, d - std::min<size_t>(d, 1), "1") + "}";
+    expect_depth_outcome([&] { parse_model_config(io::parse_json(cfg, "config.json"), "config.json"); }, d, cfg);
+    const std::string state = R"({"phase": 0, "step": 0, "data_pos": [], "metrics_bytes": 0, "x": )" +
+                              nest_json(rng, d - std::min<size_t>(d, 1), "null") + "}";
+    expect_depth_outcome([&] { parse_run_state(state, "state.json", pr, train); }, d, state);
+    const std::string bare = nest_json(rng, d, "\"leaf\"");
+    expect_depth_outcome([&] { io::parse_ordered_json(bare, "metrics.jsonl: line 1"); }, d, bare);
+    const std::string header = "{\"__metadata__\": " + nest_json(rng, d - std::min<size_t>(d, 1), "{}") + "}";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[i] = char((uint64_t(header.size()) >> (8 * i)) & 0xff);
+    expect_depth_outcome([&] { io::parse_safetensors(file + header, "x.safetensors"); }, d + 1, header);
+  }
+  // Size: refused before parsing, whatever the text.
+  for (size_t extra : {size_t(1), size_t(1000)}) {
+    std::string big = "[" + std::string(io::kMaxJsonBytes + extra - 2, ' ') + "]";
+    EXPECT_THROW(io::parse_json(big, "big.json"), IoError);
+  }
+}
+
+// About `levels` nested YAML collections of random kinds (flow lists and maps, block maps, block
+// lists of maps) as the value of a key; returns the text and its exact depth below that key.
+std::pair<std::string, size_t> nest_yaml(std::mt19937_64& rng, size_t levels) {
+  if (rng() % 2) {  // flow: one level each
+    std::string open, close;
+    for (size_t i = 0; i < levels; ++i) {
+      if (rng() % 2) open += "[", close += "]";
+      else open += "{k: ", close += "}";
+    }
+    std::reverse(close.begin(), close.end());
+    return {" " + open + "1" + close + "\n", levels};
+  }
+  // Block: each line 4 columns deeper (past the "- " of a list entry); at most 400 lines, so that
+  // the indentation stays well within kMaxYamlBytes.
+  std::string text = "\n";
+  size_t depth = 0;
+  const size_t lines = std::min<size_t>(std::max<size_t>(levels, 1), 400);
+  for (size_t i = 1; i <= lines; ++i) {
+    const bool list = rng() % 2;
+    text += std::string(4 * i, ' ') + (i == lines ? (list ? "- 1\n" : "k: 1\n") : list ? "- k:\n" : "k:\n");
+    depth += list && i < lines ? 2 : 1;  // "- k:" opens a list and a map in it
+  }
+  return {text, depth};
+}
+
+TEST(Fuzz, YamlDepthSizeAndDocuments) {
+  std::mt19937_64 rng(6);
+  for (int it = 0; it < iters(); ++it) {
+    const auto [nest, depth] = nest_yaml(rng, depth_near(rng, kMaxYamlDepth));
+    const std::string text = std::string(kProgramme) + "junk:" + nest;
+    const size_t levels = depth + 1;  // the root mapping holds junk
+    try {
+      parse_programme(text, "p.yaml");
+      ADD_FAILURE() << "an unknown key accepted";
+    } catch (const ConfigError& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      if (levels > kMaxYamlDepth)
+        EXPECT_NE(msg.find("nests deeper than 64 levels"), std::string::npos) << levels << " levels: " << msg;
+      else
+        EXPECT_NE(msg.find("unknown key 'junk'"), std::string::npos) << levels << " levels: " << msg;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "library exception escaped: " << e.what();
+    }
+    // A second document is refused, whatever it holds.
+    const std::string two = std::string(kProgramme) + "---\n" + mutate(kProgramme, rng, "abc: -[]{}\n");
+    try {
+      parse_programme(two, "p.yaml");
+      ADD_FAILURE() << "two documents accepted";
+    } catch (const ConfigError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "library exception escaped: " << e.what();
+    }
+  }
+  EXPECT_THROW(load_yaml(std::string(kMaxYamlBytes + 1, '#'), "big.yaml"), ConfigError);
+  EXPECT_NO_THROW(load_yaml(std::string(kMaxYamlBytes, '#'), "big.yaml"));
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
 #include "hmla/train/programme.h"
+#include "hmla/train/yaml_map.h"
 #include "train_bench.h"
 
 namespace hmla {
@@ -131,6 +132,82 @@ TEST(Programme, BadTypesNameTheKeyTheLineAndTheFile) {
   EXPECT_EQ(error_of(head + "? [a, b]\n: 1\nphases:\n  - {name: a}\n"),
             "p.yaml (line 3): a key must be a plain name, got '[a, b]'");
   EXPECT_NE(error_of(head + "phases: [\n").find("p.yaml: not valid YAML: line"), std::string::npos);
+}
+
+// YAML types: a quoted "2" or a `!!str 2` is a string (as YAML says), never read as the number 2;
+// YAML's own number tags are numbers.
+TEST(Programme, AStringWhereANumberIsRequiredIsAnError) {
+  const std::string head = "model: m.json\ndata: d\n";
+  const std::string why = " (a string: write it without quotes or a tag)";
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, steps: \"2\"}\n"),
+            "p.yaml: phases[0]: steps (line 4) must be an integer, got '\"2\"'" + why);
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, steps: '2'}\n"),
+            "p.yaml: phases[0]: steps (line 4) must be an integer, got '\"2\"'" + why);
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, steps: !!str 2}\n"),
+            "p.yaml: phases[0]: steps (line 4) must be an integer, got '!!str 2'" + why);
+  EXPECT_EQ(error_of(head + "base: {lr: \"0.1\"}\nphases:\n  - {name: a}\n"),
+            "p.yaml: base: lr (line 3) must be a number, got '\"0.1\"'" + why);
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, recompute_attention: \"true\"}\n"),
+            "p.yaml: phases[0]: recompute_attention (line 4) must be true or false, got '\"true\"'" + why);
+  EXPECT_EQ(error_of(head + "seed: \"3\"\nphases:\n  - {name: a}\n"),
+            "p.yaml: seed (line 3) must be a non-negative integer, got '\"3\"'" + why);
+  EXPECT_EQ(error_of(head + "hybrid_layers: [0, \"1\"]\nphases:\n  - {name: a}\n"),
+            "p.yaml: hybrid_layers (line 3) must be a list of integers, got '[0, \"1\"]'");
+  const Programme pr = parse_programme(head + "phases:\n  - {name: \"7\", steps: !!int 2, lr: !!float 1}\n", "p.yaml");
+  EXPECT_EQ(pr.phases[0].name, "7");  // a string key takes any scalar
+  EXPECT_EQ(pr.phases[0].steps, 2);
+  EXPECT_EQ(pr.phases[0].optim.lr, 1.0);
+}
+
+TEST(Programme, HybridLayersNameEachLayerOnce) {
+  const std::string head = "model: m.json\ndata: d\n", tail = "phases:\n  - {name: a}\n";
+  EXPECT_EQ(error_of(head + "hybrid_layers: []\n" + tail),
+            "p.yaml: hybrid_layers (line 3) is an empty list; name at least one layer, or write 'all' (the default) "
+            "for every layer");
+  EXPECT_EQ(error_of(head + "hybrid_layers: [0, 2, 0]\n" + tail),
+            "p.yaml: hybrid_layers (line 3): layer 0 is listed twice; give each layer once");
+  EXPECT_EQ(error_of(head + "hybrid_layers: [-1]\n" + tail), "p.yaml: hybrid_layers (line 3): layer -1 is negative");
+  EXPECT_EQ(parse_programme(head + "hybrid_layers: [1, 0]\n" + tail, "p.yaml").hybrid_layers, (std::vector<int64_t>{1, 0}));
+  EXPECT_TRUE(parse_programme(head + "hybrid_layers: all\n" + tail, "p.yaml").hybrid_layers.empty());
+}
+
+TEST(Programme, OneDocumentOfBoundedNestingAndSize) {
+  const std::string ok = "model: m.json\ndata: d\nphases:\n  - {name: a}\n";
+  EXPECT_EQ(error_of(ok + "---\nphases: []\n"),
+            "p.yaml: line 5: a second YAML document (after '---'); hmla reads one document per file");
+  EXPECT_EQ(error_of("---\n" + ok + "...\n"), "(accepted)");  // one document, explicitly marked
+  // 100,000 nested lists (yaml-cpp's parser recurses per level).
+  EXPECT_EQ(error_of(ok + "x: " + std::string(100000, '[') + std::string(100000, ']') + "\n"),
+            "p.yaml: line 5: nests deeper than 64 levels; hmla reads YAML of at most 64 levels");
+  std::string block = ok + "x:\n";  // block mappings nest by indentation
+  for (int i = 1; i <= 70; ++i) block += std::string(size_t(2 * i), ' ') + "k:\n";
+  EXPECT_NE(error_of(block).find("nests deeper than 64 levels"), std::string::npos);
+  // The root mapping is level 1: a value 63 levels deep is the deepest accepted.
+  EXPECT_NE(error_of(ok + "x: " + std::string(63, '[') + std::string(63, ']') + "\n").find("unknown key 'x'"),
+            std::string::npos);
+  EXPECT_NE(error_of(ok + "x: " + std::string(64, '[') + std::string(64, ']') + "\n").find("nests deeper"),
+            std::string::npos);
+  const std::string pad = "#" + std::string(kMaxYamlBytes - ok.size() - 2, ' ') + "\n";
+  EXPECT_EQ(error_of(ok + pad), "(accepted)");  // exactly kMaxYamlBytes
+  EXPECT_EQ(error_of(ok + pad + "\n"), "p.yaml: 1048577 bytes of YAML, more than the 1.0 MiB hmla reads");
+}
+
+// Every error is one line, whatever the value it quotes.
+TEST(Programme, ErrorsQuotingABlockValueStayOneLine) {
+  const std::string head = "model: m.json\ndata: d\n";
+  EXPECT_EQ(error_of(head + "phases:\n  - name: a\n    steps:\n      a: 1\n      b: 2\n"),
+            "p.yaml: phases[0]: steps (line 6) must be an integer, got '{a: 1, b: 2}'");
+  EXPECT_EQ(error_of(head + "phases:\n  - name: a\n    steps: |\n      1\n      2\n"),
+            "p.yaml: phases[0]: steps (line 5) must be an integer, got '\"1\\n2\\n\"' (a string: write it without "
+            "quotes or a tag)");
+  EXPECT_EQ(error_of(head + "phases:\n  - name: a\n    steps: [" + std::string(200, '1') + "]\n"),
+            "p.yaml: phases[0]: steps (line 5) must be an integer, got '[" + std::string(79, '1') + "...'");
+  for (const std::string& bad : {head + "phases:\n  - name: a\n    steps: {a: 1,\n", head + "phases: [\n",
+                                 head + "phases:\n  - name: a\n   - b\n"}) {
+    const std::string e = error_of(bad);
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_NE(e.find("not valid YAML"), std::string::npos) << e;
+  }
 }
 
 // mqa_split_kv_b_proj is a phase key for the latent modes only (DESIGN.md section 1).

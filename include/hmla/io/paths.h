@@ -1,13 +1,20 @@
-// What hmla may write and where: every file it writes is a regular file or a new path (never a
-// FIFO, symlink, device node or directory that happens to sit at the user's --out), names that
-// become path components stay one plain component, and an exclusive lock (flock) marks a file as
-// one process's. write_file_atomic and save_safetensors check their target themselves, so every
+// What hmla may read and write, and where: every file it reads is a regular file (never a FIFO or
+// device node that would block or never end), every file it writes is a regular file or a new
+// path (never a FIFO, symlink, device node or directory that happens to sit at the user's --out),
+// names that become path components stay one plain component, and an exclusive lock (flock)
+// marks a file as one process's. write_file_atomic and save_safetensors check their target themselves, so every
 // writer, including a new command's, refuses what it does not own.
 #pragma once
 #include <string>
 #include <utility>
 
 namespace hmla::io {
+
+// Opens `path` for reading (a descriptor the caller closes) when it is a regular file or a symlink
+// to one; IoError "<path> is a FIFO; hmla reads only regular files" for a FIFO, directory, device
+// node or socket, decided before any read: a FIFO without a writer blocks forever, a directory
+// reads as empty, /dev/zero never ends. io::read_file, and so every input hmla reads, opens here.
+int open_input_file(const std::string& path);
 
 // Throws IoError unless `path` is a regular file (not a symlink to one: the rename would replace
 // the link) or does not exist in an existing, writable directory. `what` names the path for the

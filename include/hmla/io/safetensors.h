@@ -3,6 +3,7 @@
 // defect is an IoError naming the file and the tensor. Writing goes to a temporary file in the
 // same directory that is renamed into place, so a failed save leaves the old file intact.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -11,10 +12,12 @@
 namespace hmla::io {
 
 using TensorMap = std::map<std::string, Tensor>;  // name -> CPU tensor
+using Metadata = std::map<std::string, std::string>;  // the header's __metadata__
 
-TensorMap load_safetensors(const std::string& path);
+// With `metadata`, the header's __metadata__ is stored there (its values must be strings either way).
+TensorMap load_safetensors(const std::string& path, Metadata* metadata = nullptr);
 // Parses an in-memory file; `what` names it in error messages.
-TensorMap parse_safetensors(const std::string& bytes, const std::string& what);
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what, Metadata* metadata = nullptr);
 
 // A checkpoint's tensors: `path` is a .safetensors file, an index (model.safetensors.index.json,
 // the sharded form: {"weight_map": {name: shard file}}), or a directory holding either.
@@ -25,9 +28,13 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 std::string serialize_safetensors(const TensorMap& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
-// Writes bytes to path atomically (temporary file in the same directory, then rename). The
-// target must be a regular file or a new path (io::check_output_file): anything else is refused.
+// Writes bytes to path atomically and durably: a temporary file in the same directory, fsynced,
+// renamed into place, then the directory fsynced (a power loss leaves the old file or the new one).
+// The target must be a regular file or a new path (io::check_output_file): anything else is
+// refused. Temporaries that killed writers left for the same target are removed first.
 void write_file_atomic(const std::string& path, const std::string& bytes);
-std::string read_file(const std::string& path);
+// A regular file's bytes (io::open_input_file: a FIFO, directory or device node is refused before
+// any read); IoError when it holds more than max_bytes (checked before reading).
+std::string read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
 
 }  // namespace hmla::io

@@ -29,6 +29,12 @@ struct RopeConfig {
   bool truncate = true;
 };
 
+// The most layers a config may have. The largest published models have fewer than 200; the
+// bound keeps what a config holds per layer (modes, MLP types) and every per-layer table built
+// before the memory plan small (2^31 layers ended in "out of memory" while the config loaded).
+// Whether the layers' weights fit is the memory plan's question (plan_parameters).
+inline constexpr int64_t kMaxLayers = int64_t(1) << 16;
+
 struct ModelConfig {
   int64_t hidden_size = 0, num_attention_heads = 0, num_hidden_layers = 0;
   int64_t vocab_size = 0, intermediate_size = 0, max_position_embeddings = 0;

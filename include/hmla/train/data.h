@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
 
 namespace hmla {
@@ -22,10 +23,20 @@ struct TokenSet {
 };
 
 // Splits each file into documents at lines equal to `separator` (fortune files use "%"); every
-// `heldout_every`-th document goes to the held-out set. Writes out_dir/{train,heldout}.safetensors.
+// `heldout_every`-th document goes to the held-out set. Writes out_dir/{train,heldout}.safetensors,
+// each recording the pair's data_fingerprint in its metadata.
 void prepare_data(const std::vector<std::string>& files, const std::string& out_dir, const std::string& separator,
                   int64_t heldout_every);
-TokenSet load_token_set(const std::string& path);
+TokenSet load_token_set(const std::string& path, io::Metadata* metadata = nullptr);
+
+// A prepare-data directory's two token sets, checked to be one prepare-data output: the
+// fingerprint both files record must be that of their contents (files from before the fingerprint
+// was recorded carry none and are read as they are). IoError otherwise.
+struct TokenData {
+  TokenSet train, held;
+  std::string fingerprint;  // data_fingerprint(train, held)
+};
+TokenData load_token_data(const std::string& dir);
 
 class PackedLoader {
  public:

@@ -34,7 +34,9 @@ std::string programme_json(const Programme& pr);
 // The keys whose values differ between two programme_json texts ("phases[1].lr: 0.003 -> 0.001").
 // With allow_safe, changes to steps, log_every, checkpoint_every and eval_rows of phases at or
 // after `from_phase` are accepted (they change neither the past nor the meaning of a checkpoint).
+// `saved_what` names the saved text in errors.
 std::vector<std::string> programme_changes(const std::string& saved, const std::string& current,
-                                           int64_t from_phase, bool allow_safe);
+                                           int64_t from_phase, bool allow_safe,
+                                           const std::string& saved_what = "programme.json");
 
 }  // namespace hmla
