@@ -689,8 +689,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   const bool root = grid.root();
   std::ostringstream sink;  // what the other ranks would print
   std::ostream& log = root ? console : sink;
-  if (const char* f = std::getenv("HMLA_TEST_FAIL_RANK"); f && std::atoi(f) == grid.world.rank())
-    throw Error("injected failure on rank " + std::to_string(grid.world.rank()) + " (HMLA_TEST_FAIL_RANK)");
+  if (opt.on_rank_ready) opt.on_rank_ready(grid.world.rank());  // the test seam (TrainOptions)
   std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
   const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
   if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
