@@ -15,15 +15,18 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
 #include "hmla/core/error.h"
+#include "hmla/io/json_strict.h"
 #include "hmla/io/paths.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
+#include "hmla/train/metrics.h"
 #include "hmla/train/run_dir.h"
 #include "svg_chart.h"
 
@@ -68,7 +71,7 @@ std::string fmt(double v, int prec, double div = 1) {
 json read_json(const fs::path& p) {
   if (!fs::exists(p)) return nullptr;
   try {
-    return json::parse(io::read_file(p.string()));
+    return io::load_json(p.string());
   } catch (const std::exception&) {
     return nullptr;
   }
@@ -96,13 +99,16 @@ struct Phase {
   std::vector<double> x, lm, kl, lr, gb, gi, tps, peak;  // per step
   double heldout = std::nan(""), heldout_x = std::nan("");
   double eq_diff = std::nan(""), eq_logit = std::nan("");
-  json end;  // its end-of-phase line (null if the run stopped inside it)
+  std::optional<MetricsRow> end;  // its phase-end row (none if the run stopped inside it)
 };
 
 struct Run {
   std::vector<Phase> phases;
-  int64_t skipped = 0;  // lines that were not JSON objects
+  int64_t skipped = 0;  // malformed lines (MetricsFile::malformed)
 };
+
+// A phase-end row's number, NaN without one (a stopped phase).
+double end_value(const Phase& p, double MetricsRow::*field) { return p.end ? (*p.end).*field : std::nan(""); }
 
 Run read_run(const fs::path& metrics, const json& programme) {
   std::map<std::string, std::string> modes;
@@ -120,38 +126,28 @@ Run read_run(const fs::path& metrics, const json& programme) {
     }
     return run.phases.back();
   };
-  std::istringstream in(io::read_file(metrics.string()));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception&) {  // e.g. a line cut by a crash: draw the rest
-      ++run.skipped;
-      continue;
-    }
-    if (!j.is_object() || !j.contains("phase")) {
-      ++run.skipped;
-      continue;
-    }
-    Phase& p = phase(str(j, "phase"));
-    if (j.contains("step")) {
-      global += 1;
-      p.x.push_back(global);
-      p.lm.push_back(number(j, "lm_loss"));
-      p.kl.push_back(number(j, "indexer_kl"));
-      p.lr.push_back(number(j, "lr"));
-      p.gb.push_back(number(j, "grad_norm_backbone"));
-      p.gi.push_back(number(j, "grad_norm_indexer"));
-      p.tps.push_back(number(j, "tokens_per_s"));
-      p.peak.push_back(number(j, "peak_bytes"));
-    } else if (j.contains("equivalence_max_diff")) {
-      if (!std::isfinite(p.eq_diff)) p.eq_diff = number(j, "equivalence_max_diff"), p.eq_logit = number(j, "equivalence_max_logit");
-    } else if (j.contains("heldout_lm_loss") || j.contains("seconds")) {
-      p.end = j;
-      p.heldout = number(j, "heldout_lm_loss");
-      p.heldout_x = global;
+  MetricsFile file = read_metrics(metrics);  // the trainer's reader: one rule for each row's kind
+  run.skipped = file.malformed;                // e.g. a line cut by a crash: draw the rest
+  for (MetricsRow& r : file.rows) {
+    Phase& p = phase(r.phase);
+    switch (r.kind) {
+      case MetricsRow::Kind::step:
+        global += 1;
+        p.x.push_back(global);
+        p.lm.push_back(r.lm_loss), p.kl.push_back(r.indexer_kl), p.lr.push_back(r.lr);
+        p.gb.push_back(r.grad_norm_backbone), p.gi.push_back(r.grad_norm_indexer);
+        p.tps.push_back(r.tokens_per_s), p.peak.push_back(r.peak_bytes);
+        break;
+      case MetricsRow::Kind::equivalence:
+        if (!std::isfinite(p.eq_diff)) p.eq_diff = r.equivalence_max_diff, p.eq_logit = r.equivalence_max_logit;
+        break;
+      case MetricsRow::Kind::phase_end:
+        p.heldout = r.heldout_lm_loss;
+        p.heldout_x = global;
+        p.end = std::move(r);
+        break;
+      case MetricsRow::Kind::other:
+        break;
     }
   }
   return run;
@@ -251,14 +247,15 @@ std::string phase_table(const Run& run) {
         "<th>KL (last 20)</th><th>held-out loss</th><th>time (s)</th></tr>\n";
   for (const Phase& p : run.phases) {
     const double peak = max_finite(p.peak);
+    const std::string unavailable = p.end && !p.end->heldout_unavailable.empty() ? p.end->heldout_unavailable : "not run";
     os << "<tr><td>" << xml_escape(p.name) << "</td><td>" << xml_escape(p.mode) << "</td><td>" << p.x.size()
-       << (p.end.is_null() ? " (stopped)" : "") << "</td><td>" << fmt(median(p.tps), 0) << "</td><td>" << sparkline(p.tps)
+       << (p.end ? "" : " (stopped)") << "</td><td>" << fmt(median(p.tps), 0) << "</td><td>" << sparkline(p.tps)
        << "</td><td>" << fmt(peak, 1, 1048576.0) << "</td><td>" << bar(peak, max_peak) << "</td><td>"
-       << fmt(number(p.end, "first20_lm_loss"), 4) << "</td><td>" << fmt(number(p.end, "last20_lm_loss"), 4) << "</td><td>"
-       << fmt(number(p.end, "last20_indexer_kl"), 4) << "</td><td>" << fmt(p.heldout, 4)
-       << (std::isfinite(p.heldout) || p.end.is_null() ? "" : " (" + xml_escape(str(p.end, "heldout_unavailable", "not run")) + ")")
-       << "</td><td>"
-       << fmt(number(p.end, "seconds"), 1) << "</td></tr>\n";
+       << fmt(end_value(p, &MetricsRow::first20_lm_loss), 4) << "</td><td>"
+       << fmt(end_value(p, &MetricsRow::last20_lm_loss), 4) << "</td><td>"
+       << fmt(end_value(p, &MetricsRow::last20_indexer_kl), 4) << "</td><td>" << fmt(p.heldout, 4)
+       << (std::isfinite(p.heldout) || !p.end ? "" : " (" + xml_escape(unavailable) + ")") << "</td><td>"
+       << fmt(end_value(p, &MetricsRow::seconds), 1) << "</td></tr>\n";
   }
   return os.str() + "</table>\n";
 }
@@ -496,8 +493,14 @@ BenchLines read_bench_lines(const fs::path& file) {
     const std::string where = file.string() + " line " + std::to_string(n);
     json j;
     try {
-      j = json::parse(line);
-    } catch (const json::out_of_range& e) {  // 1e999: a number, but none a chart can draw
+      j = io::parse_json(line, where);
+    } catch (const IoError& e) {
+      // nlohmann's out_of_range (1e999) is a number no chart can draw: an error; anything else the
+      // strict parse refuses (a cut line, a key twice, nesting past its bound) is skipped.
+      if (std::string(e.what()).find("json.exception.out_of_range") == std::string::npos) {
+        if (b.skipped++ == 0) b.first_skipped = n;
+        continue;
+      }
       detail::throw_error<IoError>(where, ": a number beyond the double range (", e.what(), "); nothing was written");
     } catch (const json::exception&) {
       if (b.skipped++ == 0) b.first_skipped = n;

@@ -1,4 +1,5 @@
 // `hmla train` (the four-phase programme) and `hmla prepare-data` (byte-level token files).
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
@@ -8,6 +9,22 @@
 #include "validators.h"
 
 namespace hmla::app {
+
+namespace {
+
+// HMLA_TEST_FAIL_RANK=R makes rank R fail once its rank grid stands (tests/python/mpi_dp.py: one
+// rank's failure ends the whole job). Read here, in the CLI, so that the trainer holds no test
+// branch: it only calls TrainOptions::on_rank_ready.
+void inject_test_failure(TrainOptions& t) {
+  const char* f = std::getenv("HMLA_TEST_FAIL_RANK");
+  if (!f) return;
+  const int failing = std::atoi(f);
+  t.on_rank_ready = [failing](int rank) {
+    if (rank == failing) throw Error("injected failure on rank " + std::to_string(rank) + " (HMLA_TEST_FAIL_RANK)");
+  };
+}
+
+}  // namespace
 
 void add_train_commands(CLI::App& app) {
   struct TrainOpts {
@@ -37,6 +54,7 @@ void add_train_commands(CLI::App& app) {
       ->check(NonEmpty());
   train->callback([o] {
     check_cp_split(o->t.cp_split);
+    inject_test_failure(o->t);
     run_programme(load_programme(o->programme), o->t, std::cout);
   });
 

@@ -171,6 +171,28 @@ TEST(Trainer, FailedEquivalenceStopsTheProgramme) {
   fs::remove_all(out);
 }
 
+// The test seam (TrainOptions::on_rank_ready): called once with the rank before anything is
+// read or written, and what it throws ends the run there (tests/python/mpi_dp.py injects a
+// rank's failure through it).
+TEST(Trainer, TheRankSeamRunsFirstAndItsErrorEndsTheRun) {
+  const fs::path dir = tmpdir("seam"), out = dir / "run";
+  TrainOptions opt;
+  opt.out_dir = out.string();
+  std::vector<int> ranks;
+  opt.on_rank_ready = [&ranks](int rank) {
+    ranks.push_back(rank);
+    throw Error("injected");
+  };
+  std::ostringstream log;
+  EXPECT_THROW(run_programme(parse_programme(programme("  - {name: pre, mode: mha, steps: 1}\n"),
+                                             (dir / "p.yaml").string()), opt, log),
+               Error);
+  EXPECT_EQ(ranks, std::vector<int>{0});
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(log.str(), "");
+  fs::remove_all(dir);
+}
+
 // A plain Hugging Face config (index_* fields, no hmla_layer_modes) defaults to dsa_sparse
 // everywhere (DESIGN.md section 2); a programme sets the modes itself, so an mha phase trains.
 TEST(Trainer, APlainHfConfigWithoutLayerModesTrains) {

@@ -3,6 +3,7 @@
 // missing indexers initialised when a phase needs them, checkpoints as directories written
 // atomically, metrics as JSON lines, a progress line and an end-of-run table.
 #pragma once
+#include <functional>
 #include <ostream>
 #include <string>
 
@@ -17,6 +18,10 @@ struct TrainOptions {
   int cp = 1;           // context-parallel ranks; the rest of the world is data parallel
   std::string cp_split = "contiguous";  // the only split (check_cp_split)
   std::string device;   // cpu or cuda; empty: the programme's `device` (default cpu)
+  // A test seam: called on every rank with its rank once the rank grid stands, before anything
+  // is read or written; what it throws ends the run as any error does. `hmla train` sets it from
+  // HMLA_TEST_FAIL_RANK (app/cmd_train.cpp) for tests/python/mpi_dp.py.
+  std::function<void(int rank)> on_rank_ready;
 };
 
 // The device a run computes on: `requested` ("cpu", "cuda"), checked against the build and the

@@ -1,0 +1,133 @@
+// Checkpoint save (atomic: a temporary directory renamed into place) and load, with the resume's
+// checks of the data, the programme and metrics.jsonl against what the checkpoint recorded.
+#include "checkpoint.h"
+
+#include "hmla/io/safetensors.h"
+#include "hmla/model/indexer.h"
+#include "hmla/train/metrics.h"
+#include "hmla/train/run_dir.h"
+
+namespace hmla::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Removes a checkpoint's temporary directory unless the save got as far as renaming it into
+// place, so a failed save (disk full, a bad tensor) leaves no .tmp directory behind.
+struct RemoveUnlessKept {
+  fs::path path;
+  bool kept = false;
+  ~RemoveUnlessKept() {
+    std::error_code ec;
+    if (!kept) fs::remove_all(path, ec);
+  }
+};
+
+// The parameters as host tensors (one copy of the arena off a device; the arena itself on the CPU).
+io::TensorMap host_params(const Model& m) { return arena_views(m.table, m.arena.on(Device::cpu)); }
+
+void check_finite_weights(const io::TensorMap& params) {
+  for (const auto& [name, t] : params)
+    if (const int64_t i = first_non_finite(t); i >= 0)
+      throw DivergenceError("parameter '" + name + "' became non-finite (" + std::to_string(t.data<float>()[i]) +
+                            " at flat index " + std::to_string(i) + ")");
+}
+
+io::TensorMap host_tensors(const io::TensorMap& m) {
+  io::TensorMap h;
+  for (const auto& [name, t] : m) h[name] = t.on(Device::cpu);
+  return h;
+}
+
+// The layers whose indexer a checkpoint's tensors hold.
+std::vector<bool> indexers_in(const io::TensorMap& w, int64_t layers) {
+  std::vector<bool> has(layers, false);
+  for (int64_t L = 0; L < layers; ++L) has[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
+  return has;
+}
+
+// The programme of a resumed run must be the one that wrote it (programme.json), but for the keys
+// --allow-safe-changes admits.
+void check_same_programme(const Programme& pr, const fs::path& saved, int64_t from_phase, bool allow_safe) {
+  if (!fs::exists(saved)) return;  // a run from before hmla kept it
+  const std::vector<std::string> changed =
+      programme_changes(io::read_file(saved.string()), programme_json(pr), from_phase, allow_safe, saved.string());
+  if (changed.empty()) return;
+  std::string list;
+  for (const std::string& c : changed) list += (list.empty() ? "" : "; ") + c;
+  throw ConfigError(pr.path + ": the programme differs from the one this run started with (" + saved.string() +
+                    "): " + list + (allow_safe ? "" : " (--allow-safe-changes admits steps, log_every, "
+                                                        "checkpoint_every and eval_rows of the current and later phases)"));
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t phase, const PhaseSettings& ph, const std::string& what) {
+  return std::to_string(phase) + "-" + ph.name + "-" + what;
+}
+
+void save_checkpoint(const fs::path& ckroot, const std::string& name, const Model& m, const Optimizer& o,
+                     const RunState& st) {
+  const io::TensorMap params = host_params(m);
+  check_finite_weights(params);
+  const fs::path dir = ckroot / name, tmp = ckroot / ("." + name + ".tmp"), old = ckroot / ("." + name + ".old");
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
+  RemoveUnlessKept cleanup{tmp};
+  save_model_config((tmp / "config.json").string(), m.cfg);
+  io::save_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
+  io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
+  if (fs::exists(dir)) fs::rename(dir, old);
+  fs::rename(tmp, dir);
+  cleanup.kept = true;
+  fs::remove_all(old);
+  io::write_file_atomic((ckroot / "latest").string(), name + "\n");
+}
+
+void save_final_model(const fs::path& out, const Model& model) {
+  const io::TensorMap params = host_params(model);
+  check_finite_weights(params);
+  save_model_config((out / "config.json").string(), model.cfg);
+  io::save_safetensors((out / "model.safetensors").string(), params, {{"format", "pt"}});
+}
+
+RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {
+  RunStart s;
+  if (!pr.init_checkpoint.empty()) {
+    const io::TensorMap w = io::load_checkpoint_tensors(pr.init_checkpoint);
+    s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers), dev);
+    load_into_model(s.model, w, pr.init_checkpoint);
+  } else {
+    s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev);
+    init_model(s.model, pr.seed);
+  }
+  return s;
+}
+
+RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const RunInputs& in, Device dev,
+                            std::ostream& log) {
+  const fs::path out(opt.out_dir), dir = latest_checkpoint(out / "checkpoints");
+  const std::string name = dir.filename().string();
+  const ModelConfig saved = load_model_config((dir / "config.json").string());
+  RunStart s;
+  s.st = parse_run_state(io::read_file((dir / "state.json").string()), (dir / "state.json").string(), pr, in.train);
+  HMLA_CHECK(s.st.data_fingerprint.empty() || s.st.data_fingerprint == in.fingerprint, ConfigError, pr.data_dir,
+             ": the data differs from what the run read (checkpoint: ", s.st.data_fingerprint, "; now: ",
+             in.fingerprint, "); resume with the data the run started on");
+  check_same_programme(pr, out / "programme.json", s.st.phase, opt.allow_safe_changes);
+  check_metrics_length(out / "metrics.jsonl", s.st.metrics_bytes);
+  if (s.st.step > 0)  // the position must lie inside its document before anything is written
+    PackedLoader(in.train, pr.phases[s.st.phase].seq_len, loader_seed(pr, s.st.phase)).seek(s.st.data_pos);
+  const io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
+  ModelConfig cfg = in.cfg;
+  cfg.layer_modes = saved.layer_modes;
+  s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers), dev);
+  load_into_model(s.model, w, (dir / "model.safetensors").string());
+  s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
+  log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";
+  return s;
+}
+
+}  // namespace hmla::train

@@ -1,0 +1,43 @@
+// Checkpoints (docs/programme.md, "Run directory"): out/checkpoints/<name>/{config.json,
+// model.safetensors, optimizer.safetensors, state.json}, written atomically, and where a run
+// starts: fresh (an init_checkpoint or a seeded initialisation) or from the latest checkpoint.
+#pragma once
+#include <filesystem>
+#include <ostream>
+#include <string>
+
+#include "hmla/train/optim.h"
+#include "hmla/train/run_state.h"
+#include "hmla/train/trainer.h"
+#include "run_inputs.h"
+
+namespace hmla::train {
+
+// "<phase index>-<phase name>-<what>" (what: "step<k>" or "end").
+std::string checkpoint_name(int64_t phase, const PhaseSettings& ph, const std::string& what);
+
+// Built in a temporary directory (from host copies of a device's tensors) and renamed into
+// place; then ckroot/latest names it. A diverged model (a non-finite weight) is never saved, and
+// a failed save leaves no temporary directory behind.
+void save_checkpoint(const std::filesystem::path& ckroot, const std::string& name, const Model& m, const Optimizer& o,
+                     const RunState& st);
+// The run's final config.json and model.safetensors in `out` (a diverged model is never saved).
+void save_final_model(const std::filesystem::path& out, const Model& model);
+
+// Where the run starts: its state (phase 0, step 0 unless resumed), the model, and a resumed
+// phase's optimizer state.
+struct RunStart {
+  RunState st;
+  Model model;
+  io::TensorMap opt_state;
+};
+
+// A new run: the init_checkpoint's weights (with the indexers it holds) or a random
+// initialisation from the seed.
+RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev);
+// --resume: the latest checkpoint of this run, once the data, the programme and metrics.jsonl
+// are known to be the ones it was written with and its data position lies inside its document.
+RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const RunInputs& in, Device dev,
+                            std::ostream& log);
+
+}  // namespace hmla::train

@@ -1,0 +1,29 @@
+// The ranks of a run (docs/scale_out.md, "The rank grid"): consecutive ranks form a
+// context-parallel group (CP traffic is the heavier, so it stays between neighbours); the groups
+// are the data-parallel replicas. Rank 0 alone owns the run directory.
+#pragma once
+#include "hmla/dist/comm.h"
+#include "hmla/train/programme.h"
+#include "hmla/train/run_dir.h"
+#include "hmla/train/trainer.h"
+
+namespace hmla::train {
+
+struct RankGrid {
+  Comm& world;
+  Comm cp;                  // this rank's context-parallel group
+  int dp = 1, dp_rank = 0;  // the data-parallel replicas, and this rank's
+  bool root() const { return world.is_root(); }
+};
+
+// Checks that --cp divides the ranks and every phase's seq_len, and that the data-parallel
+// replicas divide every phase's micro_batches.
+RankGrid set_up_rank_grid(const Programme& pr, int cp_ranks);
+
+// RunDir::claim and RunDir::begin on rank 0; the other ranks wait in a barrier for its verdict:
+// a refusal ends the job with rank 0's message (main's Comm::abort reaches them there), so no
+// rank trains on a directory nobody holds.
+RunDir claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm);
+void begin_on_root(RunDir& d, Comm& comm, Device dev);
+
+}  // namespace hmla::train

@@ -1,0 +1,72 @@
+// The run's inputs (run_inputs.h): the hybrid mask, the memory plan of every phase, the data.
+#include "run_inputs.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "hmla/core/error.h"
+#include "hmla/core/size_check.h"
+#include "hmla/train/run_state.h"
+
+namespace hmla::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<bool> hybrid_mask(const Programme& pr, int64_t layers) {
+  std::vector<bool> h(layers, pr.hybrid_layers.empty());
+  for (int64_t L : pr.hybrid_layers) {
+    HMLA_CHECK(L >= 0 && L < layers, ConfigError, pr.path, ": hybrid layer ", L, " does not exist (", layers, " layers)");
+    h[L] = true;
+  }
+  return h;
+}
+
+// Checks every phase's plan against the budget; returns one line per phase for the console:
+// parameters with their gradients and moments, and a micro-batch's activations (lower bounds).
+std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid,
+                                   int cp, Device dev) {
+  std::ostringstream lines;
+  for (const PhaseSettings& ph : pr.phases) {
+    ModelConfig pc = cfg;
+    set_modes(pc, hybrid, ph.mode);
+    std::vector<bool> indexer(hybrid.size());
+    for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = hybrid[L] && is_dsa(ph.mode);
+    const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
+    const std::string where = pr.path + ": phase '" + ph.name + "'";
+    MemoryPlan step, eval;
+    plan_parameters(step, pc, indexer, true);
+    const int64_t params = step.total();
+    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
+    step.check(where + ": a training step", dev);
+    lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params))
+          << ", activations of a micro-batch >= " << format_bytes(double(step.total() - params)) << "\n";
+    plan_parameters(eval, pc, indexer, false);
+    plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
+    eval.check(where + ": the held-out evaluation", dev);
+  }
+  return lines.str();
+}
+
+}  // namespace
+
+void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) {
+  for (size_t L = 0; L < hybrid.size(); ++L) c.layer_modes[L] = hybrid[L] ? mode : LayerMode::mha;
+}
+
+RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
+  RunInputs in;
+  in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  HMLA_CHECK(in.cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", in.cfg.vocab_size,
+             " is smaller than the byte tokenizer's ", kByteVocab);
+  in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
+  in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
+  TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs
+  in.train = std::move(data.train);
+  in.held = std::move(data.held);
+  in.fingerprint = std::move(data.fingerprint);
+  return in;
+}
+
+}  // namespace hmla::train

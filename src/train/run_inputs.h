@@ -1,0 +1,32 @@
+// What every phase of a run reads, loaded and checked before anything is created: the model
+// config, which layers are hybrid, the data with its fingerprint, and each phase's memory plan.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hmla/train/data.h"
+#include "hmla/train/programme.h"
+
+namespace hmla::train {
+
+struct RunInputs {
+  ModelConfig cfg;           // its layer modes left to the phases
+  std::vector<bool> hybrid;  // the layers that move through the modes
+  TokenSet train, held;
+  std::string fingerprint;   // data_fingerprint(train, held)
+  std::string memory_plan;   // one console line per phase
+};
+
+// Reads and checks what the run needs: the config fits the byte tokenizer, the hybrid layers
+// exist, every phase's training step and held-out evaluation fit in memory (MemoryPlan; a rank
+// under --cp holds seq_len / cp rows); then the data.
+RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev);
+
+// The hybrid layers in `mode`, the others mha.
+void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode);
+
+// The seed of phase p's data loader.
+inline uint64_t loader_seed(const Programme& pr, int64_t phase) { return pr.seed + 7919ull * uint64_t(phase + 1); }
+
+}  // namespace hmla::train

@@ -1,0 +1,67 @@
+// The training step (step.h): micro-batches, the model's forward and backward per micro-batch,
+// one SUM all-reduce of the gradient arena and the losses, the divergence checks, the update.
+#include "step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hmla/core/error.h"
+
+namespace hmla::train {
+
+StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
+                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads) {
+  const auto t0 = std::chrono::steady_clock::now();
+  allocator(model.device()).reset_peak();
+  std::vector<Batch> micro;
+  int64_t targets = 0, rows = 0;
+  for (int64_t i = 0; i < ph.micro_batches; ++i) {
+    micro.push_back(loader.next(ph.batch / ph.micro_batches));
+    targets += count_lm_targets(micro.back(), model.cfg.pad_token_id);
+    rows += loss_row_count(micro.back().layout, &micro.back().input_ids, model.cfg.pad_token_id);
+  }
+  garena.fill_zero();
+  const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
+  StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
+  double sums[3] = {0, 0, 0};  // lm, kl, tokens of this rank's micro-batches
+  for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp)) {
+    StepStats s = model_step(model, micro[i], so, grads, grid.cp);
+    sums[0] += s.lm_loss;
+    sums[1] += s.indexer_kl;
+    sums[2] += double(s.tokens);
+  }
+  grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
+  grid.world.allreduce_sum(sums, 3);
+  StepResult r;
+  r.lm = sums[0];
+  r.kl = sums[1];
+  r.tokens = int64_t(sums[2]);
+  const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
+  HMLA_CHECK(std::isfinite(r.lm) && std::isfinite(r.kl), DivergenceError, at, "the ",
+             std::isfinite(r.lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(r.lm) ? r.kl : r.lm,
+             "; the run stops and the last checkpoint is kept as it was");
+  try {
+    r.os = optim.step(model, grads, step);
+  } catch (const DivergenceError& e) {
+    throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, Device dev) {
+  MetricsRow row{MetricsRow::Kind::step, ph.name};
+  row.step = step + 1;
+  row.lm_loss = r.lm;
+  row.indexer_kl = is_dsa(ph.mode) ? r.kl : MetricsRow::none;
+  row.lr = r.os.lr;
+  row.grad_norm_backbone = r.os.grad_norm_backbone, row.grad_norm_indexer = r.os.grad_norm_indexer;
+  row.tokens_per_s = double(r.tokens) / r.seconds;
+  row.peak_bytes = double(allocator(dev).peak_bytes());
+  return row;
+}
+
+}  // namespace hmla::train

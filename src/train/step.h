@@ -1,0 +1,31 @@
+// One optimizer step of a phase over the rank grid, and its metrics row.
+#pragma once
+#include <cstdint>
+
+#include "hmla/train/data.h"
+#include "hmla/train/metrics.h"
+#include "hmla/train/optim.h"
+#include "hmla/train/programme.h"
+#include "rank_grid.h"
+
+namespace hmla::train {
+
+struct StepResult {
+  double lm = 0, kl = 0;  // the step's global LM loss and indexer KL
+  int64_t tokens = 0;
+  OptimStats os;
+  double seconds = 0;
+};
+
+// The step's micro-batches dealt round-robin to the data-parallel ranks, gradients (into
+// `garena`, whose views are `grads`) and losses summed over the whole grid, then the update. A
+// non-finite loss or gradient norm stops the run (DivergenceError naming the phase, the step and
+// the quantity) before the optimizer moves a weight.
+StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
+                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads);
+
+// The step's row of metrics.jsonl (indexer_kl in dsa phases only; peak_bytes: the device's
+// allocator peak over the step).
+MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, Device dev);
+
+}  // namespace hmla::train
