@@ -14,9 +14,6 @@ LayerSettings parse_layer_settings(const std::string& text, const std::string& w
   for_each_key(root, what, [&](const std::string& key, const YAML::Node& v) {
     if (key == "mqa_split_kv_b_proj") s.mqa_split_kv_b_proj = yaml_get<bool>(v, key, what);
     else if (key == "train_indexer_only") s.train_indexer_only = yaml_get<bool>(v, key, what);
-    else if (key == "seed")  // settings files once took it; it never did anything
-      throw ConfigError(what + ": 'seed' is not a setting of hmla layer: the layer runs on the weights and inputs "
-                               "it is given and draws nothing at random; remove it");
     else
       throw ConfigError(what + ": unknown key '" + key +
                         "' (known: mqa_split_kv_b_proj, train_indexer_only; see docs/config.md)");

@@ -157,7 +157,7 @@ void attn_dense_bwd(const AttnDenseParams& p) {
     for (int64_t h = 0; h < p.H; ++h) {
       float sum = 0.f;
       for (int64_t b = 0; b < p.b; ++b) sum += dsink_part.data<float>()[b * p.H + h];
-      p.dsink[h] = sum;
+      p.dsink[h] += sum;  // a parameter's gradient: added (hmla/ops/nn.h)
     }
   }
 }

@@ -148,7 +148,7 @@ void attn_sparse_bwd(const AttnSparseParams& g) {
     }
   }
   sum_thread_partials(static_cast<float*>(g.dkv), partial.data<float>(), nthreads, g.b * g.skv * g.Dqk);
-  if (g.sink) sum_thread_partials(g.dsink, dsink_part.data<float>(), nthreads, g.H);
+  if (g.sink) add_thread_partials(g.dsink, dsink_part.data<float>(), nthreads, g.H);  // a parameter's gradient: added
 }
 
 // -1 or a position of the row; no key twice (stamps: O(s * (K + W)) in all).

@@ -15,4 +15,13 @@ inline void sum_thread_partials(float* out, const float* partials, int nthreads,
   }
 }
 
+// out[i] += that same sum (summed first, then added: the bits of a sum added into a gradient).
+inline void add_thread_partials(float* out, const float* partials, int nthreads, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float s = partials[i];
+    for (int t = 1; t < nthreads; ++t) s += partials[t * n + i];
+    out[i] += s;
+  }
+}
+
 }  // namespace hmla::cpu

@@ -34,7 +34,7 @@ __global__ void rowdot_kernel(const __nv_bfloat16* out, const __nv_bfloat16* dou
   if (lane == 0) D[((row / sq) * H + h) * sq + row % sq] = acc;
 }
 
-// dsink[h] = -sum over (b, t) with finite lse of exp(sink_h - lse) D; one block per head.
+// dsink[h] += -sum over (b, t) with finite lse of exp(sink_h - lse) D; one block per head.
 __global__ void dsink_kernel(const float* lse, const float* D, const float* sink, int64_t b, int64_t sq, int64_t H,
                              float* dsink) {
   __shared__ float part[256];
@@ -51,7 +51,7 @@ __global__ void dsink_kernel(const float* lse, const float* D, const float* sink
     if (threadIdx.x < n) part[threadIdx.x] += part[threadIdx.x + n];
     __syncthreads();
   }
-  if (threadIdx.x == 0) dsink[h] = part[0];
+  if (threadIdx.x == 0) dsink[h] += part[0];  // a parameter's gradient: added (hmla/ops/nn.h)
 }
 
 // dq for kRows query rows of one (b, h) and one chunk of kChunk columns.

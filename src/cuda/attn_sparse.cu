@@ -17,6 +17,8 @@
 
 #include "attn_dense.cuh"
 #include "hmla/core/allocator.h"
+#include <atomic>
+
 #include "cuda_kernels.h"
 #include "traits.h"
 #include "mma.cuh"
@@ -367,6 +369,12 @@ void attn_sparse_fwd(const AttnSparseParams& p) {
 
 namespace hmla::cuda {
 
+namespace {
+std::atomic<int64_t> g_bwd_workspace_bytes{SparseTraits::kBwdWorkspaceBytes};
+}  // namespace
+
+int64_t set_sparse_bwd_workspace_bytes(int64_t bytes) { return g_bwd_workspace_bytes.exchange(std::max<int64_t>(bytes, 1)); }
+
 void attn_sparse_bwd(const AttnSparseParams& f) {
   const int64_t rows = f.b * f.sq;
   // The table on the host for the inverse index, before any kernel is queued (a copy waits for them).
@@ -397,10 +405,8 @@ void attn_sparse_bwd(const AttnSparseParams& f) {
                             sizeof(int32_t) * f.KW;
     check(cudaFuncSetAttribute(sparse_dkg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkg)),
           "attn_sparse_bwd dkg: shared memory");
-    // Workspace: 512 MB of rows (HMLA_SPARSE_BWD_WORKSPACE_BYTES overrides it; the tests shrink it to
-    // exercise several chunks).
-    const char* budget_env = std::getenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES");
-    const int64_t budget = budget_env ? std::atoll(budget_env) : (int64_t(512) << 20);
+    // Workspace: SparseTraits::kBwdWorkspaceBytes of rows (set_sparse_bwd_workspace_bytes).
+    const int64_t budget = g_bwd_workspace_bytes.load();
     const int64_t per_row = f.KW * f.Dqk * int64_t(sizeof(float));
     const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, budget / per_row));
     Tensor ws = Tensor::empty({chunk_rows * f.KW, f.Dqk}, DType::f32, Device::cuda);
@@ -437,9 +443,7 @@ void attn_sparse_bwd(const AttnSparseParams& f) {
       check_launch("attn_sparse_bwd dkv reduce");
     }
     if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, f.dsink);
-  } else if (f.sink) {
-    check(cudaMemsetAsync(f.dsink, 0, f.H * sizeof(float), st), "cudaMemsetAsync");
-  }
+  }  // no rows: dsink gains nothing
   const int64_t n = acc.numel();
   if (n > 0) {
     HMLA_LAUNCH(to_bf16_kernel, unsigned((n + 255) / 256), 256, 0, st, acc.data<float>(), n,

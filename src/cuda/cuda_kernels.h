@@ -21,4 +21,8 @@ namespace hmla::cuda {
 // (backend.cu) from traits.h, checked before any of these runs.
 HMLA_OP_LIST(HMLA_DECLARE_KERNEL)
 
+// The sparse backward's dkv workspace budget in bytes (SparseTraits::kBwdWorkspaceBytes until set):
+// a test seam, through which the tests run the backward in many chunks. Returns the previous one.
+int64_t set_sparse_bwd_workspace_bytes(int64_t bytes);
+
 }  // namespace hmla::cuda

@@ -20,6 +20,9 @@ struct SparseTraits {
   static constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8;
   static constexpr int kMaxKW = 4096;  // listed slots per row: the shared list of compact()
   static constexpr int kBwdWarps = 2, kBwdHeads = 16 * kBwdWarps, kHeadStep = 16;
+  // The backward's dkv workspace: f32 [rows, K + W, Dqk] for a chunk of rows; 512 MB keeps a
+  // chunk of 2048-key rows at 576 wide (4.7 MB a row) above a hundred rows.
+  static constexpr int64_t kBwdWorkspaceBytes = int64_t(512) << 20;
   static_assert(kBk % kMmaK == 0 && kChunk % 8 == 0 && kHeadStep % kMmaK == 0, "mma tiles are 16 x 8 x 16");
   static_assert(kBwdHeads % kHeadStep == 0, "dkg's head steps tile a block's heads");
 };

@@ -271,10 +271,10 @@ void indexer_grads(const MlaLayer& L, const AttnTensors& w, const Tensor& x, con
 }
 
 // The core's backward and what feeds it, per form: dq [N, H, Dqk] for this rank's rows, dka
-// [b, S, Rkv + Dr] the shared key's gradient over every key row, dsink; kv_b_proj's (or
-// k_b_proj/v_b_proj's) gradient added into dw.
+// [b, S, Rkv + Dr] the shared key's gradient over every key row; kv_b_proj's (or
+// k_b_proj/v_b_proj's) and the sink's gradients added into dw.
 struct CoreGrads {
-  Tensor dq, dka, dsink;
+  Tensor dq, dka;
 };
 
 CoreGrads mha_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims& d, const DocLayout& layout,
@@ -284,7 +284,8 @@ CoreGrads mha_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims& d
   const Tensor kaf = sv.ka.view({d.NS, Wa});
   CoreGrads r;
   AttnDenseGrads ga;
-  ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})));
+  ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(dO.view({d.b, d.s, d.H, d.Dv})),
+                      dw.softmax_offset);
   ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
   const Tensor dk = ga.dk.view({d.NS, d.H, d.Dqk});
   Tensor dkvb = f32(d.dev, {d.NS, d.H, d.Dn + d.Dv});
@@ -296,7 +297,6 @@ CoreGrads mha_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims& d
   r.dq = ga.dq.view({d.N, d.H, d.Dqk});
   linear_bwd(dkvb.view({d.NS, d.H * (d.Dn + d.Dv)}), kaf.slice(1, 0, d.Rkv), w.kv_b_proj,
              dw.kv_b_proj, dka2.slice(1, 0, d.Rkv));
-  r.dsink = ga.dsink;
   return r;
 }
 
@@ -315,10 +315,11 @@ CoreGrads latent_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims
   matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);
   if (sparse) {  // dkv holds the key's and the value's gradient together
     AttnSparseGrads gs = attn_sparse_bwd(sparse_inputs(L, w, sv, d), {sv.att.out, sv.att.lse, sv.lse_c},
-                                         core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+                                         core_in(doa.view({d.b, d.s, d.H, d.Rkv})), dw.softmax_offset);
     ga = {f32_of(gs.dq), f32_of(gs.dkv), Tensor(), gs.dsink};
   } else {
-    ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})));
+    ga = attn_dense_bwd(core_inputs(L, w, sv, d, layout), sv.att, core_in(doa.view({d.b, d.s, d.H, d.Rkv})),
+                        dw.softmax_offset);
     ga = {f32_of(ga.dq), f32_of(ga.dk), f32_of(ga.dv), ga.dsink};
   }
   const Tensor dqa = ga.dq.view({d.N, d.H, Wa});  // qabs_h = q_nope_h W_kb_h
@@ -334,7 +335,6 @@ CoreGrads latent_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims
     const Tensor dc = r.dka.view({d.NS, Wa}).slice(1, 0, d.Rkv);
     add(dc, ga.dv.view({d.NS, d.Rkv}), dc);
   }
-  r.dsink = ga.dsink;
   return r;
 }
 
@@ -368,7 +368,6 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
       L.latent() ? latent_core_backward(L, sv, d, layout, dO, dw) : mha_core_backward(L, sv, d, layout, dO, dw);
   const Tensor &dq = cg.dq, &dka = cg.dka;
   const int64_t Wa = d.Rkv + d.Dr;
-  if (cfg.attention_sink) add(dw.softmax_offset, cg.dsink, dw.softmax_offset);
 
   // This rank's rows of the shared key's gradient, summed over every rank's queries.
   const Tensor dka_own = cp_reduce_scatter_rows(cp, dka).view({d.N, Wa});  // dc, then dk_pe

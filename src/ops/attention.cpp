@@ -145,12 +145,12 @@ void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, cons
 }
 
 AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,
-                              const Tensor& dout) {
+                              const Tensor& dout, const Tensor& dsink) {
   Device dev = in.q.device();
+  const Tensor ds = !in.sink.defined() ? Tensor() : dsink.defined() ? dsink : Tensor::zeros({in.q.size(2)}, DType::f32, dev);
   AttnDenseGrads g{Tensor::empty(in.q.shape(), in.q.dtype(), dev),
                    Tensor::empty(in.k.shape(), in.k.dtype(), dev),
-                   Tensor::empty(in.v.shape(), in.v.dtype(), dev),
-                   in.sink.defined() ? Tensor::empty({in.q.size(2)}, DType::f32, dev) : Tensor()};
+                   Tensor::empty(in.v.shape(), in.v.dtype(), dev), ds};
   attn_dense_bwd(in, saved, dout, g);
   return g;
 }

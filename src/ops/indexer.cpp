@@ -101,8 +101,9 @@ IndexerKlResult run_kl(double (Backend::*entry)(const IndexerKlParams&) const, I
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   Tensor ds;
   IndexerTopkParams p;
-  // The CPU scores in f32; the CUDA kernel reads bf16 qI and kI (w f32).
-  check_scores(sc, sc.qI.device() == Device::cpu ? DType::f32 : DType::bf16, p, ds);
+  // qI and kI in one dtype, which the backend's supports() accepts or refuses (the CPU scores in
+  // f32; the CUDA kernel reads bf16; w is f32 everywhere).
+  check_scores(sc, sc.qI.defined() ? sc.qI.dtype() : DType::f32, p, ds);
   HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
   HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
   p.K = K, p.W = W;

@@ -28,9 +28,7 @@ AttnSparseParams make_params(const AttnSparseInputs& in) {
              " that no kernel takes (the last dimension contiguous, rows and heads at strides in [", in.q.size(3),
              ", 2^31)); pass a contiguous copy");
   const Device dev = in.q.device();
-  const DType dt = dev == Device::cpu ? DType::f32 : DType::bf16;
-  HMLA_CHECK(in.q.dtype() == dt, ShapeError, "sparse attention: q must be ", dtype_name(dt), " on ",
-             device_name(dev), ", got ", dtype_name(in.q.dtype()));
+  const DType dt = in.q.dtype();  // which dtypes a backend runs is its supports()' answer
   const int64_t b = in.q.size(0), s = in.q.size(1), Dqk = in.q.size(3);
   HMLA_CHECK(in.kv.defined() && in.kv.dim() == 3 && in.kv.size(0) == b && in.kv.size(1) >= s &&
                  in.kv.size(2) == Dqk && in.kv.is_contiguous() && in.kv.dtype() == dt && in.kv.device() == dev,
@@ -79,7 +77,8 @@ AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
   return sv;
 }
 
-AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout) {
+AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
+                                const Tensor& dsink) {
   AttnSparseParams p = make_params(in);
   const int64_t b = p.b, s = p.sq, H = p.H;
   const Device dev = in.q.device();
@@ -93,7 +92,11 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
                  sv.lse.is_contiguous(),
              ShapeError, "sparse attention: the saved out/lse do not match the inputs (the forward's outputs)");
   AttnSparseGrads g{Tensor::empty({b, s, H, in.q.size(3)}, in.q.dtype(), dev), Tensor::empty(in.kv.shape(), in.q.dtype(), dev),
-                    in.sink.defined() ? Tensor::empty({H}, DType::f32, dev) : Tensor()};
+                    !in.sink.defined() ? Tensor() : dsink.defined() ? dsink : Tensor::zeros({H}, DType::f32, dev)};
+  if (g.dsink.defined())
+    HMLA_CHECK(g.dsink.shape() == Shape({H}) && g.dsink.dtype() == DType::f32 && g.dsink.device() == dev &&
+                   g.dsink.is_contiguous(),
+               ShapeError, "sparse attention: dsink must be a contiguous f32 [H] tensor on q's device");
   p.out = sv.out.raw_data();
   p.lse = sv.lse.data<float>();
   p.dout = dout.raw_data();

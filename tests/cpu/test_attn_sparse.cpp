@@ -156,6 +156,34 @@ TEST(AttnSparse, RefusesStridesNoKernelTakes) {
   EXPECT_NO_THROW(attn_sparse_fwd(in));
 }
 
+// The sink's gradient is a parameter's: both attention backwards ADD it into a given tensor (the
+// one gradient convention of hmla/ops/nn.h), to the bits of the sum added once.
+TEST(AttnSparse, BothBackwardsAddTheSinksGradient) {
+  const int64_t s = 8, H = 2, D = 8;
+  std::vector<int32_t> idx(s * 2, -1);
+  for (int t = 0; t < s; ++t) idx[size_t(t * 2)] = t, idx[size_t(t * 2 + 1)] = t > 0 ? t - 1 : -1;
+  const Tensor sink = Tensor::from_vector<float>({H}, {0.3f, -0.4f}), dout = Tensor::from_vector<float>({1, s, H, 4}, randn(s * H * 4, 7));
+  const std::vector<float> init = {1.25f, -3.5f};
+  AttnSparseInputs sp{Tensor::from_vector<float>({1, s, H, D}, randn(s * H * D, 5)), Tensor::from_vector<float>({1, s, D}, randn(s * D, 6)),
+                      4, Tensor::from_vector<int32_t>({1, s, 2}, idx), 2, sink, 0.3f};
+  const AttnSparseSaved ss = attn_sparse_fwd(sp);
+  const std::vector<float> fresh = attn_sparse_bwd(sp, ss, dout).dsink.to_vector<float>();
+  Tensor acc = Tensor::from_vector<float>({H}, init);
+  attn_sparse_bwd(sp, ss, dout, acc);
+  const DocLayout layout = layout_causal(1, s);
+  AttnDenseInputs de;
+  de.q = sp.q, de.k = sp.kv.view({1, s, 1, D}), de.v = de.k.slice(3, 0, 4), de.layout = &layout, de.sink = sink, de.scale = 0.3f;
+  const AttnDenseSaved ds = attn_dense_fwd(de);
+  const std::vector<float> dfresh = attn_dense_bwd(de, ds, dout).dsink.to_vector<float>();
+  Tensor dacc = Tensor::from_vector<float>({H}, init);
+  attn_dense_bwd(de, ds, dout, dacc);
+  for (int64_t h = 0; h < H; ++h) {
+    EXPECT_NE(fresh[size_t(h)], 0.f);
+    EXPECT_EQ(acc.to_vector<float>()[size_t(h)], init[size_t(h)] + fresh[size_t(h)]) << "sparse, head " << h;
+    EXPECT_EQ(dacc.to_vector<float>()[size_t(h)], init[size_t(h)] + dfresh[size_t(h)]) << "dense, head " << h;
+  }
+}
+
 // A table listing all of A(t) makes sparse attention the dense MQA core (up to reassociation).
 TEST(AttnSparse, FullTableEqualsDenseMqa) {
   const int64_t s = 50, H = 3, Dqk = 20, Dv = 12;

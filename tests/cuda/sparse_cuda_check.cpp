@@ -290,4 +290,8 @@ std::string SparseResult::json() const {
   return os.str();
 }
 
+ScopedSparseBwdWorkspace::ScopedSparseBwdWorkspace(int64_t bytes)
+    : previous_(cuda::set_sparse_bwd_workspace_bytes(bytes)) {}
+ScopedSparseBwdWorkspace::~ScopedSparseBwdWorkspace() { cuda::set_sparse_bwd_workspace_bytes(previous_); }
+
 }  // namespace hmla::cuda_check

@@ -46,4 +46,17 @@ struct SparseBench {
 };
 SparseBench bench_sparse(int64_t s, int64_t H, int64_t K, int reps);
 
+// The sparse backward's dkv workspace set to `bytes` for the scope (cuda::set_sparse_bwd_workspace_bytes):
+// 1 runs the backward a row at a time.
+class ScopedSparseBwdWorkspace {
+ public:
+  explicit ScopedSparseBwdWorkspace(int64_t bytes);
+  ~ScopedSparseBwdWorkspace();
+  ScopedSparseBwdWorkspace(const ScopedSparseBwdWorkspace&) = delete;
+  ScopedSparseBwdWorkspace& operator=(const ScopedSparseBwdWorkspace&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
 }  // namespace hmla::cuda_check

@@ -48,9 +48,10 @@ TEST(CudaSparse, ChunkedBackwardAndTheTableCheck) {
   const auto rows = cuda_check::sparse_cases();
   const auto wide = std::find_if(rows.begin(), rows.end(), [](const auto& c) { return c.K + c.W >= 128; });
   ASSERT_NE(wide, rows.end());
-  setenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES", "1", 1);
-  const auto chunked = cuda_check::check_sparse(*wide, 3);
-  unsetenv("HMLA_SPARSE_BWD_WORKSPACE_BYTES");
+  const auto chunked = [&] {
+    const cuda_check::ScopedSparseBwdWorkspace one_row(1);
+    return cuda_check::check_sparse(*wide, 3);
+  }();
   EXPECT_TRUE(chunked.ok) << chunked.json();
   EXPECT_TRUE(cuda_check::sparse_rejects_duplicates());
 }

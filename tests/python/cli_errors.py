@@ -202,7 +202,7 @@ def main():
         ("programme: duplicated phase key", train("dup_phase.yaml"), "phases[0]: key 'lr' appears twice"),
         ("settings: duplicated key", layer + ["--settings", p("dup.yaml")],
          "dup.yaml: key 'train_indexer_only' appears twice"),
-        ("settings: seed", layer + ["--settings", p("seed.yaml")], "seed.yaml: 'seed' is not a setting of hmla layer"),
+        ("settings: seed", layer + ["--settings", p("seed.yaml")], "seed.yaml: unknown key 'seed'"),
         ("config.json: duplicated key", [a.hmla, "layer", "--config", p("dup.json")] + layer[4:],
          "dup.json: key 'hidden_size' appears twice in the top-level object"),
         # Sizes: checked arithmetic and a memory budget before anything is allocated.

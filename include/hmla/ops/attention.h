@@ -9,7 +9,8 @@
 // Query rows may be a slice of the key rows (context parallelism): q holds sq rows at global
 // positions [q_row0, q_row0 + sq) of the s key rows; out, lse, dout and dq have sq rows, k, v,
 // dk and dv have s, and the layout covers the s key rows (global positions).
-// Backward overwrites dq, dk, dv and dsink (never accumulates into them).
+// Backward writes dq, dk, dv (activation gradients) and ADDS into dsink (a parameter's gradient:
+// hmla/ops/nn.h's one convention).
 #pragma once
 #include <cstdint>
 
@@ -72,10 +73,11 @@ bool attn_dense_supports(const AttnDenseInputs& in);
 void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved);
 void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, const Tensor& dout,
                     AttnDenseGrads& grads);
-// ... or allocating them on the inputs' device.
+// ... or allocating them on the inputs' device; dsink is the given tensor (the sink's gradient
+// added into it, e.g. a gradient arena's view), else zeros.
 AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in);
 AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,
-                              const Tensor& dout);
+                              const Tensor& dout, const Tensor& dsink = {});
 
 }  // namespace hmla
 

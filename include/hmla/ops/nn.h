@@ -29,11 +29,11 @@ struct GemmParams {
   Trans ta = Trans::no, tb = Trans::no;
   int64_t batch = 1, M = 0, N = 0, K = 0;
   float alpha = 1.f, beta = 0.f;
-  const void* a = nullptr;
+  const void* a = nullptr;  // [batch][M, K] (ta: [K, M]) rows at lda, matrices at a_batch
   int64_t lda = 0, a_batch = 0;
-  const void* b = nullptr;
+  const void* b = nullptr;  // [batch][K, N] (tb: [N, K]) rows at ldb, matrices at b_batch
   int64_t ldb = 0, b_batch = 0;
-  void* c = nullptr;
+  void* c = nullptr;  // [batch][M, N] rows at ldc, matrices at c_batch
   int64_t ldc = 0, c_batch = 0;
 };
 
@@ -97,10 +97,10 @@ enum class RopeLayout { interleaved, half };
 // applies the transposed map (the backward: with the factor folded in it is a scaled rotation).
 struct RopeParams {
   RopeLayout layout = RopeLayout::interleaved;
-  float* x = nullptr;
+  float* x = nullptr;  // [N][heads][Dr] in place: rows at ld, heads at hstride
   int64_t ld = 0, hstride = 0, heads = 0, N = 0, s = 0, Dr = 0;
-  const float* cos = nullptr;
-  const float* sin = nullptr;
+  const float* cos = nullptr;  // [s, Dr / 2]
+  const float* sin = nullptr;  // [s, Dr / 2]
   bool transpose = false;
 };
 
@@ -108,7 +108,7 @@ struct RopeParams {
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose);
 
 // SwiGLU y = silu(g) * u element-wise over n values; the backward writes dg and du.
-struct SwigluParams {
+struct SwigluParams {  // every pointer [n] contiguous
   int64_t n = 0;
   const float* g = nullptr;
   const float* u = nullptr;
@@ -124,11 +124,11 @@ void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor
 // order (deterministic).
 struct EmbeddingParams {
   int64_t N = 0, V = 0, D = 0;
-  const int32_t* ids = nullptr;
-  const float* E = nullptr;
-  float* out = nullptr;
-  const float* dout = nullptr;
-  float* dE = nullptr;
+  const int32_t* ids = nullptr;  // [N] in [0, V)
+  const float* E = nullptr;      // [V, D]
+  float* out = nullptr;          // [N, D]
+  const float* dout = nullptr;   // [N, D] (backward)
+  float* dE = nullptr;           // [V, D] (backward: added into)
 };
 // ids i32 [N] (any shape of N values) checked in [0, V); E [V, D]; out [N, D] contiguous.
 void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out);
@@ -140,10 +140,10 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE);  //
 // w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows).
 struct CrossEntropyParams {
   int64_t N = 0, V = 0;
-  const float* logits = nullptr;
-  const int32_t* target = nullptr;
-  const float* w = nullptr;
-  float* dlogits = nullptr;
+  const float* logits = nullptr;   // [N, V]
+  const int32_t* target = nullptr; // [N] in [0, V)
+  const float* w = nullptr;        // [N]
+  float* dlogits = nullptr;        // [N, V] or null
   double init = 0;
 };
 double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits = {},
@@ -154,11 +154,11 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
 struct AxpyParams {
   int64_t N = 0, D = 0;
   float alpha = 1.f;
-  const float* a = nullptr;
+  const float* a = nullptr;  // [N, D] rows at lda
   int64_t lda = 0;
-  const float* b = nullptr;
+  const float* b = nullptr;  // [N, D] rows at ldb, or null
   int64_t ldb = 0;
-  float* out = nullptr;
+  float* out = nullptr;  // [N, D] rows at ldout
   int64_t ldout = 0;
 };
 void add(const Tensor& a, const Tensor& b, const Tensor& out);                // out = a + b
@@ -172,8 +172,8 @@ struct ConvertParams {
   DType src_dtype = DType::f32, dst_dtype = DType::f32;
   int dims = 0;
   int64_t shape[4] = {}, src_stride[4] = {}, dst_stride[4] = {};
-  const void* src = nullptr;
-  void* dst = nullptr;
+  const void* src = nullptr;  // shape at src_stride (elements), src_dtype
+  void* dst = nullptr;        // shape at dst_stride (elements), dst_dtype
 };
 void convert(const Tensor& src, const Tensor& dst);
 // A contiguous copy of t in `dtype` on t's device (t itself when it already is one).

@@ -12,14 +12,14 @@ namespace hmla {
 // sequence of additions).
 struct SumSquaresParams {
   int64_t n = 0;
-  const float* x = nullptr;
+  const float* x = nullptr;  // [n]
   double init = 0;
 };
 double sum_squares(const Tensor& x, double init = 0);
 
 // AdamW on n values, the gradient scaled by gscale (clipping):
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  w -= lr (m / bc1 / (sqrt(v / bc2) + eps) + wd w).
-struct AdamWParams {
+struct AdamWParams {  // every pointer [n] contiguous
   int64_t n = 0;
   float* w = nullptr;
   const float* g = nullptr;
@@ -32,7 +32,7 @@ void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tenso
 
 // Muon's momentum with Nesterov: m = beta m + gscale g; u = gscale g + beta m. Then, after
 // u's orthogonalisation upd, the update w -= lr (scale upd + wd w).
-struct MuonParams {
+struct MuonParams {  // every pointer [n] contiguous
   int64_t n = 0;
   float* w = nullptr;
   const float* g = nullptr;

@@ -6,8 +6,9 @@
 // With K > 0 the forward also saves lse_c: the logsumexp over the first K slots only, without the
 // sink (the indexer KL's lseC when a window or a sink makes it differ from lse).
 // Rows without a listed key: out = 0, lse = lse_c = +inf, zero gradients.
-// Cost O(s * (K + W) * H * (Rkv + Dr)); -1 slots cost nothing. The backward overwrites dq, dkv
-// (the key's and the value's gradient in one tensor) and dsink.
+// Cost O(s * (K + W) * H * (Rkv + Dr)); -1 slots cost nothing. The backward writes dq, dkv (the
+// key's and the value's gradient in one tensor) and ADDS into dsink (a parameter's gradient:
+// hmla/ops/nn.h's convention): the given tensor, else zeros.
 #pragma once
 #include <cstdint>
 
@@ -65,7 +66,8 @@ struct AttnSparseGrads {
 };
 
 AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in);
-AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& saved, const Tensor& dout);
+AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& saved, const Tensor& dout,
+                                const Tensor& dsink = {});
 
 }  // namespace hmla
 
