@@ -190,10 +190,11 @@ def indexer_kl(q_idx, k_idx, weights, q, k, *, scale, cu_seqlens=None, end_rows=
     if _tensor("row_mask", row_mask, optional=True) is not None and row_mask.dtype != torch.bool:
         raise ValueError(f"row_mask must be a bool tensor, got {row_mask.dtype}")
     tk = _tensor("topk_indices", topk_indices, optional=True)
+    skip = _invalid(invalid)
     if tk is None and window:
         raise ValueError(f"indexer_kl: window = {window} needs topk_indices (the dense KL has no window)")
     if tk is not None:
-        tk = _K.index_table(tk, q_idx.shape[1], cu_seqlens, end_rows, _invalid(invalid))
+        tk = _K.index_table(tk, q_idx.shape[1], cu_seqlens, end_rows, skip)
     return _IndexerKl.apply(q_idx, k_idx, weights, q.detach(), k.detach(), _float("scale", scale, positive=True),
                             cu_seqlens, end_rows, tk, window, row_mask, _float("coeff", coeff, positive=False))
 
