@@ -41,7 +41,8 @@ inline std::vector<NnCase> nn_ops() {
       {"matmul_nn", O::gemm_ref, NnOp::matmul, {.rows = 7, .cols = 5, .inner = 9}},
       {"matmul_tn_beta", O::gemm_ref, NnOp::matmul, {.rows = 7, .cols = 5, .inner = 9}, true, false, 0.5f},
       {"matmul_nt", O::gemm_ref, NnOp::matmul, {.rows = 7, .cols = 5, .inner = 9}, false, true},
-      {"matmul_per_head_views", O::gemm_ref, NnOp::matmul_per_head, {.rows = 6, .cols = 5, .inner = 4, .heads = 3, .pitch = 10}},
+      {"matmul_per_head_views", O::gemm_ref, NnOp::matmul_per_head,
+       {.rows = 6, .cols = 5, .inner = 4, .heads = 3, .pitch = 10}},
       {"linear_column_slices", O::gemm_ref, NnOp::linear, {.rows = 11, .cols = 4, .inner = 6, .pitch = 9}},
       {"rmsnorm_column_slices", O::norm_ref, NnOp::rmsnorm, {.rows = 9, .cols = 12, .pitch = 16}},
       {"add_rmsnorm_aliased", O::add_rmsnorm_ref, NnOp::add_rmsnorm, {.rows = 9, .cols = 12, .pitch = 16}},
@@ -99,12 +100,14 @@ inline bool runs(const Backend& be, const NnCase& c, DType) {
              be.supports(gemm(T, N, 1, s.cols, s.inner, s.rows, 1.f)) &&
              be.supports(gemm(N, N, 1, s.rows, s.inner, s.cols, 1.f));
     case NnOp::rmsnorm:
-      return be.supports(norm(s.rows, s.cols, false, false, false)) && be.supports(norm(s.rows, s.cols, true, false, false));
+      return be.supports(norm(s.rows, s.cols, false, false, false)) &&
+             be.supports(norm(s.rows, s.cols, true, false, false));
     case NnOp::add_rmsnorm:  // and add then rmsnorm_fwd, the bits it must give
       return be.supports(norm(s.rows, s.cols, false, false, true)) && be.supports(axpy(s.rows, s.cols, 1.f, true)) &&
              be.supports(norm(s.rows, s.cols, false, false, false));
     case NnOp::layernorm:
-      return be.supports(norm(s.rows, s.cols, false, true, false)) && be.supports(norm(s.rows, s.cols, true, true, false));
+      return be.supports(norm(s.rows, s.cols, false, true, false)) &&
+             be.supports(norm(s.rows, s.cols, true, true, false));
     case NnOp::rope: {
       RopeParams p;
       p.layout = c.layout, p.heads = s.heads, p.N = s.rows * s.inner, p.s = s.inner, p.Dr = s.cols;
@@ -133,7 +136,8 @@ inline bool runs(const Backend& be, const NnCase& c, DType) {
       p.dlogits = &x;
       return be.supports(p);
     }
-    case NnOp::axpy_scale: return be.supports(axpy(s.rows, s.cols, -0.5f, true)) && be.supports(axpy(s.rows, s.cols, 3.f, false));
+    case NnOp::axpy_scale:  // axpy, then scale (no b)
+      return be.supports(axpy(s.rows, s.cols, -0.5f, true)) && be.supports(axpy(s.rows, s.cols, 3.f, false));
     case NnOp::optimizer: {
       SumSquaresParams ss;
       AdamWParams adam;

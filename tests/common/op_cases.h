@@ -141,7 +141,8 @@ inline std::vector<AttnSparseCase> attn_sparse() {
       {"latent_h16", Oracle::attn_sparse_ref, 1, 96, 16, 576, 512, 24, 4, false, true},
       {"latent_h64_b2_sink", Oracle::attn_sparse_ref, 2, 48, 64, 576, 512, 16, 0, true, true},
       {"h128_sink", Oracle::attn_sparse_ref, 1, 48, 128, 128, 128, 40, 8, true, true},
-      {"h32_kw140_empty_rows", Oracle::attn_sparse_ref, 1, 140, 32, 192, 160, 100, 40, true, true},  // compaction over 2 rounds
+      // compaction over 2 rounds
+      {"h32_kw140_empty_rows", Oracle::attn_sparse_ref, 1, 140, 32, 192, 160, 100, 40, true, true},
       {"k0_window_only", Oracle::attn_sparse_ref, 1, 64, 16, 128, 128, 0, 12, false, true},
   };
 }
@@ -171,7 +172,8 @@ struct IndexerTopkCase {
 };
 inline void PrintTo(const IndexerTopkCase& c, std::ostream* os) { print_row(c, os); }
 inline std::vector<IndexerTopkCase> indexer_topk() {
-  return {{"hi64_di128_k32_w4", Oracle::indexer_topk_ref, 300, 64, 128, 32, 4}, {"hi16_di32_k256", Oracle::indexer_topk_ref, 600, 16, 32, 256, 0}};
+  return {{"hi64_di128_k32_w4", Oracle::indexer_topk_ref, 300, 64, 128, 32, 4},
+          {"hi16_di32_k256", Oracle::indexer_topk_ref, 600, 16, 32, 256, 0}};
 }
 
 // The indexer's KL on the problem b x s with HI index heads of width DI against H attention heads

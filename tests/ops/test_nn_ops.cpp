@@ -461,7 +461,8 @@ void run_row(const NnCase& row, Device dev) {
 
 class NnOps : public ::testing::TestWithParam<NnCase> {};
 TEST_P(NnOps, MatchesTheOracle) { run_row(GetParam(), Device::cpu); }
-INSTANTIATE_TEST_SUITE_P(Table, NnOps, ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::nn_ops())),
+INSTANTIATE_TEST_SUITE_P(Table, NnOps,
+                         ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::nn_ops())),
                          op_cases::RowName());
 
 // On CUDA where the build has it and a device (or the SIMT emulator: test_cuda_emu builds this
@@ -472,7 +473,8 @@ TEST_P(NnOpsOnCuda, MatchesTheOracle) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   run_row(GetParam(), Device::cuda);
 }
-INSTANTIATE_TEST_SUITE_P(Table, NnOpsOnCuda, ::testing::ValuesIn(op_cases::run_by(cuda_backend(), DType::f32, op_cases::nn_ops())),
+INSTANTIATE_TEST_SUITE_P(Table, NnOpsOnCuda,
+                         ::testing::ValuesIn(op_cases::run_by(cuda_backend(), DType::f32, op_cases::nn_ops())),
                          op_cases::RowName());
 
 // Both backends run every op of the table (their supports() say so for every row's params).
