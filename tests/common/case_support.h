@@ -5,6 +5,7 @@
 // supports() what the call is (a backward's dq, select's scores, a sparse KL's table, a sink) are
 // set to a marker; supports() reads no memory. Header-only, no test framework (hmla_cuda_check).
 #pragma once
+#include <string>
 #include <vector>
 
 #include "hmla/ops/backend.h"
@@ -87,6 +88,16 @@ std::vector<Row> run_by(const Backend* be, DType dt, const std::vector<Row>& tab
     for (const Row& c : table)
       if (runs(*be, c, dt)) rows.push_back(c);
   return rows;
+}
+
+// The names of the rows of `table` that `be` does not run ("" when it runs them all): what a
+// suite asserts where a backend must run its whole table (the CPU runs every row of every table).
+template <class Row>
+std::string rows_not_run(const Backend& be, DType dt, const std::vector<Row>& table) {
+  std::string names;
+  for (const Row& c : table)
+    if (!runs(be, c, dt)) names += " " + c.name;
+  return names;
 }
 
 }  // namespace hmla::op_cases

@@ -127,6 +127,11 @@ INSTANTIATE_TEST_SUITE_P(Table, AttnDenseCases,
                          ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::attn_dense())),
                          op_cases::RowName());
 
+// The CPU runs every row of the table: its supports() drops none of them from the suite above.
+TEST(AttnDenseCases, TheCpuRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::attn_dense()), "");
+}
+
 // The oracle's own gradients against central finite differences of L = sum(out * dout).
 TEST(AttnDenseOracle, GradientsMatchFiniteDifferences) {
   ref::AttnDims d{1, 7, 2, 1, 4, 3};

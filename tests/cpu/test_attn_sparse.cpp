@@ -60,6 +60,11 @@ INSTANTIATE_TEST_SUITE_P(Table, AttnSparseCases,
                          ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::attn_sparse())),
                          op_cases::RowName());
 
+// The CPU runs every row of the table: its supports() drops none of them from the suite above.
+TEST(AttnSparseCases, TheCpuRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::attn_sparse()), "");
+}
+
 TEST(AttnSparseOracle, GradientsMatchFiniteDifferences) {
   ref::SparseDims d{1, 6, 2, 5, 3, 4, 3};
   auto q = to_f64(randn(6 * 2 * 5, 11)), kv = to_f64(randn(6 * 5, 12)), sink = to_f64(randn(2, 13));

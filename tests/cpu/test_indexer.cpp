@@ -219,6 +219,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, IndexerKlOnCuda,
                          ::testing::ValuesIn(op_cases::run_by(cuda_backend(), DType::f32, op_cases::indexer_kl())),
                          op_cases::RowName());
 
+// The CPU runs every row of the KL table (its supports() drops none of them from the suite above)
+// and, on f32 scores, every row of the selection tables the CUDA suites compare it with.
+TEST(IndexerKl, TheCpuRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::indexer_kl()), "");
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::indexer_select()), "");
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::indexer_topk()), "");
+}
+
 TEST(IndexerKlOracle, GradientsMatchFiniteDifferences) {
   DocLayout l = layout_from_cu_seqlens(6, {{0, 4, 5}});
   Problem p = make(1, 6, 2, 4, 2, 1, 3, std::move(l), 21);
