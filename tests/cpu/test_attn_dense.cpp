@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "attn_dense_ref.h"
+#include "case_support.h"
 #include "hmla/ops/attention.h"
-#include "op_cases.h"
 #include "testing.h"
 
 namespace hmla {
@@ -123,8 +123,14 @@ TEST_P(AttnDenseCases, MatchesFloat64OracleByTheRule) {
   if (c.sink) testing::expect_within_rule("dsink", k.dsink, o32.dsink, o64.dsink);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, AttnDenseCases, ::testing::ValuesIn(op_cases::attn_dense()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Table, AttnDenseCases,
+                         ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::attn_dense())),
+                         op_cases::RowName());
+
+// The CPU runs every row of the table: its supports() drops none of them from the suite above.
+TEST(AttnDenseCases, TheCpuRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::attn_dense()), "");
+}
 
 // The oracle's own gradients against central finite differences of L = sum(out * dout).
 TEST(AttnDenseOracle, GradientsMatchFiniteDifferences) {
@@ -147,7 +153,7 @@ TEST(AttnDenseOracle, GradientsMatchFiniteDifferences) {
 }
 
 TEST(AttnDense, EmptyRowsAreZeroWithInfiniteLse) {
-  Case c{"all_padding", 1, 9, 2, 1, 8, 8, {}, std::vector<int64_t>(9, 0), true};
+  Case c{"all_padding", op_cases::Oracle::attn_dense_ref, 1, 9, 2, 1, 8, 8, {}, std::vector<int64_t>(9, 0), true};
   Inputs x = make_inputs(c, 7);
   DocLayout layout = make_layout(c);
   KernelResult k = run_kernel(c, x, layout, 0.3f);
@@ -164,7 +170,7 @@ std::vector<uint32_t> bits(const std::vector<float>& v) {
 }
 
 TEST(AttnDense, DeterministicAcrossRunsAndThreadCounts) {
-  Case c{"det", 2, 200, 4, 4, 32, 16, {{0, 70, 200}, {0, 130, 190}}, {}, true};
+  Case c{"det", op_cases::Oracle::attn_dense_ref, 2, 200, 4, 4, 32, 16, {{0, 70, 200}, {0, 130, 190}}, {}, true};
   Inputs x = make_inputs(c, 11);
   DocLayout layout = make_layout(c);
   KernelResult a = run_kernel(c, x, layout, 0.2f), b = run_kernel(c, x, layout, 0.2f);
@@ -192,7 +198,7 @@ TEST(AttnDense, DeterministicAcrossRunsAndThreadCounts) {
 // Peak bytes of one forward + backward above the inputs: outputs plus O(threads) tiles, linear
 // in s. An [s, s] f32 matrix would be 16 MiB at s = 2048.
 size_t peak_above_inputs(int64_t s) {
-  Case c{"mem", 1, s, 1, 1, 16, 16};
+  Case c{"mem", op_cases::Oracle::attn_dense_ref, 1, s, 1, 1, 16, 16};
   Inputs x = make_inputs(c, 3);
   DocLayout layout = make_layout(c);
   AttnDenseInputs in;

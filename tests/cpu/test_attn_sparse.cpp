@@ -10,10 +10,10 @@
 #include <random>
 
 #include "attn_sparse_ref.h"
+#include "case_support.h"
 #include "hmla/ops/attention.h"
 #include "hmla/ops/index_table.h"
 #include "hmla/ops/sparse_attention.h"
-#include "op_cases.h"
 #include "testing.h"
 
 namespace hmla {
@@ -56,14 +56,20 @@ TEST_P(AttnSparseCases, MatchesFloat64OracleByTheRule) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, AttnSparseCases, ::testing::ValuesIn(op_cases::attn_sparse()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Table, AttnSparseCases,
+                         ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::attn_sparse())),
+                         op_cases::RowName());
+
+// The CPU runs every row of the table: its supports() drops none of them from the suite above.
+TEST(AttnSparseCases, TheCpuRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::attn_sparse()), "");
+}
 
 TEST(AttnSparseOracle, GradientsMatchFiniteDifferences) {
   ref::SparseDims d{1, 6, 2, 5, 3, 4, 3};
   auto q = to_f64(randn(6 * 2 * 5, 11)), kv = to_f64(randn(6 * 5, 12)), sink = to_f64(randn(2, 13));
   auto dout = to_f64(randn(6 * 2 * 3, 14));
-  std::vector<int32_t> idx = op_cases::sparse_table({"fd", 1, 6, 2, 5, 3, 3, 1}, 15);
+  std::vector<int32_t> idx = op_cases::sparse_table({"fd", op_cases::Oracle::attn_sparse_ref, 1, 6, 2, 5, 3, 3, 1}, 15);
   auto base = ref::attn_sparse_ref<double>(d, q, kv, idx, sink, 0.6, dout);
   auto loss = [&] {
     auto r = ref::attn_sparse_ref<double>(d, q, kv, idx, sink, 0.6, {});
@@ -95,7 +101,7 @@ TEST(AttnSparse, TableContractAndDeterminism) {
   EXPECT_THROW(attn_sparse_fwd(in), ShapeError);
 
   // Same inputs, same bits, run to run.
-  auto big = op_cases::sparse_table({"det", 2, 80, 4, 24, 16, 12, 3, false, true}, 9);
+  auto big = op_cases::sparse_table({"det", op_cases::Oracle::attn_sparse_ref, 2, 80, 4, 24, 16, 12, 3, false, true}, 9);
   AttnSparseInputs r{Tensor::from_vector<float>({2, 80, 4, 24}, randn(2 * 80 * 4 * 24, 3)),
                      Tensor::from_vector<float>({2, 80, 24}, randn(2 * 80 * 24, 4)), 16,
                      Tensor::from_vector<int32_t>({2, 80, 15}, big), 12, {}, 0.2f};

@@ -8,8 +8,10 @@
 #include <random>
 
 #include "attn_dense_ref.h"
+#include "case_support.h"
 #include "hmla/core/cuda.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_ref.h"
 #include "testing.h"
@@ -154,20 +156,15 @@ TEST(IndexerSelect, GivenScoresMatchTheReferenceExactly) {
 
 // ---- KL --------------------------------------------------------------------------------------
 
-struct KlCase {
-  std::string name;
-  bool sparse, give_lse;
-  int64_t Hkv;
-};
+using op_cases::IndexerKlCase;
 
-void PrintTo(const KlCase& c, std::ostream* os) { *os << c.name; }
-
-class IndexerKl : public ::testing::TestWithParam<KlCase> {};
+class IndexerKl : public ::testing::TestWithParam<IndexerKlCase> {};
 
 // The case on `dev`: the inputs (and the selection table, the attention's lse) made on the CPU,
 // then moved, so both backends see the same problem. The KL kernels are f32 on both: the f32 rule.
-void run_kl_case(const KlCase& c, Device dev) {
-  Problem p = make(2, 150, 4, 16, 4, c.Hkv, 12, docs_layout(), 11);
+void run_kl_case(const IndexerKlCase& c, Device dev) {
+  ASSERT_TRUE(c.b == 2 && c.s == 150) << c.name << ": docs_layout() covers b = 2, s = 150";
+  Problem p = make(c.b, c.s, c.HI, c.DI, c.H, c.Hkv, c.Dqk, docs_layout(), 11);
   const float scale = 0.3f, coeff = 0.5f;
   IndexerKlInputs in;
   in.sc = p.scores();
@@ -182,9 +179,9 @@ void run_kl_case(const KlCase& c, Device dev) {
     in.lse_c = attn_dense_fwd(a).lse;
   }
   std::vector<int32_t> topk;
-  const int64_t K = 20;
+  const int64_t K = c.K;
   if (c.sparse) {
-    in.topk = indexer_topk(in.sc, K, 4);
+    in.topk = indexer_topk(in.sc, K, c.W);
     in.K = K;
     topk = in.topk.to_vector<int32_t>();
   }
@@ -206,19 +203,29 @@ void run_kl_case(const KlCase& c, Device dev) {
 }
 
 TEST_P(IndexerKl, MatchesFloat64OracleByTheRule) { run_kl_case(GetParam(), Device::cpu); }
+INSTANTIATE_TEST_SUITE_P(Cases, IndexerKl,
+                         ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::indexer_kl())),
+                         op_cases::RowName());
 
-// On CUDA where the build has it and a device (test_cuda_emu builds this file: the emulator).
-TEST_P(IndexerKl, MatchesFloat64OracleByTheRuleOnCuda) {
-  if (!cuda_built() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+// On CUDA where the build has it and a device (test_cuda_emu builds this file: the emulator); a
+// build without CUDA has no rows here.
+class IndexerKlOnCuda : public ::testing::TestWithParam<IndexerKlCase> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(IndexerKlOnCuda);
+TEST_P(IndexerKlOnCuda, MatchesFloat64OracleByTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   run_kl_case(GetParam(), Device::cuda);
 }
+INSTANTIATE_TEST_SUITE_P(Cases, IndexerKlOnCuda,
+                         ::testing::ValuesIn(op_cases::run_by(cuda_backend(), DType::f32, op_cases::indexer_kl())),
+                         op_cases::RowName());
 
-INSTANTIATE_TEST_SUITE_P(Cases, IndexerKl,
-                         ::testing::Values(KlCase{"dense_lse_given", false, true, 4},
-                                           KlCase{"dense_lse_computed_gqa", false, false, 2},
-                                           KlCase{"sparse_mqa", true, false, 1},
-                                           KlCase{"sparse_mha", true, false, 4}),
-                         [](const auto& info) { return info.param.name; });
+// The CPU runs every row of the KL table (its supports() drops none of them from the suite above)
+// and, on f32 scores, every row of the selection tables the CUDA suites compare it with.
+TEST(IndexerKl, TheCpuRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::indexer_kl()), "");
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::indexer_select()), "");
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::indexer_topk()), "");
+}
 
 TEST(IndexerKlOracle, GradientsMatchFiniteDifferences) {
   DocLayout l = layout_from_cu_seqlens(6, {{0, 4, 5}});

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "attn_dense_ref.h"
+#include "case_support.h"
 #include "check_util.h"
 #include "hmla/core/cuda.h"
 #include "hmla/ops/attention.h"
@@ -103,16 +104,7 @@ DocLayout layout_of(const Case& c) {
 
 }  // namespace
 
-std::vector<Case> cases() {
-  std::vector<Case> rows;
-  for (const Case& c : op_cases::attn_dense()) {
-    AttnDenseParams p;
-    p.dtype = DType::bf16;
-    p.Dqk = c.Dqk, p.Dv = c.Dv;
-    if (cuda_backend() && cuda_backend()->supports(p)) rows.push_back(c);
-  }
-  return rows;
-}
+std::vector<Case> cases() { return op_cases::run_by(cuda_backend(), DType::bf16, op_cases::attn_dense()); }
 
 bool device_available() { return cuda_built() && cuda_device_count() > 0; }
 

@@ -21,7 +21,8 @@ namespace hmla::cuda_check {
 
 using Case = op_cases::AttnDenseCase;
 
-// The rows of the dense attention's case table (op_cases.h) the CUDA backend supports.
+// The rows of the dense attention's case table (op_cases.h) the CUDA backend runs, forward and
+// backward, on bf16 inputs: what its supports() answers for each row's params (case_support.h).
 std::vector<Case> cases();
 
 struct TensorErr {

@@ -42,12 +42,12 @@ int main(int argc, char** argv) {
         std::cout << r.json() << std::endl;
         ok &= r.ok;
       }
-      for (const hmla::op_cases::IndexerSelectCase& c : hmla::op_cases::indexer_select()) {
+      for (const hmla::op_cases::IndexerSelectCase& c : indexer_select_cases()) {
         const IndexerCheck r = check_select(c.s, c.K, c.W, c.q_row0, 1);
         std::cout << r.json() << std::endl;
         ok &= r.ok;
       }
-      for (const hmla::op_cases::IndexerTopkCase& c : hmla::op_cases::indexer_topk()) {
+      for (const hmla::op_cases::IndexerTopkCase& c : indexer_topk_cases()) {
         const IndexerCheck r = check_topk(c.s, c.HI, c.DI, c.K, c.W, 5);
         std::cout << r.json() << std::endl;
         ok &= r.ok;

@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "case_support.h"
 #include "check_util.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_ref.h"
@@ -21,12 +22,19 @@ DocLayout layout_for(int64_t s) { return layout_from_cu_seqlens(s, {{0, s / 3, s
 
 }  // namespace
 
+std::vector<op_cases::IndexerSelectCase> indexer_select_cases() {
+  return op_cases::run_by(cuda_backend(), DType::f32, op_cases::indexer_select());
+}
+std::vector<op_cases::IndexerTopkCase> indexer_topk_cases() {
+  return op_cases::run_by(cuda_backend(), DType::bf16, op_cases::indexer_topk());
+}
+
 IndexerCheck check_select(int64_t s, int64_t K, int64_t W, int64_t q_row0, uint64_t seed) {
   IndexerCheck r;
   std::ostringstream name;
   name << "select_s" << s << "_K" << K << "_W" << W << "_row0_" << q_row0;
   r.name = name.str();
-  const int64_t b = 2, sq = s - q_row0;
+  const int64_t b = op_cases::kSelectBatch, sq = s - q_row0;
   const DocLayout layout = layout_for(s);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;
@@ -53,7 +61,7 @@ IndexerCheck check_topk(int64_t s, int64_t HI, int64_t DI, int64_t K, int64_t W,
   std::ostringstream name;
   name << "topk_s" << s << "_HI" << HI << "_DI" << DI << "_K" << K << "_W" << W;
   r.name = name.str();
-  const int64_t b = 2;
+  const int64_t b = op_cases::kSelectBatch;
   const DocLayout layout = layout_for(s);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd;

@@ -9,7 +9,10 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "hmla/core/allocator.h"
+#include "op_cases.h"
 
 namespace hmla::cuda_check {
 
@@ -19,6 +22,11 @@ struct IndexerCheck {
   int64_t rows = 0, rows_compared = 0;  // topk: rows whose gap allowed a set comparison
   std::string json() const;
 };
+
+// The rows of the selection tables (op_cases.h) the CUDA backend runs: select on f32 scores, topk
+// on bf16 qI and kI, as its supports() answers for each row's params (case_support.h).
+std::vector<op_cases::IndexerSelectCase> indexer_select_cases();
+std::vector<op_cases::IndexerTopkCase> indexer_topk_cases();
 
 IndexerCheck check_select(int64_t s, int64_t K, int64_t W, int64_t q_row0, uint64_t seed);
 // dev = cpu runs hmla's f32 CPU top-k on the same (bf16-valued) inputs: the harness's self-test.

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "attn_sparse_ref.h"
+#include "case_support.h"
 #include "check_util.h"
 #include "cuda_kernels.h"
 #include "runtime.h"
@@ -93,26 +94,8 @@ Naive naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const st
 
 }  // namespace
 
-namespace {
-
-// Whether the CUDA backend runs the row's forward (backward: its backward), as it answers for the
-// row's real params: supports() is the only place the kernels' limits are written.
-bool cuda_runs(const SparseCase& c, bool backward) {
-  AttnSparseParams p;
-  p.dtype = DType::bf16;
-  p.b = c.b, p.sq = p.skv = c.s, p.H = c.H, p.Dqk = c.Dqk, p.Dv = c.Dv, p.K = c.K, p.KW = c.K + c.W;
-  static char dq;  // a backward's params have dq: that is how supports tells the passes apart
-  if (backward) p.dq = &dq;
-  return cuda_backend() && cuda_backend()->supports(p);
-}
-
-}  // namespace
-
 std::vector<SparseCase> sparse_cases() {
-  std::vector<SparseCase> rows;
-  for (const SparseCase& c : op_cases::attn_sparse())
-    if (cuda_runs(c, false) && cuda_runs(c, true)) rows.push_back(c);
-  return rows;
+  return op_cases::run_by(cuda_backend(), DType::bf16, op_cases::attn_sparse());
 }
 
 SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float scale_factor, float bwd_factor) {
@@ -135,7 +118,8 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float 
   std::vector<float> kernel_dout = dout;
   for (float& x : kernel_dout) x = rbf(x * bwd_factor);
   const Tensor dout_dev = put({c.b, c.s, c.H, c.Dv}, kernel_dout, dev);
-  const bool backward = dev == Device::cpu || cuda_runs(c, true);
+  const bool backward =
+      dev == Device::cpu || (cuda_backend() && cuda_backend()->supports(op_cases::params(c, DType::bf16, true)));
   std::vector<float> run[2][6];  // out, lse, lse_c, dq, dkv, dsink
   for (auto& got : run) {
     AttnSparseSaved sv = attn_sparse_fwd(in);

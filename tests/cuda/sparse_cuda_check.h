@@ -15,8 +15,9 @@ namespace hmla::cuda_check {
 
 using SparseCase = op_cases::AttnSparseCase;
 
-// The rows of the sparse attention's case table (op_cases.h) the CUDA backend supports, forward
-// and backward (H a multiple of 16).
+// The rows of the sparse attention's case table (op_cases.h) the CUDA backend runs, forward and
+// backward, on bf16 inputs: what its supports() answers for each row's params (case_support.h;
+// the backward needs H a multiple of 16).
 std::vector<SparseCase> sparse_cases();
 
 struct SparseResult {

@@ -8,9 +8,11 @@
 #include <cstdlib>
 
 #include "attn_cuda_check.h"
+#include "case_support.h"
 #include "indexer_cuda_check.h"
 #include "sparse_cuda_check.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/backend.h"
 
 namespace hmla {
 namespace {
@@ -28,7 +30,7 @@ TEST_P(CudaAttention, MatchesTheReferencesAndIsDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, CudaAttention, ::testing::ValuesIn(cuda_check::cases()),
-                         [](const auto& info) { return info.param.name; });
+                         op_cases::RowName());
 
 class CudaSparse : public ::testing::TestWithParam<cuda_check::SparseCase> {};
 
@@ -39,7 +41,7 @@ TEST_P(CudaSparse, MatchesTheReferencesAndIsDeterministic) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, CudaSparse, ::testing::ValuesIn(cuda_check::sparse_cases()),
-                         [](const auto& info) { return info.param.name; });
+                         op_cases::RowName());
 
 TEST(CudaSparse, ChunkedBackwardAndTheTableCheck) {
   if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
@@ -65,8 +67,8 @@ TEST_P(CudaIndexerSelect, FromTheSameScoresIsTheCpuTable) {
   EXPECT_TRUE(r.ok) << r.json();
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, CudaIndexerSelect, ::testing::ValuesIn(op_cases::indexer_select()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Table, CudaIndexerSelect, ::testing::ValuesIn(cuda_check::indexer_select_cases()),
+                         op_cases::RowName());
 
 class CudaIndexerTopk : public ::testing::TestWithParam<IndexerTopkCase> {};
 
@@ -77,8 +79,8 @@ TEST_P(CudaIndexerTopk, FromBf16InputsMatchesTheReferenceSets) {
   EXPECT_TRUE(r.ok) << r.json();
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, CudaIndexerTopk, ::testing::ValuesIn(op_cases::indexer_topk()),
-                         [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Table, CudaIndexerTopk, ::testing::ValuesIn(cuda_check::indexer_topk_cases()),
+                         op_cases::RowName());
 
 // The sparse rule passes the f32 CPU kernel and fails a 2% scale error, and a backward fed a
 // grad_output 2% off (the forward then passes).
@@ -107,7 +109,7 @@ TEST(CudaCheckHarness, TheRuleAcceptsTheCpuKernelAndRejectsAWrongOne) {
 
 // The indexer check's set comparison passes hmla's f32 CPU top-k on the same inputs.
 TEST(CudaCheckHarness, TheTopkComparisonAcceptsTheCpuSelection) {
-  for (const IndexerTopkCase& c : op_cases::indexer_topk()) {
+  for (const IndexerTopkCase& c : op_cases::run_by(&cpu_backend(), DType::f32, op_cases::indexer_topk())) {
     const auto r = cuda_check::check_topk(c.s, c.HI, c.DI, c.K, c.W, 5, Device::cpu);
     EXPECT_TRUE(r.ok) << r.json();
     EXPECT_GT(r.rows_compared, r.rows / 2) << r.json();

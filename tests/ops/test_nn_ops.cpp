@@ -1,12 +1,12 @@
 // The case table of the dense ops (hmla/ops/nn.h) and the optimizer steps (hmla/ops/optim.h),
-// run through the op entry points on every backend of the build that runs them, against float64
-// oracles written here by the STYLE.md rule (the oracle instantiated in f32 is the naive arm).
-// Inputs are strided where the op takes strides (column slices of wider tensors, per-head views),
-// so the row-stride handling of the entry points is what is tested, not only the kernels.
+// op_cases.h's nn_ops rows, run through the op entry points by one runner per backend of the
+// build (the rows its supports() accepts: case_support.h) against float64 oracles written here by
+// the STYLE.md rule (the oracle instantiated in f32 is the naive arm). Inputs are strided where
+// the op takes strides (column slices of wider tensors, per-head views), so the row-stride
+// handling of the entry points is what is tested, not only the kernels.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +14,8 @@
 #include "hmla/ops/backend.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
+#include "case_support.h"
+#include "nn_cases.h"
 #include "testing.h"
 
 namespace hmla {
@@ -22,6 +24,9 @@ namespace {
 using testing::expect_within_rule;
 using testing::randn;
 using Vec = std::vector<float>;
+using op_cases::NnCase;
+using op_cases::NnOp;
+using op_cases::NnShape;
 template <class T>
 using V = std::vector<T>;
 
@@ -30,23 +35,24 @@ V<T> cast(const Vec& v) {
   return V<T>(v.begin(), v.end());
 }
 
-// The device the table's current run computes on: every tensor of a case is made there.
-Device g_dev = Device::cpu;
-Tensor t(const Shape& s, const Vec& v) { return Tensor::from_vector<float>(s, v).to(g_dev); }
-Tensor ti(const Shape& s, const V<int32_t>& v) { return Tensor::from_vector<int32_t>(s, v).to(g_dev); }
-Tensor dev_empty(const Shape& s, DType d) { return Tensor::empty(s, d, g_dev); }
-Tensor dev_zeros(const Shape& s, DType d) { return Tensor::zeros(s, d, g_dev); }
+// The device a row runs on, and its tensors made there: every runner is this one, per device.
+struct On {
+  Device dev;
+  Tensor t(const Shape& s, const Vec& v) const { return Tensor::from_vector<float>(s, v).to(dev); }
+  Tensor ti(const Shape& s, const V<int32_t>& v) const { return Tensor::from_vector<int32_t>(s, v).to(dev); }
+  Tensor empty(const Shape& s, DType d) const { return Tensor::empty(s, d, dev); }
+  Tensor zeros(const Shape& s, DType d) const { return Tensor::zeros(s, d, dev); }
+  // A product's inputs: on CUDA the products round their inputs to bf16 (bf16 tensor-core math,
+  // f32 accumulation; hmla/ops/nn.h), so the cases hand them bf16-valued inputs and the oracle
+  // computes the same products exactly: the f32 rule then applies to the accumulation.
+  Vec gin(size_t n, uint64_t seed) const {
+    Vec v = randn(n, seed);
+    if (dev != Device::cpu)
+      for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+    return v;
+  }
+};
 Vec vec(const Tensor& x) { return x.clone().to_vector<float>(); }
-
-// A product's inputs: on CUDA the products round their inputs to bf16 (bf16 tensor-core math,
-// f32 accumulation; hmla/ops/nn.h), so the cases hand them bf16-valued inputs and the oracle
-// computes the same products exactly: the f32 rule then applies to the accumulation.
-Vec gin(size_t n, uint64_t seed) {
-  Vec v = randn(n, seed);
-  if (g_dev != Device::cpu)
-    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-  return v;
-}
 
 // One f32 result checked against the oracle in f64 (reference) and f32 (naive arm).
 template <class Oracle>
@@ -79,33 +85,24 @@ Vec cols(const Vec& x, int64_t rows, int64_t width, int64_t c0, int64_t w) {
   return o;
 }
 
-// ---- the table ------------------------------------------------------------------------------
+// ---- the cases: one per op, on the row's shapes (op_cases.h: nn_ops) ------------------------
 
-struct Case {
-  std::string name;
-  bool (*supported)(const Backend&);
-  std::function<void()> run;  // on the CPU tensors below, through the op entries
-};
-
-template <class P>
-bool runs(const Backend& b) {
-  P p;
-  return b.supports(p);
-}
-
-void matmul_case(bool ta, bool tb, float beta) {
-  const int64_t M = 7, N = 5, K = 9;
-  const Vec A = gin(M * K, 1), B = gin(K * N, 2), C0 = randn(M * N, 3);
-  Tensor a = t(ta ? Shape{K, M} : Shape{M, K}, A), b = t(tb ? Shape{N, K} : Shape{K, N}, B), c = t({M, N}, C0);
+void matmul_case(const On& on, const NnCase& row) {
+  const int64_t M = row.shape.rows, N = row.shape.cols, K = row.shape.inner;
+  const bool ta = row.ta, tb = row.tb;
+  const float beta = row.beta;
+  const Vec A = on.gin(M * K, 1), B = on.gin(K * N, 2), C0 = randn(M * N, 3);
+  Tensor a = on.t(ta ? Shape{K, M} : Shape{M, K}, A), b = on.t(tb ? Shape{N, K} : Shape{K, N}, B), c = on.t({M, N}, C0);
   matmul(a, ta ? Trans::yes : Trans::no, b, tb ? Trans::yes : Trans::no, c, 0.75f, beta);
   check("matmul", vec(c), [&](auto z) { return gemm_ref<decltype(z)>(ta, tb, M, N, K, 0.75, A, B, beta, C0); });
 }
 
 // Per-head products on [N, H, width] activations: c_h = a_h[:, 0:K] op(w_h), the MLA absorption.
-void batched_case() {
-  const int64_t N = 6, H = 3, Wa = 10, K = 4, Ncol = 5;
-  const Vec A = gin(N * H * Wa, 4), Wt = gin(H * K * Ncol, 5);
-  Tensor a = t({N, H, Wa}, A), w = t({H, K, Ncol}, Wt), c = dev_zeros({N, H, 8}, DType::f32);
+void batched_case(const On& on, const NnCase& row) {
+  const NnShape& sh = row.shape;
+  const int64_t N = sh.rows, H = sh.heads, Wa = sh.pitch, K = sh.inner, Ncol = sh.cols;
+  const Vec A = on.gin(N * H * Wa, 4), Wt = on.gin(H * K * Ncol, 5);
+  Tensor a = on.t({N, H, Wa}, A), w = on.t({H, K, Ncol}, Wt), c = on.zeros({N, H, 8}, DType::f32);
   matmul(a.slice(2, 2, 2 + K).transpose(0, 1), Trans::no, w, Trans::no, c.slice(2, 1, 1 + Ncol).transpose(0, 1));
   const Vec got = vec(c);
   for (int64_t h = 0; h < H; ++h) {
@@ -122,16 +119,16 @@ void batched_case() {
 }
 
 // x is a column slice [N, in] of a [N, in + 3] tensor; dx accumulates (beta 1) into a slice.
-void linear_case() {
-  const int64_t N = 11, in = 6, out = 4, wide = in + 3;
-  const Vec X = gin(N * wide, 6), Wt = gin(out * in, 7), DY = gin(N * out, 8), DX0 = randn(N * wide, 9);
-  Tensor x = t({N, wide}, X), w = t({out, in}, Wt), y = dev_empty({N, out}, DType::f32);
+void linear_case(const On& on, const NnCase& row) {
+  const int64_t N = row.shape.rows, in = row.shape.inner, out = row.shape.cols, wide = row.shape.pitch;
+  const Vec X = on.gin(N * wide, 6), Wt = on.gin(out * in, 7), DY = on.gin(N * out, 8), DX0 = randn(N * wide, 9);
+  Tensor x = on.t({N, wide}, X), w = on.t({out, in}, Wt), y = on.empty({N, out}, DType::f32);
   linear_fwd(x.slice(1, 1, 1 + in), w, y);
   const Vec xs = cols(X, N, wide, 1, in);
   check("linear y", vec(y), [&](auto z) { return gemm_ref<decltype(z)>(false, true, N, out, in, 1, xs, Wt, 0, {}); });
   const Vec DW0 = randn(out * in, 30);  // weight gradients add into what is there (nn.h)
-  Tensor dW = t({out, in}, DW0), dx = t({N, wide}, DX0);
-  linear_bwd(t({N, out}, DY), x.slice(1, 1, 1 + in), w, dW, dx.slice(1, 2, 2 + in), 1.f);
+  Tensor dW = on.t({out, in}, DW0), dx = on.t({N, wide}, DX0);
+  linear_bwd(on.t({N, out}, DY), x.slice(1, 1, 1 + in), w, dW, dx.slice(1, 2, 2 + in), 1.f);
   check("linear dW", vec(dW), [&](auto z) { return gemm_ref<decltype(z)>(true, false, out, in, N, 1, DY, xs, 1, DW0); });
   const Vec dx0s = cols(DX0, N, wide, 2, in);
   check("linear dx", cols(vec(dx), N, wide, 2, in),
@@ -166,15 +163,15 @@ void norm_ref(const Vec& x, const Vec& w, const Vec* b, const Vec& dy, int64_t N
   }
 }
 
-void rmsnorm_case() {  // x and y are column slices, as the MLA layer's kv_a latent
-  const int64_t N = 9, D = 12, wide = D + 4;
+void rmsnorm_case(const On& on, const NnCase& row) {  // x and y are column slices, as the MLA layer's kv_a latent
+  const int64_t N = row.shape.rows, D = row.shape.cols, wide = row.shape.pitch;
   const Vec X = randn(N * wide, 10), Wt = randn(D, 11), DY = randn(N * D, 12);
   const Vec x = cols(X, N, wide, 0, D);
-  Tensor xt = t({N, wide}, X), y = dev_zeros({N, wide}, DType::f32), rstd = dev_empty({N}, DType::f32);
-  rmsnorm_fwd(xt.slice(1, 0, D), t({D}, Wt), 1e-6f, y.slice(1, 0, D), rstd);
+  Tensor xt = on.t({N, wide}, X), y = on.zeros({N, wide}, DType::f32), rstd = on.empty({N}, DType::f32);
+  rmsnorm_fwd(xt.slice(1, 0, D), on.t({D}, Wt), 1e-6f, y.slice(1, 0, D), rstd);
   const Vec DW0 = randn(D, 31);
-  Tensor dx = dev_empty({N, D}, DType::f32), dw = t({D}, DW0);
-  rmsnorm_bwd(t({N, D}, DY), xt.slice(1, 0, D), t({D}, Wt), rstd, dx, dw);
+  Tensor dx = on.empty({N, D}, DType::f32), dw = on.t({D}, DW0);
+  rmsnorm_bwd(on.t({N, D}, DY), xt.slice(1, 0, D), on.t({D}, Wt), rstd, dx, dw);
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);
@@ -206,31 +203,31 @@ V<T> add_rmsnorm_ref(const Vec& x, const Vec& x2, const Vec& w, int64_t N, int64
 
 // The fused residual step: xs written over x2 (aliased, as the stream may be), y a column slice;
 // and the bits of add then rmsnorm_fwd on the same backend (what keeps the model's results).
-void add_rmsnorm_case() {
-  const int64_t N = 9, D = 12, wide = D + 4;
+void add_rmsnorm_case(const On& on, const NnCase& row) {
+  const int64_t N = row.shape.rows, D = row.shape.cols, wide = row.shape.pitch;
   const Vec X = randn(N * D, 40), X2 = randn(N * D, 41), Wt = randn(D, 42);
-  Tensor x2 = t({N, D}, X2), y = dev_zeros({N, wide}, DType::f32), rstd = dev_empty({N}, DType::f32);
-  add_rmsnorm_fwd(t({N, D}, X), x2, t({D}, Wt), 1e-6f, x2, y.slice(1, 0, D), rstd);
+  Tensor x2 = on.t({N, D}, X2), y = on.zeros({N, wide}, DType::f32), rstd = on.empty({N}, DType::f32);
+  add_rmsnorm_fwd(on.t({N, D}, X), x2, on.t({D}, Wt), 1e-6f, x2, y.slice(1, 0, D), rstd);
   auto ref = [&](bool sum) { return [&, sum](auto z) { return add_rmsnorm_ref<decltype(z)>(X, X2, Wt, N, D, 1e-6, sum); }; };
   check("add_rmsnorm xs", vec(x2), ref(true));
   check("add_rmsnorm y", cols(vec(y), N, wide, 0, D), ref(false));
-  Tensor xs2 = dev_empty({N, D}, DType::f32), y2 = dev_empty({N, D}, DType::f32), rstd2 = dev_empty({N}, DType::f32);
-  add(t({N, D}, X), t({N, D}, X2), xs2);
-  rmsnorm_fwd(xs2, t({D}, Wt), 1e-6f, y2, rstd2);
+  Tensor xs2 = on.empty({N, D}, DType::f32), y2 = on.empty({N, D}, DType::f32), rstd2 = on.empty({N}, DType::f32);
+  add(on.t({N, D}, X), on.t({N, D}, X2), xs2);
+  rmsnorm_fwd(xs2, on.t({D}, Wt), 1e-6f, y2, rstd2);
   EXPECT_EQ(vec(x2), vec(xs2)) << "add_rmsnorm's sum: the bits of add";
   EXPECT_EQ(cols(vec(y), N, wide, 0, D), vec(y2)) << "add_rmsnorm's norm: the bits of rmsnorm_fwd";
   EXPECT_EQ(vec(rstd), vec(rstd2));
 }
 
-void layernorm_case() {
-  const int64_t N = 8, D = 10;
+void layernorm_case(const On& on, const NnCase& row) {
+  const int64_t N = row.shape.rows, D = row.shape.cols;
   const Vec X = randn(N * D, 13), Wt = randn(D, 14), B = randn(D, 15), DY = randn(N * D, 16);
-  Tensor y = dev_empty({N, D}, DType::f32), mean = dev_empty({N}, DType::f32),
-         rstd = dev_empty({N}, DType::f32);
-  layernorm_fwd(t({N, D}, X), t({D}, Wt), t({D}, B), 1e-6f, y, mean, rstd);
+  Tensor y = on.empty({N, D}, DType::f32), mean = on.empty({N}, DType::f32),
+         rstd = on.empty({N}, DType::f32);
+  layernorm_fwd(on.t({N, D}, X), on.t({D}, Wt), on.t({D}, B), 1e-6f, y, mean, rstd);
   const Vec DW0 = randn(D, 32), DB0 = randn(D, 33);
-  Tensor dx = dev_empty({N, D}, DType::f32), dw = t({D}, DW0), db = t({D}, DB0);
-  layernorm_bwd(t({N, D}, DY), t({N, D}, X), t({D}, Wt), mean, rstd, dx, dw, db);
+  Tensor dx = on.empty({N, D}, DType::f32), dw = on.t({D}, DW0), db = on.t({D}, DB0);
+  layernorm_bwd(on.t({N, D}, DY), on.t({N, D}, X), on.t({D}, Wt), mean, rstd, dx, dw, db);
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);
@@ -251,8 +248,10 @@ void layernorm_case() {
 
 // RoPE on heads [c0, c0 + Dr) of [b, s, H, width]; then the transpose, which with the factor
 // folded into cos/sin is rotation by -angle times factor^2: the round trip scales by factor^2.
-void rope_case(RopeLayout layout) {
-  const int64_t b = 2, s = 5, H = 3, width = 9, c0 = 3, Dr = 6, half = Dr / 2;
+void rope_case(const On& on, const NnCase& row) {
+  const RopeLayout layout = row.layout;
+  const NnShape& sh = row.shape;
+  const int64_t b = sh.rows, s = sh.inner, H = sh.heads, width = sh.pitch, c0 = 3, Dr = sh.cols, half = Dr / 2;
   const double factor = 1.25;
   Vec cs(s * half), sn(s * half);
   for (int64_t p = 0; p < s; ++p)
@@ -262,8 +261,8 @@ void rope_case(RopeLayout layout) {
       sn[p * half + i] = float(std::sin(a) * factor);
     }
   const Vec X = randn(b * s * H * width, 17);
-  Tensor x = t({b, s, H, width}, X);
-  rope(x.slice(3, c0, c0 + Dr), t({s, half}, cs), t({s, half}, sn), layout, false);
+  Tensor x = on.t({b, s, H, width}, X);
+  rope(x.slice(3, c0, c0 + Dr), on.t({s, half}, cs), on.t({s, half}, sn), layout, false);
   const Vec got = vec(x);
   auto ref = [&](auto z) {
     using T = decltype(z);
@@ -280,7 +279,7 @@ void rope_case(RopeLayout layout) {
     return y;
   };
   check("rope", got, ref);
-  rope(x.slice(3, c0, c0 + Dr), t({s, half}, cs), t({s, half}, sn), layout, true);
+  rope(x.slice(3, c0, c0 + Dr), on.t({s, half}, cs), on.t({s, half}, sn), layout, true);
   // Each pass rounds two products and a sum of magnitude <= sqrt(2) factor max|x|: 16 ulps of
   // factor^2 max|x| bound the round trip.
   const Vec back = vec(x);
@@ -297,12 +296,12 @@ void rope_case(RopeLayout layout) {
   }
 }
 
-void swiglu_case() {
-  const int64_t n = 37;
+void swiglu_case(const On& on, const NnCase& row) {
+  const int64_t n = row.shape.cols;
   const Vec G = randn(n, 18, 2.f), U = randn(n, 19), DY = randn(n, 20);
-  Tensor y = dev_empty({n}, DType::f32), dg = dev_empty({n}, DType::f32), du = dev_empty({n}, DType::f32);
-  swiglu_fwd(t({n}, G), t({n}, U), y);
-  swiglu_bwd(t({n}, DY), t({n}, G), t({n}, U), dg, du);
+  Tensor y = on.empty({n}, DType::f32), dg = on.empty({n}, DType::f32), du = on.empty({n}, DType::f32);
+  swiglu_fwd(on.t({n}, G), on.t({n}, U), y);
+  swiglu_bwd(on.t({n}, DY), on.t({n}, G), on.t({n}, U), dg, du);
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);
@@ -320,18 +319,19 @@ void swiglu_case() {
   check("swiglu du", vec(du), out(2));
 }
 
-void embedding_case() {  // repeated ids: the backward adds their rows
-  const int64_t V_ = 7, D = 5;
+void embedding_case(const On& on, const NnCase& row) {  // repeated ids: the backward adds their rows
+  const int64_t V_ = row.shape.inner, D = row.shape.cols;
   const std::vector<int32_t> ids = {3, 0, 3, 6, 3, 1};
   const int64_t N = int64_t(ids.size());
+  ASSERT_EQ(N, row.shape.rows) << "the row's ids";
   const Vec E = randn(V_ * D, 21), DO = randn(N * D, 22), DE0 = randn(V_ * D, 23);
-  Tensor idt = ti({2, 3}, ids), out = dev_empty({2, 3, D}, DType::f32);
-  embedding_fwd(idt, t({V_, D}, E), out);
+  Tensor idt = on.ti({2, 3}, ids), out = on.empty({2, 3, D}, DType::f32);
+  embedding_fwd(idt, on.t({V_, D}, E), out);
   const Vec got = vec(out);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t d = 0; d < D; ++d) EXPECT_EQ(got[n * D + d], E[ids[n] * D + d]) << "embedding row " << n;
-  Tensor dE = t({V_, D}, DE0);
-  embedding_bwd(idt, t({2, 3, D}, DO), dE);
+  Tensor dE = on.t({V_, D}, DE0);
+  embedding_bwd(idt, on.t({2, 3, D}, DO), dE);
   check("embedding dE", vec(dE), [&](auto z) {
     V<decltype(z)> r(DE0.begin(), DE0.end());
     for (int64_t n = 0; n < N; ++n)
@@ -340,13 +340,14 @@ void embedding_case() {  // repeated ids: the backward adds their rows
   });
 }
 
-void cross_entropy_case() {  // a zero-weight row gets no loss and no gradient
-  const int64_t N = 6, V_ = 11;
+void cross_entropy_case(const On& on, const NnCase& row) {  // a zero-weight row gets no loss and no gradient
+  const int64_t N = row.shape.rows, V_ = row.shape.cols;
   const Vec L = randn(N * V_, 24, 3.f);
   const std::vector<int32_t> tgt = {1, 10, 0, 5, 5, 7};
   const Vec w = {0.5f, 0.25f, 0.f, 1.f, 0.125f, 0.25f};
-  Tensor dl = dev_empty({N, V_}, DType::f32);
-  const double loss = cross_entropy(t({N, V_}, L), ti({N}, tgt), t({N}, w), dl);
+  ASSERT_EQ(int64_t(tgt.size()), N) << "the row's targets";
+  Tensor dl = on.empty({N, V_}, DType::f32);
+  const double loss = cross_entropy(on.t({N, V_}, L), on.ti({N}, tgt), on.t({N}, w), dl);
   auto ref = [&](auto z, bool grad) {
     using T = decltype(z);
     V<T> d(N * V_, 0);
@@ -367,29 +368,29 @@ void cross_entropy_case() {  // a zero-weight row gets no loss and no gradient
   for (int64_t v = 0; v < V_; ++v) EXPECT_EQ(vec(dl)[2 * V_ + v], 0.f);
 }
 
-void axpy_case() {  // on column slices; out aliases a
-  const int64_t N = 5, D = 4, wide = 7;
+void axpy_case(const On& on, const NnCase& row) {  // on column slices; out aliases a
+  const int64_t N = row.shape.rows, D = row.shape.cols, wide = row.shape.pitch;
   const Vec A = randn(N * wide, 25), B = randn(N * D, 26);
-  Tensor a = t({N, wide}, A);
-  axpy(a.slice(1, 3, 3 + D), -0.5f, t({N, D}, B), a.slice(1, 3, 3 + D));
+  Tensor a = on.t({N, wide}, A);
+  axpy(a.slice(1, 3, 3 + D), -0.5f, on.t({N, D}, B), a.slice(1, 3, 3 + D));
   const Vec as = cols(A, N, wide, 3, D);
   check("axpy", cols(vec(a), N, wide, 3, D), [&](auto z) {
     V<decltype(z)> r(N * D);
     for (int64_t i = 0; i < N * D; ++i) r[i] = as[i] + decltype(z)(-0.5) * B[i];
     return r;
   });
-  Tensor sc = dev_empty({N, D}, DType::f32);
-  scale(t({N, D}, B), 3.f, sc);
+  Tensor sc = on.empty({N, D}, DType::f32);
+  scale(on.t({N, D}, B), 3.f, sc);
   for (int64_t i = 0; i < N * D; ++i) EXPECT_EQ(vec(sc)[i], 3.f * B[i]);  // one rounding: exact product
   EXPECT_EQ(vec(a)[0], A[0]);
 }
 
 // f32 -> bf16 -> f32 through strided views: each value rounded to nearest even, once.
-void convert_case() {
-  const int64_t N = 6, D = 5, wide = 8;
+void convert_case(const On& on, const NnCase& row) {
+  const int64_t N = row.shape.rows, D = row.shape.cols, wide = row.shape.pitch;
   const Vec X = randn(N * wide, 34);
-  Tensor h = dev_empty({N, D}, DType::bf16), back = dev_zeros({D, N}, DType::f32);
-  convert(t({N, wide}, X).slice(1, 2, 2 + D), h);
+  Tensor h = on.empty({N, D}, DType::bf16), back = on.zeros({D, N}, DType::f32);
+  convert(on.t({N, wide}, X).slice(1, 2, 2 + D), h);
   convert(h, back.transpose(0, 1));
   const Vec got = vec(back);
   for (int64_t n = 0; n < N; ++n)
@@ -397,17 +398,17 @@ void convert_case() {
       EXPECT_EQ(got[d * N + n], bf16_to_f32(f32_to_bf16(X[n * wide + 2 + d]))) << "convert " << n << ", " << d;
 }
 
-void optim_case() {
-  const int64_t n = 23;
+void optim_case(const On& on, const NnCase& row) {
+  const int64_t n = row.shape.cols;
   const Vec G = randn(n, 27), W0 = randn(n, 28), M0 = randn(n, 29, 0.1f), V0 = Vec(n, 0.01f);
-  const double ss = sum_squares(t({n}, G), 2.0);
+  const double ss = sum_squares(on.t({n}, G), 2.0);
   double want = 2.0;
   for (float g : G) want += double(g) * g;
   EXPECT_NEAR(ss, want, 8 * DBL_EPSILON * want * n);
   AdamWParams h;
   h.gscale = 0.5f, h.lr = 0.01f, h.b1 = 0.9f, h.b2 = 0.95f, h.eps = 1e-8f, h.wd = 0.1f, h.bc1 = 0.19, h.bc2 = 0.0975;
-  Tensor w = t({n}, W0), m = t({n}, M0), v = t({n}, V0);
-  adamw_update(w, t({n}, G), m, v, h);
+  Tensor w = on.t({n}, W0), m = on.t({n}, M0), v = on.t({n}, V0);
+  adamw_update(w, on.t({n}, G), m, v, h);
   check("adamw w", vec(w), [&](auto z) {
     using T = decltype(z);
     V<T> r(n);
@@ -418,16 +419,16 @@ void optim_case() {
     }
     return r;
   });
-  Tensor mu = t({n}, M0), u = dev_empty({n}, DType::f32);
-  muon_momentum(t({n}, G), mu, u, 0.5f, 0.95f);
+  Tensor mu = on.t({n}, M0), u = on.empty({n}, DType::f32);
+  muon_momentum(on.t({n}, G), mu, u, 0.5f, 0.95f);
   check("muon u", vec(u), [&](auto z) {
     using T = decltype(z);
     V<T> r(n);
     for (int64_t i = 0; i < n; ++i) r[i] = T(G[i]) * T(0.5) + T(0.95f) * (T(0.95f) * T(M0[i]) + T(G[i]) * T(0.5));
     return r;
   });
-  Tensor w2 = t({n}, W0);
-  muon_update(w2, t({n}, G), 0.02f, 1.5f, 0.1f);
+  Tensor w2 = on.t({n}, W0);
+  muon_update(w2, on.t({n}, G), 0.02f, 1.5f, 0.1f);
   check("muon w", vec(w2), [&](auto z) {
     using T = decltype(z);
     V<T> r(n);
@@ -436,55 +437,53 @@ void optim_case() {
   });
 }
 
-const std::vector<Case>& cases() {
-  static const std::vector<Case> c = {
-      {"matmul_nn", runs<GemmParams>, [] { matmul_case(false, false, 0.f); }},
-      {"matmul_tn_beta", runs<GemmParams>, [] { matmul_case(true, false, 0.5f); }},
-      {"matmul_nt", runs<GemmParams>, [] { matmul_case(false, true, 0.f); }},
-      {"matmul_per_head_views", runs<GemmParams>, batched_case},
-      {"linear_column_slices", runs<GemmParams>, linear_case},
-      {"rmsnorm_column_slices", runs<NormParams>, rmsnorm_case},
-      {"add_rmsnorm_aliased", runs<NormParams>, add_rmsnorm_case},
-      {"layernorm", runs<NormParams>, layernorm_case},
-      {"rope_interleaved", runs<RopeParams>, [] { rope_case(RopeLayout::interleaved); }},
-      {"rope_half", runs<RopeParams>, [] { rope_case(RopeLayout::half); }},
-      {"swiglu", runs<SwigluParams>, swiglu_case},
-      {"embedding_repeated_ids", runs<EmbeddingParams>, embedding_case},
-      {"cross_entropy_row_weights", runs<CrossEntropyParams>, cross_entropy_case},
-      {"axpy_scale_aliased_slices", runs<AxpyParams>, axpy_case},
-      {"optimizer_steps", runs<AdamWParams>, optim_case},
-      {"convert_strided", [](const Backend& b) {
-         ConvertParams p;
-         p.dst_dtype = DType::bf16;
-         return b.supports(p);
-       }, convert_case},
-  };
-  return c;
+// ---- the runner: one per device, over the rows its backend runs ------------------------------
+
+void run_row(const NnCase& row, Device dev) {
+  const On on{dev};
+  switch (row.op) {
+    case NnOp::matmul: return matmul_case(on, row);
+    case NnOp::matmul_per_head: return batched_case(on, row);
+    case NnOp::linear: return linear_case(on, row);
+    case NnOp::rmsnorm: return rmsnorm_case(on, row);
+    case NnOp::add_rmsnorm: return add_rmsnorm_case(on, row);
+    case NnOp::layernorm: return layernorm_case(on, row);
+    case NnOp::rope: return rope_case(on, row);
+    case NnOp::swiglu: return swiglu_case(on, row);
+    case NnOp::embedding: return embedding_case(on, row);
+    case NnOp::cross_entropy: return cross_entropy_case(on, row);
+    case NnOp::axpy_scale: return axpy_case(on, row);
+    case NnOp::optimizer: return optim_case(on, row);
+    case NnOp::convert: return convert_case(on, row);
+  }
+  FAIL() << row.name << ": no case for this op";
 }
 
-class NnOps : public ::testing::TestWithParam<size_t> {};
+class NnOps : public ::testing::TestWithParam<NnCase> {};
+TEST_P(NnOps, MatchesTheOracle) { run_row(GetParam(), Device::cpu); }
+INSTANTIATE_TEST_SUITE_P(Table, NnOps,
+                         ::testing::ValuesIn(op_cases::run_by(&cpu_backend(), DType::f32, op_cases::nn_ops())),
+                         op_cases::RowName());
 
-// Every row runs through the op entries on the CPU, and on CUDA where the build has it and a
-// device (or the SIMT emulator: test_cuda_emu builds this file too): both backends run every op.
-TEST_P(NnOps, MatchesTheOracle) {
-  const Case& c = cases()[GetParam()];
-  ASSERT_TRUE(c.supported(backend(Device::cpu))) << "the CPU backend runs every op";
-  g_dev = Device::cpu;
-  c.run();
+// On CUDA where the build has it and a device (or the SIMT emulator: test_cuda_emu builds this
+// file too). A build without CUDA has no rows here.
+class NnOpsOnCuda : public ::testing::TestWithParam<NnCase> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(NnOpsOnCuda);
+TEST_P(NnOpsOnCuda, MatchesTheOracle) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  run_row(GetParam(), Device::cuda);
 }
+INSTANTIATE_TEST_SUITE_P(Table, NnOpsOnCuda,
+                         ::testing::ValuesIn(op_cases::run_by(cuda_backend(), DType::f32, op_cases::nn_ops())),
+                         op_cases::RowName());
 
-TEST_P(NnOps, MatchesTheOracleOnCuda) {
-  const Case& c = cases()[GetParam()];
-  const Backend* cu = cuda_backend();
-  if (!cu || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  ASSERT_TRUE(c.supported(*cu)) << c.name << ": the CUDA backend runs every op";
-  g_dev = Device::cuda;
-  c.run();
-  g_dev = Device::cpu;
+// Both backends run every op of the table (their supports() say so for every row's params).
+TEST(NnOps, EveryBackendRunsEveryRow) {
+  EXPECT_EQ(op_cases::rows_not_run(cpu_backend(), DType::f32, op_cases::nn_ops()), "") << "not run by the CPU";
+  if (cuda_backend()) {
+    EXPECT_EQ(op_cases::rows_not_run(*cuda_backend(), DType::f32, op_cases::nn_ops()), "") << "not run by CUDA";
+  }
 }
-
-INSTANTIATE_TEST_SUITE_P(Table, NnOps, ::testing::Range<size_t>(0, cases().size()),
-                         [](const auto& info) { return cases()[info.param].name; });
 
 // Bad input: one clear error naming the op and the tensor.
 TEST(NnOps, BadInputIsAClearError) {
