@@ -9,8 +9,9 @@
 //
 // A new row is one line in its family's table, e.g. {"gqa", Oracle::attn_dense_ref, 2, 70, 4, 2,
 // 16, 16, {{0, 30, 70}, {0, 1, 65}}}; a new family is a row struct here, its params in
-// case_support.h and a runner per backend. The nn and optimizer ops' table is nn_cases.h (rows
-// and params together: an op of that family is one row, one enumerator and its params there).
+// case_support.h and a runner per backend. The nn and optimizer ops' table lives in
+// tests/ops/test_nn_ops.cpp with its cases (rows, params and case functions together: an op of
+// that family is one enumerator, one row, its params and its case there, one file).
 #pragma once
 #include <algorithm>
 #include <cstdint>
