@@ -2,6 +2,9 @@
 // of the LM loss along each tensor's own gradient direction.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
+
 #include <cmath>
 
 #include "hmla/model/indexer.h"
@@ -54,8 +57,10 @@ TEST(Model, TheActivationPlanCountsTheActivationTable) {
   EXPECT_EQ(t.back().shape, Shape({3 * 17}));
 }
 
-// Moves tensor `name` by +-eps along its gradient g / |g|: the loss's slope there must be |g|
-// (central difference; 2% plus an absolute floor for the curvature over 2 eps).
+// Moves tensor `name` by +-eps along a unit direction d: the loss's slope there must be g . d
+// (central difference; 2% of |g| plus an absolute floor for the curvature over 2 eps). Two
+// directions: g / |g| (the slope is |g|) and a fixed random one, so that a gradient that is missing
+// (all zero) or points the wrong way fails wherever the loss does move.
 template <class Loss>
 void expect_slope_is_gradient_norm(Model& m, const io::TensorMap& grads, const std::string& name, Loss loss,
                                    const std::string& what) {
@@ -65,15 +70,28 @@ void expect_slope_is_gradient_norm(Model& m, const io::TensorMap& grads, const s
   double norm = 0;
   for (int64_t i = 0; i < n; ++i) norm += double(g[i]) * g[i];
   norm = std::sqrt(norm);
-  if (norm < 1e-6) return;
+  std::mt19937_64 rng(std::hash<std::string>{}(name));
+  std::normal_distribution<double> nd;
+  std::vector<double> rnd(static_cast<size_t>(n));
+  double rn = 0;
+  for (double& x : rnd) x = nd(rng), rn += x * x;
+  for (double& x : rnd) x /= std::sqrt(rn);
   const double eps = 2e-2;
-  std::vector<float> w0(w, w + n);
-  for (int64_t i = 0; i < n; ++i) w[i] = w0[i] + float(eps * g[i] / norm);
-  const double lp = loss();
-  for (int64_t i = 0; i < n; ++i) w[i] = w0[i] - float(eps * g[i] / norm);
-  const double lm = loss();
-  std::copy(w0.begin(), w0.end(), w);
-  EXPECT_NEAR((lp - lm) / (2 * eps), norm, 0.02 * norm + 2e-4) << what;
+  const std::vector<float> w0(w, w + n);
+  auto slope = [&](auto dir) {  // central difference along dir(i)
+    for (int64_t i = 0; i < n; ++i) w[i] = w0[i] + float(eps * dir(i));
+    const double lp = loss();
+    for (int64_t i = 0; i < n; ++i) w[i] = w0[i] - float(eps * dir(i));
+    const double lm = loss();
+    std::copy(w0.begin(), w0.end(), w);
+    return (lp - lm) / (2 * eps);
+  };
+  double g_dot_r = 0;
+  for (int64_t i = 0; i < n; ++i) g_dot_r += double(g[i]) * rnd[size_t(i)];
+  EXPECT_NEAR(slope([&](int64_t i) { return rnd[size_t(i)]; }), g_dot_r, 0.02 * norm + 2e-4) << what << " (random direction)";
+  if (norm > 0) {
+    EXPECT_NEAR(slope([&](int64_t i) { return g[i] / norm; }), norm, 0.02 * norm + 2e-4) << what;
+  }
 }
 
 TEST(Model, GradientsMatchFiniteDifferences) {
