@@ -199,10 +199,11 @@ at::Tensor index_table(const at::Tensor& idx, int64_t s, const c10::optional<at:
   HMLA_CHECK(idx.dim() == 3 && idx.size(1) == s, hmla::ShapeError, "hmla.torch: the index table must be [b, s = ", s,
              ", N], got ", hmla::shape_str(Shape(idx.sizes().begin(), idx.sizes().end())));
   const hmla::DocLayout layout = layout_of(idx.size(0), s, cu_seqlens, end_rows);
-  const hmla::Tensor t = dense(idx);
+  const at::Tensor c = idx.contiguous();  // one copy at most: what the check reads and the ops run
+  const hmla::Tensor t = wrap(c);
   const hmla::Tensor checked =
       hmla::check_index_table(t, layout, 0, skip ? hmla::InvalidIndex::skip : hmla::InvalidIndex::error, "hmla.torch");
-  return checked.same_data(t) ? idx.contiguous() : to_torch(checked, idx);
+  return checked.same_data(t) ? c : to_torch(checked, idx);
 }
 
 // Returns (loss, dqI, dkI, dw): the loss as a 0-dim f32 tensor, the gradients of the loss.

@@ -45,7 +45,6 @@ std::vector<ActField> layer_fields(const ModelConfig& c, int64_t L) {
   return f;
 }
 
-std::vector<ActField> layer_fields(const Model& m, int64_t L) { return layer_fields(m.cfg, L); }
 
 Tensor ArenaCursor::next(const Shape& shape) {
   HMLA_CHECK(i < table.size() && table[i].shape == shape, ShapeError, "activation arena: entry ", i, " is not ",
@@ -71,6 +70,7 @@ void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int
   sv.mlp.clear();
   for (size_t i = 0; i < fields.size(); ++i) {
     const Tensor t = cur.next(field_shape(fields[i], b * s));
+    // The layer's hidden-width fields as [b, s, hidden], but mn: the MLP reads it as [N, hidden] rows.
     if (i >= own.size())
       sv.mlp.push_back(t);
     else

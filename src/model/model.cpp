@@ -96,7 +96,7 @@ Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = f
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
-    take_layer_views(act, layer_fields(m, L), b, s, hid, sv);
+    take_layer_views(act, layer_fields(c, L), b, s, hid, sv);
     decoder_layer_forward(decoder_layer(m, L, nullptr), h, batch.layout, sv, cp, drop_core);
     h = sv.out;
   }

@@ -21,8 +21,7 @@ struct Model;
 
 // The layer's activations: the layer's own (a, h_mid, mn, out [N, hidden]; rstd1, rstd2 [N]),
 // then its MLP's fields, in arena order.
-std::vector<ActField> layer_fields(const Model& m, int64_t L);
-std::vector<ActField> layer_fields(const ModelConfig& c, int64_t L);  // for plans, before a model exists
+std::vector<ActField> layer_fields(const ModelConfig& c, int64_t L);
 
 struct LayerSaved {
   Tensor h_in;              // the layer's input [b, s, hidden] (the previous layer's out)
