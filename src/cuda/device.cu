@@ -62,6 +62,9 @@ class CudaAllocator final : public Allocator {
     if (it != free_.end() && it->first <= 2 * size) {
       void* p = it->second;
       free_.erase(it);
+#ifdef HMLA_CUDA_EMULATE
+      emu::set_live(p, true);  // initcheck: a block handed out again reads as NaN, not as its last tensor
+#endif
       return p;
     }
     void* p = nullptr;
@@ -79,6 +82,9 @@ class CudaAllocator final : public Allocator {
   void raw_deallocate(void* p, size_t) override {
     std::lock_guard<std::mutex> lock(mu_);
     free_.emplace(sizes_.at(p), p);
+#ifdef HMLA_CUDA_EMULATE
+    emu::set_live(p, false);  // a kernel reading a freed tensor reads NaN; the schedule replay skips it
+#endif
   }
 
  public:

@@ -13,7 +13,12 @@ namespace hmla {
 namespace {
 
 std::string allowed_set(int64_t start, int64_t t) {
-  return start <= t ? "[" + std::to_string(start) + ", " + std::to_string(t) + "]" : "(empty: a padding row)";
+  if (start > t) return "(empty: a padding row)";
+  std::string s = "[";  // appended, not "[" + ...: gcc 12's -Wrestrict misfires on the operator+ chain
+  s += std::to_string(start);
+  s += ", ";
+  s += std::to_string(t);
+  return s + "]";
 }
 
 }  // namespace

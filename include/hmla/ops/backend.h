@@ -66,6 +66,20 @@ R dispatch(Device dev, R (Backend::*entry)(const P&) const, const P& p, const ch
   return (be.*entry)(p);
 }
 
+// Tests only: for its lifetime, `b` answers backend(b.device()) (a harness's self-test runs a
+// deliberately wrong backend through the real entry points; tests/common/forwarding_backend.h).
+// Not nested per device, not thread-safe.
+class ScopedBackendOverride {
+ public:
+  explicit ScopedBackendOverride(const Backend& b);
+  ~ScopedBackendOverride();
+  ScopedBackendOverride(const ScopedBackendOverride&) = delete;
+  ScopedBackendOverride& operator=(const ScopedBackendOverride&) = delete;
+
+ private:
+  Device device_;
+};
+
 // Each backend's instance (src/cpu/backend.cpp, src/cuda/backend.cu); the CUDA one is null in a
 // build without CUDA (src/ops/no_cuda.cpp).
 const Backend& cpu_backend();

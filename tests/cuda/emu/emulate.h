@@ -3,10 +3,25 @@
 // execution model. A launch runs its blocks one after another; a block's threads are fibers that
 // meet at real barriers: __syncthreads is a block barrier, warp shuffles, ballots and mma.sync are
 // warp-collective (every lane deposits its operands into a double-buffered slot, one warp barrier,
-// each lane reads what it needs). __shared__ variables are statics, which is right because only one
-// block runs at a time. It checks indexing, fragment layouts, masking and the algebra of a
-// kernel against the CPU references; it says nothing about speed, and it can hide races that
-// depend on real warp scheduling (compute-sanitizer's racecheck on a GPU is for those).
+// each lane reads what it needs). __shared__ variables are statics (one block runs at a time) in
+// one linker section, so that each block can find and poison them. It checks indexing, fragment
+// layouts, masking and the algebra of a kernel against the CPU references; it says nothing about
+// speed.
+//
+// It also looks for what a GPU would get wrong and a single fixed order would hide
+// (docs/testing.md, "The emulator as a sanitizer"):
+// - schedules: every launch runs under each schedule of HMLA_EMU_SCHEDULES (default
+//   forward,reverse,shuffled: the order of the blocks, and of the runnable fibers in each round),
+//   from the same device memory, and must leave the same bytes in every allocation; a kernel whose
+//   result depends on thread or block order (a missing barrier, a racing accumulator, blocks that
+//   talk through global memory) is reported with its name and the first differing byte.
+// - poison (initcheck): memory from cudaMalloc, every block the caching allocator keeps or hands out,
+//   and every block's shared memory (dynamic and static) start as kPoison words (a quiet NaN as f32
+//   and in each bf16 half, payloads no arithmetic produces), so a read of what nobody wrote shows.
+// - racecheck (HMLA_EMU_RACECHECK=1, or emu::Racecheck in a test): a shared-memory byte that two
+//   threads change within one barrier interval (between two __syncthreads), atomics excepted.
+// A finding goes to emu::report: by default printed, then abort (a test of the harness installs
+// a recorder).
 //
 // Force-included (-include) into every CUDA source and check file of the emulated build, with
 // HMLA_CUDA_EMULATE defined.
@@ -20,14 +35,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <csetjmp>
 #include <ucontext.h>
 
+#include "sanitize.h"
 #include "hmla/core/tensor.h"  // hmla::bf16 conversions (round to nearest even, as __float2bfloat16_rn)
 
 // ---- language --------------------------------------------------------------------------------
@@ -37,7 +55,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define __shared__ static
+#define __shared__ static __attribute__((section("hmla_emu_shared")))
 #define __restrict__
 #define HMLA_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::hmla::emu::dynamic_shared())
 
@@ -53,7 +71,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 namespace hmla::emu {
 
 // One block at a time; its threads are fibers (ucontext) on the calling OS thread, switched at
-// barriers, in a shuffled order each round. A fiber runs until it reaches a barrier or ends; a
+// barriers, in the schedule's order each round. A fiber runs until it reaches a barrier or ends; a
 // barrier releases its waiters when every live thread of its scope (block or warp) has arrived;
 // threads that have ended count as arrived. No runnable fiber while some wait is a divergent
 // barrier: reported, then abort.
@@ -82,6 +100,7 @@ struct Warp {
 };
 
 struct Launch {
+  const char* kernel = "";
   dim3 block, grid, block_dim;
   std::vector<Fiber> fibers;
   std::vector<Scope> warp_scopes;
@@ -91,6 +110,8 @@ struct Launch {
   jmp_buf main;
   unsigned cur = 0;
   const std::function<void()>* body = nullptr;
+  bool racecheck = false;
+  Shadow shadow;
 };
 inline Launch* g_launch = nullptr;
 
@@ -99,18 +120,29 @@ inline unsigned char* dynamic_shared() { return g_launch->smem.data(); }
 inline int lane() { return int(self().thread.x % 32); }
 inline Warp& warp() { return g_launch->warps[self().thread.x / 32]; }
 
+inline void thread_stops() {
+  Launch& L = *g_launch;
+  if (L.racecheck) L.shadow.thread_stops(int(L.cur), L.kernel, L.block.x, L.block.y, L.block.z);
+}
+inline void note_atomic(const void* p, size_t n) {
+  if (g_launch && g_launch->racecheck) g_launch->shadow.mark_atomic(p, n);
+}
+
 inline void release_if_complete(Scope& s) {
   if (s.arrived == 0 || s.arrived < s.alive) return;
   s.arrived = 0;
   for (unsigned f : s.members)
     if (g_launch->fibers[f].waiting == &s) g_launch->fibers[f].waiting = nullptr;
+  if (&s == &g_launch->block_scope && g_launch->racecheck) g_launch->shadow.new_interval();
 }
 
 inline void wait_at(Scope& s) {
+  thread_stops();
   ++s.arrived;
   Fiber& f = self();
   if (s.arrived >= s.alive) {  // the last to arrive releases everyone and runs on
     release_if_complete(s);
+    if (g_launch->racecheck) g_launch->shadow.thread_runs();
     return;
   }
   f.waiting = &s;
@@ -124,6 +156,7 @@ inline void warp_barrier() { wait_at(g_launch->warp_scopes[self().thread.x / 32]
 inline void fiber_entry() {
   Launch& L = *g_launch;
   (*L.body)();
+  thread_stops();
   Fiber& f = self();
   f.done = true;
   Scope& w = L.warp_scopes[f.thread.x / 32];
@@ -152,72 +185,111 @@ inline char* stack_pool(unsigned i) {
   return pool[i].get();
 }
 
-// Runs body() as grid x block threads, blocks in order.
-inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+// One block, its shared memory poisoned, its fibers run round after round in the schedule's order.
+inline void run_block(Launch& L, dim3 b, size_t smem, const Schedule& sched) {
+  const unsigned n = unsigned(L.fibers.size());
+  L.block = b;
+  L.smem.resize(smem + 16);
+  poison(L.smem.data(), L.smem.size());
+  const Region stat = static_shared();
+  if (stat.n) poison(stat.p, stat.n);
+  if (L.racecheck) L.shadow.begin_block(L.kernel, {L.smem.data(), L.smem.size()}, stat);
+  L.block_scope = {n, 0, {}};
+  L.warp_scopes.assign(L.warps.size(), Scope{});
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber& f = L.fibers[t];
+    f.thread = dim3(t);
+    f.done = f.started = false;
+    f.collectives = 0;
+    f.waiting = nullptr;
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack;
+    f.uc.uc_stack.ss_size = kStackBytes;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, fiber_entry, 0);
+    L.block_scope.members.push_back(t);
+    Scope& w = L.warp_scopes[t / 32];
+    ++w.alive;
+    w.members.push_back(t);
+  }
+  std::vector<unsigned> order;
+  std::minstd_rand rng(sched.seed + b.x + 7919u * b.y + 104729u * b.z);
+  for (unsigned live = n; live > 0;) {
+    bool ran = false;
+    order_fibers(order, n, sched, rng);
+    for (unsigned t : order) {
+      Fiber& f = L.fibers[t];
+      if (f.done || f.waiting) continue;
+      L.cur = t;
+      if (L.racecheck) L.shadow.thread_runs();
+      if (_setjmp(L.main) == 0) {
+        if (f.started) _longjmp(f.jb, 1);
+        f.started = true;
+        setcontext(&f.uc);
+      }
+      ran = true;
+    }
+    live = 0;
+    for (const Fiber& f : L.fibers) live += !f.done;
+    if (live > 0 && !ran) {
+      std::fprintf(stderr, "emulator: kernel %s, block (%u, %u, %u): every live thread waits at a barrier the others "
+                   "never reach (divergent __syncthreads or warp collective)\n", L.kernel, b.x, b.y, b.z);
+      std::abort();
+    }
+  }
+  if (L.racecheck) L.shadow.end_block(L.kernel, stat);
+}
+
+// The whole grid under one schedule: blocks in its order.
+inline void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body,
+                     const Schedule& sched) {
   const unsigned n = block.x * block.y * block.z;
   Launch L;
+  L.kernel = kernel;
   L.grid = grid;
   L.block_dim = block;
   L.body = &body;
+  L.racecheck = racecheck_enabled();
   L.fibers.resize(n);
   Launch* outer = g_launch;
   HMLA_EMU_ASSERT_NOT_NESTED(outer);
   for (unsigned t = 0; t < n; ++t) L.fibers[t].stack = stack_pool(t);
   L.warps.resize((n + 31) / 32);
-  g_launch = &L;
+  std::vector<dim3> blocks;
   for (unsigned bz = 0; bz < grid.z; ++bz)
     for (unsigned by = 0; by < grid.y; ++by)
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        L.block = dim3(bx, by, bz);
-        L.smem.assign(smem + 16, 0xCD);  // poison: reading what nothing wrote shows
-        L.block_scope = {n, 0, {}};
-        L.warp_scopes.assign(L.warps.size(), Scope{});
-        for (unsigned t = 0; t < n; ++t) {
-          Fiber& f = L.fibers[t];
-          f.thread = dim3(t);
-          f.done = f.started = false;
-          f.collectives = 0;
-          f.waiting = nullptr;
-          getcontext(&f.uc);
-          f.uc.uc_stack.ss_sp = f.stack;
-          f.uc.uc_stack.ss_size = kStackBytes;
-          f.uc.uc_link = nullptr;
-          makecontext(&f.uc, fiber_entry, 0);
-          L.block_scope.members.push_back(t);
-          Scope& w = L.warp_scopes[t / 32];
-          ++w.alive;
-          w.members.push_back(t);
-        }
-        // Each round runs the runnable threads in a fresh pseudo-random order (seeded by the block),
-        // so that a read racing a write without a barrier between them sees different orders
-        // across blocks and rounds instead of one convenient order.
-        std::vector<unsigned> order(n);
-        std::iota(order.begin(), order.end(), 0u);
-        std::minstd_rand rng(1u + bx + 7919u * by + 104729u * bz);
-        for (unsigned live = n; live > 0;) {
-          bool ran = false;
-          std::shuffle(order.begin(), order.end(), rng);
-          for (unsigned t : order) {
-            Fiber& f = L.fibers[t];
-            if (f.done || f.waiting) continue;
-            L.cur = t;
-            if (_setjmp(L.main) == 0) {
-              if (f.started) _longjmp(f.jb, 1);
-              f.started = true;
-              setcontext(&f.uc);
-            }
-            ran = true;
-          }
-          live = 0;
-          for (const Fiber& f : L.fibers) live += !f.done;
-          if (live > 0 && !ran) {
-            std::fprintf(stderr, "emulator: block (%u, %u, %u): every live thread waits at a barrier the others "
-                         "never reach (divergent __syncthreads or warp collective)\n", bx, by, bz);
-            std::abort();
-          }
-        }
-      }
+      for (unsigned bx = 0; bx < grid.x; ++bx) blocks.emplace_back(bx, by, bz);
+  if (sched.order == Order::reverse) std::reverse(blocks.begin(), blocks.end());
+  if (sched.order == Order::shuffled) std::shuffle(blocks.begin(), blocks.end(), std::minstd_rand(sched.seed));
+  g_launch = &L;
+  for (const dim3& b : blocks) run_block(L, b, smem, sched);
   g_launch = outer;
+}
+
+inline uint64_t& launches() {  // launches so far in this process (named in findings)
+  static uint64_t n = 0;
+  return n;
+}
+
+// A launch: the grid under the first schedule, then again from the same device memory under each
+// other one; every schedule must leave the same bytes.
+inline void launch(const char* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  const std::vector<Schedule>& S = schedules();
+  const uint64_t id = ++launches();
+  if (S.size() == 1) return run_grid(kernel, grid, block, smem, body, S[0]);
+  const Image before = save_device();
+  run_grid(kernel, grid, block, smem, body, S[0]);
+  const Image first = save_device();
+  for (size_t i = 1; i < S.size(); ++i) {
+    restore_device(before);
+    run_grid(kernel, grid, block, smem, body, S[i]);
+    const std::string diff = device_difference(first);
+    if (diff.empty()) continue;
+    report("kernel " + std::string(kernel) + " (launch " + std::to_string(id) + ") leaves different bytes under schedule " +
+           S[i].name + " than under " + S[0].name + ": " + diff);
+    restore_device(first);  // what the first schedule made, so that a recorded finding reads one result
+    return;
+  }
 }
 
 }  // namespace hmla::emu
@@ -227,7 +299,7 @@ inline void launch(dim3 grid, dim3 block, size_t smem, const std::function<void(
 #define blockDim (::hmla::emu::g_launch->block_dim)
 #define gridDim (::hmla::emu::g_launch->grid)
 #define HMLA_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ((void)(stream), ::hmla::emu::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); }))
+  ((void)(stream), ::hmla::emu::launch(#kernel, grid, block, smem, [&] { kernel(__VA_ARGS__); }))
 
 inline void __syncthreads() { ::hmla::emu::block_barrier(); }
 
@@ -255,10 +327,12 @@ inline unsigned __float_as_uint(float f) {
 }
 template <class T, class U>
 T atomicAdd(T* p, U v) {
+  ::hmla::emu::note_atomic(p, sizeof(T));
   return std::atomic_ref<T>(*p).fetch_add(T(v));
 }
 template <class T>
 T atomicMin(T* p, T v) {
+  ::hmla::emu::note_atomic(p, sizeof(T));
   std::atomic_ref<T> a(*p);
   T cur = a.load();
   while (v < cur && !a.compare_exchange_weak(cur, v)) {
@@ -267,6 +341,7 @@ T atomicMin(T* p, T v) {
 }
 template <class T>
 T atomicMax(T* p, T v) {
+  ::hmla::emu::note_atomic(p, sizeof(T));
   std::atomic_ref<T> a(*p);
   T cur = a.load();
   while (v > cur && !a.compare_exchange_weak(cur, v)) {
@@ -275,6 +350,7 @@ T atomicMax(T* p, T v) {
 }
 template <class T>
 T atomicCAS(T* p, T expected, T desired) {
+  ::hmla::emu::note_atomic(p, sizeof(T));
   std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired);
   return expected;
 }
@@ -332,11 +408,16 @@ struct cudaDeviceProp {
 constexpr unsigned cudaStreamNonBlocking = 1;
 inline const char* cudaGetErrorString(cudaError_t) { return "emulated CUDA error"; }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::aligned_alloc(256, (n + 255) / 256 * 256);
-  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+inline cudaError_t cudaMalloc(void** p, size_t n) {  // poisoned, and registered for the schedule replay
+  const size_t bytes = (n + 255) / 256 * 256;
+  *p = std::aligned_alloc(256, bytes);
+  if (!*p) return cudaErrorMemoryAllocation;
+  ::hmla::emu::poison(*p, bytes);
+  ::hmla::emu::allocations()[static_cast<unsigned char*>(*p)] = {bytes, true};
+  return cudaSuccess;
 }
 inline cudaError_t cudaFree(void* p) {
+  ::hmla::emu::allocations().erase(static_cast<unsigned char*>(p));
   std::free(p);
   return cudaSuccess;
 }
