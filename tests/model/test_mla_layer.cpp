@@ -15,25 +15,20 @@
 #include "hmla/model/mla_layer.h"
 #include "mla_layer_ref.h"
 #include "testing.h"
+#include "tiny_config.h"
 
 namespace hmla {
 namespace {
 
 ModelConfig config(bool q_lora, bool yarn, bool sink, bool indexer = false) {
-  nlohmann::json j{{"hidden_size", 48},       {"num_attention_heads", 4}, {"num_hidden_layers", 1},
-                   {"q_lora_rank", q_lora ? 20 : 0}, {"kv_lora_rank", 24},   {"qk_nope_head_dim", 12},
-                   {"qk_rope_head_dim", 8},   {"v_head_dim", 10},         {"max_position_embeddings", 64},
-                   {"attention_sink", sink}};
-  if (indexer) {
-    j["index_n_heads"] = 4;
-    j["index_head_dim"] = 16;
-    j["index_topk"] = 6;
-    j["index_window"] = 2;
-    j["hmla_layer_modes"] = {"mha"};
-  }
-  if (yarn) j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
-                                 {"mscale", 1.0}, {"mscale_all_dim", 0.7}};
-  return parse_model_config(j, "test");
+  testing::TinyConfig t;
+  t.hidden = 48, t.heads = 4, t.layers = 1, t.q_lora = q_lora ? 20 : 0, t.kv_lora = 24;
+  t.nope = 12, t.rope = 8, t.v = 10;
+  t.vocab = std::nullopt, t.intermediate = std::nullopt, t.init_range = std::nullopt;
+  t.indexer = std::nullopt, t.modes = {};
+  if (indexer) t.indexer = testing::TinyIndexer{4, 16, 6, 2}, t.modes = {"mha"};
+  t.sink = sink, t.yarn = yarn;
+  return testing::tiny_config(t, "test");
 }
 
 io::TensorMap random_weights(const ModelConfig& c, uint64_t seed) {

@@ -14,17 +14,17 @@
 
 #include "hmla/train/optim.h"
 #include "testing.h"
+#include "tiny_config.h"
 
 namespace hmla {
 namespace {
 
 Model tiny_model() {
-  nlohmann::json j{{"hidden_size", 8},       {"num_attention_heads", 1}, {"num_hidden_layers", 1},
-                   {"q_lora_rank", 4},       {"kv_lora_rank", 4},       {"qk_nope_head_dim", 4},
-                   {"qk_rope_head_dim", 2},  {"v_head_dim", 4},         {"vocab_size", 12},
-                   {"intermediate_size", 16}, {"index_n_heads", 1},     {"index_head_dim", 4},
-                   {"index_topk", 2},        {"hmla_layer_modes", {"dsa_warmup"}}};
-  Model m = build_model(parse_model_config(j, "t"), {true});
+  testing::TinyConfig t;
+  t.hidden = 8, t.heads = 1, t.q_lora = 4, t.kv_lora = 4, t.nope = 4, t.rope = 2, t.v = 4, t.vocab = 12, t.intermediate = 16;
+  t.indexer = testing::TinyIndexer{1, 4, 2, std::nullopt}, t.modes = {"dsa_warmup"};
+  t.init_range = std::nullopt, t.max_positions = std::nullopt;
+  Model m = build_model(testing::tiny_config(t, "t"), {true});
   init_model(m, 1);
   return m;
 }
