@@ -22,75 +22,11 @@ namespace hmla::cuda_check {
 
 namespace {
 
-// Causal tables: up to K distinct keys of [0, t] with -1 holes, then a window of W more.
-// Naive bf16 forward and backward: scores, P, dP, dS and every output rounded to bf16, f32 sums.
-struct Naive {
-  std::vector<float> out, lse, lse_c, dq, dkv, dsink;
+// The naive bf16 implementation of the rule: the oracle (ref::attn_sparse_ref) with what a bf16
+// kernel stores rounded to bf16 (the raw scores, P, dP, dS, out, dq and dkv), sums in f32.
+struct Bf16Stored {
+  static float stored(float x) { return rbf(x); }
 };
-
-Naive naive_bf16(const ref::SparseDims& d, const std::vector<float>& q, const std::vector<float>& kv,
-                 const std::vector<int32_t>& idx, const std::vector<float>& sink, float scale,
-                 const std::vector<float>& dout) {
-  Naive r{std::vector<float>(d.b * d.s * d.H * d.Dv, 0.f), std::vector<float>(d.b * d.H * d.s, INFINITY),
-          std::vector<float>(d.b * d.H * d.s, INFINITY), std::vector<float>(q.size(), 0.f),
-          std::vector<float>(kv.size(), 0.f), std::vector<float>(sink.size(), 0.f)};
-  std::vector<float> dkv(kv.size(), 0.f);
-  for (int64_t row = 0; row < d.b * d.s; ++row) {
-    const int64_t b = row / d.s, t = row % d.s;
-    std::vector<int64_t> js;
-    std::vector<bool> cand;
-    for (int64_t i = 0; i < d.KW; ++i)
-      if (idx[row * d.KW + i] >= 0) js.push_back(idx[row * d.KW + i]), cand.push_back(i < d.K);
-    if (js.empty()) continue;
-    for (int64_t h = 0; h < d.H; ++h) {
-      const float* qh = &q[(row * d.H + h) * d.Dqk];
-      auto key = [&](size_t i) { return &kv[(b * d.s + js[i]) * d.Dqk]; };
-      std::vector<float> l(js.size()), P(js.size());
-      float m = -INFINITY, mc = -INFINITY;
-      for (size_t i = 0; i < js.size(); ++i) {
-        float acc = 0.f;
-        for (int64_t c = 0; c < d.Dqk; ++c) acc += qh[c] * key(i)[c];
-        l[i] = scale * rbf(acc);
-        m = std::max(m, l[i]);
-        if (cand[i]) mc = std::max(mc, l[i]);
-      }
-      float z = sink.empty() ? 0.f : std::exp(sink[h] - m), zc = 0.f;
-      for (size_t i = 0; i < js.size(); ++i) {
-        z += std::exp(l[i] - m);
-        if (cand[i]) zc += std::exp(l[i] - mc);
-      }
-      const float lse = m + std::log(z);
-      r.lse[(b * d.H + h) * d.s + t] = lse;
-      if (zc > 0.f) r.lse_c[(b * d.H + h) * d.s + t] = mc + std::log(zc);
-      std::vector<float> acc(d.Dv, 0.f);
-      for (size_t i = 0; i < js.size(); ++i) {
-        P[i] = rbf(std::exp(l[i] - m) / z);
-        for (int64_t c = 0; c < d.Dv; ++c) acc[c] += P[i] * key(i)[c];
-      }
-      float* o = &r.out[(row * d.H + h) * d.Dv];
-      for (int64_t c = 0; c < d.Dv; ++c) o[c] = rbf(acc[c]);
-      if (dout.empty()) continue;
-      const float* g = &dout[(row * d.H + h) * d.Dv];
-      float D = 0.f;
-      for (int64_t c = 0; c < d.Dv; ++c) D += g[c] * o[c];
-      if (!sink.empty()) r.dsink[h] -= std::exp(sink[h] - lse) * D;
-      std::vector<float> dqh(d.Dqk, 0.f);
-      for (size_t i = 0; i < js.size(); ++i) {
-        float dp = 0.f;
-        for (int64_t c = 0; c < d.Dv; ++c) dp += g[c] * key(i)[c];
-        const float dS = rbf(P[i] * (rbf(dp) - D));
-        float* dk = &dkv[(b * d.s + js[i]) * d.Dqk];
-        for (int64_t c = 0; c < d.Dqk; ++c) {
-          dqh[c] += dS * key(i)[c];
-          dk[c] += scale * dS * qh[c] + (c < d.Dv ? P[i] * g[c] : 0.f);
-        }
-      }
-      for (int64_t c = 0; c < d.Dqk; ++c) r.dq[(row * d.H + h) * d.Dqk + c] = rbf(scale * dqh[c]);
-    }
-  }
-  for (size_t i = 0; i < dkv.size(); ++i) r.dkv[i] = rbf(dkv[i]);
-  return r;
-}
 
 }  // namespace
 
@@ -135,7 +71,7 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float 
   const ref::SparseDims d{c.b, c.s, c.H, c.Dqk, c.Dv, c.K + c.W, c.K};
   auto f64 = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
   const auto o64 = ref::attn_sparse_ref<double>(d, f64(q), f64(kv), idx, f64(snk), double(scale), f64(dout));
-  const Naive nb = naive_bf16(d, q, kv, idx, snk, scale, dout);
+  const auto nb = ref::attn_sparse_ref<float, Bf16Stored>(d, q, kv, idx, snk, scale, dout);
   auto rule = [&](const std::vector<float>& got, const std::vector<float>& naive, const std::vector<double>& ref,
                   bool bf16_out, double extra, double& err, double& bound) {
     err = max_err(got, ref);

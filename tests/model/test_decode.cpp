@@ -9,6 +9,7 @@
 
 #include "hmla/model/decode.h"
 #include "testing.h"
+#include "tiny_config.h"
 
 namespace hmla {
 namespace {
@@ -20,16 +21,9 @@ struct Case {
 };
 
 ModelConfig config(const Case& k) {
-  nlohmann::json j{{"hidden_size", 32},     {"num_attention_heads", 2}, {"num_hidden_layers", int(k.modes.size())},
-                   {"q_lora_rank", k.q_lora ? 16 : 0}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8},
-                   {"qk_rope_head_dim", 4}, {"v_head_dim", 8},          {"vocab_size", 40},
-                   {"intermediate_size", 48}, {"index_n_heads", 2},     {"index_head_dim", 8},
-                   {"index_topk", 4},       {"index_window", k.window}, {"hmla_layer_modes", k.modes},
-                   {"initializer_range", 0.2}, {"max_position_embeddings", 64}, {"attention_sink", k.sink}};
-  if (k.yarn)
-    j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 16},
-                         {"mscale", 1.0}, {"mscale_all_dim", 0.7}};
-  return parse_model_config(j, "decode test");
+  testing::TinyConfig t;
+  t.q_lora = k.q_lora ? 16 : 0, t.indexer->window = k.window, t.modes = k.modes, t.sink = k.sink, t.yarn = k.yarn;
+  return testing::tiny_config(t, "decode test");
 }
 
 std::string describe(const Case& k) {

@@ -10,18 +10,15 @@
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
 #include "testing.h"
+#include "tiny_config.h"
 
 namespace hmla {
 namespace {
 
 ModelConfig tiny(const std::vector<std::string>& modes, bool tie = false) {
-  nlohmann::json j{{"hidden_size", 32},    {"num_attention_heads", 2}, {"num_hidden_layers", int(modes.size())},
-                   {"q_lora_rank", 16},    {"kv_lora_rank", 16},       {"qk_nope_head_dim", 8},
-                   {"qk_rope_head_dim", 4}, {"v_head_dim", 8},         {"vocab_size", 40},
-                   {"intermediate_size", 48}, {"index_n_heads", 2},    {"index_head_dim", 8},
-                   {"index_topk", 4},      {"hmla_layer_modes", modes}, {"tie_word_embeddings", tie},
-                   {"initializer_range", 0.2}, {"max_position_embeddings", 64}};
-  return parse_model_config(j, "tiny");
+  testing::TinyConfig t;
+  t.modes = modes, t.tie = tie;
+  return testing::tiny_config(t);
 }
 
 Batch batch(int64_t b, int64_t s, uint64_t seed) {
@@ -120,12 +117,9 @@ TEST(Model, GradientsMatchFiniteDifferences) {
 // and the step never holds the [tokens, vocab] logits and their gradient (2 x 600 x 70000 f32 =
 // 336 MB) whole.
 TEST(Model, TheLmHeadRunsInChunksOfRows) {
-  nlohmann::json j{{"hidden_size", 32},    {"num_attention_heads", 2}, {"num_hidden_layers", 1},
-                   {"q_lora_rank", 16},    {"kv_lora_rank", 16},       {"qk_nope_head_dim", 8},
-                   {"qk_rope_head_dim", 4}, {"v_head_dim", 8},         {"vocab_size", 70000},
-                   {"intermediate_size", 48}, {"hmla_layer_modes", {"mha"}},
-                   {"initializer_range", 0.2}, {"max_position_embeddings", 256}};
-  const ModelConfig c = parse_model_config(j, "big vocab");
+  testing::TinyConfig t;
+  t.vocab = 70000, t.indexer = std::nullopt, t.max_positions = 256;
+  const ModelConfig c = testing::tiny_config(t, "big vocab");
   Model m = build_model(c, {false});
   init_model(m, 5);
   const Batch bt = batch(4, 150, 8);

@@ -15,29 +15,24 @@
 
 #include "hmla/io/safetensors.h"
 #include "hmla/train/trainer.h"
+#include "programmes.h"
 
 namespace hmla {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path tmpdir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("hmla_train_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+using testing::tmpdir;
 
+// A programme over the demo data with the tiny model (tests/train/tiny_model.json).
 std::string programme(const std::string& phases, const std::string& extra = "") {
-  return std::string("model: ") + HMLA_SOURCE_DIR + "/tests/train/tiny_model.json\ndata: " + HMLA_SOURCE_DIR +
-         "/data/demo\nseed: 3\n" + extra +
-         "base: {batch: 4, micro_batches: 2, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, warmup_steps: 2, "
-         "log_every: 100, eval_rows: 4}\nphases:\n" + phases;
+  return testing::programme_text("tests/train/tiny_model.json", 3, "micro_batches: 2, warmup_steps: 2", phases, extra);
 }
 
 void run(const std::string& text, const fs::path& out, bool resume = false) {
-  std::ostringstream log;
-  run_programme(parse_programme(text, (out / "p.yaml").string()), {out.string(), resume}, log);
+  TrainOptions o;
+  o.resume = resume;
+  testing::run_text(text, out, o);
 }
 
 io::TensorMap weights(const fs::path& out) { return io::load_safetensors((out / "model.safetensors").string()); }

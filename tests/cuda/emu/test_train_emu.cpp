@@ -30,6 +30,7 @@
 
 #include "hmla/core/cuda.h"
 #include "hmla/train/trainer.h"
+#include "programmes.h"
 
 namespace hmla {
 namespace {
@@ -39,25 +40,12 @@ using json = nlohmann::json;
 
 constexpr double kLossRtol = 0.05, kGradRtol = 0.10;
 
-fs::path tmpdir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("hmla_emu_train_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-// A programme over the demo data: the model config (tests/cuda/emu/), its seed, the base's
-// extra keys and the phases.
-std::string programme_text(const char* model, int seed, const std::string& base, const std::string& phases) {
-  return std::string("model: ") + HMLA_SOURCE_DIR + "/tests/cuda/emu/" + model + "\ndata: " + HMLA_SOURCE_DIR +
-         "/data/demo\nseed: " + std::to_string(seed) +
-         "\nbase: {batch: 4, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, warmup_steps: 1, log_every: 100, "
-         "eval_rows: 4, " + base + "}\nphases:\n" + phases;
-}
+using testing::programme_text;
+using testing::tmpdir;
 
 // Every phase, with a checkpoint after step 2 of the first.
 std::string programme() {
-  return programme_text("emu_model.json", 5, "micro_batches: 2, checkpoint_every: 2",
+  return programme_text("tests/cuda/emu/emu_model.json", 5, "warmup_steps: 1, micro_batches: 2, checkpoint_every: 2",
                         "  - {name: pre, mode: mha, steps: 3}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
                         "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n");
 }
@@ -65,7 +53,7 @@ std::string programme() {
 // The other branches of the device path: an attention sink, Muon (Newton-Schulz on the device's
 // products and strided copies), and the split kv_b_proj in the latent phases.
 std::string programme_muon_sink_split() {
-  return programme_text("emu_model_sink.json", 6, "micro_batches: 1, optimizer: muon",
+  return programme_text("tests/cuda/emu/emu_model_sink.json", 6, "warmup_steps: 1, micro_batches: 1, optimizer: muon",
                         "  - {name: pre, mode: mha, steps: 2}\n"
                         "  - {name: eq, mode: mqa_full_causal, steps: 1, mqa_split_kv_b_proj: true}\n"
                         "  - {name: warm, mode: dsa_warmup, steps: 1}\n"
@@ -74,10 +62,9 @@ std::string programme_muon_sink_split() {
 
 void run(const fs::path& out, const std::string& device, bool resume = false,
          const std::string& text = programme()) {
-  std::ostringstream log;
   TrainOptions o;
-  o.out_dir = out.string(), o.resume = resume, o.device = device;
-  run_programme(parse_programme(text, (out / "p.yaml").string()), o, log);
+  o.resume = resume, o.device = device;
+  testing::run_text(text, out, o);
 }
 
 std::vector<json> metrics(const fs::path& out) {
