@@ -103,6 +103,9 @@ inline std::vector<AttnDenseCase> attn_dense() {
       {"one_token_docs", Oracle::attn_dense_ref, 1, 20, 2, 2, 16, 16, {ones}},
       {"padding_rows", Oracle::attn_dense_ref, 1, 40, 2, 2, 16, 16, {}, mid_pad},
       {"s_not_tile_multiple", Oracle::attn_dense_ref, 1, 333, 2, 2, 16, 16},
+      // Two rows past a 128-row tile: the last query tile's only key tile ends one past its first
+      // row's diagonal, so it is partial (masked), not full.
+      {"two_rows_past_a_tile", Oracle::attn_dense_ref, 1, 130, 2, 2, 16, 8},
       {"long_docs_across_tiles", Oracle::attn_dense_ref, 1, 1100, 2, 2, 16, 8, {{0, 300, 301, 900, 1090}}},
       {"h1", Oracle::attn_dense_ref, 1, 50, 1, 1, 12, 12},
       {"gqa", Oracle::attn_dense_ref, 2, 70, 4, 2, 16, 16, {{0, 30, 70}, {0, 1, 65}}},

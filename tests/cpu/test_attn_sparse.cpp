@@ -122,7 +122,9 @@ TEST(IndexTable, OneContractInBothModes) {
   for (int t = 0; t < 8; ++t) ok[size_t(t * 2)] = t;
   const Tensor good = Tensor::from_vector<int32_t>({1, 8, 2}, ok);
   EXPECT_TRUE(check_index_table(good, docs, 0, InvalidIndex::error, "t").same_data(good));
-  for (int32_t bad : {-5, 7, 8, 1}) {  // row 5: negative, later, past s, another document
+  // Row 5 of the document [4, 8) allows exactly [4, 5]: negative, one past the row (the next row's
+  // key), later, past s, the previous document's last key (one before doc_start), another document.
+  for (int32_t bad : {-5, 6, 7, 8, 3, 1}) {
     std::vector<int32_t> v = ok;
     v[5 * 2 + 1] = bad;
     const Tensor t = Tensor::from_vector<int32_t>({1, 8, 2}, v);

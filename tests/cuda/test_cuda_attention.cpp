@@ -9,6 +9,7 @@
 
 #include "attn_cuda_check.h"
 #include "case_support.h"
+#include "check_util.h"
 #include "indexer_cuda_check.h"
 #include "sparse_cuda_check.h"
 #include "hmla/ops/attention.h"
@@ -114,6 +115,18 @@ TEST(CudaCheckHarness, TheTopkComparisonAcceptsTheCpuSelection) {
     EXPECT_TRUE(r.ok) << r.json();
     EXPECT_GT(r.rows_compared, r.rows / 2) << r.json();
   }
+}
+
+// The error measure every CUDA check rests on (check_util.h): NaN never passes, an infinity
+// passes only against the same infinity (lse of empty rows), and the reference's magnitude (the
+// rounding term's scale) counts negative values.
+TEST(CudaCheckHarness, TheErrorMeasureRejectsNanAndMismatchedInfinities) {
+  EXPECT_EQ(cuda_check::max_err(std::vector<float>{1.5f, INFINITY}, {1.0, INFINITY}), 0.5);
+  EXPECT_EQ(cuda_check::max_err(std::vector<float>{NAN}, {1.0}), INFINITY);
+  EXPECT_EQ(cuda_check::max_err(std::vector<float>{1.f, 2.f}, {1.0, INFINITY}), INFINITY);
+  EXPECT_EQ(cuda_check::max_err(std::vector<float>{INFINITY}, {1.0}), INFINITY);
+  EXPECT_EQ(cuda_check::max_err(std::vector<float>{-INFINITY}, {INFINITY}), INFINITY);
+  EXPECT_EQ(cuda_check::max_abs({-3.0, 2.0, -INFINITY, NAN}), 3.0);
 }
 
 // CPU-side dispatch: what each device supports, and a clear error otherwise.

@@ -80,6 +80,10 @@ TEST(ModelConfig, ValidationNamesTheField) {
   j = tiny();
   j["index_head_dim"] = 4;
   expect_config_error(j, "index_head_dim = 4 is smaller than qk_rope_head_dim");
+  j["index_head_dim"] = 6;  // the largest even width below qk_rope_head_dim = 8
+  expect_config_error(j, "index_head_dim = 6 is smaller than qk_rope_head_dim");
+  j["index_head_dim"] = 8;  // equal: the indexer ropes all of its channels
+  EXPECT_NO_THROW(parse_model_config(j, "t"));
   j = tiny();
   j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8}};
   expect_config_error(j, "rope_type = 'llama3'");

@@ -349,6 +349,10 @@ TEST(LossRows, MaskAndValidRows) {
   Tensor ids = Tensor::from_vector<int64_t>({1, 6}, {4, 0, 7, 8, 9, 0});
   auto w = loss_row_weights(l, &ids, 0).to_vector<float>();
   EXPECT_EQ(w, (std::vector<float>{0.25f, 0.f, 0.25f, 0.25f, 0.25f, 0.f}));
+  // A row the layout marks as padding is no loss row whatever its token (3 here, not the pad id).
+  Tensor tail = Tensor::from_vector<int64_t>({1, 6}, {4, 0, 7, 8, 9, 3});
+  EXPECT_EQ(loss_row_weights(l, &tail, 0).to_vector<float>(), w);
+  EXPECT_EQ(loss_row_count(l, &tail, 0), 4);
   auto all = loss_row_weights(l, nullptr, 0).to_vector<float>();  // every row, global count
   for (float v : all) EXPECT_EQ(v, 1.f / 6.f);
   auto global = loss_row_weights(l, &ids, 0, 10).to_vector<float>();

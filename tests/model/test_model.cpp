@@ -111,6 +111,36 @@ TEST(Model, GradientsMatchFiniteDifferences) {
   }
 }
 
+// StepOptions::lm_targets is the step's global target count (micro-batches, data and context
+// parallelism): the LM loss and every gradient are this batch's sums over its targets divided by
+// it. Twice this batch's count halves them exactly (scaling by a power of two commutes with f32
+// rounding while nothing is subnormal), so the comparison is bit for bit.
+TEST(Model, TheGlobalTargetCountDividesTheLossAndEveryGradient) {
+  const ModelConfig c = tiny({"mha"});
+  Model m = build_model(c, {false});
+  init_model(m, 3);
+  const Batch bt = batch(2, 24, 4);
+  const int64_t n = count_lm_targets(bt, c.pad_token_id);
+  ASSERT_GT(n, 10);
+  auto step = [&](int64_t lm_targets, std::vector<float>& grad) {
+    Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+    io::TensorMap g = arena_views(m.table, garena);
+    StepOptions o;
+    o.lm_targets = lm_targets;
+    const double loss = model_step(m, bt, o, g).lm_loss;
+    grad = garena.to_vector<float>();
+    return loss;
+  };
+  std::vector<float> g_local, g_given, g_twice;
+  const double local = step(0, g_local), given = step(n, g_given), twice = step(2 * n, g_twice);
+  EXPECT_EQ(given, local);
+  EXPECT_EQ(2 * twice, local);
+  EXPECT_EQ(g_given, g_local);
+  int64_t off = 0;
+  for (size_t i = 0; i < g_local.size(); ++i) off += 2 * g_twice[i] != g_local[i];
+  EXPECT_EQ(off, 0) << "of " << g_local.size() << " gradient entries, " << off << " are not halved";
+}
+
 // A vocabulary large enough that the LM head runs in chunks of rows (model.cpp: 2^23 logits per
 // chunk, 119 rows of 70000): the loss matches the cross-entropy of the full logits (model_logits,
 // summed here in float64), the head's and the final norm's gradients match finite differences,

@@ -193,6 +193,8 @@ def main():
         ("generate --seed -1", gen + ["--seed", "-1"], "--seed: must be an integer >= 0, got '-1'"),
         ("generate --tokens 0", gen + ["--tokens", "0"], "--tokens: must be an integer >= 1, got '0'"),
         ("layer --layer -1", layer + ["--layer", "-1"], "--layer: must be an integer >= 0"),
+        ("layer --layer past the last layer", layer + ["--layer", str(cfg["num_hidden_layers"])],
+         f"--layer {cfg['num_hidden_layers']}: the config has {cfg['num_hidden_layers']} layers"),
         ("train --cp 0", train("dup_prog.yaml") + ["--cp", "0"], "--cp: must be an integer in [1, 1048576]"),
         ("bench --s 0", [a.hmla, "bench", "attention", "--s", "64,0"], "--s: must be an integer >= 1, got '0'"),
         ("prepare-data --heldout-every 1", [a.hmla, "prepare-data", p("text.txt"), "--out", p("data"),

@@ -95,6 +95,14 @@ TEST(Programme, BadProgrammesAreClearErrors) {
   EXPECT_THROW(parse_programme("model: m.json\ndata: d\nbase: {batch: 6, micro_batches: 4}\nphases:\n  - {name: a, steps: 1}\n",
                                "p.yaml"),
                ConfigError);
+  EXPECT_THROW(parse_programme("model: m.json\ndata: d\nbase: {batch: 5, micro_batches: 2}\nphases:\n  - {name: a, steps: 1}\n",
+                               "p.yaml"),
+               ConfigError);  // a remainder of one
+  EXPECT_THROW(parse_programme("model: m.json\ndata: d\nbase: {seq_len: 1}\nphases:\n  - {name: a, steps: 1}\n", "p.yaml"),
+               ConfigError);  // one position: no token has a next one to predict
+  EXPECT_NO_THROW(parse_programme("model: m.json\ndata: d\nbase: {seq_len: 2}\nphases:\n  - {name: a, steps: 1}\n", "p.yaml"));
+  EXPECT_NO_THROW(parse_programme("model: m.json\ndata: d\nbase: {batch: 6, micro_batches: 3}\nphases:\n  - {name: a, steps: 1}\n",
+                                  "p.yaml"));
   EXPECT_THROW(parse_programme("model: m.json\nphases:\n  - {name: a, steps: 1}\n", "p.yaml"), ConfigError);
   EXPECT_THROW(parse_programme("model: m.json\ndata: d\nphases: []\n", "p.yaml"), ConfigError);
   const Programme pr = parse_programme("model: m.json\ndata: d\nphases:\n  - {name: a, steps: 1}\n", "/x/p.yaml");

@@ -157,6 +157,28 @@ TEST(Trainer, DivergenceStopsTheRunWithoutSavingIt) {
   fs::remove_all(out);
 }
 
+// An update that overflows every weight (lr = 1e39 is infinite in f32) leaves the step's own loss
+// finite: the checkpoint's check of every element (index 0 included) must stop the run there,
+// before anything non-finite is saved.
+TEST(Trainer, AnUpdateThatOverflowsTheWeightsIsStoppedAtTheSave) {
+  const fs::path out = tmpdir("overflow");
+  const std::string p = programme("  - {name: pre, mode: mha, steps: 3, checkpoint_every: 1, lr: 1.0e+39}\n");
+  try {
+    run(p, out);
+    ADD_FAILURE() << "a run with infinite weights ended normally";
+  } catch (const DivergenceError& e) {
+    EXPECT_NE(std::string(e.what()).find("became non-finite"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+  if (fs::exists(out / "checkpoints"))
+    for (const auto& d : fs::directory_iterator(out / "checkpoints")) {
+      if (!d.is_directory()) continue;
+      io::TensorMap w = io::load_safetensors((d.path() / "model.safetensors").string());
+      for (const auto& [name, t] : w) EXPECT_LT(first_non_finite(t), 0) << d.path() << " " << name;
+    }
+  fs::remove_all(out);
+}
+
 TEST(Trainer, FailedEquivalenceStopsTheProgramme) {
   const fs::path out = tmpdir("eq");
   EXPECT_THROW(run(programme("  - {name: pre, mode: mha, steps: 1}\n"
