@@ -7,6 +7,7 @@
 namespace hmla {
 bool cuda_built() { return false; }
 int cuda_device_count() { return 0; }
+CudaCounters cuda_counters() { return {}; }
 std::string cuda_device_name(int) { throw Error("this build of hmla has no CUDA backend"); }
 int cuda_select_device(int) { throw Error("this build of hmla has no CUDA backend"); }
 }  // namespace hmla

@@ -19,7 +19,13 @@ namespace hmla {
 
 namespace cuda {
 
+CudaCounters& counters() {
+  static CudaCounters c;
+  return c;
+}
+
 void check_launch(const char* kernel) {
+  ++counters().launches;
   check(cudaGetLastError(), kernel);
   static const bool sync = [] {
     const char* v = std::getenv("HMLA_CUDA_SYNC_CHECK");
@@ -88,17 +94,25 @@ class CudaAllocator final : public Allocator {
   }
 
  public:
-  // Copies run on hmla's stream and wait for it: a read-back sees every kernel before it, an
-  // upload has landed before the call returns, and a block the caching allocator hands out again
-  // is never written by the host while an earlier kernel on the stream still reads it. (The
-  // stream is non-blocking, so plain cudaMemcpy on the legacy stream would order none of this.)
+  // Copies are ordered on hmla's stream, so a block the caching allocator hands out again is
+  // never written while an earlier kernel on the stream still reads it (the stream is
+  // non-blocking: plain cudaMemcpy on the legacy stream would order none of this). Only a
+  // read-back waits, for the host reads its bytes next. An upload from pageable host memory (all
+  // hmla has) is staged before cudaMemcpyAsync returns, so the host may reuse its buffer at once,
+  // and a device-to-device copy is just stream work.
   void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes) override {
     cudaMemcpyKind kind = dd == Device::cpu ? cudaMemcpyDeviceToHost
                           : sd == Device::cpu ? cudaMemcpyHostToDevice
                                               : cudaMemcpyDeviceToDevice;
     cudaStream_t st = cuda::current_stream().get();
+    CudaCounters& c = cuda::counters();
+    (kind == cudaMemcpyDeviceToHost ? c.d2h_bytes : kind == cudaMemcpyHostToDevice ? c.h2d_bytes : c.d2d_bytes) +=
+        int64_t(bytes);
     check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, st), "cudaMemcpyAsync");
-    check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a copy");
+    if (kind == cudaMemcpyDeviceToHost) {
+      ++c.syncs;
+      check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize after a read-back");
+    }
   }
   void synchronize() override { cuda::current_stream().sync(); }
   int64_t capacity() const override {
@@ -146,6 +160,8 @@ struct Registrar {
 }  // namespace
 
 bool cuda_built() { return true; }
+
+CudaCounters cuda_counters() { return cuda::counters(); }
 
 int cuda_device_count() {
   int n = 0;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hmla/core/allocator.h"
+#include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
 
 // kernel<<<grid, block, smem, stream>>>(args...), spelled so that the SIMT emulator
@@ -26,7 +27,10 @@ inline void check(cublasStatus_t s, const char* what) {
   HMLA_CHECK(s == CUBLAS_STATUS_SUCCESS, Error, what, ": cuBLAS status ", int(s));
 }
 // After a launch: the launch error now, and (with HMLA_CUDA_SYNC_CHECK=1) the kernel's own.
+// Counts the launch (cuda_counters).
 void check_launch(const char* kernel);
+// The counters' storage (device.cu): every sync, copy and launch of hmla adds to it.
+CudaCounters& counters();
 
 class Stream {
  public:
@@ -37,7 +41,10 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   cudaStream_t get() const { return s_; }
-  void sync() const { check(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
+  void sync() const {
+    ++counters().syncs;
+    check(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
+  }
 
  private:
   cudaStream_t s_ = nullptr;

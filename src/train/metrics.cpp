@@ -26,7 +26,8 @@ std::string text(const json& j, const char* key, const std::string& fallback) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
-json byte_count(double bytes) { return std::isfinite(bytes) && bytes >= 0 ? json(uint64_t(bytes)) : json(); }
+// A count (bytes, syncs, launches) as an integer; null when there is none.
+json whole_number(double n) { return std::isfinite(n) && n >= 0 ? json(uint64_t(n)) : json(); }
 
 // The one rule for a row's kind (MetricsRow::Kind).
 MetricsRow::Kind kind_of(const json& j) {
@@ -44,6 +45,8 @@ MetricsRow parse_row(const json& j) {
   r.lm_loss = number(j, "lm_loss"), r.indexer_kl = number(j, "indexer_kl"), r.lr = number(j, "lr");
   r.grad_norm_backbone = number(j, "grad_norm_backbone"), r.grad_norm_indexer = number(j, "grad_norm_indexer");
   r.tokens_per_s = number(j, "tokens_per_s"), r.peak_bytes = number(j, "peak_bytes");
+  r.cuda_syncs = number(j, "cuda_syncs"), r.cuda_launches = number(j, "cuda_launches");
+  r.h2d_bytes = number(j, "h2d_bytes"), r.d2h_bytes = number(j, "d2h_bytes");
   r.equivalence_max_diff = number(j, "equivalence_max_diff");
   r.equivalence_max_logit = number(j, "equivalence_max_logit");
   r.heldout_lm_loss = number(j, "heldout_lm_loss");
@@ -58,12 +61,17 @@ MetricsRow parse_row(const json& j) {
 
 std::string metrics_line(const MetricsRow& r) {
   switch (r.kind) {
-    case MetricsRow::Kind::step:
-      return json{{"phase", r.phase}, {"step", r.step}, {"lm_loss", r.lm_loss}, {"indexer_kl", r.indexer_kl},
-                  {"lr", r.lr}, {"grad_norm_backbone", r.grad_norm_backbone},
-                  {"grad_norm_indexer", r.grad_norm_indexer}, {"tokens_per_s", r.tokens_per_s},
-                  {"peak_bytes", byte_count(r.peak_bytes)}}
-          .dump();
+    case MetricsRow::Kind::step: {
+      json j{{"phase", r.phase}, {"step", r.step}, {"lm_loss", r.lm_loss}, {"indexer_kl", r.indexer_kl},
+             {"lr", r.lr}, {"grad_norm_backbone", r.grad_norm_backbone},
+             {"grad_norm_indexer", r.grad_norm_indexer}, {"tokens_per_s", r.tokens_per_s},
+             {"peak_bytes", whole_number(r.peak_bytes)}};
+      if (std::isfinite(r.cuda_syncs)) {  // a CUDA step's host cost
+        j["cuda_syncs"] = whole_number(r.cuda_syncs), j["cuda_launches"] = whole_number(r.cuda_launches);
+        j["h2d_bytes"] = whole_number(r.h2d_bytes), j["d2h_bytes"] = whole_number(r.d2h_bytes);
+      }
+      return j.dump();
+    }
     case MetricsRow::Kind::equivalence:
       return json{{"phase", r.phase}, {"equivalence_max_diff", r.equivalence_max_diff},
                   {"equivalence_max_logit", r.equivalence_max_logit}}

@@ -15,6 +15,7 @@ namespace hmla::train {
 StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
                       PackedLoader& loader, Tensor& garena, io::TensorMap& grads) {
   const auto t0 = std::chrono::steady_clock::now();
+  const CudaCounters c0 = cuda_counters();
   allocator(model.device()).reset_peak();
   std::vector<Batch> micro;
   int64_t targets = 0, rows = 0;
@@ -49,6 +50,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
     throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.cuda = cuda_counters() - c0;
   return r;
 }
 
@@ -61,6 +63,10 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   row.grad_norm_backbone = r.os.grad_norm_backbone, row.grad_norm_indexer = r.os.grad_norm_indexer;
   row.tokens_per_s = double(r.tokens) / r.seconds;
   row.peak_bytes = double(allocator(dev).peak_bytes());
+  if (dev == Device::cuda) {
+    row.cuda_syncs = double(r.cuda.syncs), row.cuda_launches = double(r.cuda.launches);
+    row.h2d_bytes = double(r.cuda.h2d_bytes), row.d2h_bytes = double(r.cuda.d2h_bytes);
+  }
   return row;
 }
 

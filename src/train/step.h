@@ -1,5 +1,6 @@
 // One optimizer step of a phase over the rank grid, and its metrics row.
 #pragma once
+#include "hmla/core/cuda.h"
 #include <cstdint>
 
 #include "hmla/train/data.h"
@@ -15,6 +16,7 @@ struct StepResult {
   int64_t tokens = 0;
   OptimStats os;
   double seconds = 0;
+  CudaCounters cuda;  // what the step cost the host in device work (zero on the CPU)
 };
 
 // The step's micro-batches dealt round-robin to the data-parallel ranks, gradients (into

@@ -14,4 +14,17 @@ std::string cuda_device_name(int device);
 // is allocated on the device (the trainer does; NCCL's communicator uses the same device).
 int cuda_select_device(int world_rank);
 
+// What hmla's device work has cost the host so far in this process, counted in hmla's own calls
+// (so alike on a GPU and in the SIMT emulator): host synchronisations (a stream sync, and a copy
+// that waits for the stream), bytes copied host to device, device to host and device to device,
+// and kernel launches (hmla's kernels and cuBLASLt products). All zero in a build without CUDA.
+struct CudaCounters {
+  int64_t syncs = 0, h2d_bytes = 0, d2h_bytes = 0, d2d_bytes = 0, launches = 0;
+  CudaCounters operator-(const CudaCounters& o) const {
+    return {syncs - o.syncs, h2d_bytes - o.h2d_bytes, d2h_bytes - o.d2h_bytes, d2d_bytes - o.d2d_bytes,
+            launches - o.launches};
+  }
+};
+CudaCounters cuda_counters();
+
 }  // namespace hmla

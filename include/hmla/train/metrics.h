@@ -30,6 +30,8 @@ struct MetricsRow {
   double lm_loss = none, indexer_kl = none, lr = none, grad_norm_backbone = none, grad_norm_indexer = none,
          tokens_per_s = none;
   double peak_bytes = none;  // a byte count, written as an integer
+  // A CUDA step's host cost (cuda_counters over the step), written only on that device.
+  double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
   // equivalence: max|logits_mqa - logits_mha| and max|logits_mha|
   double equivalence_max_diff = none, equivalence_max_logit = none;
   // phase end: the held-out loss (or why there is none), the means of the first and last 20 steps

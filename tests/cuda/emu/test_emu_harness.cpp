@@ -9,6 +9,7 @@
 
 #include "check_util.h"
 #include "hmla/core/allocator.h"
+#include "hmla/core/cuda.h"
 #include "hmla/core/tensor.h"
 
 namespace hmla {
@@ -270,6 +271,29 @@ TEST_F(EmulatorPoison, SharedMemoryStartsPoisonedInEveryBlock) {
   HMLA_LAUNCH(rotate_via_shared, dim3(1), dim3(kN), 0, nullptr, din.as<float>(), dout2.as<float>(), true);
   HMLA_LAUNCH(rotate_via_shared, dim3(1), dim3(kN), 0, nullptr, din.as<float>(), dout2.as<float>(), false);
   EXPECT_TRUE(is_poison(download<float>(dout2, kN)[0]));
+}
+
+// ---- hmla's counters of host cost (cuda_counters) ----------------------------------------------
+
+TEST(CudaCounters, OnlyAReadBackWaitsForTheStream) {
+  const Tensor h = Tensor::from_vector<float>({64}, std::vector<float>(64, 1.f));
+  CudaCounters c0 = cuda_counters();
+  const Tensor d = h.to(Device::cuda);  // an upload: stream work, no wait
+  CudaCounters c = cuda_counters() - c0;
+  EXPECT_EQ(c.syncs, 0);
+  EXPECT_EQ(c.h2d_bytes, 64 * 4);
+  c0 = cuda_counters();
+  Tensor d2 = Tensor::empty({64}, DType::f32, Device::cuda);  // device to device
+  allocator(Device::cuda).copy(d2.raw_data(), Device::cuda, d.raw_data(), Device::cuda, 64 * 4);
+  c = cuda_counters() - c0;
+  EXPECT_EQ(c.syncs, 0);
+  EXPECT_EQ(c.d2d_bytes, 64 * 4);
+  c0 = cuda_counters();
+  const std::vector<float> back = d2.to(Device::cpu).to_vector<float>();  // the host reads: one wait
+  c = cuda_counters() - c0;
+  EXPECT_EQ(c.syncs, 1);
+  EXPECT_EQ(c.d2h_bytes, 64 * 4);
+  EXPECT_EQ(back, std::vector<float>(64, 1.f));
 }
 
 // ---- racecheck --------------------------------------------------------------------------------

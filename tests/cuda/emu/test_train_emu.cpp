@@ -225,6 +225,37 @@ TEST(CudaTraining, WrongAttentionIsRejected) {
   for (const fs::path& p : {cpu, cuda}) fs::remove_all(p);
 }
 
+// Each CUDA step row reports what the step cost the host (cuda_counters over the step); CPU rows
+// do not have the fields. Printed per phase: the baseline the GPU-step work (issue 27) shrinks.
+TEST(CudaTraining, StepRowsReportTheHostCost) {
+  HMLA_NEED_DEVICE();
+  const std::string text = programme_text("tests/cuda/emu/emu_model.json", 5, "warmup_steps: 1, micro_batches: 2",
+                                          "  - {name: pre, mode: mha, steps: 2}\n  - {name: warm, mode: dsa_warmup, steps: 1}\n"
+                                          "  - {name: sparse, mode: dsa_sparse, steps: 1}\n");
+  const fs::path cpu = tmpdir("cost_cpu"), cuda = tmpdir("cost_cuda");
+  run(cpu, "cpu", false, text);
+  run(cuda, "cuda", false, text);
+  for (const json& r : metrics(cpu)) EXPECT_FALSE(r.contains("cuda_syncs")) << r.dump();
+  int steps = 0;
+  for (const json& r : metrics(cuda)) {
+    if (!r.contains("step")) continue;
+    ++steps;
+    for (const char* k : {"cuda_syncs", "cuda_launches", "h2d_bytes", "d2h_bytes"})
+      ASSERT_TRUE(r.contains(k) && r[k].is_number_unsigned()) << k << " in " << r.dump();
+    // At least the step's two micro-batches of 2 x 32 token ids and targets went up (int32 each),
+    // and the losses came back.
+    EXPECT_GE(r["h2d_bytes"].get<int64_t>(), 2 * 2 * 2 * 32 * 4) << r.dump();
+    EXPECT_GT(r["d2h_bytes"].get<int64_t>(), 0) << r.dump();
+    EXPECT_GE(r["cuda_syncs"].get<int64_t>(), 1) << r.dump();
+    EXPECT_GT(r["cuda_launches"].get<int64_t>(), 0) << r.dump();
+    std::printf("phase %s step %d: %d syncs, %d launches, %d bytes up, %d bytes back\n",
+                r["phase"].get<std::string>().c_str(), r["step"].get<int>(), r["cuda_syncs"].get<int>(),
+                r["cuda_launches"].get<int>(), r["h2d_bytes"].get<int>(), r["d2h_bytes"].get<int>());
+  }
+  EXPECT_EQ(steps, 4);
+  for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
+}
+
 TEST(CudaTraining, TheRunRecordsItsDevice) {
   HMLA_NEED_DEVICE();
   const fs::path out = tmpdir("env");
