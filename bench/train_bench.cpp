@@ -20,6 +20,7 @@
 #include <random>
 
 #include "bench_util.h"
+#include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
@@ -205,8 +206,10 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
       allocator(dev).reset_peak();
       bool torch_running = bool(twin);
       const int64_t targets = count_lm_targets(batch, cfg.pad_token_id);
+      CudaCounters step_cost;  // of the last rep: what a steady step costs the host (cuda.h)
       for (int rep = 0; rep <= opt.reps; ++rep) {  // rep 0 warms both arms up
         const auto t0 = Clock::now();
+        const CudaCounters c0 = cuda_counters();
         peak = std::max(peak, peak_above_live(
                                   [&] {
                                     garena.fill_zero();
@@ -217,6 +220,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                   },
                                   dev));
         if (rep > 0) hmla_ms.push_back(ms_since(t0));
+        step_cost = cuda_counters() - c0;
         double ms = 0, loss = 0;
         if (torch_running && !(torch_running = twin->step(ms, loss)))
           std::cerr << "hmla: note: the PyTorch twin stopped; see its message above\n";
@@ -239,6 +243,9 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                  {"params", m.arena.numel()}, {"reps", opt.reps}, {"step_ms", hm},
                                  {"tokens_per_s", tokens / hm * 1e3}, {"model_tflops", tflops},
                                  {"mfu", tflops / kH200PeakTflops}, {"peak_bytes", allocator(dev).peak_bytes()},
+                                 {"activation_plan_bytes", activation_plan(cfg, opt.batch, s)},
+                                 {"syncs", step_cost.syncs}, {"launches", step_cost.launches},
+                                 {"h2d_bytes", step_cost.h2d_bytes}, {"d2h_bytes", step_cost.d2h_bytes},
                                  {"torch_step_ms", num(tm)}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
                                  {"speedup", num(tm / hm)}, {"loss_rel_diff", num(std::abs(torch_loss0 - hmla_loss0) / std::abs(hmla_loss0))},
                                  {"torch", torch_version}, {"torch_attention", torch_attention}};

@@ -171,6 +171,14 @@ Tensor Tensor::view(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::bitcast(DType dtype) const {
+  HMLA_CHECK(dtype_size(dtype) == dtype_size(dtype_), ShapeError, "bitcast of a ", dtype_name(dtype_), " tensor to ",
+             dtype_name(dtype), ": the element sizes differ");
+  Tensor t = *this;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const {
   d = wrap(d);
   HMLA_CHECK(d >= 0 && d < dim() && 0 <= start && start <= end && end <= shape_[d], ShapeError,

@@ -19,6 +19,7 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend() : Backend(Device::cuda) {}
   const char* name() const override { return "cuda"; }
+  DType compute_dtype() const override { return DType::bf16; }
   // Every limit of the CUDA kernels, for the real params (traits.h and attn_dense.cuh say why).
   bool supports(const AttnDenseParams& p) const override {
     return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0;

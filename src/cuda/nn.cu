@@ -179,15 +179,18 @@ __global__ void axpy_kernel(AxpyParams p) {
 
 __global__ void embedding_fwd_kernel(EmbeddingParams p) {
   HMLA_GRID_STRIDE(e, p.N * p.D) {
-    const int64_t n = e / p.D, d = e % p.D;
-    p.out[e] = p.E[int64_t(p.ids[n]) * p.D + d];
+    const int64_t n = e / p.D, d = e % p.D, id = p.ids[n];
+    p.out[e] = id >= 0 && id < p.V ? p.E[id * p.D + d] : NAN;  // ids are checked on the host; never read outside E
   }
 }
 
 // One thread per column, tokens in order: rows of one id add up in the CPU's order.
 __global__ void embedding_bwd_kernel(EmbeddingParams p) {
   HMLA_GRID_STRIDE(d, p.D) {
-    for (int64_t n = 0; n < p.N; ++n) p.dE[int64_t(p.ids[n]) * p.D + d] += p.dout[n * p.D + d];
+    for (int64_t n = 0; n < p.N; ++n) {
+      const int64_t id = p.ids[n];
+      if (id >= 0 && id < p.V) p.dE[id * p.D + d] += p.dout[n * p.D + d];
+    }
   }
 }
 
@@ -215,7 +218,8 @@ __global__ void cross_entropy_kernel(CrossEntropyParams p, double* loss) {
   z = block_sum<kThreads>(z, redd);
   const double lse = double(mx) + log(z);
   const int32_t t = p.target[n];
-  if (threadIdx.x == 0) loss[n] = double(w) * (lse - double(l[t]));
+  const bool ok = t >= 0 && t < p.V;  // device targets are not checked on the host: a bad one's loss is NaN
+  if (threadIdx.x == 0) loss[n] = ok ? double(w) * (lse - double(l[t])) : double(NAN);
   if (d)
     for (int64_t v = threadIdx.x; v < p.V; v += kThreads) d[v] = w * float(exp(double(l[v]) - lse)) - (v == t ? w : 0.f);
 }

@@ -35,9 +35,10 @@ Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const 
 
 Tensor f32(Device dev, const Shape& s) { return Tensor::empty(s, DType::f32, dev); }
 
-// The attention kernels' dtype: f32 on the CPU; on CUDA bf16, so the layer hands them bf16
-// compute copies of its f32 activations and reads their outputs back as f32 (no copy on the CPU).
-Tensor core_in(const Tensor& t) { return t.device() == Device::cpu ? t : converted(t, DType::bf16); }
+// The attention kernels' dtype is their backend's (compute_operand: f32 on the CPU, where this is
+// no copy; bf16 on CUDA, so the layer hands them bf16 compute copies of its f32 activations and
+// reads their outputs back as f32).
+Tensor core_in(const Tensor& t) { return compute_operand(t); }
 Tensor f32_of(const Tensor& t) { return converted(t, DType::f32); }
 
 // Per-head absorption matrices as [H, rows, cols] views. W_kb_h is [Dn, Rkv] (the k half of

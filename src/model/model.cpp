@@ -26,91 +26,25 @@ bool is_moe_layer(const ModelConfig& c, int64_t L) {
   return L >= c.first_k_dense_replace;  // DESIGN.md section 2: default 3 without either field
 }
 
+// One micro-batch as the step's kernels read it, on the model's device: this rank's token ids, the
+// LM targets and their weights, the indexer's loss-row weights, and the layout's device form. Built
+// on the host as one buffer of 4-byte words and uploaded in one copy (issue 27: one upload per
+// micro-batch; no op uploads a layout of its own); on the CPU the views are that buffer itself.
+struct DeviceBatch {
+  Tensor ids;         // [b, s] i32, this rank's rows
+  Tensor target;      // [N] i32, N = b * s
+  Tensor keep;        // [N] f32, the LM loss's row weights (already over the step's target count)
+  Tensor row_weight;  // [b, s] f32, the indexer KL's loss-row weights of this rank's rows
+  DocLayout layout;   // the whole batch's layout ([b, S]) with its device form
+};
+
 struct Forward {
-  Tensor ids;    // this rank's token ids [b, s] (its row shard)
-  Tensor arena;  // activation_table's tensors, viewed by the fields below
+  DeviceBatch in;  // what the forward and the backward read (the layers keep pointers to in.layout)
+  Tensor arena;    // activation_table's tensors, viewed by the fields below
   std::vector<LayerSaved> layers;
   Tensor h_final, rstd_final, n_final;  // before/after model.norm
   Tensor logits;                        // [N, V], only when asked for (model_logits)
 };
-
-// This rank's token ids [b, s] (its row shard under context parallelism), i32.
-Tensor shard_ids(const Batch& batch, const Comm& cp) {
-  const int64_t b = batch.input_ids.size(0);
-  const RowShard sh = row_shard(cp, batch.input_ids.size(1));
-  return take_rows(batch.input_ids.view({b, sh.s, 1}), sh).view({b, sh.rows});
-}
-
-// A host-built tensor (ids, targets, weights, tables) on the model's device.
-Tensor on_model(const Model& m, const Tensor& t) { return t.on(m.device()); }
-
-// The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order);
-// with dn defined, the head's weight gradient is added into gW and the rows' gradient written
-// into dn [N, hidden].
-double lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
-                    const Tensor& dn) {
-  const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
-  const Tensor logits = Tensor::empty({rows, V}, DType::f32, m.device());
-  const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32, m.device()) : Tensor();
-  double loss = 0;
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t r1 = std::min(N, r0 + rows);
-    const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
-    const Tensor d = dl.defined() ? dl.slice(0, 0, r1 - r0) : Tensor();
-    linear_fwd(nc, m.w.lm_head, lg);
-    loss = cross_entropy(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, loss);
-    if (d.defined()) linear_bwd(d, nc, m.w.lm_head, gW, dn.slice(0, r0, r1));
-  }
-  return loss;
-}
-
-// Before a forward allocates anything: does it fit, next to the parameters (and, training,
-// their gradients and the optimizer's moments)?
-void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bool training) {
-  const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
-  MemoryPlan plan;
-  plan_parameters(plan, m.cfg, m.has_indexer, training);
-  plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training);
-  plan.check(std::string(training ? "a training step" : "a forward") + " over input_ids " +
-                 shape_str(batch.input_ids.shape()),
-             m.device());
-}
-
-Forward forward(const Model& m, const Batch& batch, Comm& cp, bool drop_core = false, bool logits = false) {
-  const ModelConfig& c = m.cfg;
-  const Tensor local_ids = on_model(m, shard_ids(batch, cp));
-  const int64_t b = local_ids.size(0), s = local_ids.size(1), N = b * s, hid = c.hidden_size, V = c.vocab_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  Forward f;
-  f.ids = local_ids;
-  // Every activation outside the attention, from one arena of activation_table, taken in its
-  // order (no names on this path; each view's shape is checked against the table's).
-  const std::vector<ParamSpec> table = activation_table(c, N);
-  f.arena = Tensor::empty({table_numel(table)}, DType::f32, m.device());
-  ArenaCursor act{table, f.arena.view({f.arena.numel()})};
-  Tensor h = act.next({N, hid}).view({b, s, hid});
-  embedding_fwd(local_ids, m.w.embed_tokens, h);
-  f.layers.resize(c.num_hidden_layers);
-  RopeCache rope = rope_cache(c, s, row_shard(cp, batch.input_ids.size(1)).row0);  // one per forward
-  rope = {on_model(m, rope.cos), on_model(m, rope.sin)};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    LayerSaved& sv = f.layers[L];
-    sv.attn.rope = rope;
-    take_layer_views(act, layer_fields(c, L), b, s, hid, sv);
-    decoder_layer_forward(decoder_layer(m, L, nullptr), h, batch.layout, sv, cp, drop_core);
-    h = sv.out;
-  }
-  f.h_final = h;
-  f.n_final = act.next({N, hid});
-  f.rstd_final = act.next({N});
-  act.finish();
-  rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
-  if (logits) {
-    f.logits = Tensor::empty({N, V}, DType::f32, m.device());
-    linear_fwd(f.n_final, m.w.lm_head, f.logits);
-  }
-  return f;
-}
 
 // Targets and weights of the LM loss: row n predicts ids[n + 1] when both are in one document.
 // Over the whole batch; shard_targets keeps a context-parallel rank's rows.
@@ -151,7 +85,132 @@ void shard_targets(const Batch& batch, int64_t pad, int64_t global_targets, cons
   keep.swap(k);
 }
 
+// Token ids are checked where they enter the model, on the host, so that a device's embedding
+// never reads a row outside the table and no kernel's ids are copied back to be checked.
+void check_token_ids(const Batch& batch, int64_t V) {
+  const int32_t* id = batch.input_ids.data<int32_t>();
+  for (int64_t n = 0; n < batch.input_ids.numel(); ++n)
+    HMLA_CHECK(id[n] >= 0 && id[n] < V, ShapeError, "token id ", id[n], " at position ", n,
+               " is outside the vocabulary [0, ", V, ")");
+}
+
+// The micro-batch on the model's device (DeviceBatch); `lm_targets` and `valid_rows` are the
+// step's global counts (0: this batch's own).
+DeviceBatch device_batch(const Model& m, const Batch& batch, const Comm& cp, int64_t lm_targets, int64_t valid_rows) {
+  const ModelConfig& c = m.cfg;
+  check_token_ids(batch, c.vocab_size);
+  const int64_t b = batch.input_ids.size(0), S = batch.input_ids.size(1);
+  const RowShard sh = row_shard(cp, S);
+  const int64_t N = b * sh.rows, BS = b * S;
+  std::vector<int32_t> target;
+  std::vector<float> keep;
+  shard_targets(batch, c.pad_token_id, lm_targets, cp, target, keep);
+  const Tensor ids = take_rows(batch.input_ids.view({b, S, 1}), sh);
+  const Tensor rw = take_rows(loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, valid_rows).view({b, S, 1}), sh);
+  // Words: ids, target, keep, row_weight (N each), then doc_start, doc_end (b * S each).
+  const Tensor host = Tensor::empty({4 * N + 2 * BS}, DType::i32);
+  char* w = static_cast<char*>(host.raw_data());
+  for (auto [src, n] : {std::pair<const void*, int64_t>{ids.data<int32_t>(), N}, {target.data(), N}, {keep.data(), N},
+                        {rw.data<float>(), N}, {batch.layout.doc_start.data<int32_t>(), BS},
+                        {batch.layout.doc_end.data<int32_t>(), BS}}) {
+    std::memcpy(w, src, size_t(n) * 4);
+    w += n * 4;
+  }
+  const Tensor all = host.on(m.device());
+  int64_t off = 0;
+  auto words = [&](int64_t n) {
+    off += n;
+    return all.slice(0, off - n, off);
+  };
+  DeviceBatch d;
+  d.ids = words(N).view({b, sh.rows});
+  d.target = words(N);
+  d.keep = words(N).bitcast(DType::f32);
+  d.row_weight = words(N).bitcast(DType::f32).view({b, sh.rows});
+  d.layout = batch.layout;
+  d.layout.device_start = words(BS).view({b, S});
+  d.layout.device_end = words(BS).view({b, S});
+  return d;
+}
+
+// The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order);
+// with dn defined, the head's weight gradient is added into gW and the rows' gradient written
+// into dn [N, hidden].
+double lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
+                    const Tensor& dn) {
+  const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
+  const Tensor logits = Tensor::empty({rows, V}, DType::f32, m.device());
+  const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32, m.device()) : Tensor();
+  double loss = 0;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t r1 = std::min(N, r0 + rows);
+    const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
+    const Tensor d = dl.defined() ? dl.slice(0, 0, r1 - r0) : Tensor();
+    linear_fwd(nc, m.w.lm_head, lg);
+    loss = cross_entropy(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, loss);
+    if (d.defined()) linear_bwd(d, nc, m.w.lm_head, gW, dn.slice(0, r0, r1));
+  }
+  return loss;
+}
+
+// Before a forward allocates anything: does it fit, next to the parameters (and, training,
+// their gradients and the optimizer's moments)?
+void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bool training) {
+  const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
+  MemoryPlan plan;
+  plan_parameters(plan, m.cfg, m.has_indexer, training);
+  plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training);
+  plan.check(std::string(training ? "a training step" : "a forward") + " over input_ids " +
+                 shape_str(batch.input_ids.shape()),
+             m.device());
+}
+
+// The forward over the micro-batch `in` (kept in the result for the backward).
+Forward forward(const Model& m, DeviceBatch in, Comm& cp, bool drop_core = false, bool logits = false) {
+  const ModelConfig& c = m.cfg;
+  const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, hid = c.hidden_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Forward f;
+  f.in = std::move(in);
+  const DocLayout& layout = f.in.layout;
+  // Every activation outside the attention, from one arena of activation_table, taken in its
+  // order (no names on this path; each view's shape is checked against the table's).
+  const std::vector<ParamSpec> table = activation_table(c, N);
+  f.arena = Tensor::empty({table_numel(table)}, DType::f32, m.device());
+  ArenaCursor act{table, f.arena.view({f.arena.numel()})};
+  Tensor h = act.next({N, hid}).view({b, s, hid});
+  embedding_fwd(f.in.ids, m.w.embed_tokens, h);
+  f.layers.resize(c.num_hidden_layers);
+  const RopeCache& rope = m.rope(s, row_shard(cp, layout.s).row0);  // one per shape, on the device
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    LayerSaved& sv = f.layers[L];
+    sv.attn.rope = rope;
+    take_layer_views(act, layer_fields(c, L), b, s, hid, sv);
+    decoder_layer_forward(decoder_layer(m, L, nullptr), h, layout, sv, cp, drop_core);
+    h = sv.out;
+  }
+  f.h_final = h;
+  f.n_final = act.next({N, hid});
+  f.rstd_final = act.next({N});
+  act.finish();
+  rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
+  if (logits) {
+    f.logits = Tensor::empty({N, V}, DType::f32, m.device());
+    linear_fwd(f.n_final, m.w.lm_head, f.logits);
+  }
+  return f;
+}
+
 }  // namespace
+
+const RopeCache& Model::rope(int64_t s, int64_t pos0) const {
+  auto it = rope_.find({s, pos0});
+  if (it == rope_.end()) {
+    const RopeCache h = rope_cache(cfg, s, pos0);
+    it = rope_.emplace(std::pair{s, pos0}, RopeCache{h.cos.on(device()), h.sin.on(device())}).first;
+  }
+  return it->second;
+}
 
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
   HMLA_CHECK(c.vocab_size > 0 && c.intermediate_size > 0, ConfigError,
@@ -249,7 +308,7 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
 
 Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
-  Forward f = forward(m, batch, cp, false, true);
+  Forward f = forward(m, device_batch(m, batch, cp, 0, 0), cp, false, true);
   if (topk) {
     topk->clear();
     for (const LayerSaved& l : f.layers) topk->push_back(l.attn.topk);
@@ -259,38 +318,23 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
 
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
-  Forward f = forward(m, batch, cp);
-  std::vector<int32_t> target;
-  std::vector<float> keep;
-  shard_targets(batch, m.cfg.pad_token_id, 0, cp, target, keep);
-  const int64_t n = int64_t(keep.size());
-  return lm_head_loss(m, f.n_final, on_model(m, Tensor::from_vector<int32_t>({n}, target)),
-                      on_model(m, Tensor::from_vector<float>({n}, keep)), Tensor(), Tensor());
+  Forward f = forward(m, device_batch(m, batch, cp, 0, 0), cp);
+  return lm_head_loss(m, f.n_final, f.in.target, f.in.keep, Tensor(), Tensor());
 }
 
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   const ModelConfig& c = m.cfg;
-  const RowShard sh = row_shard(cp, batch.input_ids.size(1));
-  const int64_t b = batch.input_ids.size(0), s = sh.rows, N = b * s, hid = c.hidden_size;
   check_forward_memory(m, batch, cp, true);
-  Forward f = forward(m, batch, cp, opt.recompute_attention);
+  Forward f = forward(m, device_batch(m, batch, cp, opt.lm_targets, opt.valid_rows), cp, opt.recompute_attention);
+  const int64_t b = f.in.ids.size(0), s = f.in.ids.size(1), N = b * s, hid = c.hidden_size;
   StepStats st;
   st.tokens = N;
-
-  std::vector<int32_t> target;
-  std::vector<float> keep;
-  shard_targets(batch, c.pad_token_id, opt.lm_targets, cp, target, keep);
-
-  // The indexer's loss rows over the whole batch, then this rank's.
-  const Tensor all_rows = loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, opt.valid_rows);
-  const Tensor row_weight = on_model(m, take_rows(all_rows.view({b, sh.s, 1}), sh).view({b, s}));
   const ModelTensors gw = model_tensors(grads, c.num_hidden_layers, c.tie_word_embeddings);
   auto tmp = [&m](const Shape& sh) { return Tensor::empty(sh, DType::f32, m.device()); };
 
   // Head (with the LM loss, chunk by chunk) and final norm.
   Tensor dn = opt.backbone ? tmp({N, hid}) : Tensor(), dh;
-  st.lm_loss = lm_head_loss(m, f.n_final, on_model(m, Tensor::from_vector<int32_t>({N}, target)),
-                            on_model(m, Tensor::from_vector<float>({N}, keep)), gw.lm_head, dn);
+  st.lm_loss = lm_head_loss(m, f.n_final, f.in.target, f.in.keep, gw.lm_head, dn);
   if (opt.backbone) {
     dh = tmp({b, s, hid});
     rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);
@@ -300,8 +344,8 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
-    if (is_dsa(c.layer_modes[L])) mo.row_weight = row_weight;
-    const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, batch.layout, f.layers[L],
+    if (is_dsa(c.layer_modes[L])) mo.row_weight = f.in.row_weight;
+    const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, f.in.layout, f.layers[L],
                                                    mo, gw.layers[L], opt.recompute_attention, cp);
     if (opt.backbone) dh = r.dh_in;
     if (is_dsa(c.layer_modes[L])) {
@@ -309,7 +353,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
       ++dsa_layers;
     }
   }
-  if (opt.backbone) embedding_bwd(f.ids, dh, gw.embed_tokens);  // rows in token order
+  if (opt.backbone) embedding_bwd(f.in.ids, dh, gw.embed_tokens);  // rows in token order
   if (dsa_layers > 0) st.indexer_kl /= dsa_layers;
   return st;
 }

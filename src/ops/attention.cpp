@@ -87,8 +87,8 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
 
 void run(const AttnDenseInputs& in, AttnDenseParams p, void (Backend::*entry)(const AttnDenseParams&) const) {
   const Device dev = in.q.device();
-  // The layout lives on the CPU; a GPU kernel reads its device copy, held here.
-  const Tensor ds = in.layout->doc_start.on(dev), de = in.layout->doc_end.on(dev);
+  // A GPU kernel reads the layout's device form (uploaded once per micro-batch) or a copy held here.
+  const Tensor ds = in.layout->doc_start_on(dev), de = in.layout->doc_end_on(dev);
   p.doc_start = ds.data<int32_t>();
   p.doc_end = de.data<int32_t>();
   dispatch(dev, entry, p, "attention",

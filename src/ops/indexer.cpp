@@ -40,7 +40,7 @@ void check_scores(const IndexerScores& sc, DType dt, IndexerScoreParams& p, Tens
              sc.q_row0 + sq, ") are not inside the ", s, " key rows");
   HMLA_CHECK(sc.layout && sc.layout->b == b && sc.layout->s == s, LayoutError,
              "indexer: the layout must cover b = ", b, ", s = ", s);
-  ds = sc.layout->doc_start.on(dev);  // the layout lives on the CPU; a GPU kernel reads a copy
+  ds = sc.layout->doc_start_on(dev);  // the layout's device form, or a copy for a host-only layout
   p.dtype = dt;
   p.b = b, p.sq = sq, p.s = s, p.HI = HI, p.DI = DI, p.q_row0 = sc.q_row0;
   p.qI = sc.qI.raw_data();
@@ -122,7 +122,7 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
              q_row0 + sq, ") inside");
   HMLA_CHECK(K >= 1 && W >= 0, ShapeError, "indexer_select: K = ", K, " must be >= 1 and W = ", W, " >= 0");
   const Device dev = scores.device();
-  const Tensor ds = layout.doc_start.on(dev);
+  const Tensor ds = layout.doc_start_on(dev);
   IndexerTopkParams p;
   p.b = b, p.sq = sq, p.s = s, p.q_row0 = q_row0, p.K = K, p.W = W;
   p.scores = scores.data<float>();

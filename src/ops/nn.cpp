@@ -294,11 +294,15 @@ EmbeddingParams embedding_params(const Tensor& ids, const Tensor& E, const Tenso
                  rows_t.numel() == p.N * p.D && rows_t.size(-1) == p.D,
              ShapeError, op, ": ", rows_name, " must be a contiguous f32 tensor of ", p.N, " rows of ", p.D,
              ", got ", desc(rows_t));
-  const Tensor host = ids.on(Device::cpu);  // checked before any kernel reads a row (a device's ids: a copy)
-  const int32_t* id = host.data<int32_t>();
-  for (int64_t n = 0; n < p.N; ++n)
-    HMLA_CHECK(id[n] >= 0 && id[n] < p.V, ShapeError, "token id ", id[n], " at position ", n,
-               " is outside the vocabulary [0, ", p.V, ")");
+  // Host ids are checked before any kernel reads a row. A device's ids are not copied back to be
+  // checked: they were checked where they entered (the model's device batch, the CLI), and the
+  // device kernels read no row outside the table whatever the ids (a bad id's row is NaN).
+  if (ids.device() == Device::cpu) {
+    const int32_t* id = ids.data<int32_t>();
+    for (int64_t n = 0; n < p.N; ++n)
+      HMLA_CHECK(id[n] >= 0 && id[n] < p.V, ShapeError, "token id ", id[n], " at position ", n,
+                 " is outside the vocabulary [0, ", p.V, ")");
+  }
   p.ids = ids.data<int32_t>();
   return p;
 }
@@ -326,11 +330,10 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   check_contiguous(target, DType::i32, {p.N}, "cross_entropy", "target");
   check_contiguous(w, DType::f32, {p.N}, "cross_entropy", "w");
   if (dlogits.defined()) check_contiguous(dlogits, DType::f32, {p.N, p.V}, "cross_entropy", "dlogits");
-  {
-    const Tensor ht = target.on(Device::cpu), hw = w.on(Device::cpu);  // a device's: copies
+  if (target.device() == Device::cpu) {  // a device's targets: as embedding's ids (a bad row's loss is NaN)
     for (int64_t n = 0; n < p.N; ++n) {
-      const int32_t t = ht.data<int32_t>()[n];
-      HMLA_CHECK(hw.data<float>()[n] == 0.f || (t >= 0 && t < p.V), ShapeError, "cross_entropy: target ", t,
+      const int32_t t = target.data<int32_t>()[n];
+      HMLA_CHECK(w.data<float>()[n] == 0.f || (t >= 0 && t < p.V), ShapeError, "cross_entropy: target ", t,
                  " of row ", n, " is outside the vocabulary [0, ", p.V, ")");
     }
   }
@@ -379,6 +382,11 @@ Tensor converted(const Tensor& t, DType dtype) {
   Tensor out = Tensor::empty(t.shape(), dtype, t.device());
   convert(t, out);
   return out;
+}
+
+Tensor compute_operand(const Tensor& t) {
+  const DType dt = compute_dtype(t.device());
+  return t.dtype() == dt ? t : converted(t, dt);
 }
 
 // ---- optimizer steps ----------------------------------------------------------------------------

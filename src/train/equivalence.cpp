@@ -7,6 +7,7 @@
 #include <iomanip>
 
 #include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
 #include "run_inputs.h"
 
 namespace hmla::train {
@@ -35,7 +36,7 @@ std::pair<double, double> equivalence(const Model& m, const std::vector<bool>& h
 // touches by <= u relative, so to first order the logits differ by <= 8 u per hybrid layer
 // relative to their largest; a structural error (a wrong split or absorption) is O(1).
 double equivalence_rtol(const PhaseSettings& ph, const Model& model, const std::vector<bool>& hybrid) {
-  if (model.device() == Device::cpu) return ph.equivalence_rtol;
+  if (compute_dtype(model.device()) == DType::f32) return ph.equivalence_rtol;
   const double layers = double(std::count(hybrid.begin(), hybrid.end(), true));
   return std::max(ph.equivalence_rtol, 8.0 * layers * std::ldexp(1.0, -9));
 }

@@ -10,6 +10,7 @@ class ForwardingBackend : public Backend {
  public:
   explicit ForwardingBackend(const Backend& inner) : Backend(inner.device()), inner_(inner) {}
   const char* name() const override { return inner_.name(); }
+  DType compute_dtype() const override { return inner_.compute_dtype(); }
 #define HMLA_FORWARD_SUPPORTS(P) \
   bool supports(const P& p) const override { return inner_.supports(p); }
   HMLA_PARAMS_LIST(HMLA_FORWARD_SUPPORTS)

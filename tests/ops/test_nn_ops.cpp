@@ -662,5 +662,30 @@ TEST(NnOps, BadInputIsAClearError) {
                "Dr even");
 }
 
+// A device's ids and targets are not copied back to be checked (they were checked where they
+// entered the model): the kernels read nothing outside the table for a bad one, and make its row
+// NaN (so the loss is non-finite and a run stops) instead; the good rows are untouched, and no
+// byte comes back to the host for the check.
+TEST(NnOps, DeviceIdsOutsideTheVocabularyGiveNaNNotAStrayRead) {
+  if (!cuda_backend() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor E = Tensor::from_vector<float>({3, 2}, {1, 2, 3, 4, 5, 6}).to(Device::cuda);
+  const Tensor ids = Tensor::from_vector<int32_t>({3}, {2, 3, -1}).to(Device::cuda);
+  const Tensor out = Tensor::empty({3, 2}, DType::f32, Device::cuda);
+  const CudaCounters c0 = cuda_counters();
+  embedding_fwd(ids, E, out);
+  EXPECT_EQ((cuda_counters() - c0).d2h_bytes, 0);
+  const std::vector<float> o = out.to_vector<float>();
+  EXPECT_EQ(o[0], 5.f);
+  EXPECT_EQ(o[1], 6.f);
+  for (int i = 2; i < 6; ++i) EXPECT_TRUE(std::isnan(o[i])) << i;
+  const Tensor dE = Tensor::zeros({3, 2}, DType::f32, Device::cuda);
+  embedding_bwd(ids, Tensor::from_vector<float>({3, 2}, {1, 1, 1, 1, 1, 1}).to(Device::cuda), dE);
+  EXPECT_EQ(dE.to_vector<float>(), std::vector<float>({0, 0, 0, 0, 1, 1}));  // only id 2's row
+  const double loss = cross_entropy(Tensor::zeros({2, 3}, DType::f32, Device::cuda),
+                                    Tensor::from_vector<int32_t>({2}, {0, 3}).to(Device::cuda),
+                                    Tensor::from_vector<float>({2}, {1.f, 1.f}).to(Device::cuda));
+  EXPECT_TRUE(std::isnan(loss)) << loss;
+}
+
 }  // namespace
 }  // namespace hmla

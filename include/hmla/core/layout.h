@@ -11,13 +11,27 @@ namespace hmla {
 
 struct DocLayout {
   int64_t b = 0, s = 0;
-  Tensor doc_start;  // [b, s] i32
-  Tensor doc_end;    // [b, s] i32, exclusive
+  Tensor doc_start;  // [b, s] i32, on the host (what host code reads: is_padding, the counts)
+  Tensor doc_end;    // [b, s] i32, exclusive, on the host
+  // The same two tables on a device, when the caller uploaded them once (the training step's device
+  // batch does, with the rest of the micro-batch); the ops read these instead of a copy per call.
+  Tensor device_start, device_end;
+
+  // doc_start / doc_end as a kernel on `dev` reads them: the device form when it is on dev, else
+  // the host table (a copy for a device: a layout built per call, as hmla.torch's, is uploaded
+  // per op).
+  Tensor doc_start_on(Device dev) const { return on(doc_start, device_start, dev); }
+  Tensor doc_end_on(Device dev) const { return on(doc_end, device_end, dev); }
 
   bool is_padding(int64_t r, int64_t t) const { return doc_start.data<int32_t>()[r * s + t] > t; }
   int64_t num_docs() const;        // documents over all rows
   int64_t allowed_pairs() const;   // sum over rows of |A(t)|
   int64_t valid_rows() const;      // rows with a non-empty A(t)
+
+ private:
+  static Tensor on(const Tensor& host, const Tensor& dev_form, Device dev) {
+    return dev_form.defined() && dev_form.device() == dev ? dev_form : host.on(dev);
+  }
 };
 
 // One causal document per row: A(t) = [0, t].

@@ -94,6 +94,9 @@ class Tensor {
   Tensor slice(int64_t d, int64_t start, int64_t end) const;  // [start, end) along d
   Tensor select(int64_t d, int64_t i) const;                  // drops dimension d
   Tensor transpose(int64_t d0, int64_t d1) const;             // swaps two dimensions (a view)
+  // The same bytes read as another dtype of the same size (i32 <-> f32): one packed buffer holding
+  // tensors of both (the step's device batch, uploaded in one copy).
+  Tensor bitcast(DType dtype) const;
 
   // Copies.
   Tensor clone() const;                   // contiguous copy on the same device

@@ -3,7 +3,9 @@
 // lm_head (or tied). Parameters live in one arena planned from one table; gradients and optimizer
 // state use arenas of the same table. Forward and backward are explicit (no tape).
 #pragma once
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hmla/core/layout.h"
@@ -55,6 +57,13 @@ struct Model {
   // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.
   bool split_kv_b_proj = false;
   Device device() const { return arena.device(); }  // where it computes (every tensor of a step)
+  // The RoPE tables (rope_cache) of s rows from position pos0, on the model's device: made and
+  // uploaded once per shape, so a step uploads none. They depend on the config's RoPE fields
+  // only, which no phase changes.
+  const RopeCache& rope(int64_t s, int64_t pos0) const;
+
+ private:
+  mutable std::map<std::pair<int64_t, int64_t>, RopeCache> rope_;
 };
 
 // Allocates the arena (zeros, on `device`) for this config. Throws ConfigError for MoE layers (DESIGN.md

@@ -31,6 +31,11 @@ class Backend {
   Device device() const { return device_; }
   virtual const char* name() const = 0;
 
+  // The precision policy (DESIGN.md section 4): the dtype the attention and indexer-score kernels
+  // read their operands in. The model and the trainer ask it (compute_operand,
+  // compute_dtype(Device)) instead of testing the device.
+  virtual DType compute_dtype() const { return DType::f32; }
+
   // Memory: the device's allocator (exact live/peak counters), copies and synchronisation.
   Allocator& memory() const { return allocator(device_); }
   void synchronize() const { memory().synchronize(); }
@@ -56,6 +61,7 @@ class Backend {
 
 // The backend of a device; throws hmla::Error naming the device when this build has none.
 const Backend& backend(Device d);
+inline DType compute_dtype(Device d) { return backend(d).compute_dtype(); }
 
 // The one dispatch of every entry point: the backend of `dev` runs `entry` on the validated
 // params if it supports them, else ShapeError "<op>: the <backend> backend does not run <why>".

@@ -178,6 +178,10 @@ struct ConvertParams {
 void convert(const Tensor& src, const Tensor& dst);
 // A contiguous copy of t in `dtype` on t's device (t itself when it already is one).
 Tensor converted(const Tensor& t, DType dtype);
+// An operand of the attention and indexer-score kernels as its device's backend reads them
+// (Backend::compute_dtype: f32 on the CPU, bf16 on CUDA): t itself, any strides, when it is in that
+// dtype, else a contiguous copy in it.
+Tensor compute_operand(const Tensor& t);
 
 }  // namespace hmla
 

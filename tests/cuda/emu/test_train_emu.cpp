@@ -226,12 +226,16 @@ TEST(CudaTraining, WrongAttentionIsRejected) {
 }
 
 // Each CUDA step row reports what the step cost the host (cuda_counters over the step); CPU rows
-// do not have the fields. Printed per phase: the baseline the GPU-step work (issue 27) shrinks.
-TEST(CudaTraining, StepRowsReportTheHostCost) {
+// do not have the fields. Issue 27's acceptance, per phase: a steady step (not a phase's first,
+// which makes the phase's caches, e.g. the RoPE tables) uploads exactly its micro-batches' batch
+// bytes (per token: id, LM target, LM weight, loss-row weight, doc_start, doc_end: 6 x 4 bytes;
+// no layout, table or parameter uploads). Printed per step with the launches.
+TEST(CudaTraining, SteadyStepsCostTheHostOnlyTheirBatch) {
   HMLA_NEED_DEVICE();
+  const int64_t rows = 4, s = 32;  // programme_text's batch and seq_len
   const std::string text = programme_text("tests/cuda/emu/emu_model.json", 5, "warmup_steps: 1, micro_batches: 2",
-                                          "  - {name: pre, mode: mha, steps: 2}\n  - {name: warm, mode: dsa_warmup, steps: 1}\n"
-                                          "  - {name: sparse, mode: dsa_sparse, steps: 1}\n");
+                                          "  - {name: pre, mode: mha, steps: 3}\n  - {name: warm, mode: dsa_warmup, steps: 3}\n"
+                                          "  - {name: sparse, mode: dsa_sparse, steps: 3}\n");
   const fs::path cpu = tmpdir("cost_cpu"), cuda = tmpdir("cost_cuda");
   run(cpu, "cpu", false, text);
   run(cuda, "cuda", false, text);
@@ -242,17 +246,15 @@ TEST(CudaTraining, StepRowsReportTheHostCost) {
     ++steps;
     for (const char* k : {"cuda_syncs", "cuda_launches", "h2d_bytes", "d2h_bytes"})
       ASSERT_TRUE(r.contains(k) && r[k].is_number_unsigned()) << k << " in " << r.dump();
-    // At least the step's two micro-batches of 2 x 32 token ids and targets went up (int32 each),
-    // and the losses came back.
-    EXPECT_GE(r["h2d_bytes"].get<int64_t>(), 2 * 2 * 2 * 32 * 4) << r.dump();
-    EXPECT_GT(r["d2h_bytes"].get<int64_t>(), 0) << r.dump();
-    EXPECT_GE(r["cuda_syncs"].get<int64_t>(), 1) << r.dump();
-    EXPECT_GT(r["cuda_launches"].get<int64_t>(), 0) << r.dump();
     std::printf("phase %s step %d: %d syncs, %d launches, %d bytes up, %d bytes back\n",
                 r["phase"].get<std::string>().c_str(), r["step"].get<int>(), r["cuda_syncs"].get<int>(),
                 r["cuda_launches"].get<int>(), r["h2d_bytes"].get<int>(), r["d2h_bytes"].get<int>());
+    EXPECT_GT(r["cuda_launches"].get<int64_t>(), 0) << r.dump();
+    if (r["step"].get<int>() == 1) continue;  // the phase's first step
+    if (r["phase"] == "sparse") continue;     // until the sparse backward's inverse index is built on the device
+    EXPECT_EQ(r["h2d_bytes"].get<int64_t>(), rows * s * 6 * 4) << r.dump();
   }
-  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(steps, 9);
   for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
 }
 
