@@ -16,14 +16,16 @@ import torch
 Tensor = torch.Tensor
 
 
-def _stream(t):
-    """torch's current stream of t's CUDA device as hmla._C takes it (an int), None on the CPU."""
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
-
-
 def _on_stream(C, name):
-    """hmla._C's call `name` with the stream of its first tensor argument appended."""
-    return lambda *a: getattr(C, name)(*a, _stream(a[0]))
+    """hmla._C's call `name` with the stream of its first tensor argument appended: torch's current
+    stream of that tensor's CUDA device as an int, on that device (hmla allocates on the current
+    device), or None for a CPU tensor."""
+    def call(*a):
+        if not a[0].is_cuda:
+            return getattr(C, name)(*a, None)
+        with torch.cuda.device(a[0].device):
+            return getattr(C, name)(*a, torch.cuda.current_stream(a[0].device).cuda_stream)
+    return call
 
 
 def _none_if_empty(t):
@@ -39,7 +41,7 @@ _NAMES = ("attention_fwd", "attention_bwd", "indexer_topk", "indexer_kl", "spars
 
 
 class _Direct:
-    """hmla._C's calls, each on the stream of its first tensor (_stream)."""
+    """hmla._C's calls, each on the stream of its first tensor (_on_stream)."""
 
     def __init__(self, C):
         self.__dict__.update({n: _on_stream(C, n) for n in _NAMES})
