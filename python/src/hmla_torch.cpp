@@ -180,7 +180,7 @@ hmla::AttnDenseInputs dense_inputs(const at::Tensor& q, const at::Tensor& k, con
 std::vector<at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                       const c10::optional<at::Tensor>& cu_seqlens,
                                       const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink,
-    const c10::optional<int64_t>& stream) {
+                                      const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
   const hmla::AttnDenseSaved sv = hmla::attn_dense_fwd(dense_inputs(q, k, v, scale, layout, sink));
@@ -191,7 +191,7 @@ std::vector<at::Tensor> attention_bwd(const at::Tensor& q, const at::Tensor& k, 
                                       const c10::optional<at::Tensor>& cu_seqlens,
                                       const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink,
                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-    const c10::optional<int64_t>& stream) {
+                                      const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
   const hmla::AttnDenseGrads g =
@@ -209,7 +209,7 @@ hmla::IndexerScores scores(const at::Tensor& qI, const at::Tensor& kI, const at:
 
 at::Tensor indexer_topk(const at::Tensor& qI, const at::Tensor& kI, const at::Tensor& w, int64_t topk, int64_t window,
                         const c10::optional<at::Tensor>& cu_seqlens, const c10::optional<at::Tensor>& end_rows,
-    const c10::optional<int64_t>& stream) {
+                        const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(qI.size(0), kI.size(1), cu_seqlens, end_rows);
   return cs.out(hmla::indexer_topk(scores(qI, kI, w, layout), topk, window), qI);
@@ -235,8 +235,7 @@ at::Tensor row_weights(const hmla::DocLayout& layout, const c10::optional<at::Te
 // The table every op runs, under DESIGN.md section 4's contract (hmla::check_index_table): idx
 // itself, or with invalid="skip" a copy whose entries outside A(t) are -1; errors name the entry.
 at::Tensor index_table(const at::Tensor& idx, int64_t s, const c10::optional<at::Tensor>& cu_seqlens,
-                       const c10::optional<at::Tensor>& end_rows, bool skip,
-    const c10::optional<int64_t>& stream) {
+                       const c10::optional<at::Tensor>& end_rows, bool skip, const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   HMLA_CHECK(idx.dim() == 3 && idx.size(1) == s, hmla::ShapeError, "hmla.torch: the index table must be [b, s = ", s,
              ", N], got ", hmla::shape_str(Shape(idx.sizes().begin(), idx.sizes().end())));
@@ -254,7 +253,7 @@ std::vector<at::Tensor> indexer_kl(const at::Tensor& qI, const at::Tensor& kI, c
                                    const c10::optional<at::Tensor>& end_rows,
                                    const c10::optional<at::Tensor>& topk_indices, int64_t window,
                                    const c10::optional<at::Tensor>& row_mask, double coeff,
-    const c10::optional<int64_t>& stream) {
+                                   const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   check_rows("indexer_kl", {{"q_idx", &qI}, {"q", &q}, {"k", &k}});
   const hmla::DocLayout layout = layout_of(qI.size(0), kI.size(1), cu_seqlens, end_rows);
@@ -294,7 +293,7 @@ hmla::AttnSparseInputs sparse_inputs(const at::Tensor& q, const at::Tensor& kv, 
 
 std::vector<at::Tensor> sparse_mla_fwd(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& idx, double scale,
                                        int64_t dv, const c10::optional<at::Tensor>& sink,
-    const c10::optional<int64_t>& stream) {
+                                       const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::AttnSparseSaved sv = hmla::attn_sparse_fwd(sparse_inputs(q, kv, idx, scale, dv, sink));
   return {cs.out(sv.out, q), cs.out(sv.lse, q), cs.out(sv.lse_c, q)};
@@ -303,7 +302,7 @@ std::vector<at::Tensor> sparse_mla_fwd(const at::Tensor& q, const at::Tensor& kv
 std::vector<at::Tensor> sparse_mla_bwd(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& idx, double scale,
                                        int64_t dv, const c10::optional<at::Tensor>& sink, const at::Tensor& out,
                                        const at::Tensor& lse, const at::Tensor& lse_c, const at::Tensor& dout,
-    const c10::optional<int64_t>& stream) {
+                                       const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::AttnSparseGrads g = hmla::attn_sparse_bwd(sparse_inputs(q, kv, idx, scale, dv, sink),
                                                         {dense(out), dense(lse), dense(lse_c)}, dense(dout));
