@@ -1,16 +1,22 @@
 // hmla._C: the torch bindings of hmla's op entry points (include/hmla/ops), for hmla.torch.
 // Tensors cross zero-copy both ways: a torch tensor is wrapped as an hmla view (Tensor::wrap, the
 // torch handle keeping its memory alive), and an output hmla allocated is handed to torch with
-// from_blob (a deleter keeping hmla's storage alive). The entry points validate shapes, dtypes,
-// devices and layouts; their errors reach Python as ValueError (bad input) or RuntimeError.
+// from_blob (a deleter keeping hmla's storage alive). On CUDA each call runs on torch's current
+// stream, which hmla.torch passes in as an integer (so this file needs no CUDA header from torch:
+// the CPU-only libtorch builds it too), so hmla's work is ordered like any torch op. The entry
+// points validate shapes, dtypes, devices and layouts; their errors reach Python as ValueError
+// (bad input) or RuntimeError.
 #include <torch/extension.h>
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "hmla/core/allocator.h"
+#include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
 #include "hmla/core/layout.h"
 #include "hmla/ops/attention.h"
@@ -70,16 +76,44 @@ hmla::Tensor strided(const at::Tensor& t) {
 
 hmla::Tensor dense(const at::Tensor& t) { return t.defined() ? wrap(t.contiguous()) : hmla::Tensor(); }
 
-// A zero-copy torch tensor of an hmla tensor (hmla's storage lives as long as torch's view); `like`
-// is an input on the same device (which CUDA device, for torch).
-at::Tensor to_torch(const hmla::Tensor& t, const at::Tensor& like) {
-  if (!t.defined()) return {};
-  auto* keep = new hmla::Tensor(t);
-  const auto opts = at::TensorOptions()
-                        .dtype(scalar_of(t.dtype()))
-                        .device(t.device() == hmla::Device::cuda ? like.device() : at::Device(at::kCPU));
-  return torch::from_blob(t.raw_data(), t.shape(), t.strides(), [keep](void*) { delete keep; }, opts);
-}
+// One call's stream: torch's current stream of the inputs' CUDA device (cudaStream_t as an
+// integer), or none for CPU tensors. While the object lives, hmla's work on this thread goes to it:
+// each entry point makes it first, so that every hmla object of the call is freed inside it.
+class CallStream {
+ public:
+  explicit CallStream(const c10::optional<int64_t>& stream) : stream_(stream) {
+    if (stream_) scope_.emplace(uintptr_t(*stream_));
+  }
+  // A zero-copy torch tensor of an hmla tensor the call made (hmla's storage lives as long as
+  // torch's view); `like` is an input on the same device (which CUDA device, for torch).
+  //
+  // The deleter frees hmla's storage under this call's stream, whatever thread torch runs it on
+  // (autograd's, the one dropping the last reference): that is the stream the caching allocator
+  // records as the block's freeing stream (src/cuda/device.cu). It is the tensor's allocation
+  // stream in torch's terms, and torch's rule is that a tensor used on another stream is kept
+  // alive for that use by the user (record_stream; torch's own caching allocator also frees a block
+  // for reuse on its allocation stream only). hmla's allocator cannot see a record_stream on a
+  // from_blob tensor, so an output used on a side stream must be kept alive (or that stream
+  // synchronised) until that use is done, as for any tensor torch did not allocate. The stream must
+  // outlive the tensor: torch's streams (pool streams) are never destroyed.
+  at::Tensor out(const hmla::Tensor& t, const at::Tensor& like) const {
+    if (!t.defined()) return {};
+    auto* keep = new hmla::Tensor(t);
+    const auto opts = at::TensorOptions()
+                          .dtype(scalar_of(t.dtype()))
+                          .device(t.device() == hmla::Device::cuda ? like.device() : at::Device(at::kCPU));
+    auto release = [keep, stream = stream_](void*) {
+      if (!stream) return delete keep;
+      const hmla::ScopedCudaStream on{uintptr_t(*stream)};
+      delete keep;
+    };
+    return torch::from_blob(t.raw_data(), t.shape(), t.strides(), release, opts);
+  }
+
+ private:
+  c10::optional<int64_t> stream_;
+  std::optional<hmla::ScopedCudaStream> scope_;
+};
 
 std::vector<int64_t> host_ints(const at::Tensor& t) {
   const at::Tensor h = t.to(at::kCPU, at::kLong).contiguous();
@@ -145,20 +179,24 @@ hmla::AttnDenseInputs dense_inputs(const at::Tensor& q, const at::Tensor& k, con
 
 std::vector<at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                       const c10::optional<at::Tensor>& cu_seqlens,
-                                      const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink) {
+                                      const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink,
+                                      const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
   const hmla::AttnDenseSaved sv = hmla::attn_dense_fwd(dense_inputs(q, k, v, scale, layout, sink));
-  return {to_torch(sv.out, q), to_torch(sv.lse, q)};
+  return {cs.out(sv.out, q), cs.out(sv.lse, q)};
 }
 
 std::vector<at::Tensor> attention_bwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                       const c10::optional<at::Tensor>& cu_seqlens,
                                       const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink,
-                                      const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout) {
+                                      const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
+                                      const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
   const hmla::AttnDenseGrads g =
       hmla::attn_dense_bwd(dense_inputs(q, k, v, scale, layout, sink), {dense(out), dense(lse)}, dense(dout));
-  return {to_torch(g.dq, q), to_torch(g.dk, q), to_torch(g.dv, q), to_torch(g.dsink, q)};
+  return {cs.out(g.dq, q), cs.out(g.dk, q), cs.out(g.dv, q), cs.out(g.dsink, q)};
 }
 
 // ---- the indexer -------------------------------------------------------------------------------
@@ -170,9 +208,11 @@ hmla::IndexerScores scores(const at::Tensor& qI, const at::Tensor& kI, const at:
 }
 
 at::Tensor indexer_topk(const at::Tensor& qI, const at::Tensor& kI, const at::Tensor& w, int64_t topk, int64_t window,
-                        const c10::optional<at::Tensor>& cu_seqlens, const c10::optional<at::Tensor>& end_rows) {
+                        const c10::optional<at::Tensor>& cu_seqlens, const c10::optional<at::Tensor>& end_rows,
+                        const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(qI.size(0), kI.size(1), cu_seqlens, end_rows);
-  return to_torch(hmla::indexer_topk(scores(qI, kI, w, layout), topk, window), qI);
+  return cs.out(hmla::indexer_topk(scores(qI, kI, w, layout), topk, window), qI);
 }
 
 // The loss-row weights: mask[t] / valid_rows over the rows with a non-empty A(t) (DESIGN.md
@@ -195,7 +235,8 @@ at::Tensor row_weights(const hmla::DocLayout& layout, const c10::optional<at::Te
 // The table every op runs, under DESIGN.md section 4's contract (hmla::check_index_table): idx
 // itself, or with invalid="skip" a copy whose entries outside A(t) are -1; errors name the entry.
 at::Tensor index_table(const at::Tensor& idx, int64_t s, const c10::optional<at::Tensor>& cu_seqlens,
-                       const c10::optional<at::Tensor>& end_rows, bool skip) {
+                       const c10::optional<at::Tensor>& end_rows, bool skip, const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   HMLA_CHECK(idx.dim() == 3 && idx.size(1) == s, hmla::ShapeError, "hmla.torch: the index table must be [b, s = ", s,
              ", N], got ", hmla::shape_str(Shape(idx.sizes().begin(), idx.sizes().end())));
   const hmla::DocLayout layout = layout_of(idx.size(0), s, cu_seqlens, end_rows);
@@ -203,7 +244,7 @@ at::Tensor index_table(const at::Tensor& idx, int64_t s, const c10::optional<at:
   const hmla::Tensor t = wrap(c);
   const hmla::Tensor checked =
       hmla::check_index_table(t, layout, 0, skip ? hmla::InvalidIndex::skip : hmla::InvalidIndex::error, "hmla.torch");
-  return checked.same_data(t) ? c : to_torch(checked, idx);
+  return checked.same_data(t) ? c : cs.out(checked, idx);
 }
 
 // Returns (loss, dqI, dkI, dw): the loss as a 0-dim f32 tensor, the gradients of the loss.
@@ -211,7 +252,9 @@ std::vector<at::Tensor> indexer_kl(const at::Tensor& qI, const at::Tensor& kI, c
                                    const at::Tensor& k, double scale, const c10::optional<at::Tensor>& cu_seqlens,
                                    const c10::optional<at::Tensor>& end_rows,
                                    const c10::optional<at::Tensor>& topk_indices, int64_t window,
-                                   const c10::optional<at::Tensor>& row_mask, double coeff) {
+                                   const c10::optional<at::Tensor>& row_mask, double coeff,
+                                   const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   check_rows("indexer_kl", {{"q_idx", &qI}, {"q", &q}, {"k", &k}});
   const hmla::DocLayout layout = layout_of(qI.size(0), kI.size(1), cu_seqlens, end_rows);
   const at::Tensor rw = row_weights(layout, row_mask, qI.device());
@@ -230,8 +273,8 @@ std::vector<at::Tensor> indexer_kl(const at::Tensor& qI, const at::Tensor& kI, c
     in.K = topk_indices->size(2) - window;
   }
   const hmla::IndexerKlResult r = topk_indices ? hmla::indexer_kl_sparse(in) : hmla::indexer_kl_dense(in);
-  return {torch::tensor(float(r.loss), at::TensorOptions().dtype(at::kFloat)).to(qI.device()), to_torch(r.dqI, qI),
-          to_torch(r.dkI, qI), to_torch(r.dw, qI)};
+  return {torch::tensor(float(r.loss), at::TensorOptions().dtype(at::kFloat)).to(qI.device()), cs.out(r.dqI, qI),
+          cs.out(r.dkI, qI), cs.out(r.dw, qI)};
 }
 
 // ---- sparse latent MQA ---------------------------------------------------------------------------
@@ -249,17 +292,21 @@ hmla::AttnSparseInputs sparse_inputs(const at::Tensor& q, const at::Tensor& kv, 
 }
 
 std::vector<at::Tensor> sparse_mla_fwd(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& idx, double scale,
-                                       int64_t dv, const c10::optional<at::Tensor>& sink) {
+                                       int64_t dv, const c10::optional<at::Tensor>& sink,
+                                       const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   const hmla::AttnSparseSaved sv = hmla::attn_sparse_fwd(sparse_inputs(q, kv, idx, scale, dv, sink));
-  return {to_torch(sv.out, q), to_torch(sv.lse, q), to_torch(sv.lse_c, q)};
+  return {cs.out(sv.out, q), cs.out(sv.lse, q), cs.out(sv.lse_c, q)};
 }
 
 std::vector<at::Tensor> sparse_mla_bwd(const at::Tensor& q, const at::Tensor& kv, const at::Tensor& idx, double scale,
                                        int64_t dv, const c10::optional<at::Tensor>& sink, const at::Tensor& out,
-                                       const at::Tensor& lse, const at::Tensor& lse_c, const at::Tensor& dout) {
+                                       const at::Tensor& lse, const at::Tensor& lse_c, const at::Tensor& dout,
+                                       const c10::optional<int64_t>& stream) {
+  const CallStream cs(stream);
   const hmla::AttnSparseGrads g = hmla::attn_sparse_bwd(sparse_inputs(q, kv, idx, scale, dv, sink),
                                                         {dense(out), dense(lse), dense(lse_c)}, dense(dout));
-  return {to_torch(g.dq, q), to_torch(g.dkv, q), to_torch(g.dsink, q)};
+  return {cs.out(g.dq, q), cs.out(g.dkv, q), cs.out(g.dsink, q)};
 }
 
 // ---- memory -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 // CUDA runtime types the backend owns through RAII: a stream and a cuBLASLt handle, plus the
-// error check every CUDA call goes through. Kernels launch on hmla's current stream.
+// error check every CUDA call goes through. Every kernel, product, memset and copy goes to the
+// thread's current stream (current_stream(): a ScopedCudaStream's, else hmla's own).
 #pragma once
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -32,6 +33,8 @@ void check_launch(const char* kernel);
 // The counters' storage (device.cu): every sync, copy and launch of hmla adds to it.
 CudaCounters& counters();
 
+// hmla's own stream of a thread (non-blocking: the legacy default stream would order it with
+// every other library's work on it, and serialise it against them).
 class Stream {
  public:
   Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
@@ -41,13 +44,23 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// The stream work goes to now (not owned): get() for the calls, sync() for a counted host wait.
+class StreamRef {
+ public:
+  explicit StreamRef(cudaStream_t s) : s_(s) {}
+  cudaStream_t get() const { return s_; }
   void sync() const {
     ++counters().syncs;
     check(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
   }
 
  private:
-  cudaStream_t s_ = nullptr;
+  cudaStream_t s_;
 };
 
 // The products' handle (gemm.cu).
@@ -65,8 +78,17 @@ class BlasLt {
   cublasLtHandle_t h_ = nullptr;
 };
 
-// The stream and cuBLASLt handle of this thread's device work (created on first use).
-Stream& current_stream();
+// Uploads' pinned staging (device.cu): buffers of kStageBytes (an upload larger than one goes in
+// chunks), at most kStageBuffers of them (32 MiB of pinned host memory, made as first needed): a
+// steady step's uploads (a few micro-batches of ids and layouts between two read-backs) fit, so no
+// upload waits; a larger one (parameters at start-up) waits for its oldest chunk's copy now and then.
+inline constexpr size_t kStageBytes = size_t(1) << 20;
+inline constexpr size_t kStageBuffers = 32;
+
+// This thread's current stream: the innermost open ScopedCudaStream's, else the thread's own
+// Stream (created on first use). Every call that takes a stream passes this one.
+StreamRef current_stream();
+// This thread's cuBLASLt handle (created on first use; a handle is not tied to a stream).
 BlasLt& blaslt();
 
 // A device buffer of n T for the duration of one op, through the caching allocator (a steady

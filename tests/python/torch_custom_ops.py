@@ -17,10 +17,10 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 
 class StandIn:
-    """hmla._C's calls with their shapes."""
+    """hmla._C's calls with their shapes (the last argument: the stream, None for CPU tensors)."""
 
     @staticmethod
-    def attention_fwd(q, k, v, scale, cu, er, sink):
+    def attention_fwd(q, k, v, scale, cu, er, sink, stream):
         b, s, H, _ = q.shape
         kk, vv = k.repeat_interleave(H // k.shape[2], 2), v.repeat_interleave(H // v.shape[2], 2)
         logits = torch.einsum("bthd,bjhd->bhtj", q.float(), kk.float()) * scale
@@ -28,25 +28,29 @@ class StandIn:
         return torch.einsum("bhtj,bjhd->bthd", torch.softmax(logits, -1), vv.float()).to(q.dtype), torch.logsumexp(logits, -1)
 
     @staticmethod
-    def attention_bwd(q, k, v, scale, cu, er, sink, out, lse, dout):
+    def attention_bwd(q, k, v, scale, cu, er, sink, out, lse, dout, stream):
         return torch.ones_like(q), torch.ones_like(k), torch.ones_like(v), None if sink is None else torch.ones_like(sink)
 
     @staticmethod
-    def indexer_topk(qI, kI, w, K, W, cu, er):
+    def indexer_topk(qI, kI, w, K, W, cu, er, stream):
         return torch.full((qI.shape[0], qI.shape[1], K + W), -1, dtype=torch.int32)
 
     @staticmethod
-    def indexer_kl(qI, kI, w, q, k, scale, cu, er, topk, W, rm, coeff):
+    def indexer_kl(qI, kI, w, q, k, scale, cu, er, topk, W, rm, coeff, stream):
         return torch.tensor(0.5), torch.ones_like(qI), torch.ones_like(kI), torch.ones_like(w)
 
     @staticmethod
-    def sparse_mla_fwd(q, kv, idx, scale, dv, sink):
+    def sparse_mla_fwd(q, kv, idx, scale, dv, sink, stream):
         b, s, H, _ = q.shape
         return q.new_zeros(b, s, H, dv), q.new_zeros(b, H, s), q.new_zeros(b, H, s)
 
     @staticmethod
-    def sparse_mla_bwd(q, kv, idx, scale, dv, sink, out, lse, lse_c, dout):
+    def sparse_mla_bwd(q, kv, idx, scale, dv, sink, out, lse, lse_c, dout, stream):
         return torch.ones_like(q), torch.ones_like(kv), None if sink is None else torch.ones_like(sink)
+
+    @staticmethod
+    def index_table(idx, s, cu, er, skip, stream):
+        return idx
 
     @staticmethod
     def memory_stats(reset_peak=False):

@@ -27,4 +27,23 @@ struct CudaCounters {
 };
 CudaCounters cuda_counters();
 
+// Makes `stream` (a cudaStream_t as an integer, 0 the legacy default stream) this thread's current
+// stream for the object's lifetime, then restores the previous one (scopes nest): every kernel,
+// cuBLASLt product, memset and copy hmla issues on this thread goes to it, and the caching
+// allocator orders its blocks' reuse across streams (docs/cuda.md, "Streams"). Without a scope hmla
+// uses a non-blocking stream of its own per thread. hmla.torch opens one around each call on
+// torch's current stream, so hmla's work is ordered like any torch op. The caller keeps the stream
+// alive through the scope. A build without CUDA refuses it (Error).
+class ScopedCudaStream {
+ public:
+  explicit ScopedCudaStream(uintptr_t stream);
+  ~ScopedCudaStream();
+  ScopedCudaStream(const ScopedCudaStream&) = delete;
+  ScopedCudaStream& operator=(const ScopedCudaStream&) = delete;
+
+ private:
+  bool had_previous_ = false;
+  uintptr_t previous_ = 0;
+};
+
 }  // namespace hmla

@@ -3,12 +3,29 @@ torch 2.4 and later): each call becomes an opaque op hmla::<name> with a shape f
 (register_fake), so torch.compile traces through hmla.torch's operators instead of breaking the
 graph; autograd stays with hmla.torch's autograd.Functions, which call these. Older torch (Debian
 12's 1.13) calls hmla._C directly. Custom ops return tensors only: an absent optional output
-(dsink without a sink) crosses as an empty tensor and comes back as None."""
+(dsink without a sink) crosses as an empty tensor and comes back as None.
+
+Every call into hmla._C passes the stream it runs on: torch's current stream of its first tensor's
+CUDA device, read when the kernel runs (inside the custom op's body, not when a graph is traced),
+or None for CPU tensors. hmla's kernels, copies and allocations of the call are ordered on it like
+any torch op's (docs/torch.md, "Streams")."""
 from typing import List, Optional
 
 import torch
 
 Tensor = torch.Tensor
+
+
+def _on_stream(C, name):
+    """hmla._C's call `name` with the stream of its first tensor argument appended: torch's current
+    stream of that tensor's CUDA device as an int, on that device (hmla allocates on the current
+    device), or None for a CPU tensor."""
+    def call(*a):
+        if not a[0].is_cuda:
+            return getattr(C, name)(*a, None)
+        with torch.cuda.device(a[0].device):
+            return getattr(C, name)(*a, torch.cuda.current_stream(a[0].device).cuda_stream)
+    return call
 
 
 def _none_if_empty(t):
@@ -19,12 +36,15 @@ def _empty_if_none(t, like):
     return like.new_empty(0, dtype=torch.float32) if t is None else t
 
 
+_NAMES = ("attention_fwd", "attention_bwd", "indexer_topk", "indexer_kl", "sparse_mla_fwd", "sparse_mla_bwd",
+          "index_table")
+
+
 class _Direct:
-    """hmla._C as it is."""
+    """hmla._C's calls, each on the stream of its first tensor (_on_stream)."""
 
     def __init__(self, C):
-        self.__dict__.update({n: getattr(C, n) for n in ("attention_fwd", "attention_bwd", "indexer_topk", "indexer_kl",
-                                                          "sparse_mla_fwd", "sparse_mla_bwd", "index_table")})
+        self.__dict__.update({n: _on_stream(C, n) for n in _NAMES})
 
 
 class _Registered:
@@ -58,6 +78,7 @@ class _Registered:
 
 
 def _register(C):
+    C = _Direct(C)  # the bodies below run at call time: each reads the current stream then
     lib = torch.library
     f32 = torch.float32
 

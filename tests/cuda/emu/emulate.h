@@ -299,7 +299,7 @@ inline void launch(const char* kernel, dim3 grid, dim3 block, size_t smem, const
 #define blockDim (::hmla::emu::g_launch->block_dim)
 #define gridDim (::hmla::emu::g_launch->grid)
 #define HMLA_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ((void)(stream), ::hmla::emu::launch(#kernel, grid, block, smem, [&] { kernel(__VA_ARGS__); }))
+  (::hmla::emu::stream_launch(stream), ::hmla::emu::launch(#kernel, grid, block, smem, [&] { kernel(__VA_ARGS__); }))
 
 inline void __syncthreads() { ::hmla::emu::block_barrier(); }
 
@@ -397,8 +397,87 @@ inline void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2])
 }
 }  // namespace hmla::emu
 
+// ---- streams and events ----------------------------------------------------------------------
+// Work runs when it is issued, so a stream orders nothing the emulator could get wrong; what it
+// keeps per stream is what a test observes: the work each stream was given (which stream hmla's
+// launches, copies, memsets and event records went to), the cudaStreamWaitEvent calls it made, and
+// which of its work counts as complete. By default every event is complete when recorded. Under
+// ScopedPendingEvents the emulated GPU is as slow as it may be: work completes only when the host
+// waits for it (a stream or event synchronisation, or a stream that waits on its event), so
+// cudaEventQuery answers "not ready" until then, and a copy from pinned host memory
+// (cudaMallocHost) reads its source only then, or when the next work on its stream runs: a host
+// that rewrites a pinned buffer before the copy from it completed uploads the new bytes, as a GPU
+// may. (A copy from pageable memory reads its source at once: the driver stages it.)
+namespace hmla::emu {
+struct Deferred {
+  uint64_t seq;
+  void* dst;
+  const void* src;
+  size_t n;
+};
+struct StreamState {
+  uint64_t issued = 0, completed = 0;  // work sequence numbers: the last issued, the last complete
+  int64_t launches = 0, work = 0, waits = 0;
+  std::vector<Deferred> deferred;  // pinned-source copies not yet run, in issue order
+};
+struct StreamLog {
+  std::map<const void*, StreamState> streams;  // by cudaStream_t (nullptr: the legacy stream)
+  std::map<const unsigned char*, size_t> pinned;  // cudaMallocHost blocks
+  bool pending = false;
+};
+inline StreamLog& stream_log() {
+  static auto* l = new StreamLog;  // never destroyed (static destructors may still free blocks)
+  return *l;
+}
+inline StreamState& stream_state(const void* s) { return stream_log().streams[s]; }
+// The deferred copies up to `seq` on stream s run, in order.
+inline void run_deferred(StreamState& st, uint64_t seq) {
+  size_t i = 0;
+  for (; i < st.deferred.size() && st.deferred[i].seq <= seq; ++i)
+    std::memcpy(st.deferred[i].dst, st.deferred[i].src, st.deferred[i].n);
+  st.deferred.erase(st.deferred.begin(), st.deferred.begin() + long(i));
+}
+// Work up to `seq` on stream s is complete (the host waited for it).
+inline void complete(const void* s, uint64_t seq) {
+  StreamState& st = stream_state(s);
+  st.completed = std::max(st.completed, seq);
+  run_deferred(st, seq);
+}
+// New work on stream s (after everything issued before it there): its sequence number.
+inline uint64_t stream_work(const void* s) {
+  StreamState& st = stream_state(s);
+  ++st.work;
+  run_deferred(st, st.issued);  // the stream reached this work: what it follows has run
+  const uint64_t seq = ++st.issued;
+  if (!stream_log().pending) st.completed = seq;
+  return seq;
+}
+inline void stream_launch(const void* s) {
+  stream_work(s);
+  ++stream_state(s).launches;
+}
+inline bool is_pinned(const void* p) {
+  auto& m = stream_log().pinned;
+  auto it = m.upper_bound(static_cast<const unsigned char*>(p));
+  return it != m.begin() && static_cast<const unsigned char*>(p) < std::prev(it)->first + std::prev(it)->second;
+}
+struct ScopedPendingEvents {  // the slow GPU above, for the object's lifetime
+  bool saved;
+  ScopedPendingEvents() : saved(stream_log().pending) { stream_log().pending = true; }
+  ~ScopedPendingEvents() {
+    for (auto& [s, st] : stream_log().streams) complete(s, st.issued);
+    stream_log().pending = saved;
+  }
+};
+struct Event {
+  std::chrono::steady_clock::time_point t;
+  const void* stream = nullptr;
+  uint64_t seq = 0;  // the stream's work the event follows
+};
+}  // namespace hmla::emu
+
 // ---- the runtime -----------------------------------------------------------------------------
-enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorNotReady = 600 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 using cudaStream_t = void*;
@@ -421,22 +500,46 @@ inline cudaError_t cudaFree(void* p) {
   std::free(p);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t) {
-  std::memcpy(d, s, n);
+inline cudaError_t cudaMallocHost(void** p, size_t n) {  // pinned host memory (not device memory)
+  *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  if (!*p) return cudaErrorMemoryAllocation;
+  ::hmla::emu::stream_log().pinned[static_cast<unsigned char*>(*p)] = n;
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+inline cudaError_t cudaFreeHost(void* p) {
+  ::hmla::emu::stream_log().pinned.erase(static_cast<unsigned char*>(p));
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+  const uint64_t seq = ::hmla::emu::stream_work(st);
+  if (k == cudaMemcpyHostToDevice && ::hmla::emu::stream_log().pending && ::hmla::emu::is_pinned(s))
+    ::hmla::emu::stream_state(st).deferred.push_back({seq, d, s, n});
+  else
+    std::memcpy(d, s, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t st) {
+  ::hmla::emu::stream_work(st);
   std::memset(p, v, n);
   return cudaSuccess;
 }
 inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind k) { return cudaMemcpyAsync(d, s, n, k, nullptr); }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  static int dummy;
-  *s = &dummy;
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {  // a handle of its own
+  *s = new char;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  ::hmla::emu::StreamState& st = ::hmla::emu::stream_state(s);
+  ::hmla::emu::complete(s, st.issued);
+  ::hmla::emu::stream_log().streams.erase(s);  // a later stream may get the address
+  delete static_cast<char*>(s);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  ::hmla::emu::complete(s, ::hmla::emu::stream_state(s).issued);
+  return cudaSuccess;
+}
 inline cudaError_t cudaGetDeviceCount(int* n) {
   *n = 1;
   return cudaSuccess;
@@ -454,22 +557,41 @@ template <class F>
 cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) {
   return cudaSuccess;
 }
-using cudaEvent_t = std::chrono::steady_clock::time_point*;
+using cudaEvent_t = ::hmla::emu::Event*;
+constexpr unsigned cudaEventDisableTiming = 2;
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new std::chrono::steady_clock::time_point();
+  *e = new ::hmla::emu::Event();
   return cudaSuccess;
 }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
   delete e;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  *e = std::chrono::steady_clock::now();
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  ::hmla::emu::StreamState& st = ::hmla::emu::stream_state(s);
+  ++st.work;
+  e->t = std::chrono::steady_clock::now();
+  e->stream = s;
+  e->seq = st.issued;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return e->seq <= ::hmla::emu::stream_state(e->stream).completed ? cudaSuccess : cudaErrorNotReady;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  ::hmla::emu::complete(e->stream, e->seq);
+  return cudaSuccess;
+}
+// The stream's later work follows the event's: it completes first (the emulated GPU's order).
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  ::hmla::emu::complete(e->stream, e->seq);
+  ::hmla::emu::stream_work(s);
+  ++::hmla::emu::stream_state(s).waits;
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-  *ms = std::chrono::duration<float, std::milli>(*b - *a).count();
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
   return cudaSuccess;
 }
 enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0 };

@@ -11,6 +11,8 @@
 #include "hmla/core/allocator.h"
 #include "hmla/core/cuda.h"
 #include "hmla/core/tensor.h"
+#include "hmla/ops/nn.h"
+#include "runtime.h"
 
 namespace hmla {
 namespace {
@@ -294,6 +296,162 @@ TEST(CudaCounters, OnlyAReadBackWaitsForTheStream) {
   EXPECT_EQ(c.syncs, 1);
   EXPECT_EQ(c.d2h_bytes, 64 * 4);
   EXPECT_EQ(back, std::vector<float>(64, 1.f));
+}
+
+// An upload through the one entry for copies (Tensor::to goes there too), into a tensor of its size.
+Tensor upload_floats(const std::vector<float>& h) {
+  Tensor d = Tensor::empty({int64_t(h.size())}, DType::f32, Device::cuda);
+  allocator(Device::cuda).copy(d.raw_data(), Device::cuda, h.data(), Device::cpu, h.size() * sizeof(float));
+  return d;
+}
+
+TEST(CudaCounters, UploadsWaitForNothingInTheSteadyState) {
+  const std::vector<float> h(64, 1.f);
+  CudaCounters c0 = cuda_counters();
+  for (int i = 0; i < 200; ++i) upload_floats(h);
+  CudaCounters c = cuda_counters() - c0;
+  EXPECT_EQ(c.syncs, 0);
+  EXPECT_EQ(c.h2d_bytes, 200 * 64 * 4);
+  // On a GPU that never catches up before the host waits, the pool's buffers are all in flight
+  // after kStageBuffers uploads; each further one waits for the oldest (a counted sync), and a
+  // read-back (which waits for the stream) frees them all again.
+  const emu::ScopedPendingEvents slow;
+  const int n = int(cuda::kStageBuffers);
+  c0 = cuda_counters();
+  for (int i = 0; i < n; ++i) upload_floats(h);
+  EXPECT_EQ((cuda_counters() - c0).syncs, 0);
+  for (int i = 0; i < 3; ++i) upload_floats(h);
+  EXPECT_EQ((cuda_counters() - c0).syncs, 3);
+  const Tensor d = upload_floats(h);
+  EXPECT_EQ(d.to(Device::cpu).to_vector<float>(), h);
+  c0 = cuda_counters();
+  for (int i = 0; i < n; ++i) upload_floats(h);
+  EXPECT_EQ((cuda_counters() - c0).syncs, 0);
+}
+
+// The staging copy: an upload's bytes are what the host held at the call, whatever the host
+// writes next, also when the upload spans more staging buffers than the pool has and the GPU
+// reads each buffer only when the host waits (pending events: a buffer written again before its
+// copy ran would upload the later bytes).
+TEST(CudaCounters, AnUploadsBytesArriveIntactWhateverTheHostWritesNext) {
+  const emu::ScopedPendingEvents slow;
+  const int64_t chunks = int64_t(cuda::kStageBuffers) + 3;
+  const size_t n = size_t(chunks - 1) * cuda::kStageBytes / sizeof(float) + 100;  // a partial last chunk
+  std::vector<float> h(n), first(n), second(n);
+  for (size_t i = 0; i < n; ++i) first[i] = float(i % 1000), second[i] = -float(i % 777);
+  h = first;
+  const CudaCounters c0 = cuda_counters();
+  const Tensor a = upload_floats(h);
+  EXPECT_EQ((cuda_counters() - c0).syncs, chunks - int64_t(cuda::kStageBuffers));  // the pool ran out, exactly
+  h = second;  // the host's next use of its buffer
+  const Tensor b = upload_floats(h);
+  std::fill(h.begin(), h.end(), 7.f);
+  EXPECT_EQ(a.to(Device::cpu).to_vector<float>(), first);
+  EXPECT_EQ(b.to(Device::cpu).to_vector<float>(), second);
+}
+
+// ---- streams (ScopedCudaStream) and the allocator across streams ------------------------------
+
+struct TestStream {  // an emulated stream of the test's own
+  cudaStream_t s = nullptr;
+  TestStream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~TestStream() { cudaStreamDestroy(s); }
+  uintptr_t id() const { return reinterpret_cast<uintptr_t>(s); }
+};
+
+// What the streams were given so far (launches, all work), as the emulator logged it.
+struct StreamWork {
+  std::map<const void*, emu::StreamState> at = emu::stream_log().streams;
+  // Since this snapshot: work on s, and on every other stream.
+  int64_t work_on(const void* s) const { return emu::stream_state(s).work - base(s).work; }
+  int64_t launches_on(const void* s) const { return emu::stream_state(s).launches - base(s).launches; }
+  int64_t waits_on(const void* s) const { return emu::stream_state(s).waits - base(s).waits; }
+  int64_t work_elsewhere(const void* s) const {
+    int64_t n = 0;
+    for (const auto& [k, st] : emu::stream_log().streams)
+      if (k != s) n += st.work - base(k).work;
+    return n;
+  }
+  emu::StreamState base(const void* s) const {
+    auto it = at.find(s);
+    return it == at.end() ? emu::StreamState{} : it->second;
+  }
+};
+
+// Upload, memset, a product, a strided copy kernel, an elementwise kernel, frees and a read-back.
+std::vector<float> some_device_work() {
+  std::vector<float> ha(8 * 4);
+  for (size_t i = 0; i < ha.size(); ++i) ha[i] = float(i % 5);
+  const Tensor a = Tensor::from_vector<float>({8, 4}, ha).to(Device::cuda);
+  const Tensor w = Tensor::zeros({4, 6}, DType::f32, Device::cuda);
+  const Tensor y = Tensor::empty({8, 6}, DType::f32, Device::cuda);
+  matmul(a, Trans::no, w, Trans::no, y);
+  const Tensor t = a.transpose(0, 1).clone(), u = Tensor::empty({4, 8}, DType::f32, Device::cuda);
+  add(t, t, u);
+  return u.to(Device::cpu).to_vector<float>();
+}
+
+TEST(CudaStreams, EverythingInAScopeGoesToItsStream) {
+  const TestStream side, inner;
+  const StreamWork w0;
+  const CudaCounters c0 = cuda_counters();
+  {
+    const ScopedCudaStream on(side.id());
+    some_device_work();
+  }
+  const CudaCounters c = cuda_counters() - c0;
+  EXPECT_GT(c.launches, 0);
+  EXPECT_EQ(w0.launches_on(side.s), c.launches);  // every kernel and product hmla counted
+  EXPECT_EQ(w0.work_elsewhere(side.s), 0);        // and every copy, memset and event: none elsewhere
+  EXPECT_GT(w0.work_on(side.s), c.launches);
+  // Scopes nest, and closing one restores the one outside; with none open, hmla's own stream.
+  const StreamWork w1;
+  {
+    const ScopedCudaStream on(side.id());
+    {
+      const ScopedCudaStream in(inner.id());
+      some_device_work();
+    }
+    EXPECT_EQ(w1.work_on(side.s), 0);
+    EXPECT_GT(w1.work_on(inner.s), 0);
+    const int64_t on_inner = w1.work_on(inner.s);
+    some_device_work();
+    EXPECT_EQ(w1.work_on(inner.s), on_inner);
+    EXPECT_GT(w1.work_on(side.s), 0);
+  }
+  const StreamWork w2;
+  some_device_work();
+  EXPECT_EQ(w2.work_on(side.s) + w2.work_on(inner.s), 0);
+  EXPECT_GT(w2.work_elsewhere(side.s), 0);
+}
+
+// A block freed by work on stream A and handed to work on stream B: B waits (on the device) for
+// A's work up to the free; reused on A itself, it needs no wait. Seen both in the calls the
+// emulator logged and in the bytes: on the slow GPU, A's upload into the block has not run when B
+// gets the block, and without the wait it would land over what B wrote.
+TEST(CudaAllocator, ABlockFreedOnOneStreamIsWrittenByAnotherOnlyAfterItsWork) {
+  const TestStream A, B;
+  const int64_t n = 12345;  // a size no other test leaves in the cache
+  const std::vector<float> ones(size_t(n), 1.f);
+  void* where = nullptr;
+  Tensor y;
+  {
+    const emu::ScopedPendingEvents slow;
+    {
+      const ScopedCudaStream on(A.id());
+      where = upload_floats(ones).raw_data();  // freed on A, its upload still pending
+      const StreamWork w;
+      ASSERT_EQ(upload_floats(ones).raw_data(), where);  // the same stream takes it back: no wait
+      EXPECT_EQ(w.waits_on(A.s), 0);
+    }
+    const StreamWork w;
+    const ScopedCudaStream on(B.id());
+    y = Tensor::zeros({n}, DType::f32, Device::cuda);
+    ASSERT_EQ(y.raw_data(), where) << "the cache did not hand the block out again";
+    EXPECT_EQ(w.waits_on(B.s), 1);
+    EXPECT_EQ(w.work_on(A.s), 0);
+  }  // every stream's work completes
+  EXPECT_EQ(y.to(Device::cpu).to_vector<float>(), std::vector<float>(size_t(n), 0.f));
 }
 
 // ---- racecheck --------------------------------------------------------------------------------
