@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const AttnSpars
   }
 }
 
-// Each row's entries: in [-1, skv) and no key twice. err[0] = 1 + the first bad row found (any).
+// Each row's entries: in [-1, skv) and no key twice. err[0] = the smallest bad row (atomicMin from
+// INT32_MAX: the first bad row whatever the blocks' order, so the message is deterministic).
 __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, int* err) {
   __shared__ int32_t v[kMaxKW];
   const int64_t row = blockIdx.x;
@@ -151,7 +152,7 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
   while (P < KW) P *= 2;
   for (int i = threadIdx.x; i < P; i += blockDim.x) {
     const int32_t j = i < KW ? idx[row * KW + i] : INT32_MAX;
-    if (i < KW && (j < -1 || j >= skv)) atomicCAS(err, 0, int(row) + 1);
+    if (i < KW && (j < -1 || j >= skv)) atomicMin(err, int(row));
     v[i] = j < 0 ? INT32_MAX : j;  // -1 slots never collide
   }
   __syncthreads();
@@ -167,17 +168,18 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
       __syncthreads();
     }
   for (int i = threadIdx.x; i + 1 < P; i += blockDim.x)
-    if (v[i] != INT32_MAX && v[i] == v[i + 1]) atomicCAS(err, 0, int(row) + 1);
+    if (v[i] != INT32_MAX && v[i] == v[i + 1]) atomicMin(err, int(row));
 }
 
 // ---- backward -----------------------------------------------------------------------------
 //   D[h] = rowsum(dO_h * O_h);  P = exp(l - lse);  dS = P (dP - D) scale with dP = dO_h . v_j
 //   dq_h = sum_j dS[h, j] kv_j                      (kernel dq: per row, heads, column chunk)
 //   dkv_j = sum over (row, h) listing j of dS[h, j] q_h + P[h, j] dO_h (value channels)
-// dkv is deterministic without atomics: kernel dkg writes each (row, listed key)'s contribution,
-// summed over heads in order, to a workspace for a chunk of rows; kernel reduce adds, per key, the
-// contributions of the chunk in (row, slot) order through an inverse index built on the host, into
-// an f32 accumulator; chunks go in row order. Column chunks of 128 keep accumulators in registers.
+// dkv is deterministic without float atomics: kernel dkg writes each (row, listed key)'s
+// contribution, summed over heads in order, to a workspace for a chunk of rows; kernel reduce
+// adds, per key, the contributions of the chunk in (row, position) order through an inverse index
+// built on the device (InverseIndex below), into an f32 accumulator; chunks go in row order.
+// Column chunks of 128 keep accumulators in registers.
 
 constexpr int kBwdWarps = SparseTraits::kBwdWarps, kBwdHeads = SparseTraits::kBwdHeads;
 constexpr int kHeadStep = SparseTraits::kHeadStep;
@@ -331,6 +333,85 @@ __global__ void sparse_dkv_reduce_kernel(const int64_t* offsets, const int64_t* 
   }
 }
 
+// ---- the inverse index of a chunk of rows, on the device ---------------------------------------
+// A stable counting sort by key of the chunk's entries taken in (row, position) order, positions
+// as compact() numbers them: for key k = batch * skv + j, entries[offsets[k] .. offsets[k + 1])
+// holds local row * KW + position of every row listing j, in row order (a row lists a key once:
+// the contract). That is the order the host walk of earlier versions produced, so reduce sums in
+// the same order and dkv's bits are unchanged; nothing is copied to or from the host.
+//   count   a block per row: the row compacted into keys[local row], its length into nlist,
+//           counts[k] += 1 per listed key (integer atomics: the counts do not depend on the order);
+//           O(nr KW) work, parallel over rows and slots.
+//   scan    one block: offsets = the exclusive scan of counts, cursor = offsets, counts zeroed for
+//           the next chunk; O(b skv / kIndexThreads + kIndexThreads) steps.
+//   scatter a block per batch element of the chunk (keys of different elements are disjoint):
+//           its rows in order, a barrier after each, the row's keys in parallel; within a row the
+//           keys are distinct, so each key's cursor is bumped once per row and its entries land in
+//           row order. O(nr_b) barrier steps of O(KW / kIndexThreads) each for the nr_b <= nr rows
+//           of one element (a chunk is at most ~100 rows of 2048 keys at 576 wide: kBwdWorkspaceBytes).
+// The cursor is bumped with an atomic only so that a table breaking the contract (a duplicate in
+// a row, unchecked) still writes inside entries.
+constexpr int kIndexThreads = 256;
+
+__global__ void __launch_bounds__(kIndexThreads)
+    inverse_count_kernel(const AttnSparseParams p, int64_t r0, int32_t* keys, int32_t* nlist, int32_t* counts) {
+  HMLA_DYNAMIC_SHARED(unsigned char, smem);
+  int32_t* list = reinterpret_cast<int32_t*>(smem);  // [KW]
+  __shared__ int s_nc;
+  const int64_t local = blockIdx.x, row = r0 + local, base = (row / p.sq) * p.skv;
+  const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    keys[local * p.KW + i] = list[i];
+    atomicAdd(counts + base + list[i], 1);
+  }
+  if (threadIdx.x == 0) nlist[local] = n;
+}
+
+__global__ void __launch_bounds__(kIndexThreads)
+    inverse_scan_kernel(int32_t* counts, int64_t nkeys, int64_t* offsets, int32_t* cursor) {
+  __shared__ int64_t part[kIndexThreads];
+  const int tid = threadIdx.x;
+  const int64_t per = (nkeys + kIndexThreads - 1) / kIndexThreads;
+  const int64_t k0 = tid * per < nkeys ? tid * per : nkeys, k1 = k0 + per < nkeys ? k0 + per : nkeys;
+  int64_t sum = 0;
+  for (int64_t k = k0; k < k1; ++k) sum += counts[k];
+  part[tid] = sum;
+  __syncthreads();
+  if (tid == 0) {
+    int64_t run = 0;
+    for (int i = 0; i < kIndexThreads; ++i) {
+      const int64_t v = part[i];
+      part[i] = run;
+      run += v;
+    }
+    offsets[nkeys] = run;
+  }
+  __syncthreads();
+  int64_t run = part[tid];
+  for (int64_t k = k0; k < k1; ++k) {
+    offsets[k] = run;
+    cursor[k] = int32_t(run);
+    run += counts[k];
+    counts[k] = 0;
+  }
+}
+
+__global__ void __launch_bounds__(kIndexThreads)
+    inverse_scatter_kernel(const AttnSparseParams p, int64_t r0, int64_t nr, const int32_t* keys,
+                           const int32_t* nlist, int32_t* cursor, int64_t* entries) {
+  const int64_t bb = r0 / p.sq + blockIdx.x;
+  const int64_t lo = bb * p.sq > r0 ? bb * p.sq - r0 : 0;
+  const int64_t hi = (bb + 1) * p.sq < r0 + nr ? (bb + 1) * p.sq - r0 : nr;  // local rows [lo, hi)
+  for (int64_t local = lo; local < hi; ++local) {
+    const int n = nlist[local];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const int64_t key = bb * p.skv + keys[local * p.KW + i];
+      entries[atomicAdd(cursor + key, 1)] = local * p.KW + i;
+    }
+    __syncthreads();  // this row's cursor bumps before the next row's
+  }
+}
+
 __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2bfloat16(x[i]);
@@ -340,14 +421,14 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
 
 void attn_sparse_check_table(const AttnSparseParams& p) {
   const int64_t rows = p.b * p.sq, KW = p.KW, skv = p.skv;
-  Tensor err = Tensor::zeros({1}, DType::i32).to(Device::cuda);
+  Tensor err = Tensor::from_vector<int32_t>({1}, {INT32_MAX}).to(Device::cuda);
   if (rows > 0) {
     HMLA_LAUNCH(check_table_kernel, unsigned(rows), 256, 0, current_stream().get(), p.idx, KW, skv,
                                                                            err.data<int32_t>());
     check_launch("sparse attention: table check");
   }
   const int bad = err.to(Device::cpu).data<int32_t>()[0];
-  HMLA_CHECK(bad == 0, ShapeError, "sparse attention: row ", (bad - 1) % p.sq, " of batch ", (bad - 1) / p.sq,
+  HMLA_CHECK(bad == INT32_MAX, ShapeError, "sparse attention: row ", bad % p.sq, " of batch ", bad / p.sq,
              " lists a key outside [-1, ", skv, ") or a key twice");
 }
 
@@ -371,15 +452,55 @@ namespace hmla::cuda {
 
 namespace {
 std::atomic<int64_t> g_bwd_workspace_bytes{SparseTraits::kBwdWorkspaceBytes};
+
+// The inverse index's device buffers for chunks of up to chunk_rows rows (the kernels above).
+struct InverseIndex {
+  Tensor keys, nlist, counts, cursor, offsets, entries;
+
+  InverseIndex(const AttnSparseParams& p, int64_t chunk_rows) {
+    const int64_t nkeys = p.b * p.skv, slots = std::max<int64_t>(chunk_rows * p.KW, 1);
+    HMLA_CHECK(slots < INT32_MAX, ShapeError, "attn_sparse_bwd: a chunk of ", chunk_rows, " rows of ", p.KW,
+               " slots is more entries than the inverse index's int32 cursor holds");
+    keys = Tensor::empty({slots}, DType::i32, Device::cuda);
+    nlist = Tensor::empty({std::max<int64_t>(chunk_rows, 1)}, DType::i32, Device::cuda);
+    counts = Tensor::empty({std::max<int64_t>(nkeys, 1)}, DType::i32, Device::cuda);
+    cursor = Tensor::empty({std::max<int64_t>(nkeys, 1)}, DType::i32, Device::cuda);
+    offsets = Tensor::empty({nkeys + 1}, DType::i64, Device::cuda);
+    entries = Tensor::empty({slots}, DType::i64, Device::cuda);
+    check(cudaMemsetAsync(counts.raw_data(), 0, counts.nbytes(), current_stream().get()), "cudaMemsetAsync");
+  }
+
+  // The index of rows [r0, r0 + nr), queued on the current stream.
+  void build(const AttnSparseParams& p, int64_t r0, int64_t nr) {
+    cudaStream_t st = current_stream().get();
+    HMLA_LAUNCH(inverse_count_kernel, unsigned(nr), kIndexThreads, sizeof(int32_t) * p.KW, st, p, r0,
+                keys.data<int32_t>(), nlist.data<int32_t>(), counts.data<int32_t>());
+    check_launch("attn_sparse_bwd inverse index: count");
+    HMLA_LAUNCH(inverse_scan_kernel, 1, kIndexThreads, 0, st, counts.data<int32_t>(), p.b * p.skv,
+                offsets.data<int64_t>(), cursor.data<int32_t>());
+    check_launch("attn_sparse_bwd inverse index: scan");
+    const int64_t batches = (r0 + nr - 1) / p.sq - r0 / p.sq + 1;
+    HMLA_LAUNCH(inverse_scatter_kernel, unsigned(batches), kIndexThreads, 0, st, p, r0, nr, keys.data<int32_t>(),
+                nlist.data<int32_t>(), cursor.data<int32_t>(), entries.data<int64_t>());
+    check_launch("attn_sparse_bwd inverse index: scatter");
+  }
+};
 }  // namespace
+
+SparseInverseIndex sparse_inverse_index(const AttnSparseParams& p, int64_t r0, int64_t nr) {
+  InverseIndex ix(p, nr);
+  if (nr > 0) ix.build(p, r0, nr);
+  else check(cudaMemsetAsync(ix.offsets.raw_data(), 0, ix.offsets.nbytes(), current_stream().get()), "cudaMemsetAsync");
+  SparseInverseIndex r{ix.offsets.to(Device::cpu).to_vector<int64_t>(), {}};
+  const std::vector<int64_t> all = ix.entries.to(Device::cpu).to_vector<int64_t>();
+  r.entries.assign(all.begin(), all.begin() + r.offsets.back());
+  return r;
+}
 
 int64_t set_sparse_bwd_workspace_bytes(int64_t bytes) { return g_bwd_workspace_bytes.exchange(std::max<int64_t>(bytes, 1)); }
 
 void attn_sparse_bwd(const AttnSparseParams& f) {
   const int64_t rows = f.b * f.sq;
-  // The table on the host for the inverse index, before any kernel is queued (a copy waits for them).
-  std::vector<int32_t> idx(size_t(rows * f.KW));
-  device_copy(idx.data(), Device::cpu, f.idx, Device::cuda, idx.size() * sizeof(int32_t));
   Tensor D = Tensor::empty({f.b, f.H, f.sq}, DType::f32, Device::cuda);
   Tensor acc = Tensor::empty({f.b * f.skv, f.Dqk}, DType::f32, Device::cuda);
   check(cudaMemsetAsync(acc.raw_data(), 0, acc.nbytes(), current_stream().get()), "cudaMemsetAsync");
@@ -410,36 +531,15 @@ void attn_sparse_bwd(const AttnSparseParams& f) {
     const int64_t per_row = f.KW * f.Dqk * int64_t(sizeof(float));
     const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, budget / per_row));
     Tensor ws = Tensor::empty({chunk_rows * f.KW, f.Dqk}, DType::f32, Device::cuda);
+    InverseIndex index(f, chunk_rows);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t nr = std::min(chunk_rows, rows - r0);
-      // The inverse index of rows [r0, r0 + nr): per key, (local row * KW + position) in row order,
-      // positions as compact() numbers them (candidates first, then the window).
-      std::vector<int64_t> offsets(f.b * f.skv + 1, 0), entries;
-      auto walk = [&](auto&& visit) {
-        for (int64_t r = r0; r < r0 + nr; ++r) {
-          int64_t pos = 0;
-          for (int pass = 0; pass < 2; ++pass)
-            for (int64_t i = pass ? f.K : 0; i < (pass ? f.KW : f.K); ++i) {
-              const int32_t j = idx[r * f.KW + i];
-              if (j >= 0) visit((r / f.sq) * f.skv + j, (r - r0) * f.KW + pos++);
-            }
-        }
-      };
-      walk([&](int64_t key, int64_t) { ++offsets[key + 1]; });
-      for (size_t k = 1; k < offsets.size(); ++k) offsets[k] += offsets[k - 1];
-      entries.resize(offsets.back());
-      std::vector<int64_t> fill(offsets.begin(), offsets.end() - 1);
-      walk([&](int64_t key, int64_t e) { entries[fill[key]++] = e; });
-      const Tensor off_d = Tensor::from_vector<int64_t>({int64_t(offsets.size())}, offsets).to(Device::cuda);
-      const Tensor ent_d =
-          Tensor::from_vector<int64_t>({std::max<int64_t>(int64_t(entries.size()), 1)},
-                                       entries.empty() ? std::vector<int64_t>{0} : entries)
-              .to(Device::cuda);
+      index.build(f, r0, nr);
       HMLA_LAUNCH(sparse_dkg_kernel, dim3(unsigned(nr), unsigned((f.KW + kBwdHeads - 1) / kBwdHeads), unsigned(nchunks)),
                   32 * kBwdWarps, smem_dkg, st, bp, r0, vec, ws.data<float>());
       check_launch("attn_sparse_bwd dkg");
-      HMLA_LAUNCH(sparse_dkv_reduce_kernel, unsigned(f.b * f.skv), 128, 0, st, off_d.data<int64_t>(),
-                  ent_d.data<int64_t>(), ws.data<float>(), f.Dqk, acc.data<float>());
+      HMLA_LAUNCH(sparse_dkv_reduce_kernel, unsigned(f.b * f.skv), 128, 0, st, index.offsets.data<int64_t>(),
+                  index.entries.data<int64_t>(), ws.data<float>(), f.Dqk, acc.data<float>());
       check_launch("attn_sparse_bwd dkv reduce");
     }
     if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, f.dsink);

@@ -3,6 +3,7 @@
 // backend (backend.cu) calls them with validated params. Shape limits are in CudaBackend::supports.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "hmla/ops/attention.h"
 #include "hmla/ops/indexer.h"
@@ -24,5 +25,14 @@ HMLA_OP_LIST(HMLA_DECLARE_KERNEL)
 // The sparse backward's dkv workspace budget in bytes (SparseTraits::kBwdWorkspaceBytes until set):
 // a test seam, through which the tests run the backward in many chunks. Returns the previous one.
 int64_t set_sparse_bwd_workspace_bytes(int64_t bytes);
+
+// The sparse backward's inverse index of the rows [r0, r0 + nr) as its device builder makes it
+// (attn_sparse.cu), read back: per key k = batch * skv + j, entries[offsets[k] .. offsets[k + 1])
+// = local row * KW + position (compact order: listed candidates, then listed window keys) for each
+// row listing j, in (row, position) order. A test seam; the backward itself never reads it back.
+struct SparseInverseIndex {
+  std::vector<int64_t> offsets, entries;  // [b * skv + 1], [offsets.back()]
+};
+SparseInverseIndex sparse_inverse_index(const AttnSparseParams& p, int64_t r0, int64_t nr);
 
 }  // namespace hmla::cuda

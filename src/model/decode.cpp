@@ -98,6 +98,7 @@ Tensor attention(const Step& st, const Model& m, int64_t L, const Tensor& x, KvC
     in.kv = keys.view({1, st.S, Wa});
     in.Dv = Rkv;
     in.idx = select_keys(st, w, x, cq, cache.kI[L]);
+    in.idx_origin = TableOrigin::own;
     in.K = c.index_topk;
     if (c.attention_sink) in.sink = w.softmax_offset;
     in.scale = scale;

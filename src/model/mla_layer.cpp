@@ -95,6 +95,7 @@ AttnSparseInputs sparse_inputs(const MlaLayer& L, const AttnTensors& w, const Ml
   in.kv = core_in(sv.ka.view({d.b, d.S, d.Rkv + d.Dr}));
   in.Dv = d.Rkv;
   in.idx = sv.topk;
+  in.idx_origin = TableOrigin::own;  // indexer_topk's, unchanged
   in.K = L.cfg->index_topk;
   if (L.cfg->attention_sink) in.sink = w.softmax_offset;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
@@ -258,6 +259,7 @@ void indexer_grads(const MlaLayer& L, const AttnTensors& w, const Tensor& x, con
     in.k = sv.ka.view({d.b, d.S, 1, d.Rkv + d.Dr});
     in.lse_c = sv.lse_c;
     in.topk = sv.topk;
+    in.topk_origin = TableOrigin::own;
     in.K = cfg.index_topk;
   } else {
     in.q = sv.q.view({d.b, d.s, d.H, d.Dqk});

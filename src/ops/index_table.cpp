@@ -3,6 +3,8 @@
 // sorting; skip's copy is made only when some entry is invalid.
 #include "hmla/ops/index_table.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,19 @@ std::string allowed_set(int64_t start, int64_t t) {
   return s + "]";
 }
 
+std::atomic<bool>& check_all_tables() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("HMLA_CHECK_TABLES");
+    return v && v[0] == '1';
+  }()};
+  return on;
+}
+
 }  // namespace
+
+bool table_checked(TableOrigin origin) { return origin == TableOrigin::external || check_all_tables().load(); }
+
+bool set_check_all_tables(bool on) { return check_all_tables().exchange(on); }
 
 Tensor check_index_table(const Tensor& idx, const DocLayout& layout, int64_t q_row0, InvalidIndex mode,
                          const char* what) {

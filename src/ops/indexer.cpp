@@ -147,8 +147,10 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
                  in.topk.size(1) == sq && in.topk.is_contiguous() && in.K >= 1 && in.topk.size(2) >= in.K &&
                  in.topk.device() == in.sc.qI.device(),
              ShapeError, "indexer sparse KL: topk must be a contiguous i32 [b, sq, K + W] table with K >= 1 on qI's device");
-  // The table's contract (DESIGN.md section 4); the window slots obey it too.
-  check_index_table(in.topk, *in.sc.layout, in.sc.q_row0, InvalidIndex::error, "indexer sparse KL");
+  // The table's contract (DESIGN.md section 4), the window slots included, on a host copy: for
+  // external tables only (index_table.h), so the model's own costs no copy.
+  if (table_checked(in.topk_origin))
+    check_index_table(in.topk, *in.sc.layout, in.sc.q_row0, InvalidIndex::error, "indexer sparse KL");
   const int64_t KW = in.topk.size(2);
   p.K = in.K, p.W = KW - in.K;
   p.topk = in.topk.data<int32_t>();

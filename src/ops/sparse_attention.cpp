@@ -1,6 +1,7 @@
-// Entry points of sparse latent MQA attention: the index table's contract is checked here
-// (entries in [-1, skv), no duplicate in a row; on the GPU by a device-side check), then the
-// backend's kernel runs: f32 on the CPU; bf16 on CUDA (the backward with H a multiple of 16).
+// Entry points of sparse latent MQA attention: an external index table's contract is checked here
+// (entries in [-1, skv), no duplicate in a row; on the GPU by a device-side check whose verdict is
+// read back), an own one is not (index_table.h), then the backend's kernel runs: f32 on the CPU;
+// bf16 on CUDA (the backward with H a multiple of 16).
 #include "hmla/ops/sparse_attention.h"
 
 #include <cmath>
@@ -20,7 +21,8 @@ std::string widths(const AttnSparseParams& p) {
          " (the CPU runs f32; CUDA bf16 with Dqk and Dv multiples of 16, the backward with H a multiple of 16)";
 }
 
-// Validates the inputs and fills the params' shape and input fields; runs the table check.
+// Validates the inputs and fills the params' shape and input fields; runs the table check unless
+// the table is the model's own.
 AttnSparseParams make_params(const AttnSparseInputs& in) {
   HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.size(2) >= 1, ShapeError,
              "sparse attention: q must be [b, s, H >= 1, Dqk]");
@@ -58,7 +60,7 @@ AttnSparseParams make_params(const AttnSparseInputs& in) {
   p.kv = in.kv.raw_data();
   p.idx = in.idx.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
-  dispatch(dev, &Backend::attn_sparse_check_table, p, "sparse attention", widths(p));
+  if (table_checked(in.idx_origin)) dispatch(dev, &Backend::attn_sparse_check_table, p, "sparse attention", widths(p));
   return p;
 }
 

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "attn_sparse_ref.h"
 #include "case_support.h"
@@ -141,6 +143,58 @@ TEST(IndexTable, OneContractInBothModes) {
   EXPECT_THROW(check_index_table(sl, docs, 4, InvalidIndex::error, "t"), ShapeError);
   EXPECT_EQ(check_index_table(sl, docs, 4, InvalidIndex::skip, "t").to_vector<int32_t>(),
             (std::vector<int32_t>{-1, -1, 4, -1, 4, 6, 7, -1}));
+}
+
+// The message an entry gives for row 5 of a table, or "" when it runs.
+template <class F>
+std::string refusal(F&& entry) {
+  try {
+    entry();
+  } catch (const ShapeError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// An external table is checked at both entries of the sparse attention, forward and backward,
+// and refused with the row named; an own table (index_table.h) is not checked, unless the debug
+// option is on, which gives the external table's refusal.
+TEST(IndexTable, ExternalTablesAreCheckedAtEveryEntryOwnOnesUnderTheDebugOption) {
+  const int64_t s = 8, H = 2, D = 8;
+  std::vector<int32_t> ok(s * 2, -1);
+  for (int t = 0; t < s; ++t) ok[size_t(t * 2)] = t, ok[size_t(t * 2 + 1)] = t > 0 ? t - 1 : -1;
+  AttnSparseInputs in{Tensor::from_vector<float>({1, s, H, D}, randn(s * H * D, 5)),
+                      Tensor::from_vector<float>({1, s, D}, randn(s * D, 6)), 4,
+                      Tensor::from_vector<int32_t>({1, s, 2}, ok), 2, {}, 0.3f};
+  const AttnSparseSaved sv = attn_sparse_fwd(in);
+  const Tensor dout = Tensor::from_vector<float>({1, s, H, 4}, randn(s * H * 4, 7));
+  for (int32_t bad : {5, 8, -2}) {  // a duplicate, a key past s, a negative key other than -1
+    std::vector<int32_t> v = ok;
+    v[5 * 2 + 1] = bad;
+    in.idx = Tensor::from_vector<int32_t>({1, s, 2}, v);
+    in.idx_origin = TableOrigin::external;
+    const std::string fwd = refusal([&] { attn_sparse_fwd(in); }), bwd = refusal([&] { attn_sparse_bwd(in, sv, dout); });
+    EXPECT_NE(fwd.find("sparse attention: "), std::string::npos) << bad;
+    EXPECT_NE(fwd.find(bad == 5 ? "row 5 of batch 0 lists key 5 twice" : "idx[0, 5, 1]"), std::string::npos) << fwd;
+    EXPECT_EQ(bwd, fwd);
+    if (bad != 5) continue;  // an own table out of range would read out of bounds: only the duplicate
+    in.idx_origin = TableOrigin::own;
+    EXPECT_EQ(refusal([&] { attn_sparse_fwd(in); }), "");
+    EXPECT_EQ(refusal([&] { attn_sparse_bwd(in, sv, dout); }), "");
+    const bool was = set_check_all_tables(true);
+    EXPECT_EQ(refusal([&] { attn_sparse_fwd(in); }), fwd);
+    EXPECT_EQ(refusal([&] { attn_sparse_bwd(in, sv, dout); }), fwd);
+    set_check_all_tables(was);
+  }
+}
+
+// HMLA_CHECK_TABLES=1 in the environment turns the debug option on (registered a second time by
+// tests/CMakeLists.txt with the variable set; skipped without it).
+TEST(IndexTable, TheDebugOptionFromTheEnvironment) {
+  const char* v = std::getenv("HMLA_CHECK_TABLES");
+  if (!v || v[0] != '1') GTEST_SKIP() << "HMLA_CHECK_TABLES is not 1";
+  EXPECT_TRUE(table_checked(TableOrigin::own));
+  EXPECT_TRUE(table_checked(TableOrigin::external));
 }
 
 // A stride no kernel takes is refused at the entry point, never handed to BLAS: a stride-0

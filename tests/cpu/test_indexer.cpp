@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "attn_dense_ref.h"
 #include "case_support.h"
 #include "hmla/core/cuda.h"
 #include "hmla/ops/attention.h"
 #include "hmla/ops/backend.h"
+#include "hmla/ops/index_table.h"
 #include "hmla/ops/indexer.h"
 #include "indexer_ref.h"
 #include "testing.h"
@@ -281,26 +283,62 @@ TEST(IndexerKl, DocumentsAreIsolated) {
   }
 }
 
+// The sparse KL's table contract on every device of the build (the CPU; CUDA with a device or the
+// emulator): an external table with a duplicate or a later key is refused, naming the row; an
+// own table (index_table.h) is not checked unless the debug option is on. On CUDA the external
+// check copies exactly the table to the host, and an own table costs no copy: the same KL, with
+// only the table's bytes less read back (cuda_counters), and the same bits.
 TEST(IndexerKl, SparseTableContractIsChecked) {
-  Problem p = make(1, 10, 2, 8, 2, 1, 4, layout_causal(1, 10), 41);
-  IndexerKlInputs in;
-  in.sc = p.scores();
-  in.q = Tensor::from_vector<float>({1, 10, 2, 4}, p.q);
-  in.k = Tensor::from_vector<float>({1, 10, 1, 4}, p.k);
-  in.scale = 0.5f;
-  in.row_weight = Tensor::from_vector<float>({1, 10}, p.rw);
-  in.K = 2;
-  std::vector<int32_t> t(10 * 2, -1);
-  t[5 * 2] = 3;
-  t[5 * 2 + 1] = 3;  // duplicate
-  in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t);
-  EXPECT_THROW(indexer_kl_sparse(in), ShapeError);
-  t[5 * 2 + 1] = 7;  // a future key
-  in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t);
-  EXPECT_THROW(indexer_kl_sparse(in), ShapeError);
-  t[5 * 2 + 1] = 4;
-  in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t);
-  EXPECT_NO_THROW(indexer_kl_sparse(in));
+  std::vector<Device> devices{Device::cpu};
+  if (cuda_device_count() > 0 && cuda_backend()) devices.push_back(Device::cuda);
+  for (Device dev : devices) {
+    Problem p = make(1, 10, 2, 8, 2, 1, 4, layout_causal(1, 10), 41);
+    IndexerKlInputs in;
+    in.sc = p.scores();
+    in.q = Tensor::from_vector<float>({1, 10, 2, 4}, p.q);
+    in.k = Tensor::from_vector<float>({1, 10, 1, 4}, p.k);
+    in.scale = 0.5f;
+    in.row_weight = Tensor::from_vector<float>({1, 10}, p.rw);
+    in.K = 2;
+    for (Tensor* t : {&in.sc.qI, &in.sc.kI, &in.sc.w, &in.q, &in.k, &in.row_weight}) *t = t->to(dev);
+    auto refusal = [&](const std::vector<int32_t>& t, TableOrigin origin) -> std::string {
+      in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t).to(dev);
+      in.topk_origin = origin;
+      try {
+        indexer_kl_sparse(in);
+      } catch (const ShapeError& e) {
+        return e.what();
+      }
+      return "";
+    };
+    std::vector<int32_t> t(10 * 2, -1);
+    t[5 * 2] = 3;
+    t[5 * 2 + 1] = 3;  // duplicate
+    const std::string dup = refusal(t, TableOrigin::external);
+    EXPECT_NE(dup.find("indexer sparse KL: row 5 of batch 0 lists key 3 twice"), std::string::npos) << dup;
+    EXPECT_EQ(refusal(t, TableOrigin::own), "") << device_name(dev);
+    const bool was = set_check_all_tables(true);
+    EXPECT_EQ(refusal(t, TableOrigin::own), dup);
+    set_check_all_tables(was);
+    t[5 * 2 + 1] = 7;  // a future key
+    EXPECT_NE(refusal(t, TableOrigin::external).find("index table [0, 5, 1] = 7"), std::string::npos);
+    t[5 * 2 + 1] = 4;
+    EXPECT_EQ(refusal(t, TableOrigin::external), "");
+    if (dev != Device::cuda) continue;
+    auto cost = [&](TableOrigin origin, IndexerKlResult& r) {
+      in.topk = Tensor::from_vector<int32_t>({1, 10, 2}, t).to(dev);
+      in.topk_origin = origin;
+      const CudaCounters before = cuda_counters();
+      r = indexer_kl_sparse(in);
+      return cuda_counters() - before;
+    };
+    IndexerKlResult re, ro;
+    const CudaCounters ext = cost(TableOrigin::external, re), own = cost(TableOrigin::own, ro);
+    EXPECT_EQ(ext.d2h_bytes - own.d2h_bytes, in.topk.nbytes()) << "the external check copies the table once";
+    EXPECT_EQ(ext.syncs - own.syncs, 1) << "and waits for it once";
+    EXPECT_EQ(re.kl_sum, ro.kl_sum);
+    EXPECT_EQ(re.dqI.to_vector<float>(), ro.dqI.to_vector<float>());
+  }
 }
 
 }  // namespace

@@ -11,8 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "forwarding_backend.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/mla_layer.h"
+#include "hmla/ops/backend.h"
+#include "hmla/ops/index_table.h"
 #include "mla_layer_ref.h"
 #include "testing.h"
 #include "tiny_config.h"
@@ -312,6 +315,45 @@ TEST(MlaLayer, DsaSparseWithFullTopkEqualsMqaFullCausal) {
     LayerOracle o = layer_oracle(mqa, w, x, dy, layout);  // dense over each document: all of its keys
     expect_layer_within_rule(sink ? "dsa_sparse (split, sink)" : "dsa_sparse", b.y, b.g.dx, b.dw, o);
   }
+}
+
+// A selection kernel that lists a key twice: row 20's second slot repeats its first.
+class DuplicatingTopk : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void indexer_topk(const IndexerTopkParams& p) const override {
+    inner_.indexer_topk(p);
+    const int64_t KW = p.K + p.W;
+    p.table[20 * KW + 1] = p.table[20 * KW];
+  }
+};
+
+// The layer trusts its own indexer's table (index_table.h: no check per op), so a selection bug
+// passes unnoticed; the debug option (HMLA_CHECK_TABLES=1, here its test seam) checks every table
+// again and names the row at the first op that reads it.
+TEST(MlaLayer, OwnTablesAreCheckedOnlyUnderTheDebugOption) {
+  ModelConfig c = config(true, false, false, true);
+  set_all_modes(c, LayerMode::dsa_sparse);
+  io::TensorMap w = random_weights(c, 50);
+  indexer_init_missing(w, c, 3);
+  const int64_t s = 30;
+  Tensor x = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 11));
+  Tensor dy = Tensor::from_vector<float>({1, s, 48}, testing::randn(s * 48, 12));
+  DocLayout layout = layout_from_cu_seqlens(s, {{0, 11, 30}});  // row 20 ranks 8 keys, lists 6
+  const DsaRun good = run_dsa(c, w, x, dy, layout);
+  ASSERT_GE(good.topk.to_vector<int32_t>()[20 * good.topk.size(2) + 1], 0);
+  const DuplicatingTopk dup(backend(Device::cpu));
+  const ScopedBackendOverride use(dup);
+  EXPECT_NO_THROW(run_dsa(c, w, x, dy, layout));
+  const bool was = set_check_all_tables(true);
+  try {
+    run_dsa(c, w, x, dy, layout);
+    ADD_FAILURE() << "a table listing a key twice ran under HMLA_CHECK_TABLES";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("sparse attention: row 20 of batch 0 lists key"), std::string::npos)
+        << e.what();
+  }
+  set_check_all_tables(was);
 }
 
 // The LM gradient never reaches the indexer; the KL gradient never reaches the backbone.

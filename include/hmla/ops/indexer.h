@@ -14,6 +14,7 @@
 
 #include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
+#include "hmla/ops/index_table.h"
 
 namespace hmla {
 
@@ -85,6 +86,7 @@ struct IndexerKlInputs {
   float coeff = 0.01f;
   Tensor topk;       // sparse KL only: [b, sq, K + W] i32 table; slots < K are the candidates
   int64_t K = 0;
+  TableOrigin topk_origin = TableOrigin::external;  // own: indexer_topk's table, not checked (index_table.h)
 };
 
 struct IndexerKlResult {

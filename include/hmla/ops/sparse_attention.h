@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "hmla/core/tensor.h"
+#include "hmla/ops/index_table.h"
 
 namespace hmla {
 
@@ -51,6 +52,7 @@ struct AttnSparseInputs {
   int64_t K = 0; // slots [0, K) are the top-k candidates (lse_c); 0: no lse_c
   Tensor sink;   // [H] f32, optional
   float scale = 0.f;
+  TableOrigin idx_origin = TableOrigin::external;  // own: indexer_topk's table, not checked (index_table.h)
 };
 
 struct AttnSparseSaved {
