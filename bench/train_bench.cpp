@@ -213,7 +213,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
         peak = std::max(peak, peak_above_live(
                                   [&] {
                                     garena.fill_zero();
-                                    StepStats st = model_step(m, batch, {!warmup, targets, 0, false}, grads);
+                                    StepStats st = model_step(m, batch, {!warmup, targets, 0, false, {}}, grads);
                                     optim.step(m, grads, rep);
                                     allocator(dev).synchronize();  // the step's device work, all of it
                                     if (rep == 0) hmla_loss0 = st.lm_loss;

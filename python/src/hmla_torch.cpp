@@ -45,6 +45,7 @@ at::ScalarType scalar_of(DType d) {
     case DType::f32: return at::kFloat;
     case DType::bf16: return at::kBFloat16;
     case DType::i32: return at::kInt;
+    case DType::f64: return at::kDouble;  // an accumulator (indexer_kl's loss), never an input
     default: return at::kLong;
   }
 }

@@ -20,10 +20,11 @@ class CpuBackend final : public Backend {
   bool supports(const CrossEntropyParams&) const override { return true; }
   bool supports(const AxpyParams&) const override { return true; }
   bool supports(const ConvertParams& p) const override {
-    return p.src_dtype == p.dst_dtype || (p.src_dtype != DType::i32 && p.src_dtype != DType::i64 &&
-                                          p.dst_dtype != DType::i32 && p.dst_dtype != DType::i64);
+    auto fb = [](DType t) { return t == DType::f32 || t == DType::bf16; };
+    return p.src_dtype == p.dst_dtype || (fb(p.src_dtype) && fb(p.dst_dtype));
   }
   bool supports(const SumSquaresParams&) const override { return true; }
+  bool supports(const StatsParams&) const override { return true; }
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
   bool supports(const AttnDenseParams& p) const override { return p.dtype == DType::f32; }

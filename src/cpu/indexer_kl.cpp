@@ -27,17 +27,18 @@ namespace {
 
 using T = IndexerCpuTraits;
 
-// Sums per-thread dkI partials in thread order; returns the per-row kl summed in row order.
-double finish(const IndexerKlParams& g, const Tensor& partial, int nthreads, const std::vector<float>& kl) {
+// Sums per-thread dkI partials in thread order; adds the per-row kl, summed from 0 in row order,
+// into *kl_acc.
+void finish(const IndexerKlParams& g, const Tensor& partial, int nthreads, const std::vector<float>& kl) {
   sum_thread_partials(g.dkI, partial.data<float>(), nthreads, g.b * g.s * g.DI);
   double sum = 0;
   for (int64_t r = 0; r < g.b * g.sq; ++r) sum += double(g.row_weight[r]) * double(kl[r]);
-  return sum;
+  *g.kl_acc += sum;
 }
 
 }  // namespace
 
-double indexer_kl_dense(const IndexerKlParams& g) {
+void indexer_kl_dense(const IndexerKlParams& g) {
   const int64_t ntiles = (g.sq + T::kBq - 1) / T::kBq, group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();
   const bool have_lse = g.lse_c != nullptr;
@@ -127,10 +128,10 @@ double indexer_kl_dense(const IndexerKlParams& g) {
       }
     }
   }
-  return finish(g, partial, nthreads, kl);
+  finish(g, partial, nthreads, kl);
 }
 
-double indexer_kl_sparse(const IndexerKlParams& g) {
+void indexer_kl_sparse(const IndexerKlParams& g) {
   const int64_t K = g.K, KW = g.K + g.W, group = g.H / g.Hkv;
   const int nthreads = omp_get_max_threads();
   const int64_t per_thread = 2 * g.HI * K + g.H * K + 4 * K + K * g.DI + K * g.Dqk + K * g.DI;
@@ -199,7 +200,7 @@ double indexer_kl_sparse(const IndexerKlParams& g) {
       }
     }
   }
-  return finish(g, partial, nthreads, kl);
+  finish(g, partial, nthreads, kl);
 }
 
 }  // namespace hmla::cpu

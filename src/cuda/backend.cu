@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
     return p.src_dtype == p.dst_dtype || (fb(p.src_dtype) && fb(p.dst_dtype));
   }
   bool supports(const SumSquaresParams&) const override { return true; }
+  bool supports(const StatsParams&) const override { return true; }
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
 

@@ -269,8 +269,16 @@ __global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerKlParams p, Work 
   }
 }
 
+// One thread: *acc += (sum_r rw[r] kl[r] from 0, rows in order), as the CPU. rw and kl are f32, so
+// each product is exact in f64 and a contracted multiply-add rounds as the separate ops do.
+__global__ void kl_sum_kernel(const float* rw, const float* kl, int64_t rows, double* acc) {
+  double sum = 0;
+  for (int64_t r = 0; r < rows; ++r) sum += double(rw[r]) * double(kl[r]);
+  *acc += sum;
+}
+
 template <bool kSparse>
-double run_kl(const IndexerKlParams& p) {
+void run_kl(const IndexerKlParams& p) {
   const int64_t rows = p.b * p.sq;
   Scratch<float> lseI(rows), lseC(kSparse ? 1 : rows * p.H), kl(rows);
   Scratch<int32_t> sorted(kSparse ? rows * p.K : 1);
@@ -291,17 +299,13 @@ double run_kl(const IndexerKlParams& p) {
     HMLA_LAUNCH(kernel, unsigned(p.b * p.s), kTile, smem, st, p, ws);
     check_launch("indexer KL keys");
   }
-  const std::vector<float> k = kl.host(rows);
-  std::vector<float> rw(static_cast<size_t>(rows));
-  if (rows > 0) device_copy(rw.data(), Device::cpu, p.row_weight, Device::cuda, size_t(rows) * sizeof(float));
-  double sum = 0;  // rows in order, as the CPU
-  for (int64_t r = 0; r < rows; ++r) sum += double(rw[r]) * double(k[r]);
-  return sum;
+  HMLA_LAUNCH(kl_sum_kernel, 1, 1, 0, st, p.row_weight, kl.get(), rows, p.kl_acc);
+  check_launch("indexer KL sum");
 }
 
 }  // namespace
 
-double indexer_kl_dense(const IndexerKlParams& p) { return run_kl<false>(p); }
-double indexer_kl_sparse(const IndexerKlParams& p) { return run_kl<true>(p); }
+void indexer_kl_dense(const IndexerKlParams& p) { run_kl<false>(p); }
+void indexer_kl_sparse(const IndexerKlParams& p) { run_kl<true>(p); }
 
 }  // namespace hmla::cuda

@@ -4,8 +4,10 @@
 //   - Column sums (the norms' dw/db): partial sums over fixed chunks of rows, then each column
 //     adds its partials in chunk order (two launches).
 //   - The embedding's backward: one thread per column walks the tokens in order (the CPU's order).
-//   - Scalars (cross-entropy's loss, sum_squares): per-row or per-chunk partials in f64, read back
-//     and summed on the host in order.
+//   - Scalars (cross-entropy's loss, sum_squares): per-row or per-chunk partials in f64, added in
+//     order into the caller's device accumulator by one thread (the host loop's order, so the
+//     bits are those the host sum had; nothing is read back). The step's stats ops (norms, clip
+//     scales, the finite flag) are one thread each too.
 // Element-wise ops are grid-stride loops. docs/cuda.md says what is left for speed.
 #include <cuda_bf16.h>
 
@@ -235,9 +237,45 @@ __global__ void sum_squares_kernel(const float* x, int64_t n, double* part) {
   if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
+// One thread: *acc += part[0] + part[1] + ... left to right.
+__global__ void ordered_sum_kernel(const double* part, int64_t n, double* acc) {
+  double s = *acc;
+  for (int64_t i = 0; i < n; ++i) s += part[i];
+  *acc = s;
+}
+
+__global__ void stats_add_kernel(StatsParams p) { p.s[p.dst] += p.s[p.src] / p.div; }
+
+// x - x is 0 for every finite x and NaN for inf and NaN (the same test on nvcc and the emulator).
+__device__ bool finite(double x) { return x - x == 0; }
+
+__global__ void stats_losses_kernel(StatsParams p) {
+  p.bad[0] = finite(p.s[kStatLm]) && finite(p.s[kStatKl]) ? 0.f : 1.f;
+}
+
+// IEEE sqrt and division in f64, as the host's std::sqrt and operator/ (the same bits).
+__device__ float clip_scale(double clip, double norm) { return (clip > 0 && norm > clip) ? float(clip / norm) : 1.f; }
+
+__global__ void stats_clip_kernel(StatsParams p) {
+  double* s = p.s;
+  s[kStatNormBackbone] = sqrt(s[kStatSsBackbone]);
+  s[kStatNormIndexer] = sqrt(s[kStatSsIndexer]);
+  s[kStatScaleBackbone] = clip_scale(p.clip_backbone, s[kStatNormBackbone]);
+  s[kStatScaleIndexer] = clip_scale(p.clip_indexer, s[kStatNormIndexer]);
+  const bool ok = p.bad[0] == 0.f && finite(s[kStatNormBackbone]) && finite(s[kStatNormIndexer]);
+  s[kStatFinite] = ok ? 1 : 0;
+}
+
+// The step's gate (hmla/ops/optim.h): every thread reads the two device scalars.
+#define HMLA_GATE(p, gs)                                   \
+  const bool open_ = !(p.finite_at && *p.finite_at == 0);  \
+  const float gs = p.gscale_at ? float(*p.gscale_at) : p.gscale;
+
 __global__ void adamw_kernel(AdamWParams p) {
+  HMLA_GATE(p, gscale)
+  if (!open_) return;
   HMLA_GRID_STRIDE(i, p.n) {
-    const float gi = p.g[i] * p.gscale;
+    const float gi = p.g[i] * gscale;
     p.m[i] = p.b1 * p.m[i] + (1 - p.b1) * gi;
     p.v[i] = p.b2 * p.v[i] + (1 - p.b2) * gi * gi;
     const float mh = p.m[i] / float(p.bc1), vh = p.v[i] / float(p.bc2);
@@ -246,15 +284,30 @@ __global__ void adamw_kernel(AdamWParams p) {
 }
 
 __global__ void muon_momentum_kernel(MuonParams p) {
+  HMLA_GATE(p, gscale)
   HMLA_GRID_STRIDE(i, p.n) {
-    p.m[i] = p.beta * p.m[i] + p.g[i] * p.gscale;
-    p.u[i] = p.g[i] * p.gscale + p.beta * p.m[i];
+    if (!open_) {  // m kept; u defined for the orthogonalisation that follows
+      p.u[i] = 0.f;
+      continue;
+    }
+    p.m[i] = p.beta * p.m[i] + p.g[i] * gscale;
+    p.u[i] = p.g[i] * gscale + p.beta * p.m[i];
   }
 }
 
+__global__ void muon_normalize_kernel(MuonParams p) {
+  const float inv = float(1.0 / (sqrt(*p.ss) + 1e-7));
+  HMLA_GRID_STRIDE(i, p.n) p.u[i] = inv * p.g[i];
+}
+
 __global__ void muon_update_kernel(MuonParams p) {
+  HMLA_GATE(p, unused)
+  (void)unused;
+  if (!open_) return;
   HMLA_GRID_STRIDE(i, p.n) p.w[i] -= p.lr * (p.scale * p.u[i] + p.wd * p.w[i]);
 }
+
+#undef HMLA_GATE
 
 #undef HMLA_GRID_STRIDE
 
@@ -263,6 +316,19 @@ template <class K, class P>
 void launch(K kernel, int64_t n, const P& p, const char* what) {
   if (n <= 0) return;
   HMLA_LAUNCH(kernel, grid_for(n), kThreads, 0, stream(), p);
+  check_launch(what);
+}
+
+// *acc += part[0 .. n) in order, on the device.
+void ordered_sum(const double* part, int64_t n, double* acc, const char* what) {
+  HMLA_LAUNCH(ordered_sum_kernel, 1, 1, 0, stream(), part, n, acc);
+  check_launch(what);
+}
+
+// The step's scalar steps: one thread each.
+template <class K>
+void one_thread(K kernel, const StatsParams& p, const char* what) {
+  HMLA_LAUNCH(kernel, 1, 1, 0, stream(), p);
   check_launch(what);
 }
 
@@ -300,29 +366,30 @@ void embedding_bwd(const EmbeddingParams& p) {
   if (p.N > 0) launch(embedding_bwd_kernel, p.D, p, "embedding backward");  // a thread per column
 }
 
-double cross_entropy(const CrossEntropyParams& p) {
-  if (p.N == 0) return p.init;
+void cross_entropy(const CrossEntropyParams& p) {
+  if (p.N == 0) return;
   Scratch<double> loss(p.N);
   HMLA_LAUNCH(cross_entropy_kernel, unsigned(p.N), kThreads, 0, stream(), p, loss.get());
   check_launch("cross_entropy");
-  double sum = p.init;  // rows in order, as the CPU
-  for (double x : loss.host(p.N)) sum += x;
-  return sum;
+  ordered_sum(loss.get(), p.N, p.acc, "cross_entropy sum");  // rows in order, as the CPU
 }
 
-double sum_squares(const SumSquaresParams& p) {
-  if (p.n == 0) return p.init;
+void sum_squares(const SumSquaresParams& p) {
+  if (p.n == 0) return;
   const int64_t chunks = (p.n + kSumChunk - 1) / kSumChunk;
   Scratch<double> part(chunks);
   HMLA_LAUNCH(sum_squares_kernel, unsigned(chunks), kThreads, 0, stream(), p.x, p.n, part.get());
   check_launch("sum_squares");
-  double sum = p.init;
-  for (double x : part.host(chunks)) sum += x;
-  return sum;
+  ordered_sum(part.get(), chunks, p.acc, "sum_squares sum");
 }
+
+void stats_add(const StatsParams& p) { one_thread(stats_add_kernel, p, "stats_add"); }
+void stats_losses(const StatsParams& p) { one_thread(stats_losses_kernel, p, "stats_losses"); }
+void stats_clip(const StatsParams& p) { one_thread(stats_clip_kernel, p, "stats_clip"); }
 
 void adamw_update(const AdamWParams& p) { launch(adamw_kernel, p.n, p, "adamw"); }
 void muon_momentum(const MuonParams& p) { launch(muon_momentum_kernel, p.n, p, "muon momentum"); }
+void muon_normalize(const MuonParams& p) { launch(muon_normalize_kernel, p.n, p, "muon normalize"); }
 void muon_update(const MuonParams& p) { launch(muon_update_kernel, p.n, p, "muon update"); }
 
 }  // namespace hmla::cuda

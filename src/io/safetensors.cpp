@@ -35,6 +35,7 @@ const char* st_dtype(DType t) {
     case DType::bf16: return "BF16";
     case DType::i32: return "I32";
     case DType::i64: return "I64";
+    case DType::f64: break;  // device scalars only: refused by serialize_safetensors
   }
   return "?";
 }
@@ -213,6 +214,8 @@ std::string serialize_safetensors(const TensorMap& tensors,
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     HMLA_CHECK(t.defined(), IoError, "safetensors: tensor '", name, "' is undefined");
+    HMLA_CHECK(t.dtype() != DType::f64, IoError, "safetensors: tensor '", name,
+               "' is f64, which hmla stores in no file (f32, bf16, i32 and i64 are)");
     header[name] = {{"dtype", st_dtype(t.dtype())},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + t.nbytes()}}};

@@ -253,6 +253,7 @@ void indexer_grads(const MlaLayer& L, const AttnTensors& w, const Tensor& x, con
   in.scale = static_cast<float>(softmax_scale(cfg));
   in.row_weight = opt.row_weight;
   in.coeff = static_cast<float>(cfg.indexer_loss_coeff);
+  in.kl_acc = opt.kl_acc;
   const bool sparse = L.mode() == LayerMode::dsa_sparse;
   if (sparse) {
     in.q = sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr});

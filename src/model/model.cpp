@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -14,6 +15,7 @@
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
 #include "hmla/ops/nn.h"
+#include "hmla/ops/optim.h"
 #include "model_internal.h"
 
 namespace hmla {
@@ -133,24 +135,22 @@ DeviceBatch device_batch(const Model& m, const Batch& batch, const Comm& cp, int
   return d;
 }
 
-// The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order);
-// with dn defined, the head's weight gradient is added into gW and the rows' gradient written
-// into dn [N, hidden].
-double lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
-                    const Tensor& dn) {
+// The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order)
+// added into the device scalar acc; with dn defined, the head's weight gradient is added into gW
+// and the rows' gradient written into dn [N, hidden].
+void lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
+                  const Tensor& dn, const Tensor& acc) {
   const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
   const Tensor logits = Tensor::empty({rows, V}, DType::f32, m.device());
   const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32, m.device()) : Tensor();
-  double loss = 0;
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t r1 = std::min(N, r0 + rows);
     const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
     const Tensor d = dl.defined() ? dl.slice(0, 0, r1 - r0) : Tensor();
     linear_fwd(nc, m.w.lm_head, lg);
-    loss = cross_entropy(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, loss);
+    cross_entropy_into(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, acc);
     if (d.defined()) linear_bwd(d, nc, m.w.lm_head, gW, dn.slice(0, r0, r1));
   }
-  return loss;
 }
 
 // Before a forward allocates anything: does it fit, next to the parameters (and, training,
@@ -319,7 +319,9 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
   Forward f = forward(m, device_batch(m, batch, cp, 0, 0), cp);
-  return lm_head_loss(m, f.n_final, f.in.target, f.in.keep, Tensor(), Tensor());
+  const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
+  lm_head_loss(m, f.n_final, f.in.target, f.in.keep, Tensor(), Tensor(), acc);
+  return acc.to_vector<double>()[0];
 }
 
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
@@ -332,9 +334,15 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   const ModelTensors gw = model_tensors(grads, c.num_hidden_layers, c.tie_word_embeddings);
   auto tmp = [&m](const Shape& sh) { return Tensor::empty(sh, DType::f32, m.device()); };
 
+  // The micro-batch's LM loss and KL sum from 0 in device slots (hmla/ops/optim.h), each in the
+  // order the host sums had, then go into the step's slots, or are read back once without them.
+  const Tensor stats = opt.stats.defined() ? opt.stats : Tensor::zeros({kStatCount}, DType::f64, m.device());
+  stats.slice(0, kStatMbLm, kStatMbKl + 1).fill_zero();
+  auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
+
   // Head (with the LM loss, chunk by chunk) and final norm.
   Tensor dn = opt.backbone ? tmp({N, hid}) : Tensor(), dh;
-  st.lm_loss = lm_head_loss(m, f.n_final, f.in.target, f.in.keep, gw.lm_head, dn);
+  lm_head_loss(m, f.n_final, f.in.target, f.in.keep, gw.lm_head, dn, slot(kStatMbLm));
   if (opt.backbone) {
     dh = tmp({b, s, hid});
     rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);
@@ -344,17 +352,22 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
-    if (is_dsa(c.layer_modes[L])) mo.row_weight = f.in.row_weight;
+    if (is_dsa(c.layer_modes[L])) mo.row_weight = f.in.row_weight, mo.kl_acc = slot(kStatMbKl);
     const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, f.in.layout, f.layers[L],
                                                    mo, gw.layers[L], opt.recompute_attention, cp);
     if (opt.backbone) dh = r.dh_in;
-    if (is_dsa(c.layer_modes[L])) {
-      st.indexer_kl += r.indexer_kl;
-      ++dsa_layers;
-    }
+    if (is_dsa(c.layer_modes[L])) ++dsa_layers;  // its KL went into the kStatMbKl slot
   }
   if (opt.backbone) embedding_bwd(f.in.ids, dh, gw.embed_tokens);  // rows in token order
-  if (dsa_layers > 0) st.indexer_kl /= dsa_layers;
+  if (opt.stats.defined()) {
+    stats_add(stats, kStatLm, kStatMbLm, 1);  // x / 1 is x: the host's sum += lm
+    if (dsa_layers > 0) stats_add(stats, kStatKl, kStatMbKl, dsa_layers);
+    st.lm_loss = st.indexer_kl = std::numeric_limits<double>::quiet_NaN();  // on the device only
+  } else {
+    const std::vector<double> h = stats.to_vector<double>();
+    st.lm_loss = h[kStatMbLm];
+    if (dsa_layers > 0) st.indexer_kl = h[kStatMbKl] / dsa_layers;
+  }
   return st;
 }
 

@@ -3,6 +3,7 @@
 #include "hmla/ops/indexer.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "hmla/core/error.h"
@@ -84,15 +85,26 @@ IndexerKlParams check_kl(const IndexerKlInputs& in, Tensor& ds) {
   return p;
 }
 
-// Allocates the gradients and runs the KL `entry`.
-IndexerKlResult run_kl(double (Backend::*entry)(const IndexerKlParams&) const, IndexerKlParams& p,
+// Allocates the gradients and runs the KL `entry`, its sum added into in.kl_acc on the device,
+// or into a one-value accumulator read back into kl_sum and loss when none is given.
+IndexerKlResult run_kl(void (Backend::*entry)(const IndexerKlParams&) const, IndexerKlParams& p,
                        const IndexerKlInputs& in, const char* op) {
   const Device dev = in.sc.qI.device();
   IndexerKlResult r{0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32, dev), Tensor::empty(in.sc.kI.shape(), DType::f32, dev),
                     Tensor::empty(in.sc.w.shape(), DType::f32, dev)};
   p.dqI = r.dqI.data<float>(), p.dkI = r.dkI.data<float>(), p.dw = r.dw.data<float>();
-  r.kl_sum = dispatch(dev, entry, p, op, widths(p) + ", H = " + std::to_string(p.H));
-  r.loss = double(in.coeff) * r.kl_sum;
+  if (in.kl_acc.defined())
+    HMLA_CHECK(in.kl_acc.dtype() == DType::f64 && in.kl_acc.numel() == 1 && in.kl_acc.device() == dev, ShapeError,
+               op, ": kl_acc must be one f64 value on qI's device");
+  const Tensor acc = in.kl_acc.defined() ? in.kl_acc : Tensor::zeros({1}, DType::f64, dev);
+  p.kl_acc = acc.data<double>();
+  dispatch(dev, entry, p, op, widths(p) + ", H = " + std::to_string(p.H));
+  if (in.kl_acc.defined()) {
+    r.kl_sum = r.loss = std::numeric_limits<double>::quiet_NaN();  // on the device only
+  } else {
+    r.kl_sum = acc.to_vector<double>()[0];
+    r.loss = double(in.coeff) * r.kl_sum;
+  }
   return r;
 }
 

@@ -50,6 +50,19 @@ void check_contiguous(const Tensor& t, DType dt, const Shape& want, const char* 
              dtype_name(dt), shape_str(want), " tensor, got ", desc(t), t.is_contiguous() ? "" : " (strided)");
 }
 
+// An f64 scalar accumulator: one value (a view of a stats buffer allowed).
+void check_scalar(const Tensor& acc, const char* op) {
+  HMLA_CHECK(acc.defined() && acc.dtype() == DType::f64 && acc.numel() == 1, ShapeError, op,
+             ": the accumulator must be one f64 value, got ", desc(acc));
+}
+
+void check_stats(const Tensor& s, const char* op) {
+  check_contiguous(s, DType::f64, {kStatCount}, op, "the stats buffer");
+}
+
+// A one-value accumulator on dev holding v (the host-returning entries' start).
+Tensor scalar_holding(double v, Device dev) { return Tensor::from_vector<double>({1}, {v}).on(dev); }
+
 // A tensor [..., D] read as N rows of width D with row stride ld.
 struct Rows {
   void* p;
@@ -320,8 +333,8 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE) {
   run("embedding backward", &Backend::embedding_bwd, p, {&ids, &dout, &dE});
 }
 
-double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
-                     double init) {
+void cross_entropy_into(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
+                        const Tensor& acc) {
   HMLA_CHECK(logits.defined() && logits.dim() == 2, ShapeError, "cross_entropy: logits must be [N, V], got ",
              desc(logits));
   CrossEntropyParams p;
@@ -330,6 +343,7 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   check_contiguous(target, DType::i32, {p.N}, "cross_entropy", "target");
   check_contiguous(w, DType::f32, {p.N}, "cross_entropy", "w");
   if (dlogits.defined()) check_contiguous(dlogits, DType::f32, {p.N, p.V}, "cross_entropy", "dlogits");
+  check_scalar(acc, "cross_entropy");
   if (target.device() == Device::cpu) {  // a device's targets: as embedding's ids (a bad row's loss is NaN)
     for (int64_t n = 0; n < p.N; ++n) {
       const int32_t t = target.data<int32_t>()[n];
@@ -339,8 +353,16 @@ double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w
   }
   p.logits = logits.data<float>(), p.target = target.data<int32_t>(), p.w = w.data<float>();
   p.dlogits = dlogits.defined() ? dlogits.data<float>() : nullptr;
-  p.init = init;
-  return run("cross_entropy", &Backend::cross_entropy, p, {&logits, &target, &w, &dlogits});
+  p.acc = acc.data<double>();
+  run("cross_entropy", &Backend::cross_entropy, p, {&logits, &target, &w, &dlogits, &acc});
+}
+
+double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
+                     double init) {
+  HMLA_CHECK(logits.defined(), ShapeError, "cross_entropy: logits must be [N, V], got undefined");
+  const Tensor acc = scalar_holding(init, logits.device());
+  cross_entropy_into(logits, target, w, dlogits, acc);
+  return acc.to_vector<double>()[0];
 }
 
 void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out) {
@@ -391,37 +413,95 @@ Tensor compute_operand(const Tensor& t) {
 
 // ---- optimizer steps ----------------------------------------------------------------------------
 
-double sum_squares(const Tensor& x, double init) {
+void sum_squares_into(const Tensor& x, const Tensor& acc) {
   check_contiguous(x, DType::f32, x.shape(), "sum_squares", "x");
+  check_scalar(acc, "sum_squares");
   SumSquaresParams p;
-  p.n = x.numel(), p.x = x.data<float>(), p.init = init;
-  return run("sum_squares", &Backend::sum_squares, p, {&x});
+  p.n = x.numel(), p.x = x.data<float>(), p.acc = acc.data<double>();
+  run("sum_squares", &Backend::sum_squares, p, {&x, &acc});
 }
 
-void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWParams& hyper) {
+double sum_squares(const Tensor& x, double init) {
+  HMLA_CHECK(x.defined(), ShapeError, "sum_squares: x is undefined");
+  const Tensor acc = scalar_holding(init, x.device());
+  sum_squares_into(x, acc);
+  return acc.to_vector<double>()[0];
+}
+
+void stats_add(const Tensor& s, StatSlot dst, StatSlot src, double div) {
+  check_stats(s, "stats_add");
+  StatsParams p;
+  p.s = s.data<double>(), p.dst = dst, p.src = src, p.div = div;
+  run("stats_add", &Backend::stats_add, p, {&s});
+}
+
+void stats_losses(const Tensor& s, const Tensor& bad) {
+  check_stats(s, "stats_losses");
+  check_contiguous(bad, DType::f32, {1}, "stats_losses", "bad");
+  StatsParams p;
+  p.s = s.data<double>(), p.bad = bad.data<float>();
+  run("stats_losses", &Backend::stats_losses, p, {&s, &bad});
+}
+
+void stats_clip(const Tensor& s, const Tensor& bad, double clip_backbone, double clip_indexer) {
+  check_stats(s, "stats_clip");
+  check_contiguous(bad, DType::f32, {1}, "stats_clip", "bad");
+  StatsParams p;
+  p.s = s.data<double>(), p.bad = bad.data<float>(), p.clip_backbone = clip_backbone, p.clip_indexer = clip_indexer;
+  run("stats_clip", &Backend::stats_clip, p, {&s, &bad});
+}
+
+namespace {
+// The update's gate from the step's stats buffer (none: gscale as given, always applied).
+template <class P>
+void gate(P& p, const Tensor& stats, StatSlot scale, const char* op) {
+  if (!stats.defined()) return;
+  check_stats(stats, op);
+  HMLA_CHECK(scale == kStatScaleBackbone || scale == kStatScaleIndexer, ShapeError, op,
+             ": the clip scale's slot must be kStatScaleBackbone or kStatScaleIndexer");
+  p.gscale_at = stats.data<double>() + scale, p.finite_at = stats.data<double>() + kStatFinite;
+}
+}  // namespace
+
+void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWParams& hyper,
+                  const Tensor& stats, StatSlot scale) {
   for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&g, "g"}, std::pair{&m, "m"}, std::pair{&v, "v"}})
     check_contiguous(*t, DType::f32, w.shape(), "adamw", name);
   AdamWParams p = hyper;
   p.n = w.numel(), p.w = w.data<float>(), p.g = g.data<float>(), p.m = m.data<float>(), p.v = v.data<float>();
-  run("adamw", &Backend::adamw_update, p, {&w, &g, &m, &v});
+  p.gscale_at = p.finite_at = nullptr;
+  gate(p, stats, scale, "adamw");
+  run("adamw", &Backend::adamw_update, p, {&w, &g, &m, &v, &stats});
 }
 
-void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gscale, float beta) {
+void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gscale, float beta, const Tensor& stats,
+                   StatSlot scale) {
   for (auto [t, name] : {std::pair{&g, "g"}, std::pair{&m, "m"}, std::pair{&u, "u"}})
     check_contiguous(*t, DType::f32, g.shape(), "muon momentum", name);
   MuonParams p;
   p.n = g.numel(), p.g = g.data<float>(), p.m = m.data<float>(), p.u = u.data<float>();
   p.gscale = gscale, p.beta = beta;
-  run("muon momentum", &Backend::muon_momentum, p, {&g, &m, &u});
+  gate(p, stats, scale, "muon momentum");
+  run("muon momentum", &Backend::muon_momentum, p, {&g, &m, &u, &stats});
 }
 
-void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, float wd) {
+void muon_normalize(const Tensor& x, const Tensor& ss, const Tensor& u) {
+  check_contiguous(x, DType::f32, x.shape(), "muon normalize", "x");
+  check_contiguous(u, DType::f32, x.shape(), "muon normalize", "u");
+  check_scalar(ss, "muon normalize");
+  MuonParams p;
+  p.n = x.numel(), p.g = x.data<float>(), p.u = u.data<float>(), p.ss = ss.data<double>();
+  run("muon normalize", &Backend::muon_normalize, p, {&x, &u, &ss});
+}
+
+void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, float wd, const Tensor& stats) {
   check_contiguous(w, DType::f32, w.shape(), "muon update", "w");
   check_contiguous(upd, DType::f32, w.shape(), "muon update", "upd");
   MuonParams p;
   p.n = w.numel(), p.w = w.data<float>(), p.u = upd.data<float>();
   p.lr = lr, p.scale = scale_, p.wd = wd;
-  run("muon update", &Backend::muon_update, p, {&w, &upd});
+  gate(p, stats, kStatScaleBackbone, "muon update");
+  run("muon update", &Backend::muon_update, p, {&w, &upd, &stats});
 }
 
 }  // namespace hmla

@@ -17,11 +17,11 @@ bool uses_muon(const OptimSettings& o, const ParamSpec& p) {
          p.name != "lm_head.weight";
 }
 
-double group_norm(const std::vector<ParamSpec>& table, const io::TensorMap& g, bool indexer) {
-  double ss = 0;  // one running sum over the group's tensors, in table order
+// The group's sum of squares into its stats slot: one running sum over the group's tensors, in
+// table order, on the device.
+void group_sum_squares(const std::vector<ParamSpec>& table, const io::TensorMap& g, bool indexer, const Tensor& acc) {
   for (const ParamSpec& p : table)
-    if (is_indexer_tensor(p.name) == indexer) ss = sum_squares(g.at(p.name), ss);
-  return std::sqrt(ss);
+    if (is_indexer_tensor(p.name) == indexer) sum_squares_into(g.at(p.name), acc);
 }
 
 // X <- approximately U V^T of G = U S V^T: quintic Newton-Schulz iterations on G / |G|_F, on the
@@ -33,8 +33,9 @@ void newton_schulz(const Tensor& G, int steps, Tensor out) {
   const Device dev = G.device();
   Tensor X = Tensor::empty({r, c}, DType::f32, dev), A = Tensor::empty({r, r}, DType::f32, dev),
          B = Tensor::empty({r, r}, DType::f32, dev), Gs = Tensor::empty({rows, cols}, DType::f32, dev);
-  const float inv = float(1.0 / (std::sqrt(sum_squares(G)) + 1e-7));
-  scale(G, inv, Gs);
+  const Tensor ss = Tensor::zeros({1}, DType::f64, dev);  // G / (|G|_F + 1e-7), |G| on the device
+  sum_squares_into(G, ss);
+  muon_normalize(G, ss, Gs);
   X.copy_from(tr ? Gs.transpose(0, 1) : Gs);
   const float a = 3.4445f, b = -4.7750f, cc = 2.0315f;
   for (int k = 0; k < steps; ++k) {
@@ -69,39 +70,53 @@ Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only)
 }
 
 OptimStats Optimizer::step(Model& m, io::TensorMap& grads, int64_t step) {
-  OptimStats st;
-  st.grad_norm_backbone = group_norm(table_, grads, false);
-  st.grad_norm_indexer = group_norm(table_, grads, true);
-  // Checked before any weight moves, so a non-finite gradient never reaches the parameters.
-  HMLA_CHECK(std::isfinite(st.grad_norm_backbone), DivergenceError, "the backbone's gradient norm is ",
-             st.grad_norm_backbone);
-  HMLA_CHECK(std::isfinite(st.grad_norm_indexer), DivergenceError, "the indexers' gradient norm is ",
-             st.grad_norm_indexer);
+  const Tensor stats = Tensor::zeros({kStatCount}, DType::f64, m.device());
+  launch_step(m, grads, step, stats, Tensor::zeros({1}, DType::f32, m.device()));
+  return stats_of(stats.to_vector<double>(), step);
+}
+
+void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const Tensor& stats, const Tensor& bad) {
+  auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
+  group_sum_squares(table_, grads, false, slot(kStatSsBackbone));
+  group_sum_squares(table_, grads, true, slot(kStatSsIndexer));
+  // The norms, the clip scales and the gate on the device: with a non-finite loss (bad) or norm
+  // every update below leaves weights and moments as they were, so a non-finite gradient never
+  // reaches the parameters although the host learns of it only after the launches.
+  stats_clip(stats, bad, o_.clip_backbone, o_.clip_indexer);
   const double t = double(step + 1);
   const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
-  st.lr = lr_at(o_, o_.lr, step);
   for (const ParamSpec& p : table_) {
     const bool idx = is_indexer_tensor(p.name);
     if (indexer_only_ && !idx) continue;
-    const double norm = idx ? st.grad_norm_indexer : st.grad_norm_backbone;
-    const double clip = idx ? o_.clip_indexer : o_.clip_backbone;
-    const float gscale = (clip > 0 && norm > clip) ? float(clip / norm) : 1.f;
+    const StatSlot gscale = idx ? kStatScaleIndexer : kStatScaleBackbone;
     const float lr = float(lr_at(o_, idx ? o_.indexer_lr : o_.lr, step));
     const Tensor &w = m.params.at(p.name), &g = grads.at(p.name), &mm = m_.at(p.name);
     if (uses_muon(o_, p)) {
       Tensor u = Tensor::empty(p.shape, DType::f32, w.device()), upd = Tensor::empty(p.shape, DType::f32, w.device());
-      muon_momentum(g, mm, u, gscale, float(o_.muon_momentum));
+      muon_momentum(g, mm, u, 1.f, float(o_.muon_momentum), stats, gscale);
       newton_schulz(u, o_.muon_ns_steps, upd);
       const float scale_ = 0.2f * std::sqrt(float(std::max(p.shape[0], p.shape[1])));
-      muon_update(w, upd, lr, scale_, float(o_.weight_decay));
+      muon_update(w, upd, lr, scale_, float(o_.weight_decay), stats);
       continue;
     }
     AdamWParams h;
-    h.gscale = gscale, h.lr = lr, h.b1 = float(o_.beta1), h.b2 = float(o_.beta2), h.eps = float(o_.eps);
+    h.lr = lr, h.b1 = float(o_.beta1), h.b2 = float(o_.beta2), h.eps = float(o_.eps);
     h.wd = p.shape.size() == 2 ? float(o_.weight_decay) : 0.f;  // no decay on norms, biases and the sink
     h.bc1 = bc1, h.bc2 = bc2;
-    adamw_update(w, g, mm, v_.at(p.name), h);
+    adamw_update(w, g, mm, v_.at(p.name), h, stats, gscale);
   }
+}
+
+OptimStats Optimizer::stats_of(const std::vector<double>& s, int64_t step) const {
+  OptimStats st;
+  st.grad_norm_backbone = s.at(kStatNormBackbone);
+  st.grad_norm_indexer = s.at(kStatNormIndexer);
+  // The device's gate kept every weight where it was (launch_step).
+  HMLA_CHECK(std::isfinite(st.grad_norm_backbone), DivergenceError, "the backbone's gradient norm is ",
+             st.grad_norm_backbone);
+  HMLA_CHECK(std::isfinite(st.grad_norm_indexer), DivergenceError, "the indexers' gradient norm is ",
+             st.grad_norm_indexer);
+  st.lr = lr_at(o_, o_.lr, step);
   return st;
 }
 

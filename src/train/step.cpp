@@ -1,5 +1,6 @@
 // The training step (step.h): micro-batches, the model's forward and backward per micro-batch,
-// one SUM all-reduce of the gradient arena and the losses, the divergence checks, the update.
+// one SUM all-reduce of the gradient arena and the losses, the update gated on the device, one
+// read-back of the step's stats, the divergence checks.
 #include "step.h"
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "hmla/core/error.h"
+#include "hmla/ops/optim.h"
 
 namespace hmla::train {
 
@@ -26,15 +28,27 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   }
   garena.fill_zero();
   const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
-  StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention};
-  double sums[3] = {0, 0, 0};  // lm, kl, tokens of this rank's micro-batches
-  for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp)) {
-    StepStats s = model_step(model, micro[i], so, grads, grid.cp);
-    sums[0] += s.lm_loss;
-    sums[1] += s.indexer_kl;
-    sums[2] += double(s.tokens);
-  }
+  StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention, {}};
+  // The step's scalars stay on the device until its one read-back (hmla/ops/optim.h): the
+  // micro-batches' losses, the norms, the clip scales and the gate of the update.
+  const Tensor stats = Tensor::zeros({kStatCount}, DType::f64, model.device());
+  const Tensor bad = Tensor::zeros({1}, DType::f32, model.device());
+  so.stats = stats;
+  double tokens = 0;
+  for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
+    tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
+  // Every rank must skip the update when any rank's loss is not finite. The gradient's
+  // all-reduce carries a NaN loss's NaN gradient to every rank's norm, but not every non-finite
+  // loss has one (an infinite KL where Q underflows has a finite gradient), so each rank's
+  // verdict on its own losses is summed over the ranks on the device as well. The host's global
+  // losses (all-reduced below) are non-finite exactly when some rank's are: a sum of finite
+  // per-rank values cannot overflow (each is a sum of f32-sized terms, far below 1e308).
+  stats_losses(stats, bad);
   grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
+  grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
+  optim.launch_step(model, grads, step, stats, bad);
+  const std::vector<double> h = stats.to_vector<double>();  // the step's one read-back
+  double sums[3] = {h[kStatLm], h[kStatKl], tokens};       // lm, kl, tokens of this rank's micro-batches
   grid.world.allreduce_sum(sums, 3);
   StepResult r;
   r.lm = sums[0];
@@ -45,7 +59,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
              std::isfinite(r.lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(r.lm) ? r.kl : r.lm,
              "; the run stops and the last checkpoint is kept as it was");
   try {
-    r.os = optim.step(model, grads, step);
+    r.os = optim.stats_of(h, step);
   } catch (const DivergenceError& e) {
     throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
   }

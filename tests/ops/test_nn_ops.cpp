@@ -548,6 +548,52 @@ void convert_case(const On& on, const NnCase& row) {
       EXPECT_EQ(got[d * N + n], bf16_to_f32(f32_to_bf16(X[n * wide + 2 + d]))) << "convert " << n << ", " << d;
 }
 
+// The step's stats ops (hmla/ops/optim.h) and the updates' gate: the norms, clip scales and flag
+// from set sums of squares (exact values: sqrt(16) = 4, 2 / 4 = 0.5), AdamW with its scale read
+// from the buffer equal to AdamW given that scale (w_adam), a closed gate moving nothing (Muon's
+// momentum zeroing u), and Muon's normalisation by the device's own sum of squares.
+void stats_case(const On& on, const Vec& G, const Vec& W0, const Vec& M0, const Vec& V0, AdamWParams h,
+                const Vec& w_adam) {
+  const int64_t n = int64_t(G.size());
+  std::vector<double> hs(kStatCount, 0.0);
+  hs[kStatSsBackbone] = 16, hs[kStatSsIndexer] = 0.25, hs[kStatMbLm] = 3, hs[kStatLm] = 1;
+  const Tensor st = Tensor::from_vector<double>({kStatCount}, hs).to(on.dev);
+  Tensor bad = on.zeros({1}, DType::f32);
+  stats_add(st, kStatLm, kStatMbLm, 2.0);
+  stats_clip(st, bad, 2.0, 1.0);  // the backbone clipped (norm 4 > 2), the indexers not (0.5 <= 1)
+  std::vector<double> got = st.to_vector<double>();
+  EXPECT_EQ(got[kStatLm], 2.5);
+  EXPECT_EQ(got[kStatNormBackbone], 4.0);
+  EXPECT_EQ(got[kStatNormIndexer], 0.5);
+  EXPECT_EQ(got[kStatScaleBackbone], 0.5);
+  EXPECT_EQ(got[kStatScaleIndexer], 1.0);
+  EXPECT_EQ(got[kStatFinite], 1.0);
+  ASSERT_EQ(h.gscale, 0.5f);  // optim_case's AdamW ran with the backbone's scale
+  h.gscale = 7.f;             // unused: the buffer's scale wins
+  Tensor w = on.t({n}, W0), m = on.t({n}, M0), v = on.t({n}, V0);
+  adamw_update(w, on.t({n}, G), m, v, h, st, kStatScaleBackbone);
+  EXPECT_EQ(vec(w), w_adam) << "adamw with the buffer's clip scale";
+  stats_losses(st, bad);
+  EXPECT_EQ(bad.to_vector<float>()[0], 0.f);
+  bad.copy_from(Tensor::from_vector<float>({1}, {1.f}));  // a rank's loss was not finite
+  stats_clip(st, bad, 2.0, 1.0);
+  EXPECT_EQ(st.to_vector<double>()[kStatFinite], 0.0);
+  Tensor w2 = on.t({n}, W0), m2 = on.t({n}, M0), v2 = on.t({n}, V0), u = on.t({n}, G);
+  adamw_update(w2, on.t({n}, G), m2, v2, h, st, kStatScaleIndexer);
+  muon_momentum(on.t({n}, G), m2, u, 1.f, 0.95f, st, kStatScaleBackbone);
+  muon_update(w2, on.t({n}, G), 0.02f, 1.5f, 0.1f, st);
+  EXPECT_EQ(vec(w2), W0) << "a closed gate moved w";
+  EXPECT_EQ(vec(m2), M0) << "a closed gate moved m";
+  EXPECT_EQ(vec(v2), V0) << "a closed gate moved v";
+  EXPECT_EQ(vec(u), Vec(size_t(n), 0.f)) << "muon momentum with a closed gate leaves u = 0";
+  const Tensor ss = on.zeros({1}, DType::f64), x = on.empty({n}, DType::f32);
+  sum_squares_into(on.t({n}, G), ss);
+  muon_normalize(on.t({n}, G), ss, x);
+  const float inv = float(1.0 / (std::sqrt(ss.to_vector<double>()[0]) + 1e-7));
+  const Vec xs = vec(x);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(xs[i], inv * G[i]) << "muon normalize " << i;
+}
+
 void optim_case(const On& on, const NnCase& row) {
   const int64_t n = row.shape.cols;
   const Vec G = randn(n, 27), W0 = randn(n, 28), M0 = randn(n, 29, 0.1f), V0 = Vec(n, 0.01f);
@@ -585,6 +631,7 @@ void optim_case(const On& on, const NnCase& row) {
     for (int64_t i = 0; i < n; ++i) r[i] = T(W0[i]) - T(0.02f) * (T(1.5f) * T(G[i]) + T(0.1f) * T(W0[i]));
     return r;
   });
+  stats_case(on, G, W0, M0, V0, h, vec(w));
 }
 
 // ---- the runner: one per device, over the rows its backend runs ------------------------------

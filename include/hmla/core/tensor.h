@@ -12,7 +12,9 @@
 
 namespace hmla {
 
-enum class DType : uint8_t { f32, bf16, i32, i64 };
+// f64 is no weight or activation dtype: it holds device scalars (the training step's stats buffer,
+// hmla/ops/optim.h), which no kernel but the scalar ops reads.
+enum class DType : uint8_t { f32, bf16, i32, i64, f64 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
@@ -28,6 +30,7 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);

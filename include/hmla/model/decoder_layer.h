@@ -64,7 +64,7 @@ void decoder_layer_forward(const DecoderLayer& d, const Tensor& h_in, const DocL
 
 struct LayerBackward {
   Tensor dh_in;           // [b, s, hidden]: the gradient reaching h_in (undefined without the backbone)
-  double indexer_kl = 0;  // dsa modes: sum_t rw kl of this layer
+  double indexer_kl = 0;  // dsa modes: sum_t rw kl of this layer (NaN when kl_acc took it)
 };
 // The gradient of dout (the gradient reaching sv.out; undefined when !opt.backbone) back through
 // the layer: weight gradients ADDED into `grads` (the arena's views), the indexer's gradient from

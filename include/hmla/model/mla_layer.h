@@ -61,6 +61,7 @@ struct MlaSaved {
 
 struct MlaBackwardOptions {
   Tensor row_weight;     // [b, s] loss-row weights of this rank's rows for the indexer's KL
+  Tensor kl_acc;         // optional f64 [1] on the device: the KL sum is added into it (IndexerKlInputs)
   bool backbone = true;  // false: skip the backbone's backward (train_indexer_only)
   AttnTensors grads;     // optional: the layer's tensors' gradients (e.g. views of a
                          // gradient arena) to ADD the weight gradients into (hmla/ops/nn.h)
@@ -72,8 +73,8 @@ struct MlaGrads {
                            // the backbone's backward): opt.grads with this call's gradients
                            // added, or new tensors holding them where opt.grads has none; under
                            // context parallelism this rank's share
-  double indexer_loss = 0; // coeff * sum_t rw kl (dsa modes)
-  double indexer_kl = 0;   // sum_t rw kl, for logging
+  double indexer_loss = 0; // coeff * sum_t rw kl (dsa modes; NaN when opt.kl_acc took the sum)
+  double indexer_kl = 0;   // sum_t rw kl, for logging (NaN likewise)
 };
 
 // Context parallelism (DESIGN.md section 8): `cp` is the group sharing the sequence; x and dy are

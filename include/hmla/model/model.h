@@ -91,6 +91,10 @@ struct StepOptions {
   int64_t lm_targets = 0;      // the step's global LM target count (0: this batch's)
   int64_t valid_rows = 0;      // the step's global valid_rows for the indexer KL (0: this batch's)
   bool recompute_attention = false;  // drop each core's output after the forward, rebuild it in the backward
+  // Optional: the step's f64 [kStatCount] stats buffer on the model's device (hmla/ops/optim.h).
+  // Given, the micro-batch's LM loss and KL are ADDED into its kStatLm and kStatKl slots on the
+  // device (nothing is read back) and StepStats' are NaN; else they are read back into StepStats.
+  Tensor stats;
 };
 
 struct StepStats {

@@ -51,6 +51,7 @@ struct IndexerKlParams : IndexerScoreParams {
   float* dqI = nullptr;               // [b, sq, HI, DI] output
   float* dkI = nullptr;               // [b, s, DI] output
   float* dw = nullptr;                // [b, sq, HI] output
+  double* kl_acc = nullptr;           // [1] on the device: sum_t rw[t] kl(t) (from 0, rows in order) added
 };
 
 // Query rows may be a slice of the key rows (context parallelism): qI, w and everything per
@@ -87,6 +88,8 @@ struct IndexerKlInputs {
   Tensor topk;       // sparse KL only: [b, sq, K + W] i32 table; slots < K are the candidates
   int64_t K = 0;
   TableOrigin topk_origin = TableOrigin::external;  // own: indexer_topk's table, not checked (index_table.h)
+  Tensor kl_acc;     // optional f64 [1] on qI's device (a stats slot): kl_sum is ADDED into it on
+                     // the device and the result's kl_sum and loss are NaN (nothing is read back)
 };
 
 struct IndexerKlResult {
@@ -103,10 +106,10 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in);
 
 }  // namespace hmla
 
-// The family's backend entries (op_list.h); the KLs return kl_sum (without coeff) and overwrite
-// dqI, dkI, dw with the loss's gradients.
+// The family's backend entries (op_list.h); the KLs add kl_sum (without coeff) into *kl_acc and
+// overwrite dqI, dkI, dw with the loss's gradients.
 #define HMLA_INDEXER_OPS(X)                         \
   X(void, indexer_topk, IndexerTopkParams)          \
   X(void, indexer_select, IndexerTopkParams)        \
-  X(double, indexer_kl_dense, IndexerKlParams)      \
-  X(double, indexer_kl_sparse, IndexerKlParams)
+  X(void, indexer_kl_dense, IndexerKlParams)        \
+  X(void, indexer_kl_sparse, IndexerKlParams)

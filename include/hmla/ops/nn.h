@@ -135,17 +135,22 @@ void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out);
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE);  // adds into dE
 
 // Cross-entropy of logits [N, V] against targets [N] with row weights w [N] (0 skips a row):
-// returns init + sum_n w[n] (logsumexp(logits[n]) - logits[n, target[n]]), summed in row order
-// (chunks of rows chained through init sum as one call would), and, when dlogits is given, writes
-// w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows).
+// ADDS sum_n w[n] (logsumexp(logits[n]) - logits[n, target[n]]) into the f64 scalar acc, row by
+// row in row order (chunks of rows into one acc sum as one call would), and, when dlogits is
+// given, writes w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows). acc lives on the
+// op's device (a slot of the step's stats buffer, hmla/ops/optim.h), so nothing is read back.
 struct CrossEntropyParams {
   int64_t N = 0, V = 0;
   const float* logits = nullptr;   // [N, V]
   const int32_t* target = nullptr; // [N] in [0, V)
   const float* w = nullptr;        // [N]
   float* dlogits = nullptr;        // [N, V] or null
-  double init = 0;
+  double* acc = nullptr;           // [1] on the op's device: the loss is added into it
 };
+// acc: an f64 tensor of one value on logits' device (a view of a wider buffer allowed).
+void cross_entropy_into(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
+                        const Tensor& acc);
+// The same, returning init + the loss on the host (one read-back; callers outside the training step).
 double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits = {},
                      double init = 0);
 
@@ -198,6 +203,6 @@ Tensor compute_operand(const Tensor& t);
   X(void, swiglu_bwd, SwigluParams)             \
   X(void, embedding_fwd, EmbeddingParams)       \
   X(void, embedding_bwd, EmbeddingParams)       \
-  X(double, cross_entropy, CrossEntropyParams)  \
+  X(void, cross_entropy, CrossEntropyParams)    \
   X(void, axpy, AxpyParams)                     \
   X(void, convert, ConvertParams)

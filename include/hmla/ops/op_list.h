@@ -24,7 +24,7 @@
 
 #define HMLA_PARAMS_LIST(X)                                                                          \
   X(GemmParams) X(NormParams) X(RopeParams) X(SwigluParams) X(EmbeddingParams) X(CrossEntropyParams) \
-  X(AxpyParams) X(ConvertParams) X(SumSquaresParams) X(AdamWParams) X(MuonParams) X(AttnDenseParams)  \
+  X(AxpyParams) X(ConvertParams) X(SumSquaresParams) X(StatsParams) X(AdamWParams) X(MuonParams) X(AttnDenseParams)  \
   X(AttnSparseParams) X(IndexerTopkParams) X(IndexerKlParams)
 
 // The kernel declarations of one backend's namespace: `ret name(const Params& p);` per op

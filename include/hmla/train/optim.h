@@ -31,8 +31,17 @@ class Optimizer {
  public:
   // indexer_only: only the indexers' tensors are updated (dsa_warmup).
   Optimizer(const Model& m, const OptimSettings& o, bool indexer_only);
-  // Clips each group to its norm, then updates m's parameters from `grads` (same table).
+  // Clips each group to its norm, then updates m's parameters from `grads` (same table); one
+  // read-back, and a DivergenceError for a non-finite norm, with no weight or moment moved.
   OptimStats step(Model& m, io::TensorMap& grads, int64_t step);
+  // The same launched on the step's device stats (hmla/ops/optim.h), reading nothing back: the
+  // groups' sums of squares, norms, clip scales and finite flag land in `stats` (f64
+  // [kStatCount]); nothing moves when bad (f32 [1], the ranks with a non-finite loss) is not 0
+  // or a norm is not finite.
+  void launch_step(Model& m, io::TensorMap& grads, int64_t step, const Tensor& stats, const Tensor& bad);
+  // The norms and lr of a stats buffer read back after launch_step; DivergenceError (nothing
+  // moved) for a non-finite norm.
+  OptimStats stats_of(const std::vector<double>& stats, int64_t step) const;
   // State for checkpoints (one arena of the model's table each) and its restore.
   io::TensorMap state() const;
   void load_state(const io::TensorMap& s, const std::string& what);
