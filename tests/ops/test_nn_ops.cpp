@@ -709,6 +709,13 @@ TEST(NnOps, BadInputIsAClearError) {
                "Dr even");
 }
 
+// A stream handed to a build without CUDA is an error, not silently ignored (hmla.torch passes one
+// only for CUDA tensors). Here, not in test_core: the backend's library defines it.
+TEST(ScopedCudaStream, IsRefusedWithoutTheCudaBackend) {
+  if (cuda_built()) GTEST_SKIP() << "this build has the CUDA backend";
+  EXPECT_THROW(ScopedCudaStream{1}, Error);
+}
+
 // A device's ids and targets are not copied back to be checked (they were checked where they
 // entered the model): the kernels read nothing outside the table for a bad one, and make its row
 // NaN (so the loss is non-finite and a run stops) instead; the good rows are untouched, and no
