@@ -273,9 +273,13 @@ std::vector<at::Tensor> indexer_kl(const at::Tensor& qI, const at::Tensor& kI, c
                "hmla.torch: topk_indices must be [b, s, K + window] with K >= 1, got window = ", window);
     in.K = topk_indices->size(2) - window;
   }
+  // The KL sum stays on the tensors' device (an f64 accumulator the kernel adds into): the loss is
+  // a torch op on it, ordered on the call's stream, so the call never waits for the device. The
+  // same bits as float(double(coeff) * kl_sum), the host's product.
+  in.kl_acc = hmla::Tensor::zeros({1}, hmla::DType::f64, hmla_device(qI));
   const hmla::IndexerKlResult r = topk_indices ? hmla::indexer_kl_sparse(in) : hmla::indexer_kl_dense(in);
-  return {torch::tensor(float(r.loss), at::TensorOptions().dtype(at::kFloat)).to(qI.device()), cs.out(r.dqI, qI),
-          cs.out(r.dkI, qI), cs.out(r.dw, qI)};
+  const at::Tensor loss = (cs.out(in.kl_acc, qI) * double(in.coeff)).to(at::kFloat).reshape({});
+  return {loss, cs.out(r.dqI, qI), cs.out(r.dkI, qI), cs.out(r.dw, qI)};
 }
 
 // ---- sparse latent MQA ---------------------------------------------------------------------------
