@@ -24,6 +24,7 @@
 #include "hmla/core/error.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/ops/optim.h"
 #include "hmla/train/optim.h"
 #include "hmla/train/trainer.h"
 
@@ -212,11 +213,16 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
         const CudaCounters c0 = cuda_counters();
         peak = std::max(peak, peak_above_live(
                                   [&] {
+                                    // The trainer's step (src/train/step.cpp): every launch queued,
+                                    // then one read-back of the stats, which waits for all of it.
                                     garena.fill_zero();
-                                    StepStats st = model_step(m, batch, {!warmup, targets, 0, false, {}}, grads);
-                                    optim.step(m, grads, rep);
-                                    allocator(dev).synchronize();  // the step's device work, all of it
-                                    if (rep == 0) hmla_loss0 = st.lm_loss;
+                                    const Tensor stats = Tensor::zeros({kStatCount}, DType::f64, dev);
+                                    const Tensor bad = Tensor::zeros({1}, DType::f32, dev);
+                                    model_step(m, batch, {!warmup, targets, 0, false, stats}, grads);
+                                    stats_losses(stats, bad);
+                                    optim.launch_step(m, grads, rep, stats, bad);
+                                    const std::vector<double> h = stats.to_vector<double>();
+                                    if (rep == 0) hmla_loss0 = h[kStatLm];
                                   },
                                   dev));
         if (rep > 0) hmla_ms.push_back(ms_since(t0));
