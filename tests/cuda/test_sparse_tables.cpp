@@ -195,6 +195,14 @@ TEST(SparseTables, ExternalTablesAreRefusedAtEveryEntryNamingTheFirstBadRow) {
   EXPECT_NE(fwd.find("sparse attention: row 3 of batch 0 lists a key outside [-1, 40) or a key twice"),
             std::string::npos) << fwd;
   EXPECT_EQ(refusal([&] { attn_sparse_bwd(r.in, r.sv, r.dout); }), fwd);
+  // Two rows out of range and no duplicate: the range check alone names the first (whichever of
+  // the two blocks runs first).
+  std::vector<int32_t> range = good;
+  range[30 * KW + 2] = int32_t(c.s);
+  range[45 * KW + 0] = -7;
+  r.in.idx = Tensor::from_vector<int32_t>({c.b, c.s, KW}, range).to(Device::cuda);
+  const std::string rfwd = refusal([&] { attn_sparse_fwd(r.in); });
+  EXPECT_NE(rfwd.find("sparse attention: row 30 of batch 0 lists a key outside [-1, 40)"), std::string::npos) << rfwd;
   std::vector<int32_t> dup = good;
   dup[3 * KW + 0] = dup[3 * KW + 1] = 0;
   r.in.idx = Tensor::from_vector<int32_t>({c.b, c.s, KW}, dup).to(Device::cuda);
