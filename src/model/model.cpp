@@ -41,8 +41,7 @@ struct DeviceBatch {
 };
 
 struct Forward {
-  DeviceBatch in;  // what the forward and the backward read (the layers keep pointers to in.layout)
-  Tensor arena;    // activation_table's tensors, viewed by the fields below
+  Tensor arena;  // activation_table's tensors, viewed by the fields below
   std::vector<LayerSaved> layers;
   Tensor h_final, rstd_final, n_final;  // before/after model.norm
   Tensor logits;                        // [N, V], only when asked for (model_logits)
@@ -165,21 +164,21 @@ void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bo
              m.device());
 }
 
-// The forward over the micro-batch `in` (kept in the result for the backward).
-Forward forward(const Model& m, DeviceBatch in, Comm& cp, bool drop_core = false, bool logits = false) {
+// The forward over the micro-batch `in`, which the caller keeps for the backward (the layers'
+// saved state points at in.layout).
+Forward forward(const Model& m, const DeviceBatch& in, Comm& cp, bool drop_core = false, bool logits = false) {
   const ModelConfig& c = m.cfg;
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, hid = c.hidden_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const DocLayout& layout = in.layout;
   Forward f;
-  f.in = std::move(in);
-  const DocLayout& layout = f.in.layout;
   // Every activation outside the attention, from one arena of activation_table, taken in its
   // order (no names on this path; each view's shape is checked against the table's).
   const std::vector<ParamSpec> table = activation_table(c, N);
   f.arena = Tensor::empty({table_numel(table)}, DType::f32, m.device());
   ArenaCursor act{table, f.arena.view({f.arena.numel()})};
   Tensor h = act.next({N, hid}).view({b, s, hid});
-  embedding_fwd(f.in.ids, m.w.embed_tokens, h);
+  embedding_fwd(in.ids, m.w.embed_tokens, h);
   f.layers.resize(c.num_hidden_layers);
   const RopeCache& rope = m.rope(s, row_shard(cp, layout.s).row0);  // one per shape, on the device
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
@@ -308,7 +307,8 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
 
 Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
-  Forward f = forward(m, device_batch(m, batch, cp, 0, 0), cp, false, true);
+  const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
+  Forward f = forward(m, in, cp, false, true);
   if (topk) {
     topk->clear();
     for (const LayerSaved& l : f.layers) topk->push_back(l.attn.topk);
@@ -318,17 +318,19 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
 
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
-  Forward f = forward(m, device_batch(m, batch, cp, 0, 0), cp);
+  const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
+  Forward f = forward(m, in, cp);
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
-  lm_head_loss(m, f.n_final, f.in.target, f.in.keep, Tensor(), Tensor(), acc);
+  lm_head_loss(m, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
   return acc.to_vector<double>()[0];
 }
 
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   const ModelConfig& c = m.cfg;
   check_forward_memory(m, batch, cp, true);
-  Forward f = forward(m, device_batch(m, batch, cp, opt.lm_targets, opt.valid_rows), cp, opt.recompute_attention);
-  const int64_t b = f.in.ids.size(0), s = f.in.ids.size(1), N = b * s, hid = c.hidden_size;
+  const DeviceBatch in = device_batch(m, batch, cp, opt.lm_targets, opt.valid_rows);
+  Forward f = forward(m, in, cp, opt.recompute_attention);
+  const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, hid = c.hidden_size;
   StepStats st;
   st.tokens = N;
   const ModelTensors gw = model_tensors(grads, c.num_hidden_layers, c.tie_word_embeddings);
@@ -342,7 +344,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
 
   // Head (with the LM loss, chunk by chunk) and final norm.
   Tensor dn = opt.backbone ? tmp({N, hid}) : Tensor(), dh;
-  lm_head_loss(m, f.n_final, f.in.target, f.in.keep, gw.lm_head, dn, slot(kStatMbLm));
+  lm_head_loss(m, f.n_final, in.target, in.keep, gw.lm_head, dn, slot(kStatMbLm));
   if (opt.backbone) {
     dh = tmp({b, s, hid});
     rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);
@@ -352,13 +354,13 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
-    if (is_dsa(c.layer_modes[L])) mo.row_weight = f.in.row_weight, mo.kl_acc = slot(kStatMbKl);
-    const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, f.in.layout, f.layers[L],
+    if (is_dsa(c.layer_modes[L])) mo.row_weight = in.row_weight, mo.kl_acc = slot(kStatMbKl);
+    const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, in.layout, f.layers[L],
                                                    mo, gw.layers[L], opt.recompute_attention, cp);
     if (opt.backbone) dh = r.dh_in;
     if (is_dsa(c.layer_modes[L])) ++dsa_layers;  // its KL went into the kStatMbKl slot
   }
-  if (opt.backbone) embedding_bwd(f.in.ids, dh, gw.embed_tokens);  // rows in token order
+  if (opt.backbone) embedding_bwd(in.ids, dh, gw.embed_tokens);  // rows in token order
   if (opt.stats.defined()) {
     stats_add(stats, kStatLm, kStatMbLm, 1);  // x / 1 is x: the host's sum += lm
     if (dsa_layers > 0) stats_add(stats, kStatKl, kStatMbKl, dsa_layers);
