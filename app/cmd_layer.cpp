@@ -99,7 +99,8 @@ void add_layer_command(CLI::App& app) {
     const Tensor& x = in.at("hidden_states");
     const int64_t b = dims.at("b"), s = dims.at("s");
     MemoryPlan plan;  // a rank under --cp keeps s / cp query rows
-    mla_memory_plan(plan, cfg, mode, {"", 1}, {"b", b}, o->cp > 1 ? SizeFactor{"s / cp", s / o->cp} : SizeFactor{"s", s});
+    mla_memory_plan(plan, cfg, mode, {"", 1}, {"b", b}, o->cp > 1 ? SizeFactor{"s / cp", s / o->cp} : SizeFactor{"s", s},
+                    DType::f32);  // `hmla layer` runs on the CPU
     plan.check(o->config + ": layer " + std::to_string(o->layer) + " over hidden_states " + shape_str(x.shape()));
     const Tensor ids =
         in.count("input_ids") ? token_ids(in.at("input_ids"), cfg.vocab_size, o->inputs + ": input_ids") : Tensor();

@@ -24,7 +24,7 @@ namespace {
 // `c` is dir/config.json, read first so that inputs can be checked against it before the weights.
 Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
   MemoryPlan plan;  // before reading the weights: the parameters alone (indexers aside) must fit
-  plan_parameters(plan, c, std::vector<bool>(c.num_hidden_layers, false), false);
+  plan_parameters(plan, c, std::vector<bool>(c.num_hidden_layers, false), false, DType::f32);  // on the CPU
   plan.check(dir + "/config.json: the model");
   io::TensorMap w = io::load_checkpoint_tensors(dir);
   std::vector<bool> has_indexer(c.num_hidden_layers);
@@ -104,7 +104,7 @@ void add_model_commands(CLI::App& app) {
     const std::vector<int32_t> ids = tokenize_bytes(g->prompt);
     const int64_t positions = check_generation_length(int64_t(ids.size()), g->tokens, cfg, config);
     MemoryPlan plan;  // the prefill and the cache, before the weights are read
-    plan_parameters(plan, cfg, std::vector<bool>(cfg.num_hidden_layers, false), false);
+    plan_parameters(plan, cfg, std::vector<bool>(cfg.num_hidden_layers, false), false, DType::f32);  // on the CPU
     plan_decode(plan, cfg, {"prompt + --tokens", positions});
     plan.check("generate: " + config + "'s model over " + std::to_string(positions) + " positions");
     const Model m = load_checkpoint_model(g->checkpoint, cfg);

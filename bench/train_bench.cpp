@@ -24,6 +24,7 @@
 #include "hmla/core/error.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/optim.h"
 #include "hmla/train/optim.h"
 #include "hmla/train/trainer.h"
@@ -121,10 +122,12 @@ int64_t count_params(const Model& m, bool (*which)(const std::string&)) {
   return n;
 }
 
-// The activation plan of a training step (model.h's plan_activations: a lower bound).
-int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s) {
+// The activation plan of a training step (model.h's plan_activations: a lower bound) with the
+// activations in `compute` (the device's compute dtype; f32 is what every device kept before the
+// bf16 policy, printed beside it on CUDA).
+int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s, DType compute) {
   MemoryPlan plan;
-  plan_activations(plan, cfg, {"batch", batch}, {"seq_len", s}, true);
+  plan_activations(plan, cfg, {"batch", batch}, {"seq_len", s}, true, compute);
   return plan.total();
 }
 
@@ -249,7 +252,8 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                  {"params", m.arena.numel()}, {"reps", opt.reps}, {"step_ms", hm},
                                  {"tokens_per_s", tokens / hm * 1e3}, {"model_tflops", tflops},
                                  {"mfu", tflops / kH200PeakTflops}, {"peak_bytes", allocator(dev).peak_bytes()},
-                                 {"activation_plan_bytes", activation_plan(cfg, opt.batch, s)},
+                                 {"activation_plan_bytes", activation_plan(cfg, opt.batch, s, compute_dtype(dev))},
+                                 {"activation_plan_f32_bytes", activation_plan(cfg, opt.batch, s, DType::f32)},
                                  {"syncs", step_cost.syncs}, {"launches", step_cost.launches},
                                  {"h2d_bytes", step_cost.h2d_bytes}, {"d2h_bytes", step_cost.d2h_bytes},
                                  {"torch_step_ms", num(tm)}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
@@ -263,7 +267,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                {"hmla_step_ms", hm}, {"torch_step_ms", num(tm)},
                                {"hmla_tokens_per_s", tokens / hm * 1e3}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
                                {"speedup", num(tm / hm)}, {"hmla_peak_bytes", peak},
-                               {"activation_plan_bytes", activation_plan(cfg, opt.batch, s)},
+                               {"activation_plan_bytes", activation_plan(cfg, opt.batch, s, DType::f32)},
                                {"loss_rel_diff", num(std::abs(torch_loss0 - hmla_loss0) / std::abs(hmla_loss0))},
                                {"torch", torch_version}, {"torch_attention", torch_attention}};
       os << j.dump() << std::endl;

@@ -17,10 +17,13 @@ RowShard row_shard(const Comm& cp, int64_t s) {
 }
 
 namespace {
+// The all-gather moves bytes (activations in their compute dtype, tables); the reduce-scatter sums
+// f32 gradients.
 void check_rows(const Tensor& t, const char* what, bool any_dtype) {
-  HMLA_CHECK(t.dim() == 3 && (t.dtype() == DType::f32 || (any_dtype && t.dtype() == DType::i32)) &&
+  HMLA_CHECK(t.dim() == 3 &&
+                 (t.dtype() == DType::f32 || (any_dtype && (t.dtype() == DType::i32 || t.dtype() == DType::bf16))) &&
                  t.is_contiguous(),
-             ShapeError, what, ": expected a contiguous ", any_dtype ? "f32 or i32" : "f32",
+             ShapeError, what, ": expected a contiguous ", any_dtype ? "f32, bf16 or i32" : "f32",
              " [b, rows, W] tensor, got ", dtype_name(t.dtype()), shape_str(t.shape()));
 }
 

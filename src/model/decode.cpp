@@ -156,7 +156,7 @@ void plan_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& posit
            {positions, {"4 hidden_size + 3 intermediate_size", 4 * c.hidden_size + 3 * c.intermediate_size}}, f);
   // One layer's attention temporaries at a time, all of them in the latent form.
   mla_memory_plan(plan, c, sparse > 0 ? LayerMode::dsa_sparse : LayerMode::mqa_full_causal, {"", 1}, {"", 1},
-                  positions);
+                  positions, DType::f32);  // decoding runs on the CPU (kv_cache)
 }
 
 KvCache kv_cache(const Model& m, int64_t capacity) {

@@ -2,6 +2,8 @@
 // mla_forward/mla_backward, the MLP through its Mlp, the residual stream's adds and norms here.
 #include "hmla/model/decoder_layer.h"
 
+#include <map>
+
 #include "hmla/model/model.h"
 #include "hmla/ops/nn.h"
 
@@ -14,7 +16,7 @@ bool split_kv_b_proj_at(const Model& m, int64_t L) { return m.split_kv_b_proj &&
 // The attention's tensors of layer L: views of the arena, which holds kv_b_proj; k_b_proj/v_b_proj
 // are copies split from it where split_kv_b_proj_at.
 AttnTensors layer_attn(const Model& m, int64_t L) {
-  AttnTensors w = m.w.layers[L].attn;
+  AttnTensors w = m.wc.layers[L].attn;  // the products' weights in the compute dtype
   if (split_kv_b_proj_at(m, L)) split_kv_b_proj(w, m.cfg);
   return w;
 }
@@ -30,7 +32,7 @@ void add_split_grads(const MlaLayer& layer, AttnTensors into, MlaGrads& g) {
 
 // The layer's own activations, in arena order; LayerSaved's fields in the same order.
 std::vector<ActField> own_fields(int64_t hidden) {
-  return {{"a", hidden}, {"h_mid", hidden}, {"mn", hidden}, {"out", hidden}, {"rstd1", 0}, {"rstd2", 0}};
+  return {{"a", hidden}, {"h_mid", hidden, true}, {"mn", hidden}, {"out", hidden, true}, {"rstd1", 0}, {"rstd2", 0}};
 }
 std::vector<Tensor*> own_views(LayerSaved& sv) { return {&sv.a, &sv.h_mid, &sv.mn, &sv.out, &sv.rstd1, &sv.rstd2}; }
 
@@ -46,11 +48,18 @@ std::vector<ActField> layer_fields(const ModelConfig& c, int64_t L) {
 }
 
 
+ArenaCursor::ArenaCursor(const std::vector<ActSpec>& t, Device dev) : table(t) {
+  std::map<DType, int64_t> numel;
+  for (const ActSpec& a : table) numel[a.dtype] += shape_numel(a.shape);
+  for (const auto& [dt, n] : numel) flat[dt] = {Tensor::empty({n}, dt, dev), 0};
+}
+
 Tensor ArenaCursor::next(const Shape& shape) {
   HMLA_CHECK(i < table.size() && table[i].shape == shape, ShapeError, "activation arena: entry ", i, " is not ",
              shape_str(shape));
+  auto& [arena, off] = flat.at(table[i].dtype);
   const int64_t n = shape_numel(shape);
-  Tensor t = flat.slice(0, off, off + n).view(shape);
+  Tensor t = arena.slice(0, off, off + n).view(shape);
   off += n, ++i;
   return t;
 }
@@ -59,9 +68,10 @@ void ArenaCursor::finish() const {
   HMLA_CHECK(i == table.size(), ShapeError, "activation arena: ", table.size() - i, " entries left unused");
 }
 
-void append_layer_table(std::vector<ParamSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N) {
+void append_layer_table(std::vector<ActSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N,
+                        DType compute) {
   const std::string pre = "layers." + std::to_string(L) + ".";
-  for (const ActField& f : fields) table.push_back({pre + f.name, field_shape(f, N)});
+  for (const ActField& f : fields) table.push_back({pre + f.name, field_shape(f, N), field_dtype(f, compute)});
 }
 
 void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int64_t b, int64_t s, int64_t hidden,
@@ -80,12 +90,12 @@ void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int
 
 DecoderLayer decoder_layer(const Model& m, int64_t L, const LayerTensors* grads) {
   return {m, L, MlaLayer{&m.cfg, L, split_kv_b_proj_at(m, L), layer_attn(m, L)},
-          make_mlp(m.cfg, L, m.w.layers[L], grads)};
+          make_mlp(m.cfg, L, m.wc.layers[L], grads)};
 }
 
 void decoder_layer_forward(const DecoderLayer& d, const Tensor& h_in, const DocLayout& layout, LayerSaved& sv, Comm& cp,
                            bool drop_core) {
-  const LayerTensors& lw = d.m.w.layers[d.L];
+  const LayerTensors& lw = d.m.wc.layers[d.L];
   const float eps = float(d.m.cfg.rms_norm_eps);
   sv.h_in = h_in;
   rmsnorm_fwd(h_in, lw.input_layernorm, eps, sv.a, sv.rstd1);
@@ -111,7 +121,7 @@ LayerBackward decoder_layer_backward(const DecoderLayer& d, const Tensor& dout, 
     r.indexer_kl = g.indexer_kl;
     return r;
   }
-  const LayerTensors& lw = d.m.w.layers[d.L];
+  const LayerTensors& lw = d.m.wc.layers[d.L];
   auto tmp = [&](const Shape& sh) { return Tensor::empty(sh, DType::f32, d.m.device()); };
   // out = h_mid + mlp(mn).
   Tensor dmn = tmp(sv.mn.shape());

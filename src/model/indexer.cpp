@@ -7,6 +7,7 @@
 #include <random>
 
 #include "hmla/dist/cp.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/nn.h"
 
 namespace hmla {
@@ -55,13 +56,14 @@ void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor
   const RowShard sh = row_shard(cp, layout.s);
   sv.sc.layout = &layout;
   sv.sc.q_row0 = sh.row0;
-  sv.sc.qI = Tensor::empty({b, s, HI, DI}, DType::f32, x.device());
+  const DType dt = compute_dtype(x.device());  // kept between ops in it (DESIGN.md section 4)
+  sv.sc.qI = Tensor::empty({b, s, HI, DI}, dt, x.device());
   linear_fwd(cq, w.wq_b, sv.sc.qI.view({N, HI * DI}));
   rope(sv.sc.qI.slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
-  sv.kpre = Tensor::empty({N, DI}, DType::f32, x.device());
+  sv.kpre = Tensor::empty({N, DI}, dt, x.device());
   sv.k_mean = Tensor::empty({N}, DType::f32, x.device());
   sv.k_rstd = Tensor::empty({N}, DType::f32, x.device());
-  Tensor kI = Tensor::empty({b, s, DI}, DType::f32, x.device());
+  Tensor kI = Tensor::empty({b, s, DI}, dt, x.device());
   linear_fwd(x, w.wk, sv.kpre);
   layernorm_fwd(sv.kpre, w.k_norm_weight, w.k_norm_bias, kNormEps, kI.view({N, DI}),
                 sv.k_mean, sv.k_rstd);

@@ -7,6 +7,7 @@
 #include "hmla/model/indexer.h"
 
 #include "hmla/dist/cp.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/sparse_attention.h"
 
@@ -33,11 +34,14 @@ Dims dims(const ModelConfig& c, const Tensor& x, const DocLayout& layout, const 
 }
 
 
+// Precision (DESIGN.md section 4): what the layer keeps between ops is in its device's compute
+// dtype (act: f32 on the CPU, bf16 on CUDA); statistics (rstd) and every gradient are f32.
 Tensor f32(Device dev, const Shape& s) { return Tensor::empty(s, DType::f32, dev); }
+Tensor act(Device dev, const Shape& s) { return Tensor::empty(s, compute_dtype(dev), dev); }
 
-// The attention kernels' dtype is their backend's (compute_operand: f32 on the CPU, where this is
-// no copy; bf16 on CUDA, so the layer hands them bf16 compute copies of its f32 activations and
-// reads their outputs back as f32).
+// The attention kernels read their backend's compute dtype: the layer's activations already are
+// in it (no copy); a gradient (f32) becomes a compute copy (on the CPU: itself). Their gradients
+// come back in it and are read as f32.
 Tensor core_in(const Tensor& t) { return compute_operand(t); }
 Tensor f32_of(const Tensor& t) { return converted(t, DType::f32); }
 
@@ -116,10 +120,11 @@ void run_core(const MlaLayer& L, const AttnTensors& w, MlaSaved& sv, const Dims&
 }  // namespace
 
 void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
-                     const SizeFactor& rows, const SizeFactor& s) {
-  const std::string in = std::string(" of the ") + mode_name(mode) + " layers";
+                     const SizeFactor& rows, const SizeFactor& s, DType compute) {
+  const std::string in = std::string(" of the ") + mode_name(mode) + " layers (" + dtype_name(compute) + ")";
   const SizeFactor H{"num_attention_heads", c.num_attention_heads};
-  const int64_t f = sizeof(float);
+  const int64_t f = int64_t(dtype_size(compute));  // every saved activation here is kept in it
+
   plan.add("the queries" + in, {layers, rows, s, H, {"qk_nope_head_dim + qk_rope_head_dim", c.qk_head_dim()}}, f);
   ModelConfig one = c;  // latent_mqa_enabled decides per layer: ask it about one layer in `mode`
   one.num_hidden_layers = 1;
@@ -134,8 +139,8 @@ void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, con
   if (!is_dsa(mode)) return;
   plan.add("the indexer's queries" + in,
            {layers, rows, s, {"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}}, f);
-  plan.add("the top-k tables" + in, {layers, rows, s, {"index_topk + index_window", c.index_topk + c.index_window}},
-           sizeof(int32_t));
+  plan.add(std::string("the top-k tables of the ") + mode_name(mode) + " layers",
+           {layers, rows, s, {"index_topk + index_window", c.index_topk + c.index_window}}, sizeof(int32_t));
 }
 
 CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone) {
@@ -156,9 +161,10 @@ void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& lay
 
 Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, Comm& cp) {
   const ModelConfig& cfg = *L.cfg;
-  HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() && x.dtype() == DType::f32,
-             ShapeError, "mla layer: hidden_states must be contiguous f32 [b, s, ", cfg.hidden_size,
-             "], got ", shape_str(x.shape()));
+  HMLA_CHECK(x.dim() == 3 && x.size(2) == cfg.hidden_size && x.is_contiguous() &&
+                 (x.dtype() == DType::f32 || x.dtype() == compute_dtype(x.device())),
+             ShapeError, "mla layer: hidden_states must be contiguous [b, s, ", cfg.hidden_size, "] in f32 or ",
+             dtype_name(compute_dtype(x.device())), ", got ", dtype_name(x.dtype()), shape_str(x.shape()));
   HMLA_CHECK(!L.split_kv_b_proj || L.latent(), ConfigError, "layer ", L.layer, ": mqa_split_kv_b_proj needs a latent MQA mode, not ",
              mode_name(cfg.layer_modes[L.layer]));
   const Dims d = dims(cfg, x, layout, cp);
@@ -170,12 +176,12 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   const Tensor x2 = x.view({d.N, d.hid});
   const AttnTensors& w = L.w;
 
-  sv.q = f32(d.dev, {d.N, d.H, d.Dqk});
+  sv.q = act(d.dev, {d.N, d.H, d.Dqk});
   const Tensor q2 = sv.q.view({d.N, d.H * d.Dqk});
   if (d.Rq > 0) {
-    sv.qa = f32(d.dev, {d.N, d.Rq});
+    sv.qa = act(d.dev, {d.N, d.Rq});
     sv.rstd_q = f32(d.dev, {d.N});
-    sv.cq = f32(d.dev, {d.N, d.Rq});
+    sv.cq = act(d.dev, {d.N, d.Rq});
     linear_fwd(x2, w.q_a_proj, sv.qa);
     rmsnorm_fwd(sv.qa, w.q_a_layernorm, eps, sv.cq, sv.rstd_q);
     linear_fwd(sv.cq, w.q_b_proj, q2);
@@ -187,9 +193,9 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   // The shared key [c ; rope(k_pe)] of this rank's rows, then of every row: under context
   // parallelism this (Rkv + Dr)-wide latent is all that travels for the main attention.
   const int64_t Wa = d.Rkv + d.Dr;
-  sv.kva = f32(d.dev, {d.N, Wa});
+  sv.kva = act(d.dev, {d.N, Wa});
   sv.rstd_kv = f32(d.dev, {d.N});
-  Tensor ka = f32(d.dev, {d.b, d.s, Wa});
+  Tensor ka = act(d.dev, {d.b, d.s, Wa});
   const Tensor ka2 = ka.view({d.N, Wa});
   linear_fwd(x2, w.kv_a_proj_with_mqa, sv.kva);
   rmsnorm_fwd(sv.kva.slice(1, 0, d.Rkv), w.kv_a_layernorm, eps, ka2.slice(1, 0, d.Rkv), sv.rstd_kv);
@@ -199,30 +205,28 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
 
   if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
     indexer_forward(cfg, w.indexer, x, sv.cq, layout, rc, sv.ind, cp);
-    IndexerScores sc = sv.ind.sc;  // the scores' kernel takes bf16 copies on CUDA
-    sc.qI = core_in(sc.qI), sc.kI = core_in(sc.kI);
-    sv.topk = indexer_topk(sc, cfg.index_topk, cfg.index_window);
+    sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
   }
   const Tensor kaf = sv.ka.view({d.NS, Wa});  // c in the first Rkv channels, k_pe after
   if (!L.latent()) {
     // Per-head keys [k_nope_h ; k_pe] and values of every key row, expanded here through
     // kv_b_proj; v stays a strided view of kv_b_proj's output.
-    sv.v = f32(d.dev, {d.NS, d.H * (d.Dn + d.Dv)});
+    sv.v = act(d.dev, {d.NS, d.H * (d.Dn + d.Dv)});
     linear_fwd(kaf.slice(1, 0, d.Rkv), w.kv_b_proj, sv.v);
-    sv.k = f32(d.dev, {d.NS, d.H, d.Dqk});
+    sv.k = act(d.dev, {d.NS, d.H, d.Dqk});
     sv.k.slice(2, 0, d.Dn).copy_from(sv.v.view({d.NS, d.H, d.Dn + d.Dv}).slice(2, 0, d.Dn));
     for (int64_t h = 0; h < d.H; ++h) sv.k.select(1, h).slice(1, d.Dn, d.Dqk).copy_from(kaf.slice(1, d.Rkv, Wa));
     run_core(L, w, sv, d, layout);
-    sv.o = f32_of(sv.att.out).view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
+    sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // o_proj reads the core's output as it is
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
     const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
-    sv.qabs = f32(d.dev, {d.N, d.H, Wa});
+    sv.qabs = act(d.dev, {d.N, d.H, Wa});
     matmul(per_head(sv.q, 0, d.Dn), Trans::no, kb.m, op(kb.transposed), per_head(sv.qabs, 0, d.Rkv));
     sv.qabs.slice(2, d.Rkv, Wa).copy_from(sv.q.slice(2, d.Dn, d.Dqk));
     run_core(L, w, sv, d, layout);
-    sv.o = f32(d.dev, {d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
-    matmul(per_head(f32_of(sv.att.out).view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
+    sv.o = act(d.dev, {d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
+    matmul(per_head(sv.att.out.view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
            per_head(sv.o, 0, d.Dv));
   }
   Tensor y = f32(d.dev, {d.b, d.s, d.hid});
@@ -313,7 +317,7 @@ CoreGrads latent_core_backward(const MlaLayer& L, const MlaSaved& sv, const Dims
   AttnDenseGrads ga;
   const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
   const HeadMats dkb = w_kb(dw, d, L.split_kv_b_proj), dvb = w_vb(dw, d, L.split_kv_b_proj);
-  const Tensor oa = f32_of(sv.att.out).view({d.N, d.H, d.Rkv});
+  const Tensor oa = sv.att.out.view({d.N, d.H, d.Rkv});
   Tensor doa = f32(d.dev, {d.N, d.H, d.Rkv});  // o_h = oa_h W_vb_h^T
   matmul(per_head(dO, 0, d.Dv), Trans::no, vb.m, Trans::no, per_head(doa, 0, d.Rkv));
   matmul(per_head(dO, 0, d.Dv), Trans::yes, per_head(oa, 0, d.Rkv), Trans::no, dvb.m, 1.f, 1.f);

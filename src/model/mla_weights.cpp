@@ -10,7 +10,8 @@ namespace hmla {
 
 namespace {
 
-Tensor f32(Device dev, const Shape& s) { return Tensor::empty(s, DType::f32, dev); }
+// A tensor like `of` (its dtype and device: the f32 weights or gradients, or the bf16 compute copy).
+Tensor like(const Tensor& of, const Shape& s) { return Tensor::empty(s, of.dtype(), of.device()); }
 
 }  // namespace
 
@@ -66,9 +67,8 @@ void split_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   HMLA_CHECK(w.kv_b_proj.defined(), ConfigError, "split_kv_b_proj: kv_b_proj.weight is missing");
   const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
-  const Device dev = w.kv_b_proj.device();
-  w.k_b_proj = f32(dev, {H, Rkv, Dn});
-  w.v_b_proj = f32(dev, {H, Dv, Rkv});
+  w.k_b_proj = like(w.kv_b_proj, {H, Rkv, Dn});
+  w.v_b_proj = like(w.kv_b_proj, {H, Dv, Rkv});
   w.k_b_proj.copy_from(heads.slice(1, 0, Dn).transpose(1, 2));
   w.v_b_proj.copy_from(heads.slice(1, Dn, Dn + Dv));
   w.kv_b_proj = Tensor();
@@ -78,7 +78,7 @@ void fold_kv_b_proj(AttnTensors& w, const ModelConfig& c) {
   const int64_t H = c.num_attention_heads, Rkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
   HMLA_CHECK(w.k_b_proj.defined() && w.v_b_proj.defined(), ConfigError,
              "fold_kv_b_proj: k_b_proj.weight and v_b_proj.weight are required");
-  w.kv_b_proj = f32(w.k_b_proj.device(), {H * (Dn + Dv), Rkv});
+  w.kv_b_proj = like(w.k_b_proj, {H * (Dn + Dv), Rkv});
   const Tensor heads = w.kv_b_proj.view({H, Dn + Dv, Rkv});
   heads.slice(1, 0, Dn).copy_from(w.k_b_proj.transpose(1, 2));
   heads.slice(1, Dn, Dn + Dv).copy_from(w.v_b_proj);

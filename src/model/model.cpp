@@ -14,6 +14,7 @@
 #include "hmla/dist/cp.h"
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
 #include "model_internal.h"
@@ -41,8 +42,7 @@ struct DeviceBatch {
 };
 
 struct Forward {
-  Tensor arena;  // activation_table's tensors, viewed by the fields below
-  std::vector<LayerSaved> layers;
+  std::vector<LayerSaved> layers;  // their fields are views of the activation arena
   Tensor h_final, rstd_final, n_final;  // before/after model.norm
   Tensor logits;                        // [N, V], only when asked for (model_logits)
 };
@@ -146,9 +146,9 @@ void lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, c
     const int64_t r1 = std::min(N, r0 + rows);
     const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
     const Tensor d = dl.defined() ? dl.slice(0, 0, r1 - r0) : Tensor();
-    linear_fwd(nc, m.w.lm_head, lg);
+    linear_fwd(nc, m.wc.lm_head, lg);
     cross_entropy_into(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, acc);
-    if (d.defined()) linear_bwd(d, nc, m.w.lm_head, gW, dn.slice(0, r0, r1));
+    if (d.defined()) linear_bwd(d, nc, m.wc.lm_head, gW, dn.slice(0, r0, r1));
   }
 }
 
@@ -157,8 +157,9 @@ void lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, c
 void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bool training) {
   const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
   MemoryPlan plan;
-  plan_parameters(plan, m.cfg, m.has_indexer, training);
-  plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training);
+  const DType compute = compute_dtype(m.device());
+  plan_parameters(plan, m.cfg, m.has_indexer, training, compute);
+  plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training, compute);
   plan.check(std::string(training ? "a training step" : "a forward") + " over input_ids " +
                  shape_str(batch.input_ids.shape()),
              m.device());
@@ -174,9 +175,8 @@ Forward forward(const Model& m, const DeviceBatch& in, Comm& cp, bool drop_core 
   Forward f;
   // Every activation outside the attention, from one arena of activation_table, taken in its
   // order (no names on this path; each view's shape is checked against the table's).
-  const std::vector<ParamSpec> table = activation_table(c, N);
-  f.arena = Tensor::empty({table_numel(table)}, DType::f32, m.device());
-  ArenaCursor act{table, f.arena.view({f.arena.numel()})};
+  const std::vector<ActSpec> table = activation_table(c, N, compute_dtype(m.device()));
+  ArenaCursor act(table, m.device());
   Tensor h = act.next({N, hid}).view({b, s, hid});
   embedding_fwd(in.ids, m.w.embed_tokens, h);
   f.layers.resize(c.num_hidden_layers);
@@ -195,9 +195,23 @@ Forward forward(const Model& m, const DeviceBatch& in, Comm& cp, bool drop_core 
   rmsnorm_fwd(h, m.w.norm, eps, f.n_final, f.rstd_final);
   if (logits) {
     f.logits = Tensor::empty({N, V}, DType::f32, m.device());
-    linear_fwd(f.n_final, m.w.lm_head, f.logits);
+    linear_fwd(f.n_final, m.wc.lm_head, f.logits);
   }
   return f;
+}
+
+// Model::wc: the matrices from a compute copy of the arena where the compute dtype is not f32.
+ModelTensors compute_tensors(Model& m) {
+  const DType dt = compute_dtype(m.device());
+  if (dt == DType::f32) return m.w;
+  m.compute_arena = Tensor::empty({m.arena.numel()}, dt, m.device());
+  const io::TensorMap copy = arena_views(m.table, m.compute_arena);
+  io::TensorMap views = copy;
+  for (auto& [name, t] : views)
+    if (t.dim() < 2 || name == "model.embed_tokens.weight") t = m.params.at(name);  // read as f32
+  ModelTensors wc = model_tensors(views, m.cfg.num_hidden_layers, m.cfg.tie_word_embeddings);
+  if (m.cfg.tie_word_embeddings) wc.lm_head = copy.at("model.embed_tokens.weight");  // a product reads it
+  return wc;
 }
 
 }  // namespace
@@ -223,7 +237,7 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, De
                mode_name(c.layer_modes[L]), " without an indexer");
   }
   MemoryPlan plan;
-  plan_parameters(plan, c, has_indexer, false);
+  plan_parameters(plan, c, has_indexer, false, compute_dtype(device));
   plan.check("the model", device);
   Model m;
   m.cfg = c;
@@ -232,7 +246,12 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, De
   m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
   m.params = arena_views(m.table, m.arena);
   m.w = model_tensors(m.params, c.num_hidden_layers, c.tie_word_embeddings);
+  m.wc = compute_tensors(m);
   return m;
+}
+
+void refresh_compute_weights(Model& m) {
+  if (m.compute_arena.defined()) convert(m.arena, m.compute_arena);  // one launch for every weight
 }
 
 void init_model(Model& m, uint64_t seed) {
@@ -248,6 +267,7 @@ void init_model(Model& m, uint64_t seed) {
     v += n;
   }
   m.arena.copy_from(host);
+  refresh_compute_weights(m);
 }
 
 namespace {
@@ -294,6 +314,7 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
     check_finite_weight(dst, what, p.name);
     m.params.at(p.name).copy_from(dst);
   }
+  refresh_compute_weights(m);
 }
 
 int64_t count_lm_targets(const Batch& batch, int64_t pad) {

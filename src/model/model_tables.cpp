@@ -41,12 +41,20 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
   return t;
 }
 
-std::vector<ParamSpec> activation_table(const ModelConfig& c, int64_t N) {
+// The activations outside the layers: the embedding's output (the residual stream's start), then,
+// after the layers, the final norm's output (the head's input) and its statistics.
+ActField embed_field(int64_t hidden) { return {"embed", hidden, true}; }
+std::vector<ActField> head_fields(int64_t hidden) { return {{"norm.out", hidden}, {"norm.rstd", 0}}; }
+
+ActSpec act_spec(const ActField& f, int64_t N, DType compute) {
+  return {f.name, f.width ? Shape{N, f.width} : Shape{N}, field_dtype(f, compute)};
+}
+
+std::vector<ActSpec> activation_table(const ModelConfig& c, int64_t N, DType compute) {
   const int64_t hid = c.hidden_size;
-  std::vector<ParamSpec> t{{"embed", {N, hid}}};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) append_layer_table(t, layer_fields(c, L), L, N);
-  t.push_back({"norm.out", {N, hid}});
-  t.push_back({"norm.rstd", {N}});
+  std::vector<ActSpec> t{act_spec(embed_field(hid), N, compute)};
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) append_layer_table(t, layer_fields(c, L), L, N, compute);
+  for (const ActField& f : head_fields(hid)) t.push_back(act_spec(f, N, compute));
   return t;
 }
 
@@ -85,7 +93,8 @@ std::string param_fields(const std::string& name) {
 // Counted per kind of layer (with and without an indexer), from one layer of each kind: the whole
 // table holds num_hidden_layers x ~15 named entries, itself per-layer memory that may be built
 // only once the plan has passed.
-void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training) {
+void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
+                     DType compute) {
   HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
   // The table's entries in its order, each with how many layers repeat it: the embedding, the
   // first layer of each kind (its later layers repeat it), the final norm and the head.
@@ -113,32 +122,44 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
   plan.add_bytes(training ? "the parameters, their gradients and the optimizer's moments" : "the parameters",
                  checked_product({{"parameters", total}, {"copies", copies}, {"bytes", 4}}, "the parameters"),
                  std::to_string(total) + " values" + (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
+  if (compute != DType::f32)  // Model::compute_arena: every parameter, in the compute dtype
+    plan.add_bytes(std::string("the weights' ") + dtype_name(compute) + " compute copy",
+                   checked_product({{"parameters", total}, {"bytes", int64_t(dtype_size(compute))}}, "the parameters"),
+                   std::to_string(total) + " values of " + std::to_string(dtype_size(compute)) + " bytes");
 }
 
-void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s) {
-  // Counted from the layers' fields (layer_fields, the one list of them), grouped by width.
-  std::map<int64_t, int64_t> fields_of_width;
+void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
+                           DType compute) {
+  // Counted from the layers' fields (layer_fields, the one list of them), grouped by width and
+  // dtype.
+  std::map<std::pair<int64_t, DType>, int64_t> fields_of;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-    for (const ActField& a : layer_fields(c, L)) ++fields_of_width[a.width];
-  const int64_t f = sizeof(float);
-  for (const auto& [width, n] : fields_of_width) {
+    for (const ActField& a : layer_fields(c, L)) ++fields_of[{a.width, field_dtype(a, compute)}];
+  for (const auto& [key, n] : fields_of) {
+    const auto [width, dt] = key;
+    const int64_t bytes = int64_t(dtype_size(dt));
     const SizeFactor count{std::to_string(n) + " fields of the layers", n};
     if (width == 0) {
-      plan.add("the layers' RMSNorm statistics", {count, rows, s}, f);
+      plan.add("the layers' RMSNorm statistics", {count, rows, s}, bytes);
     } else {
       const std::string name = width == c.hidden_size         ? "hidden_size"
                                : width == c.intermediate_size ? "intermediate_size"
                                                               : std::to_string(width);
-      plan.add(width == c.hidden_size ? "the layers' hidden states" : "the layers' MLP activations",
-               {count, rows, s, {name, width}}, f);
+      plan.add(std::string(width == c.hidden_size ? "the layers' hidden states" : "the layers' MLP activations") +
+                   " (" + dtype_name(dt) + ")",
+               {count, rows, s, {name, width}}, bytes);
     }
   }
-  plan.add("the embedding's and the final norm's outputs", {{"2", 2}, rows, s, {"hidden_size", c.hidden_size}}, f);
-  plan.add("the final norm's statistics", {rows, s}, f);
+  const SizeFactor hid{"hidden_size", c.hidden_size};
+  plan.add("the embedding's output", {rows, s, hid}, int64_t(dtype_size(field_dtype(embed_field(c.hidden_size), compute))));
+  for (const ActField& f : head_fields(c.hidden_size))
+    plan.add(f.width ? "the final norm's output" : "the final norm's statistics",
+             f.width ? std::vector<SizeFactor>{rows, s, hid} : std::vector<SizeFactor>{rows, s},
+             int64_t(dtype_size(field_dtype(f, compute))));
 }
 
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                      bool training) {
+                      bool training, DType compute) {
   const int64_t f = sizeof(float);
   const SizeFactor layers{"num_hidden_layers", c.num_hidden_layers};
   const SizeFactor V{"vocab_size", c.vocab_size};
@@ -149,13 +170,13 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   } else {
     plan.add("the logits", {rows, s, V}, f);
   }
-  plan_activation_table(plan, c, rows, s);
+  plan_activation_table(plan, c, rows, s, compute);
   std::map<LayerMode, int64_t> count;
   for (LayerMode m : c.layer_modes) ++count[m];
   for (const auto& [mode, n] : count) {
     const SizeFactor in_mode{n == c.num_hidden_layers ? "num_hidden_layers" : std::string("layers in ") + mode_name(mode),
                              n};
-    mla_memory_plan(plan, c, mode, in_mode, rows, s);
+    mla_memory_plan(plan, c, mode, in_mode, rows, s, compute);
   }
 }
 

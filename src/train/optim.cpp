@@ -105,6 +105,7 @@ void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const 
     h.bc1 = bc1, h.bc2 = bc2;
     adamw_update(w, g, mm, v_.at(p.name), h, stats, gscale);
   }
+  refresh_compute_weights(m);  // the products' copy, once per step (DESIGN.md section 4)
 }
 
 OptimStats Optimizer::stats_of(const std::vector<double>& s, int64_t step) const {

@@ -7,6 +7,7 @@
 #include "hmla/core/error.h"
 #include "hmla/core/size_check.h"
 #include "hmla/train/run_state.h"
+#include "hmla/ops/backend.h"
 
 namespace hmla::train {
 
@@ -36,14 +37,15 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
     const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
     const std::string where = pr.path + ": phase '" + ph.name + "'";
     MemoryPlan step, eval;
-    plan_parameters(step, pc, indexer, true);
+    const DType compute = compute_dtype(dev);  // the activations' and the weight copy's element sizes
+    plan_parameters(step, pc, indexer, true, compute);
     const int64_t params = step.total();
-    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true);
+    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true, compute);
     step.check(where + ": a training step", dev);
     lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params))
           << ", activations of a micro-batch >= " << format_bytes(double(step.total() - params)) << "\n";
-    plan_parameters(eval, pc, indexer, false);
-    plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false);
+    plan_parameters(eval, pc, indexer, false, compute);
+    plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false, compute);
     eval.check(where + ": the held-out evaluation", dev);
   }
   return lines.str();

@@ -255,18 +255,20 @@ TEST(ModelConfig, TheParameterPlanCountsTheTableWithoutBuildingIt) {
     const ModelConfig c = parse_model_config(j, "cfg");
     for (std::vector<bool> has : {std::vector<bool>{false, false, false, false}, {true, true, true, true},
                                   {true, false, true, false}, {false, false, true, true}})
-      for (bool training : {false, true}) {
-        MemoryPlan plan;
-        plan_parameters(plan, c, has, training);
-        EXPECT_EQ(plan.total(), (training ? 3 : 1) * 4 * table_numel(model_param_table(c, has)));
-      }
+      for (bool training : {false, true})
+        for (DType compute : {DType::f32, DType::bf16}) {  // bf16: the compute copy's 2 bytes more
+          MemoryPlan plan;
+          plan_parameters(plan, c, has, training, compute);
+          EXPECT_EQ(plan.total(), ((training ? 3 : 1) * 4 + (compute == DType::bf16 ? 2 : 0)) *
+                                      table_numel(model_param_table(c, has)));
+        }
   }
   // The largest tensor the message names is the table's first largest.
   j["tie_word_embeddings"] = false;
   j["intermediate_size"] = 100000;
   ::setenv("HMLA_MEMORY_BUDGET", "1K", 1);
   MemoryPlan plan;
-  plan_parameters(plan, parse_model_config(j, "cfg"), {false, true, false, true}, false);
+  plan_parameters(plan, parse_model_config(j, "cfg"), {false, true, false, true}, false, DType::f32);
   try {
     plan.check("cfg");
     ADD_FAILURE() << "accepted";

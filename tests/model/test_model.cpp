@@ -43,15 +43,29 @@ TEST(Model, TableArenaAndMoeRefusal) {
 
 // The activations outside the attention come from one arena of activation_table, and the memory
 // plan counts exactly that table, before anything is allocated.
+// In each compute dtype: with bf16 (CUDA's), the residual stream (embed, h_mid, out) and the
+// statistics stay f32 and every other field takes 2 bytes.
 TEST(Model, TheActivationPlanCountsTheActivationTable) {
   const ModelConfig c = tiny({"mha", "dsa_warmup"});
-  MemoryPlan plan;
-  plan_activation_table(plan, c, {"rows", 3}, {"s", 17});
-  const std::vector<ParamSpec> t = activation_table(c, 3 * 17);
-  EXPECT_EQ(plan.total(), int64_t(sizeof(float)) * table_numel(t));
-  EXPECT_EQ(t.size(), size_t(3 + 9 * c.num_hidden_layers));
-  EXPECT_EQ(t.front().name, "embed");
-  EXPECT_EQ(t.back().shape, Shape({3 * 17}));
+  for (DType compute : {DType::f32, DType::bf16}) {
+    MemoryPlan plan;
+    plan_activation_table(plan, c, {"rows", 3}, {"s", 17}, compute);
+    const std::vector<ActSpec> t = activation_table(c, 3 * 17, compute);
+    int64_t bytes = 0, exact = 0;
+    for (const ActSpec& a : t) {
+      bytes += shape_numel(a.shape) * int64_t(dtype_size(a.dtype));
+      const bool layer = a.name.starts_with("layers.");
+      const bool stays_f32 = a.name == "embed" || (layer && (a.name.ends_with(".h_mid") || a.name.ends_with(".out"))) ||
+                             a.name.find("rstd") != std::string::npos;
+      EXPECT_EQ(a.dtype, stays_f32 ? DType::f32 : compute) << a.name;
+      exact += stays_f32;
+    }
+    EXPECT_EQ(plan.total(), bytes);
+    EXPECT_EQ(exact, 1 + 4 * c.num_hidden_layers + 1);
+    EXPECT_EQ(t.size(), size_t(3 + 9 * c.num_hidden_layers));
+    EXPECT_EQ(t.front().name, "embed");
+    EXPECT_EQ(t.back().shape, Shape({3 * 17}));
+  }
 }
 
 // Moves tensor `name` by +-eps along a unit direction d: the loss's slope there must be g . d

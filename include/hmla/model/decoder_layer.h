@@ -6,8 +6,10 @@
 // table, the order a forward takes its views in, and the memory plan are all built from it.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hmla/dist/comm.h"
@@ -31,18 +33,21 @@ struct LayerSaved {
   MlaSaved attn;
 };
 
-// Views of a flat arena, consecutive in the order of its table; each must have its entry's shape.
+// Views of the activation arena (one flat buffer per dtype of the table, allocated on `dev`),
+// consecutive per dtype in the order of its table; each must have its entry's shape.
 struct ArenaCursor {
-  const std::vector<ParamSpec>& table;
-  Tensor flat;
+  ArenaCursor(const std::vector<ActSpec>& table, Device dev);
+  const std::vector<ActSpec>& table;
+  std::map<DType, std::pair<Tensor, int64_t>> flat;  // per dtype: the buffer and the next offset
   size_t i = 0;
-  int64_t off = 0;
   Tensor next(const Shape& shape);
   void finish() const;
 };
 
-// Layer L's fields over N rows as table entries named "layers.{L}.<field>".
-void append_layer_table(std::vector<ParamSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N);
+// Layer L's fields over N rows as table entries named "layers.{L}.<field>", each in its
+// field_dtype for the compute dtype `compute`.
+void append_layer_table(std::vector<ActSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N,
+                        DType compute);
 // LayerSaved's fields as the cursor's next views, in layer_fields order (b x s = N rows).
 void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int64_t b, int64_t s, int64_t hidden,
                       LayerSaved& sv);

@@ -94,7 +94,8 @@ void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& lay
 // Bytes one rank sends per layer under context parallelism over R ranks (ring all-gather and
 // reduce-scatter, Comm::bytes_sent's convention): the forward gathers the shared key (Rkv + Dr
 // wide) and, in dsa modes, the indexer key (DI wide); the backward reduce-scatters the shared
-// key's gradient when the backbone's backward runs and the indexer key's in dsa modes.
+// key's gradient when the backbone's backward runs and the indexer key's in dsa modes. Counted in
+// f32, the CPU's compute dtype (on CUDA the forward's gathers move bf16: half of `forward`).
 struct CpTraffic {
   int64_t forward = 0, backward = 0;
 };
@@ -102,9 +103,10 @@ CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_
 
 // What `layers` layers in `mode` keep per forward over rows x s query rows (queries, per-head
 // keys and values or absorbed queries, the indexer's scores and selection table), added to `plan`
-// as lower bounds named by the fields that drive them.
+// as lower bounds named by the fields that drive them; the activations in the device's compute
+// dtype `compute` (mla_forward keeps them in it), the tables in i32.
 void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
-                     const SizeFactor& rows, const SizeFactor& s);
+                     const SizeFactor& rows, const SizeFactor& s, DType compute);
 
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
                       const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {},

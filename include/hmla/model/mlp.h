@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hmla/core/tensor.h"
@@ -15,9 +16,23 @@ namespace hmla {
 
 // A saved activation of N rows: [N, width], or [N] when width is 0. The fields of a layer, in
 // order, are the only place the order of its activations is written (decoder_layer.h).
+// Precision (DESIGN.md section 4): a field is kept in its device's compute dtype (bf16 on CUDA),
+// unless `exact`: the residual stream (its sums run in f32 so that no layer's contribution is
+// rounded away against a large hidden state) and every statistic (width 0: rstd) are f32.
 struct ActField {
   const char* name;
   int64_t width;
+  bool exact = false;
+};
+// The dtype field f is kept in where the compute dtype is `compute`.
+inline DType field_dtype(const ActField& f, DType compute) {
+  return f.exact || f.width == 0 ? DType::f32 : compute;
+}
+// An entry of the activation arena's table (model.h's activation_table).
+struct ActSpec {
+  std::string name;
+  Shape shape;
+  DType dtype;
 };
 
 class Mlp {

@@ -13,6 +13,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
 #include "hmla/model/mla_layer.h"
+#include "hmla/model/mlp.h"
 
 namespace hmla {
 
@@ -32,26 +33,39 @@ int64_t table_numel(const std::vector<ParamSpec>& table);
 // g, u, act); then "norm.out", "norm.rstd". A forward takes its views from one arena of this table
 // in the same order (take_layer_views reads the same field list), and plan_activation_table counts
 // the same fields: the order is written once. The attention's own saved tensors are planned by
-// mla_memory_plan.
-std::vector<ParamSpec> activation_table(const ModelConfig& c, int64_t N);
+// mla_memory_plan. Each entry in its field_dtype (mlp.h) for the device's compute dtype `compute`
+// (Backend::compute_dtype: f32 on the CPU, bf16 on CUDA).
+std::vector<ActSpec> activation_table(const ModelConfig& c, int64_t N, DType compute);
 
 // Memory plans (size_check.h): the parameters of this config (training: with their gradients and
 // the optimizer's moments), and what a forward over rows x s tokens keeps (logits, each layer's
 // hidden states, MLP activations and attention, mla_memory_plan; training: the logits' gradient).
-// Lower bounds, each named by the fields that drive it.
-void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training);
+// Lower bounds, each named by the fields that drive it, for a device whose compute dtype is
+// `compute` (the activations' element sizes; a compute dtype other than f32 adds the weights'
+// compute copy).
+void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
+                     DType compute);
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                      bool training);
+                      bool training, DType compute);
 // The part of it that is activation_table (overflow-checked: it runs before anything is allocated).
-void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s);
+void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
+                           DType compute);
 
 struct Model {
   ModelConfig cfg;
   std::vector<bool> has_indexer;  // per layer
   std::vector<ParamSpec> table;
-  Tensor arena;          // every parameter, f32, table order
+  Tensor arena;          // every parameter, f32, table order: the master weights
   io::TensorMap params;  // full name -> view into arena (the checkpoint boundary)
-  ModelTensors w;        // the same views, typed (what the math reads)
+  ModelTensors w;        // the same views, typed (what the optimizer and the norms read)
+  // What the products read (DESIGN.md section 4): on a device whose compute dtype is not f32
+  // (CUDA: bf16), the weight matrices are views of compute_arena, a copy of the arena in that
+  // dtype, and the vectors (norm weights, biases, the sink) and the embedding table (read by
+  // rows, never by a product; its tied lm_head is) are w's; on the CPU, w itself. Whatever
+  // writes the arena refreshes the copy (refresh_compute_weights): init_model, load_into_model
+  // and the optimizer's step do, once each.
+  Tensor compute_arena;  // undefined where the compute dtype is f32
+  ModelTensors wc;
   // mqa_split_kv_b_proj (DESIGN.md section 1) on the latent layers: each computes with k_b_proj /
   // v_b_proj split from its kv_b_proj when it runs, and its gradient is folded back (both
   // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.
@@ -69,6 +83,10 @@ struct Model {
 // Allocates the arena (zeros, on `device`) for this config. Throws ConfigError for MoE layers (DESIGN.md
 // section 2) and for an MLP without intermediate_size / a model without vocab_size.
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device = Device::cpu);
+// The compute copy of the weights from the arena (one conversion on the device; nothing where
+// the compute dtype is f32). Call it after writing m.arena or m.params directly.
+void refresh_compute_weights(Model& m);
+
 // N(0, initializer_range) for matrices and embeddings, 1 for norm weights, 0 for biases and the
 // sink; indexer tensors per indexer_init_missing's rule.
 void init_model(Model& m, uint64_t seed);

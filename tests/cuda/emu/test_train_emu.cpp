@@ -49,6 +49,9 @@
 #include "forwarding_backend.h"
 #include "hmla/core/cuda.h"
 #include "hmla/ops/optim.h"
+#include "hmla/model/config.h"
+#include "hmla/model/model.h"
+#include "hmla/train/optim.h"
 #include "hmla/train/trainer.h"
 #include "programmes.h"
 
@@ -259,6 +262,48 @@ TEST(CudaTraining, SteadyStepsCostTheHostOnlyTheirBatch) {
   }
   EXPECT_EQ(steps, 9);
   for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
+}
+
+// The products read Model::wc, a bf16 copy of the f32 master weights (DESIGN.md section 4): it
+// must be the master rounded to nearest even, value for value, after init and after every
+// optimizer step. A step that forgot the refresh leaves the products on the previous weights, a
+// drift of about lr per weight that the CPU comparison's bounds could hide at a small lr.
+TEST(CudaTraining, TheProductsReadTheMasterWeightsRounded) {
+  HMLA_NEED_DEVICE();
+  const ModelConfig c = load_model_config(std::string(HMLA_SOURCE_DIR) + "/tests/cuda/emu/emu_model.json");
+  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), true), Device::cuda);
+  init_model(m, 3);
+  auto expect_copy_is_master = [&m](const char* when) {
+    ASSERT_TRUE(m.compute_arena.defined() && m.compute_arena.dtype() == DType::bf16) << when;
+    const std::vector<float> w = m.arena.to_vector<float>();
+    const std::vector<bf16> wc = m.compute_arena.to_vector<bf16>();
+    ASSERT_EQ(w.size(), wc.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      if (wc[i].bits != f32_to_bf16(w[i]).bits) {
+        ADD_FAILURE() << when << ": weight " << i << " is " << bf16_to_f32(wc[i]) << " in the copy, " << w[i];
+        return;
+      }
+  };
+  expect_copy_is_master("after init");
+  const LayerTensors &lc = m.wc.layers[0], &lw = m.w.layers[0];
+  EXPECT_TRUE(lc.gate_proj.shares_storage(m.compute_arena) && lc.attn.kv_b_proj.shares_storage(m.compute_arena));
+  EXPECT_TRUE(m.wc.lm_head.shares_storage(m.compute_arena));
+  // What no product reads stays the master: the norm weights, the indexer's LayerNorm, the table.
+  EXPECT_TRUE(lc.input_layernorm.same_data(lw.input_layernorm) && lc.attn.kv_a_layernorm.same_data(lw.attn.kv_a_layernorm));
+  EXPECT_TRUE(lc.attn.indexer.k_norm_bias.same_data(lw.attn.indexer.k_norm_bias));
+  EXPECT_TRUE(m.wc.embed_tokens.same_data(m.w.embed_tokens));
+
+  OptimSettings o;
+  o.lr = 0.05;
+  Optimizer opt(m, o, false);
+  std::vector<float> g(size_t(m.arena.numel()));
+  for (size_t i = 0; i < g.size(); ++i) g[i] = 0.01f * float(int(i % 7) - 3);
+  const Tensor garena = Tensor::from_vector<float>({m.arena.numel()}, g).to(Device::cuda);
+  io::TensorMap grads = arena_views(m.table, garena);
+  const std::vector<float> before = m.arena.to_vector<float>();
+  opt.step(m, grads, 0);
+  EXPECT_NE(m.arena.to_vector<float>(), before);
+  expect_copy_is_master("after an optimizer step");
 }
 
 TEST(CudaTraining, TheRunRecordsItsDevice) {
