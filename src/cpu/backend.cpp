@@ -13,9 +13,12 @@ class CpuBackend final : public Backend {
   const char* name() const override { return "cpu"; }
 
   bool supports(const GemmParams& p) const override { return p.dtype == DType::f32; }
-  bool supports(const NormParams&) const override { return true; }
-  bool supports(const RopeParams&) const override { return true; }
-  bool supports(const SwigluParams&) const override { return true; }
+  // f32 only: bf16 activations are CUDA's (nn.h); the CPU math stays the f32 reference.
+  bool supports(const NormParams& p) const override {
+    return p.x_dtype == DType::f32 && p.x2_dtype == DType::f32 && p.y_dtype == DType::f32;
+  }
+  bool supports(const RopeParams& p) const override { return p.x_dtype == DType::f32; }
+  bool supports(const SwigluParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const EmbeddingParams&) const override { return true; }
   bool supports(const CrossEntropyParams&) const override { return true; }
   bool supports(const AxpyParams&) const override { return true; }

@@ -9,8 +9,8 @@
 namespace hmla::cpu {
 
 void rmsnorm_fwd(const NormParams& p) {
-  float *y = p.y, *rstd = p.rstd;
-  const float *x = p.x, *w = p.w;
+  float *y = static_cast<float*>(p.y), *rstd = p.rstd;
+  const float *x = static_cast<const float*>(p.x), *w = p.w;
   const int64_t ldy = p.ldy, ldx = p.ldx, N = p.N, D = p.D;
   const float eps = p.eps;
 #pragma omp parallel for schedule(static)
@@ -29,7 +29,7 @@ void rmsnorm_fwd(const NormParams& p) {
 void add_rmsnorm_fwd(const NormParams& p) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < p.N; ++n) {
-    const float *a = p.x + n * p.ldx, *b = p.x2 + n * p.ldx2;
+    const float *a = static_cast<const float*>(p.x) + n * p.ldx, *b = static_cast<const float*>(p.x2) + n * p.ldx2;
     float* xs = p.xs + n * p.ldxs;
     float ss = 0.f;
     for (int64_t d = 0; d < p.D; ++d) {
@@ -38,14 +38,14 @@ void add_rmsnorm_fwd(const NormParams& p) {
     }
     const float r = 1.f / std::sqrt(ss / float(p.D) + p.eps);
     p.rstd[n] = r;
-    float* yr = p.y + n * p.ldy;
+    float* yr = static_cast<float*>(p.y) + n * p.ldy;
     for (int64_t d = 0; d < p.D; ++d) yr[d] = xs[d] * r * p.w[d];
   }
 }
 
 void rmsnorm_bwd(const NormParams& p) {
   float *dx = p.dx, *dw = p.dw;
-  const float *dy = p.dy, *x = p.x, *w = p.w, *rstd = p.rstd;
+  const float *dy = p.dy, *x = static_cast<const float*>(p.x), *w = p.w, *rstd = p.rstd;
   const int64_t lddx = p.lddx, lddy = p.lddy, ldx = p.ldx, N = p.N, D = p.D;
   // dw is a sum over rows: rows are walked in order so the bits do not depend on threads.
   for (int64_t n = 0; n < N; ++n) {
@@ -67,8 +67,8 @@ void rmsnorm_bwd(const NormParams& p) {
 }
 
 void layernorm_fwd(const NormParams& p) {  // rows contiguous
-  float *y = p.y, *mean = p.mean, *rstd = p.rstd;
-  const float *x = p.x, *w = p.w, *b = p.bias;
+  float *y = static_cast<float*>(p.y), *mean = p.mean, *rstd = p.rstd;
+  const float *x = static_cast<const float*>(p.x), *w = p.w, *b = p.bias;
   const int64_t N = p.N, D = p.D;
   const float eps = p.eps;
 #pragma omp parallel for schedule(static)
@@ -88,7 +88,7 @@ void layernorm_fwd(const NormParams& p) {  // rows contiguous
 
 void layernorm_bwd(const NormParams& p) {  // rows contiguous
   float *dx = p.dx, *dw = p.dw, *db = p.db;
-  const float *dy = p.dy, *x = p.x, *w = p.w, *mean = p.mean, *rstd = p.rstd;
+  const float *dy = p.dy, *x = static_cast<const float*>(p.x), *w = p.w, *mean = p.mean, *rstd = p.rstd;
   const int64_t N = p.N, D = p.D;
   for (int64_t n = 0; n < N; ++n)  // rows in order: bits independent of threads
     for (int64_t d = 0; d < D; ++d) {
@@ -115,7 +115,7 @@ void layernorm_bwd(const NormParams& p) {  // rows contiguous
 
 void rope(const RopeParams& prm) {
   const RopeLayout layout = prm.layout;
-  float* x = prm.x;
+  float* x = static_cast<float*>(prm.x);
   const int64_t ld = prm.ld, hstride = prm.hstride, heads = prm.heads, N = prm.N, s = prm.s, Dr = prm.Dr;
   const float *cos = prm.cos, *sin = prm.sin;
   const bool transpose = prm.transpose;
@@ -140,8 +140,8 @@ void rope(const RopeParams& prm) {
 }
 
 void swiglu_fwd(const SwigluParams& p) {
-  float* y = p.y;
-  const float *g = p.g, *u = p.u;
+  float* y = static_cast<float*>(p.y);
+  const float *g = static_cast<const float*>(p.g), *u = static_cast<const float*>(p.u);
   const int64_t n = p.n;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
@@ -149,7 +149,7 @@ void swiglu_fwd(const SwigluParams& p) {
 
 void swiglu_bwd(const SwigluParams& p) {
   float *dg = p.dg, *du = p.du;
-  const float *dy = p.dy, *g = p.g, *u = p.u;
+  const float *dy = p.dy, *g = static_cast<const float*>(p.g), *u = static_cast<const float*>(p.u);
   const int64_t n = p.n;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {

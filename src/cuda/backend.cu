@@ -15,6 +15,8 @@ using cuda::kMmaK;
 using cuda::SparseTraits;
 using cuda::TopkTraits;
 
+bool f32_or_bf16(DType t) { return t == DType::f32 || t == DType::bf16; }
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() : Backend(Device::cuda) {}
@@ -42,9 +44,14 @@ class CudaBackend final : public Backend {
            T::smem_bytes(p.HI, p.H, cand) <= T::kMaxSmemBytes;
   }
   bool supports(const GemmParams& p) const override { return p.dtype == DType::f32; }
-  bool supports(const NormParams&) const override { return true; }
-  bool supports(const RopeParams&) const override { return true; }
-  bool supports(const SwigluParams&) const override { return true; }
+  // The activations of the row and element ops, f32 or bf16 (nn.cu's instantiations); the fused
+  // add reads the residual stream x in f32 only.
+  bool supports(const NormParams& p) const override {
+    return f32_or_bf16(p.x_dtype) && f32_or_bf16(p.x2_dtype) && f32_or_bf16(p.y_dtype) &&
+           (!p.x2 || p.x_dtype == DType::f32);
+  }
+  bool supports(const RopeParams& p) const override { return f32_or_bf16(p.x_dtype); }
+  bool supports(const SwigluParams& p) const override { return f32_or_bf16(p.dtype); }
   bool supports(const EmbeddingParams&) const override { return true; }
   bool supports(const CrossEntropyParams&) const override { return true; }
   bool supports(const AxpyParams&) const override { return true; }

@@ -1,5 +1,8 @@
 // The dense ops and optimizer steps on the GPU, f32 (hmla/ops/nn.h, hmla/ops/optim.h), with the
-// CPU's formulas. Deterministic by construction: no atomics; every reduction has a fixed shape.
+// CPU's formulas. The norms, RoPE and SwiGLU also take bf16 activations: kernels templated on
+// those operands' element types read them exactly (widen), compute in f32 as the f32 instantiation
+// does, and round a bf16 output once (put, RNE), so they give the f32 kernel's bits up to that
+// final rounding. Deterministic by construction: no atomics; every reduction has a fixed shape.
 //   - Row ops (norms, cross-entropy): one block per row, a fixed tree over the block's threads.
 //   - Column sums (the norms' dw/db): partial sums over fixed chunks of rows, then each column
 //     adds its partials in chunk order (two launches).
@@ -32,79 +35,102 @@ constexpr int64_t kSumChunk = NnTraits::kSumChunk;  // values per partial of sum
 
 cudaStream_t stream() { return current_stream().get(); }
 
+// Activations as the kernels read them: f32 as is, bf16 widened exactly. Stores are strided.cuh's
+// put (bf16: round to nearest even).
+__device__ __forceinline__ float widen(float v) { return v; }
+__device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// f(T{}) with T the element type of an activation's dtype (supports() admitted f32 and bf16 only).
+template <class F>
+void with_type(DType dt, F&& f) {
+  if (dt == DType::bf16)
+    f(__nv_bfloat16{});
+  else
+    f(float{});
+}
+
 #define HMLA_GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 // ---- norms ------------------------------------------------------------------------------------
 
-// mean is null for RMSNorm (then bias is too).
+// mean is null for RMSNorm (then bias is too). x TX, y TY.
+template <class TX, class TY>
 __global__ void norm_fwd_kernel(NormParams p) {
   __shared__ float red[kThreads];
   const int64_t n = blockIdx.x;
-  const float* x = p.x + n * p.ldx;
+  const TX* x = static_cast<const TX*>(p.x) + n * p.ldx;
   float mu = 0.f;
   if (p.mean) {
     float s = 0.f;
-    for (int64_t d = threadIdx.x; d < p.D; d += kThreads) s += x[d];
+    for (int64_t d = threadIdx.x; d < p.D; d += kThreads) s += widen(x[d]);
     mu = block_sum<kThreads>(s, red) / float(p.D);
   }
   float ss = 0.f;
-  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) ss += (x[d] - mu) * (x[d] - mu);
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) ss += (widen(x[d]) - mu) * (widen(x[d]) - mu);
   const float r = 1.f / sqrtf(block_sum<kThreads>(ss, red) / float(p.D) + p.eps);
   if (threadIdx.x == 0) {
     p.rstd[n] = r;
     if (p.mean) p.mean[n] = mu;
   }
-  float* y = p.y + n * p.ldy;
-  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) y[d] = (x[d] - mu) * r * p.w[d] + (p.bias ? p.bias[d] : 0.f);
+  TY* y = static_cast<TY*>(p.y) + n * p.ldy;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads)
+    put(y[d], (widen(x[d]) - mu) * r * p.w[d] + (p.bias ? p.bias[d] : 0.f));
 }
 
 // The residual step: xs = x + x2 (each thread its own d), then norm_fwd_kernel's RMSNorm of xs.
+// x and xs are the f32 residual stream; x2 TX2, y TY.
+template <class TX2, class TY>
 __global__ void add_rmsnorm_fwd_kernel(NormParams p) {
   __shared__ float red[kThreads];
   const int64_t n = blockIdx.x;
-  const float *x = p.x + n * p.ldx, *x2 = p.x2 + n * p.ldx2;
+  const float* x = static_cast<const float*>(p.x) + n * p.ldx;
+  const TX2* x2 = static_cast<const TX2*>(p.x2) + n * p.ldx2;
   float* xs = p.xs + n * p.ldxs;
   float ss = 0.f;
   for (int64_t d = threadIdx.x; d < p.D; d += kThreads) {
-    const float v = x[d] + 1.f * x2[d];
+    const float v = x[d] + 1.f * widen(x2[d]);
     xs[d] = v;
     ss += v * v;
   }
   const float r = 1.f / sqrtf(block_sum<kThreads>(ss, red) / float(p.D) + p.eps);
   if (threadIdx.x == 0) p.rstd[n] = r;
-  float* y = p.y + n * p.ldy;
-  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) y[d] = xs[d] * r * p.w[d];
+  TY* y = static_cast<TY*>(p.y) + n * p.ldy;
+  for (int64_t d = threadIdx.x; d < p.D; d += kThreads) put(y[d], xs[d] * r * p.w[d]);
 }
 
+// x TX; dy, dx f32.
+template <class TX>
 __global__ void norm_bwd_dx_kernel(NormParams p) {
   __shared__ float red[kThreads];
   const int64_t n = blockIdx.x;
-  const float* x = p.x + n * p.ldx;
+  const TX* x = static_cast<const TX*>(p.x) + n * p.ldx;
   const float* dy = p.dy + n * p.lddy;
   const float r = p.rstd[n], mu = p.mean ? p.mean[n] : 0.f;
   float s1 = 0.f, s2 = 0.f;  // sums of g and g * xhat, g = dy * w
   for (int64_t d = threadIdx.x; d < p.D; d += kThreads) {
     const float g = dy[d] * p.w[d];
     s1 += g;
-    s2 += g * (x[d] - mu) * r;
+    s2 += g * (widen(x[d]) - mu) * r;
   }
   const float m1 = p.mean ? block_sum<kThreads>(s1, red) / float(p.D) : 0.f;
   const float m2 = block_sum<kThreads>(s2, red) / float(p.D);
   float* dx = p.dx + n * p.lddx;
   for (int64_t d = threadIdx.x; d < p.D; d += kThreads)
-    dx[d] = r * (dy[d] * p.w[d] - m1 - (x[d] - mu) * r * m2);
+    dx[d] = r * (dy[d] * p.w[d] - m1 - (widen(x[d]) - mu) * r * m2);
 }
 
 // Partials of dw (and db) over rows [c * kColChunk, ...) into part [chunks, D] (and [chunks, D] after).
+template <class TX>
 __global__ void norm_bwd_partial_kernel(NormParams p, float* part, int64_t chunks) {
   const int64_t c = blockIdx.y, d = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (d >= p.D) return;
+  const TX* x = static_cast<const TX*>(p.x);
   float sw = 0.f, sb = 0.f;
   const int64_t n1 = (c + 1) * kColChunk < p.N ? (c + 1) * kColChunk : p.N;
   for (int64_t n = c * kColChunk; n < n1; ++n) {
     const float g = p.dy[n * p.lddy + d];
-    sw += g * (p.x[n * p.ldx + d] - (p.mean ? p.mean[n] : 0.f)) * p.rstd[n];
+    sw += g * (widen(x[n * p.ldx + d]) - (p.mean ? p.mean[n] : 0.f)) * p.rstd[n];
     sb += g;
   }
   part[c * p.D + d] = sw;
@@ -125,18 +151,27 @@ __global__ void norm_bwd_finish_kernel(NormParams p, const float* part, int64_t 
 
 void norm_fwd(const NormParams& p) {
   if (p.N == 0) return;
-  HMLA_LAUNCH(norm_fwd_kernel, unsigned(p.N), kThreads, 0, stream(), p);
+  with_type(p.x_dtype, [&](auto tx) {
+    with_type(p.y_dtype, [&](auto ty) {
+      auto* kernel = norm_fwd_kernel<decltype(tx), decltype(ty)>;
+      HMLA_LAUNCH(kernel, unsigned(p.N), kThreads, 0, stream(), p);
+    });
+  });
   check_launch("norm forward");
 }
 
 void norm_bwd(const NormParams& p) {
   if (p.N == 0) return;
-  HMLA_LAUNCH(norm_bwd_dx_kernel, unsigned(p.N), kThreads, 0, stream(), p);
-  check_launch("norm backward dx");
   const int64_t chunks = (p.N + kColChunk - 1) / kColChunk;
   Scratch<float> part(chunks * p.D * (p.db ? 2 : 1));
-  HMLA_LAUNCH(norm_bwd_partial_kernel, dim3(unsigned((p.D + kThreads - 1) / kThreads), unsigned(chunks)), kThreads, 0,
-              stream(), p, part.get(), chunks);
+  with_type(p.x_dtype, [&](auto tx) {
+    auto* dx_kernel = norm_bwd_dx_kernel<decltype(tx)>;
+    HMLA_LAUNCH(dx_kernel, unsigned(p.N), kThreads, 0, stream(), p);
+    check_launch("norm backward dx");
+    auto* partial_kernel = norm_bwd_partial_kernel<decltype(tx)>;
+    HMLA_LAUNCH(partial_kernel, dim3(unsigned((p.D + kThreads - 1) / kThreads), unsigned(chunks)), kThreads, 0,
+                stream(), p, part.get(), chunks);
+  });
   check_launch("norm backward partials");
   HMLA_LAUNCH(norm_bwd_finish_kernel, grid_for(p.D), kThreads, 0, stream(), p, part.get(), chunks);
   check_launch("norm backward dw");
@@ -144,28 +179,37 @@ void norm_bwd(const NormParams& p) {
 
 // ---- RoPE, SwiGLU, axpy ---------------------------------------------------------------------------
 
+// x T, in place: each pair read once, rotated in f32, stored once.
+template <class T>
 __global__ void rope_kernel(RopeParams p) {
   const int64_t half = p.Dr / 2, step = p.layout == RopeLayout::interleaved ? 2 : 1,
                 off = p.layout == RopeLayout::interleaved ? 1 : half;
   HMLA_GRID_STRIDE(e, p.N * p.heads * half) {
     const int64_t i = e % half, h = (e / half) % p.heads, n = e / (half * p.heads);
-    float* x = p.x + n * p.ld + h * p.hstride;
+    T* x = static_cast<T*>(p.x) + n * p.ld + h * p.hstride;
     const float c = p.cos[(n % p.s) * half + i], sn = p.sin[(n % p.s) * half + i], si = p.transpose ? -sn : sn;
-    const float a = x[i * step], b = x[i * step + off];
-    x[i * step] = a * c - b * si;
-    x[i * step + off] = b * c + a * si;
+    const float a = widen(x[i * step]), b = widen(x[i * step + off]);
+    put(x[i * step], a * c - b * si);
+    put(x[i * step + off], b * c + a * si);
   }
 }
 
+// g, u, y T.
+template <class T>
 __global__ void swiglu_fwd_kernel(SwigluParams p) {
-  HMLA_GRID_STRIDE(i, p.n) p.y[i] = p.g[i] / (1.f + expf(-p.g[i])) * p.u[i];
+  const T *g = static_cast<const T*>(p.g), *u = static_cast<const T*>(p.u);
+  T* y = static_cast<T*>(p.y);
+  HMLA_GRID_STRIDE(i, p.n) put(y[i], widen(g[i]) / (1.f + expf(-widen(g[i]))) * widen(u[i]));
 }
 
+// g, u T; dy, dg, du f32.
+template <class T>
 __global__ void swiglu_bwd_kernel(SwigluParams p) {
+  const T *gp = static_cast<const T*>(p.g), *u = static_cast<const T*>(p.u);
   HMLA_GRID_STRIDE(i, p.n) {
-    const float g = p.g[i], sig = 1.f / (1.f + expf(-g));
+    const float g = widen(gp[i]), sig = 1.f / (1.f + expf(-g));
     p.du[i] = p.dy[i] * g * sig;
-    p.dg[i] = p.dy[i] * p.u[i] * sig * (1.f + g * (1.f - sig));
+    p.dg[i] = p.dy[i] * widen(u[i]) * sig * (1.f + g * (1.f - sig));
   }
 }
 
@@ -339,14 +383,25 @@ void layernorm_fwd(const NormParams& p) { norm_fwd(p); }
 void rmsnorm_bwd(const NormParams& p) { norm_bwd(p); }
 void add_rmsnorm_fwd(const NormParams& p) {
   if (p.N == 0) return;
-  HMLA_LAUNCH(add_rmsnorm_fwd_kernel, unsigned(p.N), kThreads, 0, stream(), p);
+  with_type(p.x2_dtype, [&](auto tx2) {
+    with_type(p.y_dtype, [&](auto ty) {
+      auto* kernel = add_rmsnorm_fwd_kernel<decltype(tx2), decltype(ty)>;
+      HMLA_LAUNCH(kernel, unsigned(p.N), kThreads, 0, stream(), p);
+    });
+  });
   check_launch("add_rmsnorm");
 }
 void layernorm_bwd(const NormParams& p) { norm_bwd(p); }
 
-void rope(const RopeParams& p) { launch(rope_kernel, p.N * p.heads * (p.Dr / 2), p, "rope"); }
-void swiglu_fwd(const SwigluParams& p) { launch(swiglu_fwd_kernel, p.n, p, "swiglu"); }
-void swiglu_bwd(const SwigluParams& p) { launch(swiglu_bwd_kernel, p.n, p, "swiglu backward"); }
+void rope(const RopeParams& p) {
+  with_type(p.x_dtype, [&](auto t) { launch(rope_kernel<decltype(t)>, p.N * p.heads * (p.Dr / 2), p, "rope"); });
+}
+void swiglu_fwd(const SwigluParams& p) {
+  with_type(p.dtype, [&](auto t) { launch(swiglu_fwd_kernel<decltype(t)>, p.n, p, "swiglu"); });
+}
+void swiglu_bwd(const SwigluParams& p) {
+  with_type(p.dtype, [&](auto t) { launch(swiglu_bwd_kernel<decltype(t)>, p.n, p, "swiglu backward"); });
+}
 void axpy(const AxpyParams& p) { launch(axpy_kernel, p.N * p.D, p, "axpy"); }
 
 void convert(const ConvertParams& p) {

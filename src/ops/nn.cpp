@@ -44,10 +44,27 @@ void check_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
              desc(t));
 }
 
+// An activation operand of the element and row ops: f32, or bf16 (the CUDA kernels read it exactly
+// and round a bf16 output once; the CPU backend's supports() refuses it).
+constexpr const char* kActDtypes = "f32 or bf16";
+void check_act(const Tensor& t, const char* op, const char* name) {
+  HMLA_CHECK(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16), ShapeError, op, ": ", name,
+             " must be ", kActDtypes, ", got ", desc(t));
+}
+
+void check_layout(const Tensor& t, const char* dtypes, const Shape& want, const char* op, const char* name) {
+  HMLA_CHECK(t.is_contiguous() && t.shape() == want, ShapeError, op, ": ", name, " must be a contiguous ", dtypes,
+             shape_str(want), " tensor, got ", desc(t), t.is_contiguous() ? "" : " (strided)");
+}
+
 void check_contiguous(const Tensor& t, DType dt, const Shape& want, const char* op, const char* name) {
   check_dtype(t, dt, op, name);
-  HMLA_CHECK(t.is_contiguous() && t.shape() == want, ShapeError, op, ": ", name, " must be a contiguous ",
-             dtype_name(dt), shape_str(want), " tensor, got ", desc(t), t.is_contiguous() ? "" : " (strided)");
+  check_layout(t, dtype_name(dt), want, op, name);
+}
+
+void check_act_contiguous(const Tensor& t, const Shape& want, const char* op, const char* name) {
+  check_act(t, op, name);
+  check_layout(t, kActDtypes, want, op, name);
 }
 
 // An f64 scalar accumulator: one value (a view of a stats buffer allowed).
@@ -69,8 +86,8 @@ struct Rows {
   int64_t N, D, ld;
 };
 
-Rows rows(const Tensor& t, DType dt, const char* op, const char* name) {
-  check_dtype(t, dt, op, name);
+// The row layout of a tensor whose dtype was checked.
+Rows rows_of(const Tensor& t, const char* op, const char* name) {
   HMLA_CHECK(t.dim() >= 1, ShapeError, op, ": ", name, " must have at least one dimension");
   const int64_t n = t.dim(), D = t.size(-1);
   HMLA_CHECK(D <= 1 || t.stride(-1) == 1, ShapeError, op, ": the last dimension of ", name, " must be contiguous");
@@ -79,6 +96,17 @@ Rows rows(const Tensor& t, DType dt, const char* op, const char* name) {
     HMLA_CHECK(t.size(d) <= 1 || t.stride(d) == t.stride(d + 1) * t.size(d + 1), ShapeError, op, ": the rows of ",
                name, " ", shape_str(t.shape()), " are not at one stride");
   return {t.raw_data(), D == 0 ? 0 : t.numel() / D, D, ld};
+}
+
+Rows rows(const Tensor& t, DType dt, const char* op, const char* name) {
+  check_dtype(t, dt, op, name);
+  return rows_of(t, op, name);
+}
+
+// An activation's rows: f32 or bf16 (check_act).
+Rows act_rows(const Tensor& t, const char* op, const char* name) {
+  check_act(t, op, name);
+  return rows_of(t, op, name);
 }
 
 float* f(const Rows& r) { return static_cast<float*>(r.p); }
@@ -181,22 +209,22 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
 }
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
-  const Rows X = rows(x, DType::f32, "rmsnorm", "x"), Y = rows(y, DType::f32, "rmsnorm", "y");
+  const Rows X = act_rows(x, "rmsnorm", "x"), Y = act_rows(y, "rmsnorm", "y");
   same_rows(X, Y, "rmsnorm", "x", "y");
   check_contiguous(w, DType::f32, {X.D}, "rmsnorm", "w");
   check_contiguous(rstd, DType::f32, {X.N}, "rmsnorm", "rstd");
   NormParams p;
   p.N = X.N, p.D = X.D, p.eps = eps;
-  p.x = f(X), p.ldx = X.ld, p.w = w.data<float>();
-  p.y = f(Y), p.ldy = Y.ld, p.rstd = rstd.data<float>();
+  p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.ld, p.w = w.data<float>();
+  p.y_dtype = y.dtype(), p.y = Y.p, p.ldy = Y.ld, p.rstd = rstd.data<float>();
   run("rmsnorm", &Backend::rmsnorm_fwd, p, {&x, &w, &y, &rstd});
 }
 
 void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float eps, const Tensor& xs, const Tensor& y,
                      const Tensor& rstd) {
   const char* op = "add_rmsnorm";
-  const Rows X = rows(x, DType::f32, op, "x"), X2 = rows(x2, DType::f32, op, "x2"), XS = rows(xs, DType::f32, op, "xs"),
-             Y = rows(y, DType::f32, op, "y");
+  const Rows X = rows(x, DType::f32, op, "x"), X2 = act_rows(x2, op, "x2"), XS = rows(xs, DType::f32, op, "xs"),
+             Y = act_rows(y, op, "y");
   same_rows(X, X2, op, "x", "x2");
   same_rows(X, XS, op, "x", "xs");
   same_rows(X, Y, op, "x", "y");
@@ -204,15 +232,16 @@ void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float e
   check_contiguous(rstd, DType::f32, {X.N}, op, "rstd");
   NormParams p;
   p.N = X.N, p.D = X.D, p.eps = eps;
-  p.x = f(X), p.ldx = X.ld, p.x2 = f(X2), p.ldx2 = X2.ld, p.xs = f(XS), p.ldxs = XS.ld, p.w = w.data<float>();
-  p.y = f(Y), p.ldy = Y.ld, p.rstd = rstd.data<float>();
+  p.x = X.p, p.ldx = X.ld, p.x2_dtype = x2.dtype(), p.x2 = X2.p, p.ldx2 = X2.ld, p.xs = f(XS), p.ldxs = XS.ld;
+  p.w = w.data<float>();
+  p.y_dtype = y.dtype(), p.y = Y.p, p.ldy = Y.ld, p.rstd = rstd.data<float>();
   run(op, &Backend::add_rmsnorm_fwd, p, {&x, &x2, &w, &xs, &y, &rstd});
 }
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                  const Tensor& dw) {
   const char* op = "rmsnorm backward";
-  const Rows DY = rows(dy, DType::f32, op, "dy"), X = rows(x, DType::f32, op, "x"), DX = rows(dx, DType::f32, op, "dx");
+  const Rows DY = rows(dy, DType::f32, op, "dy"), X = act_rows(x, op, "x"), DX = rows(dx, DType::f32, op, "dx");
   same_rows(DY, X, op, "dy", "x");
   same_rows(DX, X, op, "dx", "x");
   check_contiguous(w, DType::f32, {X.D}, op, "w");
@@ -220,7 +249,7 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
   check_contiguous(rstd, DType::f32, {X.N}, op, "rstd");
   NormParams p;
   p.N = X.N, p.D = X.D;
-  p.x = f(X), p.ldx = X.ld, p.w = w.data<float>(), p.rstd = rstd.data<float>();
+  p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.ld, p.w = w.data<float>(), p.rstd = rstd.data<float>();
   p.dy = f(DY), p.lddy = DY.ld, p.dx = f(DX), p.lddx = DX.ld, p.dw = dw.data<float>();
   run(op, &Backend::rmsnorm_bwd, p, {&dy, &x, &w, &rstd, &dx, &dw});
 }
@@ -228,24 +257,25 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
 void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
                    const Tensor& rstd) {
   const char* op = "layernorm";
-  const Rows X = rows(x, DType::f32, op, "x");
-  check_contiguous(x, DType::f32, x.shape(), op, "x");
-  check_contiguous(y, DType::f32, x.shape(), op, "y");
+  const Rows X = act_rows(x, op, "x");
+  check_act_contiguous(x, x.shape(), op, "x");
+  check_act_contiguous(y, x.shape(), op, "y");
   for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&b, "b"}}) check_contiguous(*t, DType::f32, {X.D}, op, name);
   for (auto [t, name] : {std::pair{&mean, "mean"}, std::pair{&rstd, "rstd"}})
     check_contiguous(*t, DType::f32, {X.N}, op, name);
   NormParams p;
   p.N = X.N, p.D = X.D, p.eps = eps;
-  p.x = f(X), p.ldx = X.D, p.w = w.data<float>(), p.bias = b.data<float>();
-  p.y = y.data<float>(), p.ldy = X.D, p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
+  p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.D, p.w = w.data<float>(), p.bias = b.data<float>();
+  p.y_dtype = y.dtype(), p.y = y.raw_data(), p.ldy = X.D, p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
   run(op, &Backend::layernorm_fwd, p, {&x, &w, &b, &y, &mean, &rstd});
 }
 
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                    const Tensor& dx, const Tensor& dw, const Tensor& db) {
   const char* op = "layernorm backward";
-  const Rows X = rows(x, DType::f32, op, "x");
-  for (auto [t, name] : {std::pair{&x, "x"}, std::pair{&dy, "dy"}, std::pair{&dx, "dx"}})
+  const Rows X = act_rows(x, op, "x");
+  check_act_contiguous(x, x.shape(), op, "x");
+  for (auto [t, name] : {std::pair{&dy, "dy"}, std::pair{&dx, "dx"}})
     check_contiguous(*t, DType::f32, x.shape(), op, name);
   for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&dw, "dw"}, std::pair{&db, "db"}})
     check_contiguous(*t, DType::f32, {X.D}, op, name);
@@ -253,21 +283,22 @@ void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
     check_contiguous(*t, DType::f32, {X.N}, op, name);
   NormParams p;
   p.N = X.N, p.D = X.D;
-  p.x = f(X), p.ldx = X.D, p.w = w.data<float>(), p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
+  p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.D, p.w = w.data<float>(), p.mean = mean.data<float>();
+  p.rstd = rstd.data<float>();
   p.dy = dy.data<float>(), p.lddy = X.D, p.dx = dx.data<float>(), p.lddx = X.D;
   p.dw = dw.data<float>(), p.db = db.data<float>();
   run(op, &Backend::layernorm_bwd, p, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db});
 }
 
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose) {
-  check_dtype(x, DType::f32, "rope", "x");
+  check_act(x, "rope", "x");
   HMLA_CHECK(x.dim() == 4 && x.stride(3) == 1 && x.size(3) % 2 == 0 &&
                  (x.size(0) <= 1 || x.stride(0) == x.size(1) * x.stride(1)),
              ShapeError, "rope: x must be a [b, s, heads, Dr] view with Dr even and contiguous and rows at one "
              "stride, got ", desc(x));
   RopeParams p;
   p.layout = layout;
-  p.x = x.data<float>();
+  p.x_dtype = x.dtype(), p.x = x.raw_data();
   p.N = x.size(0) * x.size(1), p.s = x.size(1), p.heads = x.size(2), p.Dr = x.size(3);
   p.ld = x.stride(1), p.hstride = x.stride(2);
   check_contiguous(cos, DType::f32, {p.s, p.Dr / 2}, "rope", "cos");
@@ -278,19 +309,21 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layo
 }
 
 void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
-  for (auto [t, name] : {std::pair{&g, "g"}, std::pair{&u, "u"}, std::pair{&y, "y"}})
-    check_contiguous(*t, DType::f32, g.shape(), "swiglu", name);
+  check_act_contiguous(g, g.shape(), "swiglu", "g");
+  for (auto [t, name] : {std::pair{&u, "u"}, std::pair{&y, "y"}})
+    check_contiguous(*t, g.dtype(), g.shape(), "swiglu", name);  // the activations' one dtype
   SwigluParams p;
-  p.n = g.numel(), p.g = g.data<float>(), p.u = u.data<float>(), p.y = y.data<float>();
+  p.n = g.numel(), p.dtype = g.dtype(), p.g = g.raw_data(), p.u = u.raw_data(), p.y = y.raw_data();
   run("swiglu", &Backend::swiglu_fwd, p, {&g, &u, &y});
 }
 
 void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du) {
-  for (auto [t, name] : {std::pair{&dy, "dy"}, std::pair{&g, "g"}, std::pair{&u, "u"}, std::pair{&dg, "dg"},
-                         std::pair{&du, "du"}})
+  check_act_contiguous(g, g.shape(), "swiglu backward", "g");
+  check_contiguous(u, g.dtype(), g.shape(), "swiglu backward", "u");
+  for (auto [t, name] : {std::pair{&dy, "dy"}, std::pair{&dg, "dg"}, std::pair{&du, "du"}})
     check_contiguous(*t, DType::f32, g.shape(), "swiglu backward", name);
   SwigluParams p;
-  p.n = g.numel(), p.g = g.data<float>(), p.u = u.data<float>();
+  p.n = g.numel(), p.dtype = g.dtype(), p.g = g.raw_data(), p.u = u.raw_data();
   p.dy = dy.data<float>(), p.dg = dg.data<float>(), p.du = du.data<float>();
   run("swiglu backward", &Backend::swiglu_bwd, p, {&dy, &g, &u, &dg, &du});
 }

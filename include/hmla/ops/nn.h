@@ -49,20 +49,23 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
                 float dx_beta = 0.f);
 
 // RMSNorm (bias and mean null) or LayerNorm over rows of width D: y = xhat * w (+ bias),
-// xhat = (x - mean) * rstd; the backward writes dx and adds into dw (and db). f32. The fused
-// add_rmsnorm_fwd first writes xs = x + x2 (the residual stream) and normalises xs.
+// xhat = (x - mean) * rstd; the backward writes dx and adds into dw (and db). The fused
+// add_rmsnorm_fwd first writes xs = x + x2 (the residual stream) and normalises xs. x, x2 and y
+// may be bf16 on CUDA (the activations, read exactly, y rounded once); the residual stream xs,
+// the 1-D weights, mean, rstd and every gradient stay f32 (DESIGN.md section 4).
 struct NormParams {
   int64_t N = 0, D = 0;
   float eps = 0.f;
-  const float* x = nullptr;  // [N, D] rows at stride ldx
+  DType x_dtype = DType::f32, x2_dtype = DType::f32, y_dtype = DType::f32;
+  const void* x = nullptr;  // [N, D] rows at stride ldx, x_dtype
   int64_t ldx = 0;
-  const float* x2 = nullptr;  // add_rmsnorm: [N, D] rows at stride ldx2, added to x
+  const void* x2 = nullptr;  // add_rmsnorm: [N, D] rows at stride ldx2, x2_dtype, added to x
   int64_t ldx2 = 0;
   float* xs = nullptr;  // add_rmsnorm: [N, D] rows at stride ldxs, x + x2 (may alias x or x2)
   int64_t ldxs = 0;
   const float* w = nullptr;     // [D]
   const float* bias = nullptr;  // [D] LayerNorm only
-  float* y = nullptr;           // [N, D] rows at stride ldy
+  void* y = nullptr;            // [N, D] rows at stride ldy, y_dtype
   int64_t ldy = 0;
   float* mean = nullptr;  // [N] LayerNorm only
   float* rstd = nullptr;  // [N]
@@ -74,15 +77,17 @@ struct NormParams {
   float* db = nullptr;  // [D] LayerNorm only
 };
 
-// y = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps) saved [N]. x, y row matrices.
+// y = x * rstd * w per row, rstd = 1 / sqrt(mean(x^2) + eps) saved [N]. x, y row matrices, each
+// f32 or bf16; w, rstd f32. The backwards take x f32 or bf16, everything else f32.
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd);
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
                  const Tensor& dw);
 // The residual stream's step, fused: xs = x + x2, then y = rmsnorm_fwd(xs) (the same bits as add
-// then rmsnorm_fwd). x, x2, xs, y row matrices of one shape; xs may be x or x2.
+// then rmsnorm_fwd). x, x2, xs, y row matrices of one shape; xs may be x or x2. x, xs f32 (the
+// residual stream); x2 and y f32 or bf16.
 void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float eps, const Tensor& xs, const Tensor& y,
                      const Tensor& rstd);
-// y = (x - mean) * rstd * w + b per row; contiguous rows.
+// y = (x - mean) * rstd * w + b per row; contiguous rows; x and y f32 or bf16.
 void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
                    const Tensor& rstd);
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
@@ -97,22 +102,27 @@ enum class RopeLayout { interleaved, half };
 // applies the transposed map (the backward: with the factor folded in it is a scaled rotation).
 struct RopeParams {
   RopeLayout layout = RopeLayout::interleaved;
-  float* x = nullptr;  // [N][heads][Dr] in place: rows at ld, heads at hstride
+  DType x_dtype = DType::f32;
+  void* x = nullptr;  // [N][heads][Dr] in place: rows at ld, heads at hstride, x_dtype
   int64_t ld = 0, hstride = 0, heads = 0, N = 0, s = 0, Dr = 0;
   const float* cos = nullptr;  // [s, Dr / 2]
   const float* sin = nullptr;  // [s, Dr / 2]
   bool transpose = false;
 };
 
-// x: a [b, s, heads, Dr] f32 view (rows of one stride, heads of another, Dr contiguous).
+// x: a [b, s, heads, Dr] f32 or bf16 view (rows of one stride, heads of another, Dr contiguous),
+// rotated in f32 and stored back rounded once; cos, sin f32.
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose);
 
-// SwiGLU y = silu(g) * u element-wise over n values; the backward writes dg and du.
+// SwiGLU y = silu(g) * u element-wise over n values; the backward writes dg and du. g, u and y
+// are the activations, all of one dtype (f32 or bf16: g, u read exactly, y rounded once); dy, dg
+// and du are gradients, f32.
 struct SwigluParams {  // every pointer [n] contiguous
   int64_t n = 0;
-  const float* g = nullptr;
-  const float* u = nullptr;
-  float* y = nullptr;
+  DType dtype = DType::f32;  // of g, u, y
+  const void* g = nullptr;
+  const void* u = nullptr;
+  void* y = nullptr;
   const float* dy = nullptr;
   float* dg = nullptr;
   float* du = nullptr;
