@@ -12,7 +12,9 @@ class CpuBackend final : public Backend {
   CpuBackend() : Backend(Device::cpu) {}
   const char* name() const override { return "cpu"; }
 
-  bool supports(const GemmParams& p) const override { return p.dtype == DType::f32; }
+  bool supports(const GemmParams& p) const override {
+    return p.a_dtype == DType::f32 && p.b_dtype == DType::f32 && p.c_dtype == DType::f32;
+  }
   // f32 only: bf16 activations are CUDA's (nn.h); the CPU math stays the f32 reference.
   bool supports(const NormParams& p) const override {
     return p.x_dtype == DType::f32 && p.x2_dtype == DType::f32 && p.y_dtype == DType::f32;
@@ -33,7 +35,9 @@ class CpuBackend final : public Backend {
   bool supports(const AttnDenseParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const AttnSparseParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const IndexerTopkParams& p) const override { return p.dtype == DType::f32; }
-  bool supports(const IndexerKlParams& p) const override { return p.dtype == DType::f32; }
+  bool supports(const IndexerKlParams& p) const override {
+    return p.dtype == DType::f32 && p.qk_dtype == DType::f32;
+  }
 
 #define HMLA_CPU_ENTRY(ret, name, P) HMLA_FORWARD(cpu, ret, name, P)
   HMLA_OP_LIST(HMLA_CPU_ENTRY)

@@ -48,7 +48,7 @@ void indexer_kl_dense(const IndexerKlParams& g) {
   Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.DI}, DType::f32);
   std::vector<float> kl(g.b * g.sq, 0.f);
   const float *qI = static_cast<const float*>(g.qI), *kI = static_cast<const float*>(g.kI), *w = g.w;
-  const float *q = g.q, *k = g.k, *rw = g.row_weight;
+  const float *q = static_cast<const float*>(g.q), *k = static_cast<const float*>(g.k), *rw = g.row_weight;
   float *dqI = g.dqI, *dw = g.dw;
 
 #pragma omp parallel num_threads(nthreads)
@@ -139,7 +139,7 @@ void indexer_kl_sparse(const IndexerKlParams& g) {
   Tensor partial = Tensor::zeros({nthreads, g.b * g.s * g.DI}, DType::f32);
   std::vector<float> kl(g.b * g.sq, 0.f);
   const float *qI = static_cast<const float*>(g.qI), *kI = static_cast<const float*>(g.kI), *w = g.w;
-  const float *q = g.q, *k = g.k, *rw = g.row_weight;
+  const float *q = static_cast<const float*>(g.q), *k = static_cast<const float*>(g.k), *rw = g.row_weight;
   const int32_t* idx = g.topk;
   float *dqI = g.dqI, *dw = g.dw;
 

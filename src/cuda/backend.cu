@@ -1,7 +1,7 @@
 // The CUDA backend: every op on the device (cuda_kernels.h); its memory is the caching allocator
 // of device.cu. The attention kernels and the indexer's scores run on bf16 tensors (the op entries
-// make bf16 compute copies of f32 inputs); the products take f32 tensors into bf16 tensor-core math;
-// everything else is f32.
+// make bf16 compute copies of f32 inputs); the products take f32 or bf16 operands into bf16
+// tensor-core math; the indexer's KLs read f32 or bf16 inputs; everything else is f32.
 #include "hmla/ops/backend.h"
 #include "cuda_kernels.h"
 #include "traits.h"
@@ -40,10 +40,12 @@ class CudaBackend final : public Backend {
   bool supports(const IndexerKlParams& p) const override {
     using T = IndexerKlTraits;
     const int64_t cand = p.topk ? T::pow2_at_least(p.K) : 0;
-    return p.dtype == DType::f32 && p.HI <= T::kMaxHI && p.H <= T::kMaxH && p.K <= T::kMaxK &&
+    return f32_or_bf16(p.dtype) && f32_or_bf16(p.qk_dtype) && p.HI <= T::kMaxHI && p.H <= T::kMaxH && p.K <= T::kMaxK &&
            T::smem_bytes(p.HI, p.H, cand) <= T::kMaxSmemBytes;
   }
-  bool supports(const GemmParams& p) const override { return p.dtype == DType::f32; }
+  bool supports(const GemmParams& p) const override {  // any mix of f32 and bf16 (gemm.cu)
+    return f32_or_bf16(p.a_dtype) && f32_or_bf16(p.b_dtype) && f32_or_bf16(p.c_dtype);
+  }
   // The activations of the row and element ops, f32 or bf16 (nn.cu's instantiations); the fused
   // add reads the residual stream x in f32 only.
   bool supports(const NormParams& p) const override {
@@ -56,7 +58,6 @@ class CudaBackend final : public Backend {
   bool supports(const CrossEntropyParams&) const override { return true; }
   bool supports(const AxpyParams&) const override { return true; }
   bool supports(const ConvertParams& p) const override {
-    auto fb = [](DType t) { return t == DType::f32 || t == DType::bf16; };
     return p.src_dtype == p.dst_dtype || (fb(p.src_dtype) && fb(p.dst_dtype));
   }
   bool supports(const SumSquaresParams&) const override { return true; }

@@ -1,5 +1,6 @@
-// The indexer's KL losses on the GPU (DESIGN.md section 6; the algebra of docs/indexer.md), f32,
-// fused: nothing of size [s, s] exists. Workspace O(b s (H + 1)) for the dense KL (lseI, lseC,
+// The indexer's KL losses on the GPU (DESIGN.md section 6; the algebra of docs/indexer.md), f32
+// math on f32 or bf16 inputs (qI, kI of one type TI, q, k of one type TA, widened on load: exact,
+// so bf16 inputs give the bits f32 tensors of the same values give), fused: nothing of size [s, s] exists. Workspace O(b s (H + 1)) for the dense KL (lseI, lseC,
 // kl per row) and O(b s K) for the sparse one (each row's candidates sorted, with their dI).
 //
 // Two passes, each a kernel, deterministic (no atomics; every sum has a fixed order):
@@ -15,11 +16,13 @@
 //         at the first tile without one.
 // The loss sum_t rw[t] kl(t) is read back and summed on the host in row order, as the CPU does.
 // Speed: this is SIMT f32 (no tensor cores) and the keys pass redoes the scores; docs/cuda.md.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "cuda_kernels.h"
 #include "traits.h"
@@ -53,14 +56,31 @@ __host__ __device__ int64_t pow2_at_least(int64_t n) {
   return r;
 }
 
+__device__ __forceinline__ float widen(float x) { return x; }
+// bf16 widened in line (exact: its 16 bits above 16 zeros). Not through the emulator's out-of-line
+// __bfloat162float: that changed gcc's inlining of logit(), hence which multiply-adds it fused, and
+// the bf16 instantiation's bits with it (test_mixed_dtype_emu compares them with the f32 one's).
+__device__ __forceinline__ float widen(__nv_bfloat16 x) {
+  const uint32_t u = uint32_t(reinterpret_cast<const uint16_t&>(x)) << 16;
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Element i of an input of element type T, as f32.
+template <class T>
+__device__ __forceinline__ float at(const void* p, int64_t i) {
+  return widen(static_cast<const T*>(p)[i]);
+}
+
 // I(t, j) with the per-head scores S[h * kTile] of query row `row` (local, over b * sq) and key j.
+template <class TI>
 __device__ float score(const IndexerKlParams& p, int64_t row, int64_t bb, int64_t j, float* S) {
-  const float* q = static_cast<const float*>(p.qI) + row * p.HI * p.DI;
-  const float* k = static_cast<const float*>(p.kI) + (bb * p.s + j) * p.DI;
+  const int64_t q = row * p.HI * p.DI, k = (bb * p.s + j) * p.DI;
   float I = 0.f;
   for (int64_t h = 0; h < p.HI; ++h) {
     float acc = 0.f;
-    for (int64_t c = 0; c < p.DI; ++c) acc += q[h * p.DI + c] * k[c];
+    for (int64_t c = 0; c < p.DI; ++c) acc += at<TI>(p.qI, q + h * p.DI + c) * at<TI>(p.kI, k + c);
     S[h * kTile] = acc;
     I += p.w[row * p.HI + h] * (acc > 0.f ? acc : 0.f);
   }
@@ -68,18 +88,20 @@ __device__ float score(const IndexerKlParams& p, int64_t row, int64_t bb, int64_
 }
 
 // The attention logit of head h between local row tl and key j.
+template <class TA>
 __device__ float logit(const IndexerKlParams& p, int64_t bb, int64_t tl, int64_t h, int64_t j) {
-  const float* q = p.q + bb * p.q_bstride + tl * p.q_rstride + h * p.q_hstride;
-  const float* k = p.k + bb * p.k_bstride + j * p.k_rstride + (h / (p.H / p.Hkv)) * p.k_hstride;
+  const int64_t q = bb * p.q_bstride + tl * p.q_rstride + h * p.q_hstride;
+  const int64_t k = bb * p.k_bstride + j * p.k_rstride + (h / (p.H / p.Hkv)) * p.k_hstride;
   float acc = 0.f;
-  for (int64_t c = 0; c < p.Dqk; ++c) acc += q[c] * k[c];
+  for (int64_t c = 0; c < p.Dqk; ++c) acc += at<TA>(p.q, q + c) * at<TA>(p.k, k + c);
   return p.scale * acc;
 }
 
 // P(t, j) = mean_h exp(l_h - lseC_h).
+template <class TA>
 __device__ float target_prob(const IndexerKlParams& p, int64_t bb, int64_t tl, int64_t j, const float* lC) {
   float P = 0.f;
-  for (int64_t h = 0; h < p.H; ++h) P += expf(logit(p, bb, tl, h, j) - lC[h]);
+  for (int64_t h = 0; h < p.H; ++h) P += expf(logit<TA>(p, bb, tl, h, j) - lC[h]);
   return P / float(p.H);
 }
 
@@ -113,7 +135,7 @@ __device__ void block_sort(int32_t* a, int64_t n) {
 
 // One block per query row (over b * sq). Dense: keys [doc_start[t], t]; sparse: the row's
 // candidates (the table's first K slots), sorted ascending into the workspace.
-template <bool kSparse>
+template <bool kSparse, class TI, class TA>
 __global__ void __launch_bounds__(kTile) kl_rows_kernel(IndexerKlParams p, Work ws) {
   HMLA_DYNAMIC_SHARED(float, smem);
   __shared__ float red[kTile];
@@ -161,12 +183,12 @@ __global__ void __launch_bounds__(kTile) kl_rows_kernel(IndexerKlParams p, Work 
     if (!kSparse && p.lse_c) {
       l = p.lse_c[(bb * p.H + h) * p.sq + tl];
     } else {
-      l = block_lse(n, [&](int64_t i) { return logit(p, bb, tl, h, key(i)); }, red);
+      l = block_lse(n, [&](int64_t i) { return logit<TA>(p, bb, tl, h, key(i)); }, red);
     }
     if (tid == 0) lC[h] = l;
     if (tid == 0 && !kSparse) ws.lseC[row * p.H + h] = l;
   }
-  const float lseI = block_lse(n, [&](int64_t i) { return score(p, row, bb, key(i), S + tid); }, red);
+  const float lseI = block_lse(n, [&](int64_t i) { return score<TI>(p, row, bb, key(i), S + tid); }, red);
   if (tid == 0) ws.lseI[row] = lseI;
   __syncthreads();  // lC
 
@@ -178,7 +200,7 @@ __global__ void __launch_bounds__(kTile) kl_rows_kernel(IndexerKlParams p, Work 
     float dI = 0.f;
     if (i < n) {
       const int64_t j = key(i);
-      const float I = score(p, row, bb, j, S + tid), P = target_prob(p, bb, tl, j, lC);
+      const float I = score<TI>(p, row, bb, j, S + tid), P = target_prob<TA>(p, bb, tl, j, lC);
       const float logq = I - lseI;
       if (P > 0.f) kl += P * (logf(P) - logq);
       dI = g * (expf(logq) - P);
@@ -199,7 +221,7 @@ __global__ void __launch_bounds__(kTile) kl_rows_kernel(IndexerKlParams p, Work 
       float acc = 0.f;
       for (int64_t x = 0; x < nk; ++x)
         if (S[h * kTile + x] > 0.f)
-          acc += dIs[x] * wh * static_cast<const float*>(p.kI)[(bb * p.s + key(i0 + x)) * p.DI + c];
+          acc += dIs[x] * wh * at<TI>(p.kI, (bb * p.s + key(i0 + x)) * p.DI + c);
       dq[e] += acc;
     }
     __syncthreads();
@@ -220,7 +242,7 @@ __device__ int64_t find(const int32_t* a, int64_t n, int64_t j) {
 }
 
 // One block per key (over b * s): dkI[j] = sum over the rows t that see j of sum_h dS(t, h, j) qI[t, h].
-template <bool kSparse>
+template <bool kSparse, class TI, class TA>
 __global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerKlParams p, Work ws) {
   HMLA_DYNAMIC_SHARED(float, smem);
   __shared__ float red[kTile];
@@ -238,13 +260,13 @@ __global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerKlParams p, Work 
     const bool in_doc = t < end && p.doc_start[bb * p.s + t] <= j;  // t >= j by the walk
     bool sees = in_doc;
     if (sees) {
-      const float I = score(p, row, bb, j, S + tid);
+      const float I = score<TI>(p, row, bb, j, S + tid);
       if (kSparse) {
         const int64_t at = find(ws.sorted + row * p.K, p.K, j);
         sees = at >= 0;
         dI = sees ? ws.dI[row * p.K + at] : 0.f;
       } else {
-        const float P = target_prob(p, bb, tl, j, ws.lseC + row * p.H);
+        const float P = target_prob<TA>(p, bb, tl, j, ws.lseC + row * p.H);
         dI = p.coeff * p.row_weight[row] * (expf(I - ws.lseI[row]) - P);
       }
     }
@@ -259,9 +281,9 @@ __global__ void __launch_bounds__(kTile) kl_keys_kernel(IndexerKlParams p, Work 
       float acc = 0.f;
       for (int64_t x = 0; x < nt; ++x) {
         if (dIs[x] == 0.f) continue;
-        const float* q = static_cast<const float*>(p.qI) + rows[x] * p.HI * p.DI;
+        const int64_t q = rows[x] * p.HI * p.DI;
         for (int64_t h = 0; h < p.HI; ++h)
-          if (S[h * kTile + x] > 0.f) acc += dIs[x] * p.w[rows[x] * p.HI + h] * q[h * p.DI + c];
+          if (S[h * kTile + x] > 0.f) acc += dIs[x] * p.w[rows[x] * p.HI + h] * at<TI>(p.qI, q + h * p.DI + c);
       }
       dk[c] += acc;
     }
@@ -277,7 +299,7 @@ __global__ void kl_sum_kernel(const float* rw, const float* kl, int64_t rows, do
   *acc += sum;
 }
 
-template <bool kSparse>
+template <bool kSparse, class TI, class TA>
 void run_kl(const IndexerKlParams& p) {
   const int64_t rows = p.b * p.sq;
   Scratch<float> lseI(rows), lseC(kSparse ? 1 : rows * p.H), kl(rows);
@@ -287,11 +309,11 @@ void run_kl(const IndexerKlParams& p) {
   cudaStream_t st = current_stream().get();
   if (p.b * p.s > 0) {  // every key's dkI, zero where no row sees it
     const size_t smem = smem_bytes(p, 0);
-    auto* kernel = kl_keys_kernel<kSparse>;
+    auto* kernel = kl_keys_kernel<kSparse, TI, TA>;
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "indexer KL smem");
     if (rows > 0) {
       const size_t rsmem = smem_bytes(p, kSparse ? pow2_at_least(p.K) : 0);
-      auto* rk = kl_rows_kernel<kSparse>;
+      auto* rk = kl_rows_kernel<kSparse, TI, TA>;
       check(cudaFuncSetAttribute(rk, cudaFuncAttributeMaxDynamicSharedMemorySize, int(rsmem)), "indexer KL smem");
       HMLA_LAUNCH(rk, unsigned(rows), kTile, rsmem, st, p, ws);
       check_launch("indexer KL rows");
@@ -303,9 +325,22 @@ void run_kl(const IndexerKlParams& p) {
   check_launch("indexer KL sum");
 }
 
+// The instantiation for the inputs' element types (CudaBackend::supports: f32 or bf16 each).
+template <bool kSparse, class TI>
+void run_kl_qk(const IndexerKlParams& p) {
+  if (p.qk_dtype == DType::bf16) run_kl<kSparse, TI, __nv_bfloat16>(p);
+  else run_kl<kSparse, TI, float>(p);
+}
+
+template <bool kSparse>
+void run_kl_typed(const IndexerKlParams& p) {
+  if (p.dtype == DType::bf16) run_kl_qk<kSparse, __nv_bfloat16>(p);
+  else run_kl_qk<kSparse, float>(p);
+}
+
 }  // namespace
 
-void indexer_kl_dense(const IndexerKlParams& p) { run_kl<false>(p); }
-void indexer_kl_sparse(const IndexerKlParams& p) { run_kl<true>(p); }
+void indexer_kl_dense(const IndexerKlParams& p) { run_kl_typed<false>(p); }
+void indexer_kl_sparse(const IndexerKlParams& p) { run_kl_typed<true>(p); }
 
 }  // namespace hmla::cuda

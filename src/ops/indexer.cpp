@@ -52,17 +52,21 @@ void check_scores(const IndexerScores& sc, DType dt, IndexerScoreParams& p, Tens
 
 IndexerKlParams check_kl(const IndexerKlInputs& in, Tensor& ds) {
   IndexerKlParams p;
-  check_scores(in.sc, DType::f32, p, ds);
+  // qI, kI in one dtype, f32 or bf16 (the backend's supports() says whether it reads bf16).
+  const DType dt = in.sc.qI.defined() && in.sc.qI.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  check_scores(in.sc, dt, p, ds);
   const int64_t b = in.sc.qI.size(0), sq = in.sc.qI.size(1), s = in.sc.kI.size(1);
   HMLA_CHECK(in.q.defined() && in.k.defined() && in.q.dim() == 4 && in.k.dim() == 4, ShapeError,
              "indexer KL: attention q [b, sq, H, Dqk] and k [b, s, Hkv, Dqk] are required");
   const int64_t H = in.q.size(2), Hkv = in.k.size(2);
   HMLA_CHECK(in.q.size(0) == b && in.q.size(1) == sq && in.k.size(0) == b && in.k.size(1) == s &&
-                 in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 && in.q.dtype() == DType::f32 &&
-                 in.k.dtype() == DType::f32 &&
+                 in.k.size(3) == in.q.size(3) && Hkv >= 1 && H % Hkv == 0 &&
+                 (in.q.dtype() == DType::f32 || in.q.dtype() == DType::bf16) && in.k.dtype() == in.q.dtype() &&
                  in.q.device() == in.sc.qI.device() && in.k.device() == in.sc.qI.device(),
-             ShapeError, "indexer KL: q ", shape_str(in.q.shape()), " and k ", shape_str(in.k.shape()),
-             " do not fit [b, sq, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H (f32, on qI's device)");
+             ShapeError, "indexer KL: q ", dtype_name(in.q.dtype()), shape_str(in.q.shape()), " and k ",
+             dtype_name(in.k.dtype()), shape_str(in.k.shape()),
+             " do not fit [b, sq, H, Dqk] / [b, s, Hkv, Dqk] with Hkv dividing H (one dtype, f32 or bf16, on qI's "
+             "device)");
   HMLA_CHECK(kernel_strides_ok(in.q) && kernel_strides_ok(in.k), ShapeError, "indexer KL: q (strides ",
              shape_str(in.q.strides()), ") or k (strides ", shape_str(in.k.strides()),
              ") has strides no kernel takes (the last dimension contiguous, rows and heads at strides in [Dqk, "
@@ -75,9 +79,10 @@ IndexerKlParams check_kl(const IndexerKlInputs& in, Tensor& ds) {
              ", coeff = ", in.coeff);
   p.H = H, p.Hkv = Hkv, p.Dqk = in.q.size(3);
   const Shape qs = kernel_strides(in.q), ks = kernel_strides(in.k);
-  p.q = in.q.data<float>();
+  p.qk_dtype = in.q.dtype();
+  p.q = in.q.raw_data();
   p.q_bstride = qs[0], p.q_rstride = qs[1], p.q_hstride = qs[2];
-  p.k = in.k.data<float>();
+  p.k = in.k.raw_data();
   p.k_bstride = ks[0], p.k_rstride = ks[1], p.k_hstride = ks[2];
   p.scale = in.scale, p.coeff = in.coeff;
   p.lse_c = in.lse_c.defined() ? in.lse_c.data<float>() : nullptr;
@@ -98,7 +103,7 @@ IndexerKlResult run_kl(void (Backend::*entry)(const IndexerKlParams&) const, Ind
                op, ": kl_acc must be one f64 value on qI's device");
   const Tensor acc = in.kl_acc.defined() ? in.kl_acc : Tensor::zeros({1}, DType::f64, dev);
   p.kl_acc = acc.data<double>();
-  dispatch(dev, entry, p, op, widths(p) + ", H = " + std::to_string(p.H));
+  dispatch(dev, entry, p, op, widths(p) + ", " + dtype_name(p.qk_dtype) + " q and k, H = " + std::to_string(p.H));
   if (in.kl_acc.defined()) {
     r.kl_sum = r.loss = std::numeric_limits<double>::quiet_NaN();  // on the device only
   } else {

@@ -116,6 +116,13 @@ void same_rows(const Rows& a, const Rows& b, const char* op, const char* an, con
              b.D, "] must have the same rows");
 }
 
+// A product's operand: f32 or bf16, each its own (nn.h: GemmParams).
+DType gemm_dtype(const Tensor& t, const char* op, const char* name) {
+  HMLA_CHECK(t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16), ShapeError, op, ": ", name,
+             " must be f32 or bf16, got ", desc(t));
+  return t.dtype();
+}
+
 void check_matrix(const Tensor& t, const char* name) {
   HMLA_CHECK(t.defined() && (t.dim() == 2 || t.dim() == 3) && (t.size(-1) <= 1 || t.stride(-1) == 1), ShapeError,
              "matmul: ", name, " must be 2-D or 3-D with its last dimension contiguous, got ", desc(t));
@@ -127,12 +134,13 @@ void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& 
   check_matrix(a, "a");
   check_matrix(b, "b");
   check_matrix(c, "c");
-  HMLA_CHECK(a.dim() == c.dim() && b.dim() == c.dim() && a.dtype() == c.dtype() && b.dtype() == c.dtype(),
-             ShapeError, "matmul: a ", desc(a), ", b ", desc(b), " and c ", desc(c),
-             " must have one dtype and one rank");
+  HMLA_CHECK(a.dim() == c.dim() && b.dim() == c.dim(), ShapeError, "matmul: a ", desc(a), ", b ", desc(b),
+             " and c ", desc(c), " must have one rank");
   const bool batched = c.dim() == 3;
   GemmParams p;
-  p.dtype = c.dtype();
+  p.a_dtype = gemm_dtype(a, "matmul", "a");
+  p.b_dtype = gemm_dtype(b, "matmul", "b");
+  p.c_dtype = gemm_dtype(c, "matmul", "c");
   p.ta = ta;
   p.tb = tb;
   p.batch = batched ? c.size(0) : 1;
@@ -160,12 +168,14 @@ void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& 
 void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y) {
   HMLA_CHECK(W.defined() && W.dim() == 2, ShapeError, "linear: W must be [out, in], got ", desc(W));
   const int64_t out = W.size(0), in = W.size(1);
-  const Rows X = rows(x, W.dtype(), "linear", "x"), Y = rows(y, W.dtype(), "linear", "y");
-  check_contiguous(W, W.dtype(), {out, in}, "linear", "W");
+  GemmParams p;
+  p.a_dtype = gemm_dtype(x, "linear", "x");
+  p.b_dtype = gemm_dtype(W, "linear", "W");
+  p.c_dtype = gemm_dtype(y, "linear", "y");
+  const Rows X = rows(x, p.a_dtype, "linear", "x"), Y = rows(y, p.c_dtype, "linear", "y");
+  check_contiguous(W, p.b_dtype, {out, in}, "linear", "W");
   HMLA_CHECK(X.D == in && Y.D == out && X.N == Y.N, ShapeError, "linear: x ", desc(x), " and y ", desc(y),
              " do not fit W ", desc(W));
-  GemmParams p;
-  p.dtype = W.dtype();
   p.ta = Trans::no;
   p.tb = Trans::yes;
   p.M = X.N, p.N = out, p.K = in;
@@ -179,14 +189,15 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
                 float dx_beta) {
   HMLA_CHECK(W.defined() && W.dim() == 2, ShapeError, "linear backward: W must be [out, in], got ", desc(W));
   const int64_t out = W.size(0), in = W.size(1);
-  const DType dt = W.dtype();
-  const Rows DY = rows(dy, dt, "linear backward", "dy"), X = rows(x, dt, "linear backward", "x");
-  check_contiguous(W, dt, {out, in}, "linear backward", "W");
-  check_contiguous(dW, dt, {out, in}, "linear backward", "dW");
+  const char* op = "linear backward";
+  const DType dy_t = gemm_dtype(dy, op, "dy"), x_t = gemm_dtype(x, op, "x"), W_t = gemm_dtype(W, op, "W");
+  const Rows DY = rows(dy, dy_t, op, "dy"), X = rows(x, x_t, op, "x");
+  check_contiguous(W, W_t, {out, in}, op, "W");
+  check_contiguous(dW, DType::f32, {out, in}, op, "dW");  // added into: a bf16 sum would round every step
   HMLA_CHECK(DY.D == out && X.D == in && DY.N == X.N, ShapeError, "linear backward: dy ", desc(dy), " and x ", desc(x),
              " do not fit W ", desc(W));
   GemmParams p;  // dW += dy^T x
-  p.dtype = dt;
+  p.a_dtype = dy_t, p.b_dtype = x_t, p.c_dtype = DType::f32;
   p.ta = Trans::yes;
   p.tb = Trans::no;
   p.beta = 1.f;
@@ -194,18 +205,18 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
   p.a = DY.p, p.lda = DY.ld;
   p.b = X.p, p.ldb = X.ld;
   p.c = dW.raw_data(), p.ldc = in;
-  run("linear backward", &Backend::gemm, p, {&dy, &x, &W, &dW, &dx});
+  run(op, &Backend::gemm, p, {&dy, &x, &W, &dW, &dx});
   if (!dx.defined()) return;
-  const Rows DX = rows(dx, dt, "linear backward", "dx");
-  same_rows(DX, X, "linear backward", "dx", "x");
+  const Rows DX = rows(dx, gemm_dtype(dx, op, "dx"), op, "dx");
+  same_rows(DX, X, op, "dx", "x");
   GemmParams q;  // dx = dy W (+ dx)
-  q.dtype = dt;
+  q.a_dtype = dy_t, q.b_dtype = W_t, q.c_dtype = dx.dtype();
   q.M = X.N, q.N = in, q.K = out;
   q.beta = dx_beta;
   q.a = DY.p, q.lda = DY.ld;
   q.b = W.raw_data(), q.ldb = in;
   q.c = DX.p, q.ldc = DX.ld;
-  run("linear backward", &Backend::gemm, q, {&dy, &x, &W, &dW, &dx});
+  run(op, &Backend::gemm, q, {&dy, &x, &W, &dW, &dx});
 }
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {

@@ -57,7 +57,7 @@ inline IndexerTopkParams params(const IndexerTopkCase& c, DType dt) {
   return p;
 }
 
-// The KLs are f32 on every backend (indexer.h).
+// The KLs on f32 inputs (CUDA also reads bf16 q, k, qI, kI: tests/cuda/emu/test_mixed_dtype_emu.cpp).
 inline IndexerKlParams params(const IndexerKlCase& c) {
   IndexerKlParams p;
   p.b = c.b, p.s = p.sq = c.s, p.HI = c.HI, p.DI = c.DI, p.H = c.H, p.Hkv = c.Hkv, p.Dqk = c.Dqk;

@@ -22,7 +22,7 @@ namespace hmla {
 // validated by the entry points below: pointers on the backend's device, strides in elements
 // where a tensor may be strided. Query rows [q_row0, q_row0 + sq) of the s key rows.
 struct IndexerScoreParams {
-  DType dtype = DType::f32;  // of qI and kI; w, scores and every KL tensor are f32
+  DType dtype = DType::f32;  // of qI and kI; w, scores and the KLs' other tensors (but q, k) are f32
   int64_t b = 0, sq = 0, s = 0, HI = 0, DI = 0, q_row0 = 0;
   const void* qI = nullptr;            // [b, sq, HI, DI] contiguous (null for select)
   const void* kI = nullptr;            // [b, s, DI] contiguous (null for select)
@@ -40,9 +40,10 @@ struct IndexerTopkParams : IndexerScoreParams {
 // The dense and sparse KLs.
 struct IndexerKlParams : IndexerScoreParams {
   int64_t H = 0, Hkv = 0, Dqk = 0;
-  const float* q = nullptr;  // [b, sq, H, Dqk], last dim contiguous
+  DType qk_dtype = DType::f32;  // of q and k (f32 or bf16; the CPU: f32)
+  const void* q = nullptr;      // [b, sq, H, Dqk], last dim contiguous
   int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
-  const float* k = nullptr;  // [b, s, Hkv, Dqk], last dim contiguous
+  const void* k = nullptr;  // [b, s, Hkv, Dqk], last dim contiguous
   int64_t k_bstride = 0, k_rstride = 0, k_hstride = 0;
   float scale = 0.f, coeff = 0.f;
   const float* lse_c = nullptr;       // [b, H, sq] or null (dense KL: computed)
@@ -76,10 +77,13 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
 // same scores (ties to the smaller j; -0 equals +0).
 Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
 
+// The KLs' qI, kI (one dtype) and q, k (one dtype) are f32 or bf16 (the CPU: f32; CUDA reads
+// either, widening bf16 exactly: the same bits as f32 tensors holding the same values); every
+// other input and the gradients are f32.
 struct IndexerKlInputs {
   IndexerScores sc;
   Tensor q;          // [b, sq, H, Dqk] attention queries (detached; last dim contiguous)
-  Tensor k;          // [b, s, Hkv, Dqk] attention keys (detached)
+  Tensor k;          // [b, s, Hkv, Dqk] attention keys (detached), q's dtype
   float scale = 0;   // the attention's scale
   Tensor lse_c;      // [b, H, sq] optional: logsumexp of the logits over the candidates, when the
                      // attention already has it (its lse without sink or window); else computed

@@ -23,9 +23,10 @@ namespace hmla {
 enum class Trans : uint8_t { no, yes };
 
 // C = alpha op(A) op(B) + beta C for each of `batch` matrices: op(A) [M, K], op(B) [K, N], C [M, N]
-// row-major with leading dimensions ld* and batch strides *_batch (elements).
+// row-major with leading dimensions ld* and batch strides *_batch (elements). Each operand has its
+// own dtype, f32 or bf16 (the CPU runs f32 only; CUDA any mix: docs/cuda.md "Products").
 struct GemmParams {
-  DType dtype = DType::f32;
+  DType a_dtype = DType::f32, b_dtype = DType::f32, c_dtype = DType::f32;
   Trans ta = Trans::no, tb = Trans::no;
   int64_t batch = 1, M = 0, N = 0, K = 0;
   float alpha = 1.f, beta = 0.f;
@@ -38,13 +39,17 @@ struct GemmParams {
 };
 
 // c = alpha op(a) op(b) + beta c. a, b, c are 2-D [rows, cols] or all three 3-D [batch, rows,
-// cols] (any batch stride: a head-sliced view is a batch), last dimension contiguous.
+// cols] (any batch stride: a head-sliced view is a batch), last dimension contiguous. Each of a, b,
+// c is f32 or bf16 (its own dtype). On CUDA every input is rounded to bf16, the products are summed
+// in f32 and alpha acc + beta c is rounded once to c's dtype; the CPU runs f32 only.
 void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& c, float alpha = 1.f,
             float beta = 0.f);
 
-// y = x W^T: x rows [N, in], W [out, in] contiguous, y rows [N, out].
+// y = x W^T: x rows [N, in], W [out, in] contiguous, y rows [N, out]; x, W, y each f32 or bf16
+// (matmul's contract: on CUDA, e.g. bf16 activations times a bf16 weight copy).
 void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y);
-// dW += dy^T x; dx = dy W + dx_beta * dx when dx is defined (dx_beta 0 or 1).
+// dW += dy^T x; dx = dy W + dx_beta * dx when dx is defined (dx_beta 0 or 1). dy, x, W, dx each
+// f32 or bf16; dW f32 (the gradient arena, added into).
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dW, const Tensor& dx,
                 float dx_beta = 0.f);
 
