@@ -58,7 +58,7 @@ class CudaBackend final : public Backend {
   bool supports(const CrossEntropyParams&) const override { return true; }
   bool supports(const AxpyParams&) const override { return true; }
   bool supports(const ConvertParams& p) const override {
-    return p.src_dtype == p.dst_dtype || (fb(p.src_dtype) && fb(p.dst_dtype));
+    return p.src_dtype == p.dst_dtype || (f32_or_bf16(p.src_dtype) && f32_or_bf16(p.dst_dtype));
   }
   bool supports(const SumSquaresParams&) const override { return true; }
   bool supports(const StatsParams&) const override { return true; }
