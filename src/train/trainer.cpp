@@ -46,6 +46,7 @@ Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>&
     created += indexer_init_missing(w, cfg, seed * 1000003ull + uint64_t(L));
     for (auto& [name, t] : w) m.params.at(layer_prefix(L) + "self_attn." + name).copy_from(t);
   }
+  refresh_compute_weights(m);  // the arena was written above
   return m;
 }
 
