@@ -1,7 +1,8 @@
 // The CUDA backend: every op on the device (cuda_kernels.h); its memory is the caching allocator
-// of device.cu. The attention kernels and the indexer's scores run on bf16 tensors (the op entries
-// make bf16 compute copies of f32 inputs); the products take f32 or bf16 operands into bf16
-// tensor-core math; the indexer's KLs read f32 or bf16 inputs; everything else is f32.
+// of device.cu. Its compute dtype is bf16 (DESIGN.md section 4): the attention kernels and the
+// indexer's scores run on bf16 tensors; the products take f32 or bf16 operands into bf16
+// tensor-core math; the norms, RoPE, SwiGLU and the indexer's KLs read (and the row ops write)
+// bf16 activations where nn.h says so; statistics, losses, gradients and the optimizer are f32.
 #include "hmla/ops/backend.h"
 #include "cuda_kernels.h"
 #include "traits.h"

@@ -31,14 +31,15 @@ std::pair<double, double> equivalence(const Model& m, const std::vector<bool>& h
 }
 
 // The check's tolerance: the programme's for f32 compute (the CPU). On CUDA the two forms round
-// different intermediates to bf16 (unit roundoff u = 2^-9): per hybrid layer the attention's q, k
-// and v and the absorption's and de-absorption's two inputs, <= 8 sites each perturbing what it
-// touches by <= u relative, so to first order the logits differ by <= 8 u per hybrid layer
-// relative to their largest; a structural error (a wrong split or absorption) is O(1).
+// different intermediates to bf16 (unit roundoff u = 2^-8: 8 significant bits, so 1 + 2^-8 is a
+// tie between 1 and 1 + 2^-7): per hybrid layer the attention's q, k and v and the absorption's and
+// de-absorption's two inputs, <= 8 sites each perturbing what it touches by <= u relative, so to
+// first order the logits differ by <= 8 u per hybrid layer relative to their largest; a
+// structural error (a wrong split or absorption) is O(1).
 double equivalence_rtol(const PhaseSettings& ph, const Model& model, const std::vector<bool>& hybrid) {
   if (compute_dtype(model.device()) == DType::f32) return ph.equivalence_rtol;
   const double layers = double(std::count(hybrid.begin(), hybrid.end(), true));
-  return std::max(ph.equivalence_rtol, 8.0 * layers * std::ldexp(1.0, -9));
+  return std::max(ph.equivalence_rtol, 8.0 * layers * std::ldexp(1.0, -8));
 }
 
 }  // namespace

@@ -5,18 +5,28 @@
 // index heads and index width multiples of 16, 16 heads (the sparse backward's warp tile).
 //
 // Tolerances, per quantity and step, from the computation (docs/testing.md has the long form).
-// On CUDA the products round their inputs to bf16 and the attention kernels take bf16 copies of
-// q, k, v, P and dO; the CPU computes in f32 (negligible). A round to nearest is a relative error
-// uniform in [-u, u], u = 2^-9: mean 0, standard deviation u / sqrt(3), independent across elements
-// and sites. A logit crosses about k = 26 sites from the ids (per layer 4 projections and 2 MLP
-// products, 2 inputs each, and the attention's q, k, v, P; the head 2), so its relative error has
-// sd u sqrt(26 / 3) = 0.57%; the backward crosses them again (k = 52: 0.77%).
+// On CUDA the weights are read from bf16 copies, the activations kept between ops are bf16
+// (DESIGN.md section 4: the residual stream, statistics and gradients f32), the products round
+// their f32 inputs to bf16 and the attention kernels read bf16 q, k, v, P and dO; the CPU computes
+// in f32 (negligible). A round to nearest moves a value x = m 2^e (significand m in [1, 2)) by at
+// most half an ulp, 2^-8 2^e (8 significant bits), uniformly: a relative error uniform in
+// +-u / m, u = 2^-8: mean 0, standard deviation sigma = u E[1/m] / sqrt(3) = 0.42 u = 0.16%
+// (E[1/m] = 1 / (2 ln 2) for significands spread log-uniformly), independent across elements and
+// sites. A logit crosses about k = 38 sites from the ids: per layer 4 projections and 2 MLP
+// products, 2 inputs each, the attention's q, k, v, P, and the bf16 activations that are not a
+// product's input (the q and kv latents before their norms, q and the shared key before RoPE,
+// the MLP's g and u: 6); the head 2. So its relative error has sd sigma sqrt(38) = 1.0%; the
+// backward crosses the first 26 again (its gradients are f32: k = 64, 1.3%).
 // - LM losses are means of log-softmax over T = 128 tokens (batch 4 x seq 32; held out: 4 rows),
-//   whose errors are independent across tokens: sd 0.57% / sqrt(128) = 0.051% of the logits'
-//   scale, which at these losses (ln 260 = 5.56 down to 4) is at most their size: 5 sd, 0.25%.
+//   whose errors are independent across tokens: sd 1.0% / sqrt(128) = 0.089% of the logits'
+//   scale, which at these losses (ln 260 = 5.56 down to 4) is at most their size: 3 sd, 0.27%.
 // - Gradient norms weigh every element's relative error by its share of the squared norm; with
 //   at least 100 elements sharing it (the smallest norm here is over 10^4 weights), the sd is
-//   0.77% / sqrt(100) = 0.077%: 5 sd, 0.4%.
+//   1.3% / sqrt(100) = 0.13%: 3 sd, 0.4%. (Both sds are upper estimates: a logit's errors partly
+//   cancel across its sum over the hidden units, and the emulated runs use at most 0.6 of the
+//   bounds, printed at the end of each test. Three sd rather than more, since the comparison is
+//   deterministic: the emulator's bits are fixed and the CPU's f32 BLAS differs across machines
+//   by 10^-6, far inside the bound, so a pass is not a draw.)
 // - The indexer's KL and gradient come from the difference of two nearly equal distributions:
 //   with Q ~ P, KL ~ 1/2 E[D^2] for D = log P - log Q, and a rounding of the scores by e moves it
 //   by E[D e] ~ KL (2 e / |D|). At KL ~ 5e-4 (|D| ~ 0.03) and scores of size ~0.1 (e ~ 0.57% of
@@ -62,7 +72,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 // The step-0 relative bounds (above) and their growth with the steps run.
-constexpr double kLossRtol = 0.0025, kGradRtol = 0.004, kIndexerRtol = 0.10, kStepsToDouble = 8;
+constexpr double kLossRtol = 0.0027, kGradRtol = 0.004, kIndexerRtol = 0.10, kStepsToDouble = 8;
 
 using testing::programme_text;
 using testing::tmpdir;
