@@ -31,6 +31,9 @@ class CpuBackend final : public Backend {
   bool supports(const AttnSparseParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const IndexerTopkParams& p) const override { return p.dtype == DType::f32; }
   bool supports(const IndexerKlParams& p) const override { return p.dtype == DType::f32; }
+  bool supports(const MoeRouteParams&) const override { return true; }
+  bool supports(const MoeDispatchParams&) const override { return true; }
+  bool supports(const MoeRowsParams&) const override { return true; }
 
 #define HMLA_CPU_ENTRY(ret, name, P) HMLA_FORWARD(cpu, ret, name, P)
   HMLA_OP_LIST(HMLA_CPU_ENTRY)
