@@ -1,14 +1,18 @@
 // The MoE ops (hmla/ops/moe.h, docs/moe.md) on the CPU: the router's tie rule (the smaller index
 // wins, in a group's rank and an expert's), the bias that chooses but does not weigh, and the
 // dispatch's order (slots grouped by expert, each expert's in token order). Their arithmetic
-// against a float64 oracle is tests/model/test_moe.cpp's (the whole MoE MLP).
+// against a float64 oracle is tests/model/test_moe.cpp's (the whole MoE MLP). On a CUDA device
+// (the emulated one in test_cuda_emu) the ops are refused with the dispatch's one-line error.
 #include <gtest/gtest.h>
 
 #include <cfloat>
 #include <cmath>
+#include <string>
 #include <vector>
 
+#include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/moe.h"
 
 namespace hmla {
@@ -59,6 +63,22 @@ TEST(MoeOps, TheDispatchGroupsSlotsByExpertInTokenOrder) {
   EXPECT_EQ(d.pos.to_vector<int32_t>(), std::vector<int32_t>({4, 0, 1, 2, 5, 3}));
   EXPECT_THROW(moe_dispatch(Tensor::from_vector<int32_t>({1, 2}, {1, 1}), 3), ShapeError);  // an expert twice
   EXPECT_THROW(moe_dispatch(Tensor::from_vector<int32_t>({1, 2}, {0, 3}), 3), ShapeError);  // out of range
+}
+
+// No CUDA kernels yet: the backend's supports() refuses, and the op says so before anything runs.
+TEST(MoeOps, TheCudaBackendRefusesThemClearly) {
+  if (!cuda_backend() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const Tensor logits = Tensor::zeros({2, 4}, DType::f32, Device::cuda), bias = Tensor::zeros({4}, DType::f32, Device::cuda);
+  MoeRouting r{Tensor::empty({2, 2}, DType::i32, Device::cuda), Tensor::empty({2, 2}, DType::f32, Device::cuda),
+               Tensor::empty({2, 2}, DType::f32, Device::cuda)};
+  try {
+    moe_route_fwd(logits, bias, 2, 1, true, 1.f, r);
+    ADD_FAILURE() << "accepted";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_route: the cuda backend does not run the MoE ops"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(moe_dispatch(r.idx, 4), ShapeError);
 }
 
 }  // namespace
