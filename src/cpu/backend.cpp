@@ -38,6 +38,9 @@ class CpuBackend final : public Backend {
   bool supports(const IndexerKlParams& p) const override {
     return p.dtype == DType::f32 && p.qk_dtype == DType::f32;
   }
+  bool supports(const MoeRouteParams&) const override { return true; }
+  bool supports(const MoeDispatchParams&) const override { return true; }
+  bool supports(const MoeRowsParams&) const override { return true; }
 
 #define HMLA_CPU_ENTRY(ret, name, P) HMLA_FORWARD(cpu, ret, name, P)
   HMLA_OP_LIST(HMLA_CPU_ENTRY)

@@ -137,6 +137,55 @@ RopeConfig parse_rope(const json& j, const std::string& what) {
   return r;
 }
 
+// An optional string field that has one accepted value (null counts as absent).
+void check_only(const json& j, const char* key, const char* value, const std::string& what, const char* why) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  HMLA_CHECK(j[key].is_string() && j[key].get<std::string>() == value, ConfigError, what, ": ", key, " = ",
+             j[key].dump(), ": hmla supports only \"", value, "\" (", why, ")");
+}
+
+// The MoE fields as transformers 5.24's DeepseekV32Config reads them: its defaults, `num_experts`
+// (its backward-compatible name) overriding n_routed_experts, and `num_local_experts` (its
+// attribute alias) when n_routed_experts is absent. Checked as DeepseekV32TopkRouter needs them;
+// anything it would compute differently or fail on is refused here, naming the field.
+MoeConfig parse_moe(const json& j, const std::string& what) {
+  MoeConfig m;
+  m.n_routed_experts = get_int(j, "num_local_experts", m.n_routed_experts, what);
+  m.n_routed_experts = get_int(j, "n_routed_experts", m.n_routed_experts, what);
+  m.n_routed_experts = get_int(j, "num_experts", m.n_routed_experts, what);
+  m.n_shared_experts = get_int(j, "n_shared_experts", m.n_shared_experts, what);
+  m.moe_intermediate_size = get_int(j, "moe_intermediate_size", m.moe_intermediate_size, what);
+  m.num_experts_per_tok = get_int(j, "num_experts_per_tok", m.num_experts_per_tok, what);
+  m.n_group = get_int(j, "n_group", m.n_group, what);
+  m.topk_group = get_int(j, "topk_group", m.topk_group, what);
+  m.norm_topk_prob = get_bool(j, "norm_topk_prob", m.norm_topk_prob, what);
+  m.routed_scaling_factor = get_num(j, "routed_scaling_factor", m.routed_scaling_factor, what);
+  check_only(j, "scoring_func", "sigmoid", what, "DeepseekV32TopkRouter scores experts by sigmoid");
+  check_only(j, "topk_method", "noaux_tc", what,
+             "group-limited top-k on scores + e_score_correction_bias, as DeepseekV32TopkRouter chooses");
+  for (auto [key, v] : {std::pair{"n_routed_experts", m.n_routed_experts}, std::pair{"n_group", m.n_group},
+                        std::pair{"topk_group", m.topk_group}, std::pair{"num_experts_per_tok", m.num_experts_per_tok},
+                        std::pair{"moe_intermediate_size", m.moe_intermediate_size}})
+    HMLA_CHECK(v >= 1, ConfigError, what, ": ", key, " = ", v, ": it must be at least 1 (a MoE layer needs it)");
+  HMLA_CHECK(m.n_shared_experts >= 0, ConfigError, what, ": n_shared_experts = ", m.n_shared_experts,
+             ": it must be >= 0");
+  HMLA_CHECK(m.n_routed_experts % m.n_group == 0, ConfigError, what, ": n_group = ", m.n_group,
+             " does not divide n_routed_experts = ", m.n_routed_experts, "; the router splits the experts into n_group equal groups");
+  HMLA_CHECK(m.n_routed_experts / m.n_group >= 2, ConfigError, what, ": n_group = ", m.n_group, " leaves ",
+             m.n_routed_experts / m.n_group, " expert per group; a group is scored by its top 2, so use n_group <= ",
+             m.n_routed_experts / 2);
+  HMLA_CHECK(m.topk_group <= m.n_group, ConfigError, what, ": topk_group = ", m.topk_group, " exceeds n_group = ",
+             m.n_group, "; the router keeps topk_group of the n_group groups");
+  HMLA_CHECK(m.num_experts_per_tok <= m.topk_group * (m.n_routed_experts / m.n_group), ConfigError, what,
+             ": num_experts_per_tok = ", m.num_experts_per_tok, " exceeds the ", m.topk_group * (m.n_routed_experts / m.n_group),
+             " experts of topk_group = ", m.topk_group, " groups of ", m.n_routed_experts / m.n_group);
+  HMLA_CHECK(std::isfinite(m.routed_scaling_factor) && m.routed_scaling_factor > 0, ConfigError, what,
+             ": routed_scaling_factor = ", m.routed_scaling_factor, ": it must be finite and positive");
+  HMLA_CHECK(m.n_routed_experts < (int64_t(1) << 31), ConfigError, what, ": n_routed_experts = ", m.n_routed_experts,
+             ": hmla numbers experts in int32");
+  return m;
+}
+
 // Every weight's element count from the fields that drive it, in checked arithmetic: a config
 // whose sizes overflow int64 is refused here, naming the fields, before any table or shape is
 // built from them. (Whether the sizes fit in memory is the MemoryPlan's question.)
@@ -156,6 +205,12 @@ void check_sizes(const ModelConfig& c, const std::string& what) {
   checked_product({{"intermediate_size", c.intermediate_size}, hid}, f + " the MLP");
   checked_product({{"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}, q_in},
                   f + " indexer.wq_b");
+  if (!c.has_moe_layers()) return;
+  const SizeFactor I{"moe_intermediate_size", c.moe.moe_intermediate_size};
+  checked_product({{"n_routed_experts", c.moe.n_routed_experts}, {"3", 3}, I, hid}, f + " the routed experts");
+  checked_product({{"n_shared_experts", c.moe.n_shared_experts}, {"3", 3}, I, hid}, f + " the shared experts");
+  checked_product({{"n_routed_experts", c.moe.n_routed_experts}, hid}, f + " mlp.gate");
+  checked_product({{"num_experts_per_tok", c.moe.num_experts_per_tok}, I}, f + " the per-expert activations");
 }
 
 void validate(const ModelConfig& c, const std::string& what) {
@@ -225,6 +280,7 @@ static ModelConfig parse_fields(const json& j, const std::string& what, LayerMod
                " strings (\"dense\" or \"sparse\"), got ", t.dump().substr(0, 80));
     c.mlp_layer_types = t.get<std::vector<std::string>>();
   }
+  if (c.has_moe_layers()) c.moe = parse_moe(j, what);
   c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
@@ -302,8 +358,25 @@ json model_config_to_json(const ModelConfig& c) {
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["initializer_range"] = c.initializer_range;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
-  j["first_k_dense_replace"] = c.num_hidden_layers;  // hmla never builds MoE layers
-  j["mlp_layer_types"] = std::vector<std::string>(c.num_hidden_layers, "dense");
+  if (!c.has_moe_layers()) {  // as hmla wrote dense models before MoE layers
+    j["first_k_dense_replace"] = c.num_hidden_layers;
+    j["mlp_layer_types"] = std::vector<std::string>(c.num_hidden_layers, "dense");
+  } else {  // the layout read, per layer, as transformers writes it
+    std::vector<std::string> types;
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L) types.push_back(c.is_moe_layer(L) ? "sparse" : "dense");
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["mlp_layer_types"] = types;
+    j.erase("num_experts");  // transformers' old name; n_routed_experts below says it
+    j.erase("num_local_experts");
+    j["n_routed_experts"] = c.moe.n_routed_experts;
+    j["n_shared_experts"] = c.moe.n_shared_experts;
+    j["moe_intermediate_size"] = c.moe.moe_intermediate_size;
+    j["num_experts_per_tok"] = c.moe.num_experts_per_tok;
+    j["n_group"] = c.moe.n_group;
+    j["topk_group"] = c.moe.topk_group;
+    j["norm_topk_prob"] = c.moe.norm_topk_prob;
+    j["routed_scaling_factor"] = c.moe.routed_scaling_factor;
+  }
   j["rope_theta"] = c.rope.theta;
   if (c.rope.type == "yarn") {
     json r = {{"rope_type", "yarn"}, {"rope_theta", c.rope.theta}, {"factor", c.rope.factor},

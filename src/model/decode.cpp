@@ -135,7 +135,8 @@ void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache,
   add_rmsnorm_fwd(h, attention(st, m, L, a, cache, topk), lw.post_attention_layernorm, eps, mid, mn, rstd);
   const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw);
   std::vector<Tensor> saved;  // the MLP's activations: temporaries here
-  for (const ActField& f : mlp->fields()) saved.push_back(f32(f.width ? Shape{n, f.width} : Shape{n}));
+  for (const ActField& f : mlp->fields())  // each in its dtype (a MoE layer's chosen experts i32)
+    saved.push_back(Tensor::empty(f.width ? Shape{n, f.width} : Shape{n}, field_dtype(f, DType::f32)));
   h = f32({1, n, hid});
   mlp->forward(mn, saved, h);
   add(h, mid, h);

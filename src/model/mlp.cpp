@@ -1,12 +1,39 @@
-// The dense SwiGLU MLP (mlp.h): y = down(silu(gate(x)) * up(x)); it keeps g = gate(x), u = up(x)
-// and act = silu(g) * u [N, intermediate_size].
+// The two MLPs (mlp.h). Dense SwiGLU: y = down(silu(gate(x)) * up(x)); it keeps g = gate(x),
+// u = up(x) and act = silu(g) * u [N, intermediate_size]. DeepSeekMoE (docs/moe.md): the router
+// (u = x W_gate^T in f32, group-limited top-k of sigmoid scores + bias), the N x k (token, choice)
+// slots grouped by expert (moe_dispatch), one SwiGLU per expert over its rows, the weighted
+// combine in slot order, plus the shared experts' SwiGLU. Dropless: every slot is computed.
 #include "hmla/model/mlp.h"
 
+#include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
 
 namespace hmla {
 
 namespace {
+
+Tensor f32_tmp(const Shape& sh, Device dev) { return Tensor::empty(sh, DType::f32, dev); }
+
+// One SwiGLU MLP on rows x [n, hidden]: g, u, act [n, I] saved, y [n, hidden] written.
+void swiglu_mlp_fwd(const SwigluTensors& w, const Tensor& x, const Tensor& g, const Tensor& u, const Tensor& act,
+                    const Tensor& y) {
+  linear_fwd(x, w.gate_proj, g);
+  linear_fwd(x, w.up_proj, u);
+  swiglu_fwd(g, u, act);
+  linear_fwd(act, w.down_proj, y);
+}
+
+// Its backward: the weights' gradients added into gw, dx = the gradient reaching x (+ dx when
+// dx_beta is 1).
+void swiglu_mlp_bwd(const SwigluTensors& w, const SwigluTensors& gw, const Tensor& dy, const Tensor& x,
+                    const Tensor& g, const Tensor& u, const Tensor& act, const Tensor& dx, float dx_beta) {
+  const int64_t N = g.size(0), I = g.size(1);
+  Tensor dact = f32_tmp({N, I}, x.device()), dg = f32_tmp({N, I}, x.device()), du = f32_tmp({N, I}, x.device());
+  linear_bwd(dy, act, w.down_proj, gw.down_proj, dact);
+  swiglu_bwd(dact, g, u, dg, du);
+  linear_bwd(dg, x, w.gate_proj, gw.gate_proj, dx, dx_beta);
+  linear_bwd(du, x, w.up_proj, gw.up_proj, dx, 1.f);
+}
 
 class DenseMlp final : public Mlp {
  public:
@@ -15,33 +42,122 @@ class DenseMlp final : public Mlp {
   std::vector<ActField> fields() const override { return {{"g", I_}, {"u", I_}, {"act", I_}}; }
 
   void forward(const Tensor& x, const std::vector<Tensor>& sv, const Tensor& y) const override {
-    linear_fwd(x, w_.gate_proj, sv[kG]);
-    linear_fwd(x, w_.up_proj, sv[kU]);
-    swiglu_fwd(sv[kG], sv[kU], sv[kAct]);
-    linear_fwd(sv[kAct], w_.down_proj, y);
+    swiglu_mlp_fwd(weights(w_), x, sv[kG], sv[kU], sv[kAct], y);
   }
 
   void backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& sv, const Tensor& dx) const override {
-    const int64_t N = x.numel() / x.size(-1);
-    auto tmp = [&](const Shape& sh) { return Tensor::empty(sh, DType::f32, x.device()); };
-    Tensor dact = tmp({N, I_}), dg = tmp({N, I_}), du = tmp({N, I_});
-    linear_bwd(dy, sv[kAct], w_.down_proj, g_->down_proj, dact);
-    swiglu_bwd(dact, sv[kG], sv[kU], dg, du);
-    linear_bwd(dg, x, w_.gate_proj, g_->gate_proj, dx);
-    linear_bwd(du, x, w_.up_proj, g_->up_proj, dx, 1.f);
+    swiglu_mlp_bwd(weights(w_), weights(*g_), dy, x, sv[kG], sv[kU], sv[kAct], dx, 0.f);
   }
 
  private:
   enum { kG, kU, kAct };  // fields()' order
+  static SwigluTensors weights(const LayerTensors& l) { return {l.gate_proj, l.up_proj, l.down_proj}; }
   int64_t I_;
   const LayerTensors& w_;
   const LayerTensors* g_;
 };
 
+// Saved per token: the router's choice (idx), gating weights and chosen scores [N, k]; per slot,
+// in dispatch order, the experts' g, u, act [N * k, I] (as [N, k * I] fields); the shared experts'
+// g, u, act [N, n_shared x I]. The dispatch and the experts' input rows are rebuilt in the
+// backward from idx and x (a counting sort and a gather: no [N * k, hidden] buffer is kept).
+class MoeMlp final : public Mlp {
+ public:
+  MoeMlp(const ModelConfig& c, const LayerTensors& w, const LayerTensors* g)
+      : m_(c.moe), hid_(c.hidden_size), w_(w.moe), g_(g ? &g->moe : nullptr) {}
+
+  std::vector<ActField> fields() const override {
+    const int64_t k = m_.num_experts_per_tok, kI = k * m_.moe_intermediate_size, Is = m_.shared_intermediate();
+    std::vector<ActField> f{{"router.idx", k, false, true},    {"router.weight", k, true}, {"router.score", k, true},
+                            {"experts.g", kI},                 {"experts.u", kI},          {"experts.act", kI}};
+    if (Is > 0) f.insert(f.end(), {{"shared.g", Is}, {"shared.u", Is}, {"shared.act", Is}});
+    return f;
+  }
+
+  void forward(const Tensor& x, const std::vector<Tensor>& sv, const Tensor& y_in) const override {
+    const int64_t N = x.size(0), E = m_.n_routed_experts, k = m_.num_experts_per_tok;
+    const Device dev = x.device();
+    const MoeRouting r = routing(sv);
+    const Tensor y = y_in.view({N, hid_});  // the decoder's [b, s, hidden] output as rows
+    Tensor logits = f32_tmp({N, E}, dev);
+    linear_fwd(x, w_.gate, logits);  // f32: the gate is kept f32 (Model::wc)
+    moe_route_fwd(logits, w_.e_score_correction_bias, m_.n_group, m_.topk_group, m_.norm_topk_prob,
+                  float(m_.routed_scaling_factor), r);
+    const MoeDispatch d = moe_dispatch(r.idx, E);
+    const std::vector<int32_t> off = d.offsets.to_vector<int32_t>();
+    Tensor xs = f32_tmp({N * k, hid_}, dev), ys = f32_tmp({N * k, hid_}, dev);
+    moe_gather(x, d, k, Tensor(), true, xs);
+    const Tensor G = slots(sv[kG], k), U = slots(sv[kU], k), A = slots(sv[kAct], k);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = off[e], r1 = off[e + 1];
+      if (r0 == r1) continue;  // no token chose it
+      swiglu_mlp_fwd(w_.experts[e], xs.slice(0, r0, r1), G.slice(0, r0, r1), U.slice(0, r0, r1), A.slice(0, r0, r1),
+                     ys.slice(0, r0, r1));
+    }
+    const bool shared = m_.shared_intermediate() > 0;
+    if (shared) swiglu_mlp_fwd(w_.shared, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], y);
+    moe_combine(ys, d, k, r.weight.view({N * k}), shared, y);  // y = shared + sum_j w_j expert_j(x)
+  }
+
+  void backward(const Tensor& dy_in, const Tensor& x, const std::vector<Tensor>& sv, const Tensor& dx) const override {
+    const int64_t N = x.size(0), E = m_.n_routed_experts, k = m_.num_experts_per_tok, I = m_.moe_intermediate_size;
+    const Device dev = x.device();
+    const MoeRouting r = routing(sv);
+    const Tensor w = r.weight.view({N * k}), dy = dy_in.view({N, hid_});
+    const MoeDispatch d = moe_dispatch(r.idx, E);
+    const std::vector<int32_t> off = d.offsets.to_vector<int32_t>();
+    const Tensor G = slots(sv[kG], k), U = slots(sv[kU], k), A = slots(sv[kAct], k);
+    // y_t = sum_j w_j down_e(act_j): the down products see act scaled by w (actw), so dW_down gets
+    // w dy act^T, and dz = dy W_down is the unweighted gradient of act, from which dw_j = dz_j . act_j
+    // and dact_j = w_j dz_j.
+    Tensor xs = f32_tmp({N * k, hid_}, dev), dys = f32_tmp({N * k, hid_}, dev), actw = f32_tmp({N * k, I}, dev);
+    Tensor dz = f32_tmp({N * k, I}, dev), dact = f32_tmp({N * k, I}, dev), dG = f32_tmp({N * k, I}, dev),
+           dU = f32_tmp({N * k, I}, dev), dxs = f32_tmp({N * k, hid_}, dev), dw = f32_tmp({N * k}, dev);
+    moe_gather(x, d, k, Tensor(), true, xs);
+    moe_gather(dy, d, k, Tensor(), true, dys);
+    moe_gather(A, d, k, w, false, actw);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = off[e], r1 = off[e + 1];
+      if (r0 == r1) continue;
+      linear_bwd(dys.slice(0, r0, r1), actw.slice(0, r0, r1), w_.experts[e].down_proj, g_->experts[e].down_proj,
+                 dz.slice(0, r0, r1));
+    }
+    moe_rowdot(dz, A, d, k, dw);
+    moe_gather(dz, d, k, w, false, dact);
+    swiglu_bwd(dact, G, U, dG, dU);
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t r0 = off[e], r1 = off[e + 1];
+      if (r0 == r1) continue;
+      const Tensor xe = xs.slice(0, r0, r1), dxe = dxs.slice(0, r0, r1);
+      linear_bwd(dG.slice(0, r0, r1), xe, w_.experts[e].gate_proj, g_->experts[e].gate_proj, dxe);
+      linear_bwd(dU.slice(0, r0, r1), xe, w_.experts[e].up_proj, g_->experts[e].up_proj, dxe, 1.f);
+    }
+    moe_combine(dxs, d, k, Tensor(), false, dx);  // each token's slots in slot order
+    if (m_.shared_intermediate() > 0)
+      swiglu_mlp_bwd(w_.shared, g_->shared, dy, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], dx, 1.f);
+    // The gate: through the weights only (the bias chose, it has no gradient).
+    Tensor dlogits = f32_tmp({N, E}, dev);
+    moe_route_bwd(dw.view({N, k}), r, m_.norm_topk_prob, float(m_.routed_scaling_factor), dlogits);
+    linear_bwd(dlogits, x, w_.gate, g_->gate, dx, 1.f);
+  }
+
+  Tensor chosen_experts(const std::vector<Tensor>& sv) const override { return sv[kIdx]; }
+
+ private:
+  enum { kIdx, kWeight, kScore, kG, kU, kAct, kSharedG, kSharedU, kSharedAct };  // fields()' order
+  static MoeRouting routing(const std::vector<Tensor>& sv) { return {sv[kIdx], sv[kWeight], sv[kScore]}; }
+  // A [N, k * I] field as its N * k dispatch rows.
+  static Tensor slots(const Tensor& f, int64_t k) { return f.view({f.size(0) * k, f.size(1) / k}); }
+  const MoeConfig& m_;
+  int64_t hid_;
+  const MoeTensors& w_;
+  const MoeTensors* g_;
+};
+
 }  // namespace
 
 std::unique_ptr<Mlp> make_mlp(const ModelConfig& c, int64_t L, const LayerTensors& w, const LayerTensors* g) {
-  (void)L;  // every layer is dense until MoE layers land (build_model refuses them)
+  if (c.is_moe_layer(L)) return std::make_unique<MoeMlp>(c, w, g);
   return std::make_unique<DenseMlp>(c, w, g);
 }
 

@@ -23,12 +23,6 @@ namespace hmla {
 
 namespace {
 
-
-bool is_moe_layer(const ModelConfig& c, int64_t L) {
-  if (!c.mlp_layer_types.empty()) return c.mlp_layer_types.at(L) == "sparse";
-  return L >= c.first_k_dense_replace;  // DESIGN.md section 2: default 3 without either field
-}
-
 // One micro-batch as the step's kernels read it, on the model's device: this rank's token ids, the
 // LM targets and their weights, the indexer's loss-row weights, and the layout's device form. Built
 // on the host as one buffer of 4-byte words and uploaded in one copy (issue 27: one upload per
@@ -208,7 +202,8 @@ ModelTensors compute_tensors(Model& m) {
   const io::TensorMap copy = arena_views(m.table, m.compute_arena);
   io::TensorMap views = copy;
   for (auto& [name, t] : views)
-    if (t.dim() < 2 || name == "model.embed_tokens.weight") t = m.params.at(name);  // read as f32
+    if (t.dim() < 2 || name == "model.embed_tokens.weight" || name.ends_with(".mlp.gate.weight"))
+      t = m.params.at(name);  // read as f32 (the MoE router's gate too: its logits are f32)
   ModelTensors wc = model_tensors(views, m.cfg.num_hidden_layers, m.cfg.tie_word_embeddings);
   if (m.cfg.tie_word_embeddings) wc.lm_head = copy.at("model.embed_tokens.weight");  // a product reads it
   return wc;
@@ -226,13 +221,13 @@ const RopeCache& Model::rope(int64_t s, int64_t pos0) const {
 }
 
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
-  HMLA_CHECK(c.vocab_size > 0 && c.intermediate_size > 0, ConfigError,
-             "a model needs vocab_size and intermediate_size (>= 1)");
+  bool dense_mlp = false;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) dense_mlp |= !c.is_moe_layer(L);
+  HMLA_CHECK(c.vocab_size > 0 && (c.intermediate_size > 0 || !dense_mlp), ConfigError,
+             "a model needs vocab_size and intermediate_size (>= 1; intermediate_size sizes the dense MLPs)");
   HMLA_CHECK(static_cast<int64_t>(has_indexer.size()) == c.num_hidden_layers, ConfigError,
              "has_indexer needs one entry per layer");
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    HMLA_CHECK(!is_moe_layer(c, L), ConfigError, "layer ", L,
-               " has a MoE MLP (mlp_layer_types / first_k_dense_replace); hmla builds dense MLPs only");
     HMLA_CHECK(!is_dsa(c.layer_modes[L]) || has_indexer[L], ConfigError, "layer ", L, " runs ",
                mode_name(c.layer_modes[L]), " without an indexer");
   }
@@ -262,7 +257,8 @@ void init_model(Model& m, uint64_t seed) {
   for (const ParamSpec& p : m.table) {
     const int64_t n = shape_numel(p.shape);
     const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos;
-    const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos;
+    const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos ||
+                       p.name.ends_with(".e_score_correction_bias");
     for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
     v += n;
   }
@@ -326,13 +322,21 @@ int64_t count_lm_targets(const Batch& batch, int64_t pad) {
   return n;
 }
 
-Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp) {
+Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk, Comm& cp,
+                    std::vector<Tensor>* experts) {
   check_forward_memory(m, batch, cp, false);
   const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
   Forward f = forward(m, in, cp, false, true);
   if (topk) {
     topk->clear();
     for (const LayerSaved& l : f.layers) topk->push_back(l.attn.topk);
+  }
+  if (experts) {
+    experts->clear();
+    for (int64_t L = 0; L < m.cfg.num_hidden_layers; ++L) {
+      const Tensor e = decoder_layer(m, L, nullptr).mlp->chosen_experts(f.layers[L].mlp);
+      experts->push_back(e.defined() ? e.clone() : e);  // out of the activation arena
+    }
   }
   return f.logits.view({batch.input_ids.size(0), -1, m.cfg.vocab_size});
 }

@@ -1,7 +1,9 @@
 // The model's tables and memory plans (model.h): its parameters in Hugging Face names, the
 // activation arena's table (from the decoder layers' field lists), views of an arena, and the
 // plans that check a model and a step fit before anything is allocated.
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
@@ -14,16 +16,27 @@ std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_strin
 
 namespace {
 
-// Layer L's entries of the parameter table, in table order.
-void add_layer_params(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, bool indexer) {
+// Layer L's entries of the parameter table, in table order; one_expert: a MoE layer's expert 0
+// only (the memory plan counts it n_routed_experts times, without a table of them all).
+void add_layer_params(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, bool indexer, bool one_expert = false) {
   const int64_t hid = c.hidden_size, I = c.intermediate_size;
   const std::string pre = layer_prefix(L);
   t.push_back({pre + "input_layernorm.weight", {hid}});
   for (ParamSpec& p : mla_param_table(c, false, indexer)) t.push_back({pre + "self_attn." + p.name, p.shape});
   t.push_back({pre + "post_attention_layernorm.weight", {hid}});
-  t.push_back({pre + "mlp.gate_proj.weight", {I, hid}});
-  t.push_back({pre + "mlp.up_proj.weight", {I, hid}});
-  t.push_back({pre + "mlp.down_proj.weight", {hid, I}});
+  auto swiglu = [&](const std::string& at, int64_t width) {
+    t.push_back({at + "gate_proj.weight", {width, hid}});
+    t.push_back({at + "up_proj.weight", {width, hid}});
+    t.push_back({at + "down_proj.weight", {hid, width}});
+  };
+  if (!c.is_moe_layer(L)) return swiglu(pre + "mlp.", I);
+  // A MoE layer's mlp (DESIGN.md section 9) in transformers' names; its router in f32.
+  const MoeConfig& m = c.moe;
+  t.push_back({pre + "mlp.gate.weight", {m.n_routed_experts, hid}});
+  t.push_back({pre + "mlp.gate.e_score_correction_bias", {m.n_routed_experts}});
+  for (int64_t e = 0; e < (one_expert ? 1 : m.n_routed_experts); ++e)
+    swiglu(pre + "mlp.experts." + std::to_string(e) + ".", m.moe_intermediate_size);
+  if (m.n_shared_experts > 0) swiglu(pre + "mlp.shared_experts.", m.shared_intermediate());
 }
 
 std::vector<ParamSpec> head_params(const ModelConfig& c) {
@@ -84,29 +97,43 @@ namespace {
 // blow up (the attention's tensors read their fields off the name and shape).
 std::string param_fields(const std::string& name) {
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return " = vocab_size x hidden_size";
+  if (name.find(".mlp.gate.") != std::string::npos) return " = n_routed_experts x hidden_size";
+  if (name.find(".mlp.experts.") != std::string::npos) return " = moe_intermediate_size x hidden_size";
+  if (name.find(".mlp.shared_experts.") != std::string::npos)
+    return " = n_shared_experts x moe_intermediate_size x hidden_size";
   if (name.find(".mlp.") != std::string::npos) return " = intermediate_size x hidden_size";
   return "";
 }
 
 }  // namespace
 
-// Counted per kind of layer (with and without an indexer), from one layer of each kind: the whole
-// table holds num_hidden_layers x ~15 named entries, itself per-layer memory that may be built
-// only once the plan has passed.
+// Counted per kind of layer (with or without an indexer, dense or MoE MLP), from one layer of
+// each kind: the whole table holds num_hidden_layers x ~15 named entries (a MoE layer's 3 per
+// expert more), itself per-layer memory that may be built only once the plan has passed.
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
                      DType compute) {
   HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
   // The table's entries in its order, each with how many layers repeat it: the embedding, the
   // first layer of each kind (its later layers repeat it), the final norm and the head.
   std::vector<std::pair<ParamSpec, int64_t>> entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1}};
-  const int64_t with = std::count(has_indexer.begin(), has_indexer.end(), true), without = c.num_hidden_layers - with;
-  const int64_t first_with = std::find(has_indexer.begin(), has_indexer.end(), true) - has_indexer.begin();
-  const int64_t first_without = std::find(has_indexer.begin(), has_indexer.end(), false) - has_indexer.begin();
-  for (int64_t L : {std::min(first_with, first_without), std::max(first_with, first_without)}) {
-    if (L >= c.num_hidden_layers) continue;
+  // Each kind's first layer, in layer order, and how many layers are of its kind.
+  std::map<std::pair<bool, bool>, std::pair<int64_t, int64_t>> kinds;  // (indexer, moe) -> (first, count)
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    auto [it, fresh] = kinds.try_emplace({bool(has_indexer[L]), c.is_moe_layer(L)}, L, 0);
+    ++it->second.second;
+  }
+  std::vector<std::pair<int64_t, int64_t>> firsts;
+  for (const auto& [kind, fc] : kinds) firsts.push_back(fc);
+  std::sort(firsts.begin(), firsts.end());
+  for (const auto& [L, count] : firsts) {
     std::vector<ParamSpec> layer;
-    add_layer_params(layer, c, L, has_indexer[L]);
-    for (ParamSpec& p : layer) entries.push_back({p, has_indexer[L] ? with : without});
+    add_layer_params(layer, c, L, has_indexer[L], true);
+    for (ParamSpec& p : layer) {
+      const bool expert = p.name.find(".mlp.experts.0.") != std::string::npos;
+      entries.push_back({p, expert ? checked_product({{"layers", count}, {"n_routed_experts", c.moe.n_routed_experts}},
+                                                     "the parameter count")
+                                   : count});
+    }
   }
   for (ParamSpec& p : head_params(c)) entries.push_back({p, 1});
   int64_t total = 0;
@@ -130,23 +157,40 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
 
 void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
                            DType compute) {
-  // Counted from the layers' fields (layer_fields, the one list of them), grouped by width and
-  // dtype.
-  std::map<std::pair<int64_t, DType>, int64_t> fields_of;
+  // Counted from the layers' fields (layer_fields, the one list of them), grouped by kind (the
+  // dense layers' fields, then a MoE layer's routing buffers, per-expert and shared-expert
+  // activations), width and dtype.
+  enum Kind { kLayer, kRouting, kExperts, kShared };
+  auto kind_of = [](const ActField& a) {
+    const std::string n = a.name;
+    return n.starts_with("router.") ? kRouting : n.starts_with("experts.") ? kExperts : n.starts_with("shared.") ? kShared
+                                                                                                                  : kLayer;
+  };
+  std::map<std::tuple<int, int64_t, DType>, int64_t> fields_of;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-    for (const ActField& a : layer_fields(c, L)) ++fields_of[{a.width, field_dtype(a, compute)}];
+    for (const ActField& a : layer_fields(c, L)) ++fields_of[{kind_of(a), a.width, field_dtype(a, compute)}];
+  const int64_t k = c.moe.num_experts_per_tok;
   for (const auto& [key, n] : fields_of) {
-    const auto [width, dt] = key;
+    const auto [kind, width, dt] = key;
     const int64_t bytes = int64_t(dtype_size(dt));
     const SizeFactor count{std::to_string(n) + " fields of the layers", n};
-    if (width == 0) {
+    const std::string in_dt = std::string(" (") + dtype_name(dt) + ")";
+    if (kind == kRouting) {
+      plan.add("the MoE layers' routing buffers" + in_dt, {count, rows, s, {"num_experts_per_tok", k}}, bytes);
+    } else if (kind == kExperts) {
+      plan.add("the MoE layers' per-expert activations" + in_dt,
+               {count, rows, s, {"num_experts_per_tok", k}, {"moe_intermediate_size", width / k}}, bytes);
+    } else if (kind == kShared) {
+      plan.add("the MoE layers' shared-expert activations" + in_dt,
+               {count, rows, s, {"n_shared_experts x moe_intermediate_size", width}}, bytes);
+    } else if (width == 0) {
       plan.add("the layers' RMSNorm statistics", {count, rows, s}, bytes);
     } else {
       const std::string name = width == c.hidden_size         ? "hidden_size"
                                : width == c.intermediate_size ? "intermediate_size"
                                                               : std::to_string(width);
       plan.add(std::string(width == c.hidden_size ? "the layers' hidden states" : "the layers' MLP activations") +
-                   " (" + dtype_name(dt) + ")",
+                   in_dt,
                {count, rows, s, {name, width}}, bytes);
     }
   }
@@ -171,6 +215,18 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
     plan.add("the logits", {rows, s, V}, f);
   }
   plan_activation_table(plan, c, rows, s, compute);
+  if (c.has_moe_layers()) {  // one MoE layer's f32 workspace at a time (MoeMlp in mlp.cpp)
+    const MoeConfig& m = c.moe;
+    const SizeFactor k{"num_experts_per_tok", m.num_experts_per_tok};
+    // forward: the router's logits [E], the experts' input and output rows [k, hidden] per token;
+    // backward: the input rows, dy's and dx's rows [k, hidden], actw, dz, dact, dg, du [k, I],
+    // dlogits [E] per token.
+    const SizeFactor width{training ? "3 x hidden_size + 5 x moe_intermediate_size" : "2 x hidden_size",
+                           training ? checked_add(3 * c.hidden_size, 5 * m.moe_intermediate_size, "a MoE width")
+                                    : 2 * c.hidden_size};
+    plan.add("a MoE layer's expert rows (workspace)", {rows, s, k, width}, f);
+    plan.add("a MoE layer's router logits (workspace)", {rows, s, {"n_routed_experts", m.n_routed_experts}}, f);
+  }
   std::map<LayerMode, int64_t> count;
   for (LayerMode m : c.layer_modes) ++count[m];
   for (const auto& [mode, n] : count) {

@@ -72,6 +72,17 @@ ModelTensors model_tensors(const io::TensorMap& w, int64_t layers, bool tied) {
     l.gate_proj = get(w, pre + "mlp.gate_proj.weight");
     l.up_proj = get(w, pre + "mlp.up_proj.weight");
     l.down_proj = get(w, pre + "mlp.down_proj.weight");
+    auto swiglu = [&](const std::string& at) {
+      return SwigluTensors{get(w, at + "gate_proj.weight"), get(w, at + "up_proj.weight"), get(w, at + "down_proj.weight")};
+    };
+    l.moe.gate = get(w, pre + "mlp.gate.weight");
+    l.moe.e_score_correction_bias = get(w, pre + "mlp.gate.e_score_correction_bias");
+    for (int64_t e = 0; l.moe.gate.defined(); ++e) {  // the experts are numbered from 0, without gaps
+      SwigluTensors x = swiglu(pre + "mlp.experts." + std::to_string(e) + ".");
+      if (!x.gate_proj.defined()) break;
+      l.moe.experts.push_back(x);
+    }
+    l.moe.shared = swiglu(pre + "mlp.shared_experts.");
     io::TensorMap attn;
     const std::string ap = pre + "self_attn.";
     for (auto it = w.lower_bound(ap); it != w.end() && it->first.compare(0, ap.size(), ap) == 0; ++it)

@@ -2,7 +2,10 @@
 // no pip needed here): checkpoints as transformers saves them load as they are; logits match the
 // float64 transformers run by the STYLE.md rule (twice the float32 transformers error plus 8 ulps);
 // every layer's selection matches transformers' top-k as a set wherever the K-th and (K+1)-th
-// scores are apart. Cases: dense (s <= index_topk), sparse (s > index_topk), YaRN.
+// scores are apart, and every MoE layer's chosen experts equal transformers' (the fixture's seed
+// has no router decision within 1e-4 of a tie). Cases: dense (s <= index_topk), sparse
+// (s > index_topk), YaRN, moe (layer 0 dense, layers 1-2 DeepSeekMoE: 8 experts in 4 groups, top-2
+// groups, top-2 experts, a shared expert, a nonzero e_score_correction_bias).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,8 +39,8 @@ TEST_P(HfFixture, LogitsAndSelectionsMatchTransformers) {
   for (int64_t v : f.at("input_ids").to_vector<int64_t>()) ids.push_back(int32_t(v));
   const int64_t b = f.at("input_ids").size(0), s = f.at("input_ids").size(1);
   Batch batch{Tensor::from_vector<int32_t>({b, s}, ids), layout_causal(b, s)};
-  std::vector<Tensor> topk;
-  Tensor logits = model_logits(m, batch, &topk);
+  std::vector<Tensor> topk, experts;
+  Tensor logits = model_logits(m, batch, &topk, Comm::self(), &experts);
   const double err = testing::expect_within_rule("logits", logits.to_vector<float>(), f.at("logits_f32").to_vector<float>(),
                                                  joined(f, "logits"));
   std::printf("%s: max |hmla - transformers f64| = %.3e\n", GetParam().c_str(), err);
@@ -70,10 +73,17 @@ TEST_P(HfFixture, LogitsAndSelectionsMatchTransformers) {
       ++compared;
     }
     EXPECT_GT(compared, b * s * 3 / 4);
+    const std::string routed = "layer" + std::to_string(L) + ".experts";
+    ASSERT_EQ(c.is_moe_layer(L), f.count(routed) > 0) << GetParam() << " layer " << L;
+    if (!c.is_moe_layer(L)) continue;
+    std::vector<int32_t> chosen = experts[L].to_vector<int32_t>();
+    const int64_t k = experts[L].size(1);
+    for (int64_t r = 0; r < b * s; ++r) std::sort(chosen.begin() + r * k, chosen.begin() + (r + 1) * k);
+    EXPECT_EQ(chosen, f.at(routed).to_vector<int32_t>()) << GetParam() << " layer " << L << ": the chosen experts";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, HfFixture, ::testing::Values("dense", "sparse", "yarn"));
+INSTANTIATE_TEST_SUITE_P(Cases, HfFixture, ::testing::Values("dense", "sparse", "yarn", "moe"));
 
 }  // namespace
 }  // namespace hmla

@@ -250,8 +250,12 @@ TEST(ModelConfig, TheParameterPlanCountsTheTableWithoutBuildingIt) {
   j["vocab_size"] = 300;
   j["intermediate_size"] = 96;
   j["num_hidden_layers"] = 4;
-  for (bool tie : {false, true}) {
+  j["n_group"] = 2, j["topk_group"] = 1, j["moe_intermediate_size"] = 12, j["n_shared_experts"] = 2;
+  // All dense (first_k_dense_replace 4), and MoE from layer 2 (8 experts per MoE layer counted
+  // from one, beside the dense layers and each indexer kind).
+  for (auto [tie, dense] : {std::pair{false, 4}, std::pair{true, 4}, std::pair{false, 2}, std::pair{true, 2}}) {
     j["tie_word_embeddings"] = tie;
+    j["first_k_dense_replace"] = dense;
     const ModelConfig c = parse_model_config(j, "cfg");
     for (std::vector<bool> has : {std::vector<bool>{false, false, false, false}, {true, true, true, true},
                                   {true, false, true, false}, {false, false, true, true}})
@@ -265,6 +269,7 @@ TEST(ModelConfig, TheParameterPlanCountsTheTableWithoutBuildingIt) {
   }
   // The largest tensor the message names is the table's first largest.
   j["tie_word_embeddings"] = false;
+  j["first_k_dense_replace"] = 4;
   j["intermediate_size"] = 100000;
   ::setenv("HMLA_MEMORY_BUDGET", "1K", 1);
   MemoryPlan plan;

@@ -1,7 +1,8 @@
 // Decoding with the latent KV cache against the full forward: every layer mode (with and without
 // an attention sink, q LoRA, YaRN, an index window), a prefill chunk, a second chunk after it and
 // then single tokens; dsa_sparse with s > index_topk, so the selection from the cached indexer
-// keys decides the logits, and its tables must equal the forward's.
+// keys decides the logits, and its tables must equal the forward's; MoE MLPs (docs/moe.md) from a
+// layer on, whose routing of each token must not depend on how the tokens are grouped.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -18,19 +19,25 @@ struct Case {
   std::vector<std::string> modes;
   bool q_lora = true, sink = false, yarn = false;
   int window = 0;
+  int moe_from = -1;  // >= 0: first_k_dense_replace, with a tiny DeepSeekMoE
 };
 
 ModelConfig config(const Case& k) {
   testing::TinyConfig t;
   t.q_lora = k.q_lora ? 16 : 0, t.indexer->window = k.window, t.modes = k.modes, t.sink = k.sink, t.yarn = k.yarn;
-  return testing::tiny_config(t, "decode test");
+  nlohmann::json j = testing::tiny_config_json(t);
+  if (k.moe_from >= 0) {
+    j["first_k_dense_replace"] = k.moe_from, j["n_routed_experts"] = 8, j["n_group"] = 4, j["topk_group"] = 2;
+    j["num_experts_per_tok"] = 3, j["moe_intermediate_size"] = 6, j["n_shared_experts"] = 1;
+  }
+  return parse_model_config(j, "decode test");
 }
 
 std::string describe(const Case& k) {
   std::string s;
   for (const auto& m : k.modes) s += m + " ";
   return s + (k.q_lora ? "q_lora " : "") + (k.sink ? "sink " : "") + (k.yarn ? "yarn " : "") +
-         "window " + std::to_string(k.window);
+         "window " + std::to_string(k.window) + (k.moe_from >= 0 ? " moe from " + std::to_string(k.moe_from) : "");
 }
 
 Model random_model(const ModelConfig& c, uint64_t seed) {
@@ -70,6 +77,8 @@ TEST(Decode, EveryModeMatchesTheFullForward) {
       {{"dsa_sparse", "mqa_full_causal"}, true, true, true},
       {{"mha", "dsa_sparse"}, true, false, false, 2},
       {{"dsa_sparse"}, true, true, true, 3},
+      {{"mha", "dsa_sparse"}, true, false, false, 0, 1},
+      {{"mha", "mha"}, true, false, false, 0, 0},
   };
   const int64_t s = 24;  // > index_topk + index_window: a dsa_sparse row sees only part of A(t)
   std::vector<int32_t> ids(s);

@@ -29,7 +29,7 @@ Batch batch(int64_t b, int64_t s, uint64_t seed) {
   return {Tensor::from_vector<int32_t>({b, s}, ids), layout_from_cu_seqlens(s, std::vector<std::vector<int64_t>>(b, {0, 9, 10, s - 2}))};
 }
 
-TEST(Model, TableArenaAndMoeRefusal) {
+TEST(Model, TableArenaAndMoeLayers) {
   ModelConfig c = tiny({"mha", "dsa_warmup"});
   Model m = build_model(c, {false, true});
   EXPECT_EQ(m.arena.numel(), table_numel(m.table));
@@ -37,8 +37,18 @@ TEST(Model, TableArenaAndMoeRefusal) {
   EXPECT_FALSE(m.params.count("model.layers.0.self_attn.indexer.wk.weight"));
   EXPECT_THROW(build_model(c, {false, false}), ConfigError);  // dsa layer without indexer
   nlohmann::json j = model_config_to_json(c);
+  // A MoE layer (mlp_layer_types) has transformers' tensors instead of the dense MLP's.
   j["mlp_layer_types"] = {"dense", "sparse"};
-  EXPECT_THROW(build_model(parse_model_config(j, "moe"), {false, true}), ConfigError);
+  j["n_routed_experts"] = 4, j["n_group"] = 2, j["topk_group"] = 1, j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 6, j["n_shared_experts"] = 1;
+  const Model moe = build_model(parse_model_config(j, "moe"), {false, true});
+  EXPECT_EQ(moe.params.at("model.layers.1.mlp.gate.weight").shape(), Shape({4, 32}));
+  EXPECT_EQ(moe.params.at("model.layers.1.mlp.gate.e_score_correction_bias").shape(), Shape({4}));
+  EXPECT_EQ(moe.params.at("model.layers.1.mlp.experts.3.down_proj.weight").shape(), Shape({32, 6}));
+  EXPECT_EQ(moe.params.at("model.layers.1.mlp.shared_experts.up_proj.weight").shape(), Shape({6, 32}));
+  EXPECT_FALSE(moe.params.count("model.layers.1.mlp.gate_proj.weight"));
+  EXPECT_TRUE(moe.params.count("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_EQ(moe.w.layers[1].moe.experts.size(), 4u);
 }
 
 // The activations outside the attention come from one arena of activation_table, and the memory

@@ -1,6 +1,6 @@
 // Model configuration: a Hugging Face DeepSeek-V3.2 config.json plus hmla's own keys (DESIGN.md
-// section 2), validated when loaded. Fields transformers writes that hmla does not use (MoE
-// routing, token ids, ...) are kept verbatim and written back.
+// section 2), validated when loaded. Fields transformers writes that hmla does not use (token ids,
+// ...) are kept verbatim and written back.
 #pragma once
 #include "hmla/core/tensor.h"
 #include <cstdint>
@@ -35,6 +35,18 @@ struct RopeConfig {
 // Whether the layers' weights fit is the memory plan's question (plan_parameters).
 inline constexpr int64_t kMaxLayers = int64_t(1) << 16;
 
+// DeepSeekMoE's fields (DESIGN.md section 9, docs/moe.md) with transformers 5.24's
+// DeepseekV32Config defaults; read only when some layer is MoE. scoring_func (sigmoid) and
+// topk_method (noaux_tc) are not kept: they have one accepted value each, which transformers
+// computes whatever the file says.
+struct MoeConfig {
+  int64_t n_routed_experts = 256, n_shared_experts = 1, moe_intermediate_size = 2048;
+  int64_t num_experts_per_tok = 8, n_group = 8, topk_group = 4;
+  bool norm_topk_prob = true;
+  double routed_scaling_factor = 2.5;
+  int64_t shared_intermediate() const { return n_shared_experts * moe_intermediate_size; }
+};
+
 struct ModelConfig {
   int64_t hidden_size = 0, num_attention_heads = 0, num_hidden_layers = 0;
   int64_t vocab_size = 0, intermediate_size = 0, max_position_embeddings = 0;
@@ -44,6 +56,7 @@ struct ModelConfig {
   int64_t pad_token_id = 0;
   int64_t first_k_dense_replace = 0;
   std::vector<std::string> mlp_layer_types;  // empty: derived from first_k_dense_replace
+  MoeConfig moe;                             // the MoE layers' routing and sizes
   double rms_norm_eps = 1e-6, initializer_range = 0.02;
   bool tie_word_embeddings = false;
   RopeConfig rope;
@@ -54,6 +67,16 @@ struct ModelConfig {
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool has_indexer_fields() const { return index_n_heads > 0 && index_head_dim > 0 && index_topk > 0; }
+  // Layer L's MLP is MoE exactly when transformers builds DeepseekV32MoE there:
+  // mlp_layer_types[L] == "sparse", or without that field L >= first_k_dense_replace (default 3).
+  bool is_moe_layer(int64_t L) const {
+    return mlp_layer_types.empty() ? L >= first_k_dense_replace : mlp_layer_types.at(size_t(L)) == "sparse";
+  }
+  bool has_moe_layers() const {
+    for (int64_t L = 0; L < num_hidden_layers; ++L)
+      if (is_moe_layer(L)) return true;
+    return false;
+  }
 };
 
 // Where the layers' modes come from: the file (hmla_layer_modes; without it DESIGN.md section 2's
@@ -66,7 +89,8 @@ enum class LayerModesFrom { config, programme };
 ModelConfig parse_model_config(const nlohmann::json& j, const std::string& what,
                                LayerModesFrom modes = LayerModesFrom::config);
 ModelConfig load_model_config(const std::string& path, LayerModesFrom modes = LayerModesFrom::config);
-// The HF config.json hmla writes: DeepSeek-V3.2 names, no MoE, pad_token_id explicit.
+// The HF config.json hmla writes: DeepSeek-V3.2 names, the MLP layout it read (a model without
+// MoE layers: all dense), pad_token_id explicit.
 nlohmann::json model_config_to_json(const ModelConfig& c);
 void save_model_config(const std::string& path, const ModelConfig& c);
 

@@ -1,7 +1,8 @@
-// The MLP of a decoder layer, behind one interface: y = mlp(x) over N rows of width hidden. The
-// dense SwiGLU MLP (`mlp.{gate,up,down}_proj`) is the kind every layer has today; DeepSeekMoE
-// (DESIGN.md section 9, the MoE issue) is the second, and plugs in here: the decoder layer
-// (decoder_layer.h) reads and writes an MLP only through these calls.
+// The MLP of a decoder layer, behind one interface: y = mlp(x) over N rows of width hidden. Two
+// kinds: the dense SwiGLU MLP (`mlp.{gate,up,down}_proj`) and DeepSeekMoE (DESIGN.md section 9,
+// docs/moe.md: a router, routed experts, shared experts), picked per layer by
+// ModelConfig::is_moe_layer. The decoder layer (decoder_layer.h) reads and writes an MLP only
+// through these calls.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,15 +19,17 @@ namespace hmla {
 // order, are the only place the order of its activations is written (decoder_layer.h).
 // Precision (DESIGN.md section 4): a field is kept in its device's compute dtype (bf16 on CUDA),
 // unless `exact`: the residual stream (its sums run in f32 so that no layer's contribution is
-// rounded away against a large hidden state) and every statistic (width 0: rstd) are f32.
+// rounded away against a large hidden state) and every statistic (width 0: rstd) are f32. A field
+// of `ids` (a MoE layer's chosen experts) is i32.
 struct ActField {
   const char* name;
   int64_t width;
   bool exact = false;
+  bool ids = false;
 };
 // The dtype field f is kept in where the compute dtype is `compute`.
 inline DType field_dtype(const ActField& f, DType compute) {
-  return f.exact || f.width == 0 ? DType::f32 : compute;
+  return f.ids ? DType::i32 : f.exact || f.width == 0 ? DType::f32 : compute;
 }
 // An entry of the activation arena's table (model.h's activation_table).
 struct ActSpec {
@@ -45,9 +48,15 @@ class Mlp {
   // dx [N, hidden] = the gradient reaching x, written; the weights' gradients are ADDED into the
   // gradient views the MLP was made with (hmla/ops/nn.h's convention).
   virtual void backward(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& saved, const Tensor& dx) const = 0;
+  // The experts each row chose, [N, k] i32 (a view of `saved`), for a MoE MLP; undefined otherwise.
+  virtual Tensor chosen_experts(const std::vector<Tensor>& saved) const {
+    (void)saved;
+    return {};
+  }
 };
 
-// Layer L's MLP on its weights `w` (and, for a backward, the views `g` of their gradients).
+// Layer L's MLP on its weights `w` (and, for a backward, the views `g` of their gradients): the
+// MoE MLP where c.is_moe_layer(L), else the dense one.
 std::unique_ptr<Mlp> make_mlp(const ModelConfig& c, int64_t L, const LayerTensors& w, const LayerTensors* g = nullptr);
 
 }  // namespace hmla

@@ -80,8 +80,9 @@ struct Model {
   mutable std::map<std::pair<int64_t, int64_t>, RopeCache> rope_;
 };
 
-// Allocates the arena (zeros, on `device`) for this config. Throws ConfigError for MoE layers (DESIGN.md
-// section 2) and for an MLP without intermediate_size / a model without vocab_size.
+// Allocates the arena (zeros, on `device`) for this config, MoE layers included (their experts run
+// on the CPU backend only so far). Throws ConfigError for a dense MLP without intermediate_size / a
+// model without vocab_size.
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device = Device::cpu);
 // The compute copy of the weights from the arena (one conversion on the device; nothing where
 // the compute dtype is f32). Call it after writing m.arena or m.params directly.
@@ -132,8 +133,11 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
                      Comm& cp = Comm::self());
 
 // Forward only: logits [b, s, vocab] f32; with `topk`, also each layer's selection table
-// ([b, s, K + W] i32, undefined for layers that select nothing). Under CP: the shard's rows.
-Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk = nullptr, Comm& cp = Comm::self());
+// ([b, s, K + W] i32, undefined for layers that select nothing); with `experts`, each layer's
+// chosen experts ([b * s, num_experts_per_tok] i32 by descending choice value, undefined for dense
+// layers). Under CP: the shard's rows.
+Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* topk = nullptr, Comm& cp = Comm::self(),
+                    std::vector<Tensor>* experts = nullptr);
 // Forward only: mean LM loss over the batch's targets (under CP: this rank's share).
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp = Comm::self());
 

@@ -38,8 +38,23 @@ struct AttnTensors {  // "self_attn.*" of one layer, without the prefix
   IndexerTensors indexer;
 };
 
+struct SwigluTensors {  // one SwiGLU MLP: gate_proj, up_proj [I, hidden], down_proj [hidden, I]
+  Tensor gate_proj, up_proj, down_proj;
+};
+
+// "mlp.*" of a MoE layer (DESIGN.md section 9), in the layout transformers 5.24's save_pretrained
+// writes: the router "gate.weight" [E, hidden] (f32 in every dtype policy) and
+// "gate.e_score_correction_bias" [E] (no gradient), "experts.{e}.{gate,up,down}_proj.weight" one
+// SwiGLU per routed expert, "shared_experts.*" one SwiGLU of n_shared x moe_intermediate_size.
+struct MoeTensors {
+  Tensor gate, e_score_correction_bias;
+  std::vector<SwigluTensors> experts;
+  SwigluTensors shared;  // undefined when n_shared_experts is 0
+};
+
 struct LayerTensors {  // "model.layers.{L}.*"
-  Tensor input_layernorm, post_attention_layernorm, gate_proj, up_proj, down_proj;
+  Tensor input_layernorm, post_attention_layernorm, gate_proj, up_proj, down_proj;  // a dense layer's mlp
+  MoeTensors moe;                                                                   // a MoE layer's mlp
   AttnTensors attn;
 };
 

@@ -13,6 +13,7 @@
 
 #include "hmla/ops/attention.h"
 #include "hmla/ops/indexer.h"
+#include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
 #include "hmla/ops/sparse_attention.h"
@@ -20,12 +21,13 @@
 // Each family's header lists its own ops next to its params structs (HMLA_<FAMILY>_OPS), so that
 // an op of an existing family is one line in the header that declares its entry point.
 #define HMLA_OP_LIST(X) \
-  HMLA_NN_OPS(X) HMLA_OPTIM_OPS(X) HMLA_ATTN_DENSE_OPS(X) HMLA_ATTN_SPARSE_OPS(X) HMLA_INDEXER_OPS(X)
+  HMLA_NN_OPS(X) HMLA_OPTIM_OPS(X) HMLA_ATTN_DENSE_OPS(X) HMLA_ATTN_SPARSE_OPS(X) HMLA_INDEXER_OPS(X) \
+  HMLA_MOE_OPS(X)
 
 #define HMLA_PARAMS_LIST(X)                                                                          \
   X(GemmParams) X(NormParams) X(RopeParams) X(SwigluParams) X(EmbeddingParams) X(CrossEntropyParams) \
   X(AxpyParams) X(ConvertParams) X(SumSquaresParams) X(StatsParams) X(AdamWParams) X(MuonParams) X(AttnDenseParams)  \
-  X(AttnSparseParams) X(IndexerTopkParams) X(IndexerKlParams)
+  X(AttnSparseParams) X(IndexerTopkParams) X(IndexerKlParams) X(MoeRouteParams) X(MoeDispatchParams) X(MoeRowsParams)
 
 // The kernel declarations of one backend's namespace: `ret name(const Params& p);` per op
 // (cpu_kernels.h, cuda_kernels.h: HMLA_OP_LIST(HMLA_DECLARE_KERNEL)).

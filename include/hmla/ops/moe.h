@@ -1,0 +1,106 @@
+// DeepSeekMoE's routing and row movement as ops (DESIGN.md section 9, docs/moe.md): the router's
+// group-limited top-k over sigmoid scores and its backward, the dispatch of (token, slot) pairs
+// grouped by expert, and the gathers, combines and row dots between the per-expert products.
+// Every kernel is deterministic: each output row is written by one thread in a fixed order, no
+// atomics. The CPU runs them all; the CUDA backend does not yet (its supports() refuses).
+//
+// Letters: N tokens, E routed experts, k = num_experts_per_tok, D a row width. A slot is one
+// (token t, choice j) pair, numbered t * k + j; the dispatch order lists the N * k slots grouped by
+// expert (experts ascending), each expert's slots in token order.
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/tensor.h"
+
+namespace hmla {
+
+// The router (transformers' DeepseekV32TopkRouter): s = sigmoid(u) of the logits u, choice
+// c = s + bias; the groups (E / n_group experts each, consecutive) ranked by the sum of their two
+// largest c, the best topk_group kept; then the k experts of largest c among the kept groups.
+// Ties (exact, in a group's rank or an expert's) go to the smaller index. idx lists the chosen by
+// descending c (equal c: ascending expert). weight = s at the chosen, divided by (sum of those s
+// + 1e-20) when norm_topk_prob, times `scaling`. The backward writes dlogits [N, E] (0 outside the
+// chosen): the gradient of weight only (the choice is piecewise constant, the bias gets none).
+struct MoeRouteParams {
+  int64_t N = 0, E = 0, k = 0, n_group = 1, topk_group = 1;
+  bool norm_topk_prob = true;
+  float scaling = 1.f;             // routed_scaling_factor
+  const float* logits = nullptr;   // [N, E] u = x W_gate^T, contiguous
+  const float* bias = nullptr;     // [E] e_score_correction_bias
+  int32_t* idx = nullptr;          // [N, k] the chosen experts
+  float* weight = nullptr;         // [N, k] their gating weights
+  float* score = nullptr;          // [N, k] their s (the backward's input)
+  const int32_t* idx_in = nullptr; // backward: [N, k] the forward's idx
+  const float* score_in = nullptr; // backward: [N, k] the forward's score
+  const float* dweight = nullptr;  // backward: [N, k]
+  float* dlogits = nullptr;        // backward: [N, E], written
+};
+
+// The dispatch of idx [N, k] (every entry in [0, E), no expert twice in a row): order [N * k] the
+// slots grouped by expert, pos [N * k] its inverse (pos[slot] = the slot's row in that order),
+// offsets [E + 1] (expert e's rows are [offsets[e], offsets[e + 1])). A stable counting sort.
+struct MoeDispatchParams {
+  int64_t N = 0, E = 0, k = 0;
+  const int32_t* idx = nullptr;  // [N, k]
+  int32_t* order = nullptr;      // [N * k]
+  int32_t* pos = nullptr;        // [N * k]
+  int32_t* offsets = nullptr;    // [E + 1]
+};
+
+// Row movement between token rows [N, D] and dispatch rows [N * k, D]:
+// - gather: out[i] = src[r(i)] * (w ? w[order[i]] : 1), r(i) = order[i] / k (from_tokens: src is
+//   token rows) or i (src is already in dispatch order: a row scale);
+// - combine: out[t] = (accumulate ? out[t] : 0) + sum over j = 0 .. k-1, in that order, of
+//   (w ? w[t * k + j] : 1) * src[pos[t * k + j]]; the sum is formed first, then added;
+// - rowdot: out[order[i]] = sum_d a[i, d] b[i, d] (d ascending): a value per slot, in slot order.
+struct MoeRowsParams {
+  int64_t N = 0, k = 0, D = 0;
+  const float* src = nullptr;      // gather: [N, D] or [N * k, D]; combine: [N * k, D]; rows at ld_src
+  int64_t ld_src = 0;
+  const float* a = nullptr;        // rowdot: [N * k, D] contiguous
+  const float* b = nullptr;        // rowdot: [N * k, D] contiguous
+  const int32_t* order = nullptr;  // [N * k] (gather, rowdot)
+  const int32_t* pos = nullptr;    // [N * k] (combine)
+  const float* w = nullptr;        // [N * k] per slot, or null
+  bool from_tokens = true, accumulate = false;
+  float* out = nullptr;            // gather: [N * k, D]; combine: [N, D]; rows at ld_out; rowdot: [N * k]
+  int64_t ld_out = 0;
+};
+
+struct MoeRouting {  // the router's outputs over N tokens
+  Tensor idx;     // [N, k] i32
+  Tensor weight;  // [N, k] f32
+  Tensor score;   // [N, k] f32
+};
+struct MoeDispatch {
+  Tensor order, pos;  // [N * k] i32
+  Tensor offsets;     // [E + 1] i32
+};
+
+// logits [N, E] and bias [E] f32 contiguous; r's tensors [N, k] contiguous (written).
+void moe_route_fwd(const Tensor& logits, const Tensor& bias, int64_t n_group, int64_t topk_group, bool norm_topk_prob,
+                   float scaling, const MoeRouting& r);
+// dlogits [N, E] written from dweight [N, k] and the forward's r.idx, r.score.
+void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_prob, float scaling,
+                   const Tensor& dlogits);
+// idx [N, k] i32 checked on the host when it lives there (every entry in [0, E), none twice in a row).
+MoeDispatch moe_dispatch(const Tensor& idx, int64_t E);
+// gather: src [N, D] row matrix (from_tokens) or [N * k, D]; out [N * k, D] contiguous; w [N * k] or undefined.
+void moe_gather(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor& w, bool from_tokens,
+                const Tensor& out);
+// combine: src [N * k, D] contiguous; out [N, D] row matrix; w [N * k] or undefined.
+void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor& w, bool accumulate,
+                 const Tensor& out);
+// rowdot: a, b [N * k, D] contiguous; out [N * k] per slot.
+void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t k, const Tensor& out);
+
+}  // namespace hmla
+
+// The family's backend entries (op_list.h): X(return type, entry, params struct).
+#define HMLA_MOE_OPS(X)                       \
+  X(void, moe_route_fwd, MoeRouteParams)      \
+  X(void, moe_route_bwd, MoeRouteParams)      \
+  X(void, moe_dispatch, MoeDispatchParams)    \
+  X(void, moe_gather, MoeRowsParams)          \
+  X(void, moe_combine, MoeRowsParams)         \
+  X(void, moe_rowdot, MoeRowsParams)

@@ -1,0 +1,164 @@
+// The MoE ops on the CPU (hmla/ops/moe.h): the router per token (its own thread, a fixed order of
+// comparisons and sums), the dispatch as one stable counting sort, and the row gathers, combines
+// and dots, each output row by one thread. f32 throughout, as transformers' router computes it.
+#include <cmath>
+#include <vector>
+
+#include "cpu_kernels.h"
+
+namespace hmla::cpu {
+
+namespace {
+
+// a ranks before b: larger value, or equal value and smaller index (docs/moe.md's tie rule).
+inline bool before(float va, int64_t a, float vb, int64_t b) { return va > vb || (va == vb && a < b); }
+
+float sigmoid(float u) { return 1.f / (1.f + std::exp(-u)); }
+
+// The normaliser of a token's chosen scores, summed in slot order (as the forward and the
+// backward both form it).
+float denominator(const float* s, int64_t k) {
+  float sum = 0.f;
+  for (int64_t j = 0; j < k; ++j) sum += s[j];
+  return sum + 1e-20f;
+}
+
+}  // namespace
+
+void moe_route_fwd(const MoeRouteParams& p) {
+  const int64_t E = p.E, k = p.k, G = p.n_group, per = E / G;
+#pragma omp parallel
+  {
+    std::vector<float> s(E), c(E), gscore(G);
+    std::vector<char> keep(G);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < p.N; ++t) {
+      const float* u = p.logits + t * E;
+      for (int64_t e = 0; e < E; ++e) {
+        s[e] = sigmoid(u[e]);
+        c[e] = s[e] + p.bias[e];
+      }
+      // A group's score: its largest choice value plus its second largest.
+      for (int64_t g = 0; g < G; ++g) {
+        int64_t b1 = -1, b2 = -1;
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+          if (b1 < 0 || before(c[e], e, c[b1], b1)) {
+            b2 = b1, b1 = e;
+          } else if (b2 < 0 || before(c[e], e, c[b2], b2)) {
+            b2 = e;
+          }
+        }
+        gscore[g] = c[b1] + c[b2];
+        keep[g] = 0;
+      }
+      for (int64_t r = 0; r < p.topk_group; ++r) {  // the best topk_group groups
+        int64_t best = G;  // none yet (topk_group <= n_group: one is always left)
+        for (int64_t g = 0; g < G; ++g)
+          if (!keep[g] && (best == G || before(gscore[g], g, gscore[best], best))) best = g;
+        if (best < G) keep[best] = 1;
+      }
+      // The k experts of the kept groups by descending choice value (selection, k passes).
+      int32_t* idx = p.idx + t * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          if (!keep[e / per]) continue;
+          bool taken = false;
+          for (int64_t i = 0; i < j; ++i) taken |= idx[i] == e;
+          if (!taken && (best < 0 || before(c[e], e, c[best], best))) best = e;
+        }
+        idx[j] = int32_t(best);
+      }
+      float* sc = p.score + t * k;
+      float* w = p.weight + t * k;
+      for (int64_t j = 0; j < k; ++j) sc[j] = s[idx[j]];
+      const float den = p.norm_topk_prob ? denominator(sc, k) : 1.f;
+      for (int64_t j = 0; j < k; ++j) w[j] = (p.norm_topk_prob ? sc[j] / den : sc[j]) * p.scaling;
+    }
+  }
+}
+
+// w_j = scaling s_j / D (D = sum_i s_i + 1e-20; D = 1 without normalisation and no second term):
+// dL/ds_j = (scaling dw_j - sum_i dw_i w_i) / D, and du_j = dL/ds_j s_j (1 - s_j).
+void moe_route_bwd(const MoeRouteParams& p) {
+  const int64_t E = p.E, k = p.k;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < p.N; ++t) {
+    float* du = p.dlogits + t * E;
+    for (int64_t e = 0; e < E; ++e) du[e] = 0.f;
+    const float* s = p.score_in + t * k;
+    const float* dw = p.dweight + t * k;
+    const int32_t* idx = p.idx_in + t * k;
+    float den = 1.f, q = 0.f;
+    if (p.norm_topk_prob) {
+      den = denominator(s, k);
+      for (int64_t i = 0; i < k; ++i) q += dw[i] * (s[i] / den * p.scaling);
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const float ds = (p.scaling * dw[j] - q) / den;
+      du[idx[j]] = ds * s[j] * (1.f - s[j]);
+    }
+  }
+}
+
+void moe_dispatch(const MoeDispatchParams& p) {
+  const int64_t slots = p.N * p.k;
+  for (int64_t e = 0; e <= p.E; ++e) p.offsets[e] = 0;
+  for (int64_t i = 0; i < slots; ++i) ++p.offsets[p.idx[i] + 1];
+  for (int64_t e = 0; e < p.E; ++e) p.offsets[e + 1] += p.offsets[e];
+  std::vector<int32_t> next(p.offsets, p.offsets + p.E);
+  for (int64_t i = 0; i < slots; ++i) {  // slots ascending: each expert's rows in token order
+    const int32_t r = next[p.idx[i]]++;
+    p.order[r] = int32_t(i);
+    p.pos[i] = r;
+  }
+}
+
+void moe_gather(const MoeRowsParams& p) {
+  const int64_t slots = p.N * p.k, D = p.D;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < slots; ++i) {
+    const int64_t slot = p.order[i], r = p.from_tokens ? slot / p.k : i;
+    const float* src = p.src + r * p.ld_src;
+    float* out = p.out + i * p.ld_out;
+    const float w = p.w ? p.w[slot] : 1.f;
+    if (p.w)
+      for (int64_t d = 0; d < D; ++d) out[d] = src[d] * w;
+    else
+      for (int64_t d = 0; d < D; ++d) out[d] = src[d];
+  }
+}
+
+void moe_combine(const MoeRowsParams& p) {
+  const int64_t D = p.D, k = p.k;
+#pragma omp parallel
+  {
+    std::vector<float> acc(D);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < p.N; ++t) {
+      for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t slot = t * k + j;
+        const float* src = p.src + int64_t(p.pos[slot]) * p.ld_src;
+        const float w = p.w ? p.w[slot] : 1.f;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * src[d];
+      }
+      float* out = p.out + t * p.ld_out;
+      for (int64_t d = 0; d < D; ++d) out[d] = p.accumulate ? out[d] + acc[d] : acc[d];
+    }
+  }
+}
+
+void moe_rowdot(const MoeRowsParams& p) {
+  const int64_t slots = p.N * p.k, D = p.D;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < slots; ++i) {
+    const float* a = p.a + i * D;
+    const float* b = p.b + i * D;
+    float sum = 0.f;
+    for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
+    p.out[p.order[i]] = sum;
+  }
+}
+
+}  // namespace hmla::cpu

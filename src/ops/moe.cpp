@@ -1,0 +1,176 @@
+// Entry points of the MoE ops (hmla/ops/moe.h): validate dtypes, shapes, strides and the device
+// once, fill the family's params, and call the backend of the tensors' device.
+#include "hmla/ops/moe.h"
+
+#include <initializer_list>
+#include <string>
+
+#include "hmla/core/error.h"
+#include "hmla/ops/backend.h"
+
+namespace hmla {
+
+namespace {
+
+std::string desc(const Tensor& t) {
+  return t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.shape()) + " on " + device_name(t.device())
+                     : "undefined";
+}
+
+template <class P>
+void run(const char* op, void (Backend::*entry)(const P&) const, const P& p, std::initializer_list<const Tensor*> ts) {
+  Device dev = Device::cpu;
+  bool first = true;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (first) dev = t->device();
+    HMLA_CHECK(t->device() == dev, ShapeError, op, ": every tensor must be on one device (", device_name(dev), " and ",
+               device_name(t->device()), ")");
+    first = false;
+  }
+  dispatch(dev, entry, p, op, "the MoE ops (the CPU backend does; the CUDA kernels are issue 28's later work)");
+}
+
+void need(const Tensor& t, DType dt, const Shape& shape, const char* op, const char* name) {
+  HMLA_CHECK(t.defined() && t.dtype() == dt && t.is_contiguous() && t.shape() == shape, ShapeError, op, ": ", name,
+             " must be a contiguous ", dtype_name(dt), shape_str(shape), " tensor, got ", desc(t),
+             t.defined() && !t.is_contiguous() ? " (strided)" : "");
+}
+
+// A [rows, D] f32 row matrix (last dimension contiguous, rows at one stride): its row stride.
+int64_t row_stride(const Tensor& t, int64_t rows, int64_t D, const char* op, const char* name) {
+  HMLA_CHECK(t.defined() && t.dtype() == DType::f32 && t.dim() == 2 && t.size(0) == rows && t.size(1) == D &&
+                 (D <= 1 || t.stride(1) == 1),
+             ShapeError, op, ": ", name, " must be f32 [", rows, ", ", D, "] rows with a contiguous last dimension, got ",
+             desc(t));
+  return t.stride(0);
+}
+
+void check_dispatch(const MoeDispatch& d, int64_t slots, const char* op) {
+  need(d.order, DType::i32, {slots}, op, "the dispatch order");
+  need(d.pos, DType::i32, {slots}, op, "the dispatch positions");
+}
+
+}  // namespace
+
+void moe_route_fwd(const Tensor& logits, const Tensor& bias, int64_t n_group, int64_t topk_group, bool norm_topk_prob,
+                   float scaling, const MoeRouting& r) {
+  const char* op = "moe_route";
+  HMLA_CHECK(logits.defined() && logits.dim() == 2, ShapeError, op, ": logits must be [N, E], got ", desc(logits));
+  const int64_t N = logits.size(0), E = logits.size(1);
+  need(logits, DType::f32, {N, E}, op, "logits");
+  need(bias, DType::f32, {E}, op, "the correction bias");
+  HMLA_CHECK(r.idx.defined() && r.idx.dim() == 2 && r.idx.size(0) == N, ShapeError, op, ": idx must be [N = ", N,
+             ", k], got ", desc(r.idx));
+  const int64_t k = r.idx.size(1);
+  need(r.idx, DType::i32, {N, k}, op, "idx");
+  need(r.weight, DType::f32, {N, k}, op, "weight");
+  need(r.score, DType::f32, {N, k}, op, "score");
+  HMLA_CHECK(n_group >= 1 && E % n_group == 0 && E / n_group >= 2 && topk_group >= 1 && topk_group <= n_group &&
+                 k >= 1 && k <= topk_group * (E / n_group),
+             ShapeError, op, ": E = ", E, ", n_group = ", n_group, ", topk_group = ", topk_group, ", k = ", k,
+             ": groups of at least 2 experts, 1 <= topk_group <= n_group and 1 <= k <= topk_group x E / n_group");
+  MoeRouteParams p;
+  p.N = N, p.E = E, p.k = k, p.n_group = n_group, p.topk_group = topk_group;
+  p.norm_topk_prob = norm_topk_prob, p.scaling = scaling;
+  p.logits = logits.data<float>(), p.bias = bias.data<float>();
+  p.idx = r.idx.data<int32_t>(), p.weight = r.weight.data<float>(), p.score = r.score.data<float>();
+  run(op, &Backend::moe_route_fwd, p, {&logits, &bias, &r.idx, &r.weight, &r.score});
+}
+
+void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_prob, float scaling,
+                   const Tensor& dlogits) {
+  const char* op = "moe_route backward";
+  HMLA_CHECK(r.idx.defined() && r.idx.dim() == 2 && dlogits.defined() && dlogits.dim() == 2, ShapeError, op,
+             ": idx [N, k] and dlogits [N, E], got ", desc(r.idx), " and ", desc(dlogits));
+  const int64_t N = r.idx.size(0), k = r.idx.size(1), E = dlogits.size(1);
+  need(r.idx, DType::i32, {N, k}, op, "idx");
+  need(r.score, DType::f32, {N, k}, op, "score");
+  need(dweight, DType::f32, {N, k}, op, "dweight");
+  need(dlogits, DType::f32, {N, E}, op, "dlogits");
+  MoeRouteParams p;
+  p.N = N, p.E = E, p.k = k, p.norm_topk_prob = norm_topk_prob, p.scaling = scaling;
+  p.idx_in = r.idx.data<int32_t>(), p.score_in = r.score.data<float>(), p.dweight = dweight.data<float>();
+  p.dlogits = dlogits.data<float>();
+  run(op, &Backend::moe_route_bwd, p, {&dweight, &r.idx, &r.score, &dlogits});
+}
+
+MoeDispatch moe_dispatch(const Tensor& idx, int64_t E) {
+  const char* op = "moe_dispatch";
+  HMLA_CHECK(idx.defined() && idx.dim() == 2, ShapeError, op, ": idx must be [N, k], got ", desc(idx));
+  const int64_t N = idx.size(0), k = idx.size(1);
+  need(idx, DType::i32, {N, k}, op, "idx");
+  HMLA_CHECK(E >= 1 && N * k < (int64_t(1) << 31), ShapeError, op, ": ", N, " x ", k,
+             " slots: the dispatch numbers them in int32");
+  if (idx.device() == Device::cpu) {  // a device's idx is the router's own, valid by construction
+    const int32_t* id = idx.data<int32_t>();
+    for (int64_t t = 0; t < N; ++t)
+      for (int64_t j = 0; j < k; ++j) {
+        HMLA_CHECK(id[t * k + j] >= 0 && id[t * k + j] < E, ShapeError, op, ": token ", t, " chose expert ",
+                   id[t * k + j], ", outside [0, ", E, ")");
+        for (int64_t i = 0; i < j; ++i)
+          HMLA_CHECK(id[t * k + i] != id[t * k + j], ShapeError, op, ": token ", t, " chose expert ", id[t * k + j],
+                     " twice");
+      }
+  }
+  MoeDispatch d;
+  d.order = Tensor::empty({N * k}, DType::i32, idx.device());
+  d.pos = Tensor::empty({N * k}, DType::i32, idx.device());
+  d.offsets = Tensor::empty({E + 1}, DType::i32, idx.device());
+  MoeDispatchParams p;
+  p.N = N, p.E = E, p.k = k, p.idx = idx.data<int32_t>();
+  p.order = d.order.data<int32_t>(), p.pos = d.pos.data<int32_t>(), p.offsets = d.offsets.data<int32_t>();
+  run(op, &Backend::moe_dispatch, p, {&idx});
+  return d;
+}
+
+void moe_gather(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor& w, bool from_tokens,
+                const Tensor& out) {
+  const char* op = "moe_gather";
+  HMLA_CHECK(out.defined() && out.dim() == 2 && k >= 1 && out.size(0) % k == 0, ShapeError, op,
+             ": out must be [N * k, D] (k = ", k, "), got ", desc(out));
+  const int64_t slots = out.size(0), N = slots / k, D = out.size(1);
+  check_dispatch(d, slots, op);
+  need(out, DType::f32, {slots, D}, op, "out");
+  if (w.defined()) need(w, DType::f32, {slots}, op, "the slot weights");
+  MoeRowsParams p;
+  p.N = N, p.k = k, p.D = D, p.from_tokens = from_tokens;
+  p.ld_src = row_stride(src, from_tokens ? N : slots, D, op, "src");
+  p.src = src.data<float>(), p.order = d.order.data<int32_t>(), p.w = w.defined() ? w.data<float>() : nullptr;
+  p.out = out.data<float>(), p.ld_out = D;
+  run(op, &Backend::moe_gather, p, {&src, &d.order, &w, &out});
+}
+
+void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor& w, bool accumulate,
+                 const Tensor& out) {
+  const char* op = "moe_combine";
+  HMLA_CHECK(out.defined() && out.dim() == 2 && k >= 1, ShapeError, op, ": out must be [N, D], got ", desc(out));
+  const int64_t N = out.size(0), D = out.size(1), slots = N * k;
+  check_dispatch(d, slots, op);
+  need(src, DType::f32, {slots, D}, op, "src");
+  if (w.defined()) need(w, DType::f32, {slots}, op, "the slot weights");
+  MoeRowsParams p;
+  p.N = N, p.k = k, p.D = D, p.accumulate = accumulate;
+  p.src = src.data<float>(), p.ld_src = D, p.pos = d.pos.data<int32_t>();
+  p.w = w.defined() ? w.data<float>() : nullptr;
+  p.ld_out = row_stride(out, N, D, op, "out");
+  p.out = out.data<float>();
+  run(op, &Backend::moe_combine, p, {&src, &d.pos, &w, &out});
+}
+
+void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t k, const Tensor& out) {
+  const char* op = "moe_rowdot";
+  HMLA_CHECK(a.defined() && a.dim() == 2 && k >= 1 && a.size(0) % k == 0, ShapeError, op,
+             ": a must be [N * k, D], got ", desc(a));
+  const int64_t slots = a.size(0), D = a.size(1);
+  check_dispatch(d, slots, op);
+  need(a, DType::f32, {slots, D}, op, "a");
+  need(b, DType::f32, {slots, D}, op, "b");
+  need(out, DType::f32, {slots}, op, "out");
+  MoeRowsParams p;
+  p.N = slots / k, p.k = k, p.D = D;
+  p.a = a.data<float>(), p.b = b.data<float>(), p.order = d.order.data<int32_t>(), p.out = out.data<float>();
+  run(op, &Backend::moe_rowdot, p, {&a, &b, &d.order, &out});
+}
+
+}  // namespace hmla
