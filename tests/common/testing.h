@@ -29,6 +29,14 @@ inline std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.f) {
 
 inline std::vector<double> to_f64(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// Columns [c0, c0 + w) of a row-major [rows, width] buffer (a column slice's values, contiguous).
+inline std::vector<float> cols(const std::vector<float>& x, int64_t rows, int64_t width, int64_t c0, int64_t w) {
+  std::vector<float> o(size_t(rows * w));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < w; ++c) o[size_t(r * w + c)] = x[size_t(r * width + c0 + c)];
+  return o;
+}
+
 // Rows [r0, r0 + n) of a row-major [b, s, width] vector.
 template <class T>
 std::vector<T> rows_of(const std::vector<T>& x, int64_t b, int64_t s, int64_t width, int64_t r0, int64_t n) {

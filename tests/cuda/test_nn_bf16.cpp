@@ -25,6 +25,7 @@
 namespace hmla {
 namespace {
 
+using testing::cols;
 using testing::randn;
 using Vec = std::vector<float>;
 template <class T>
@@ -155,13 +156,6 @@ double dx_terms(const Vec& x, const Vec& w, const Vec& dy, int64_t N, int64_t D,
   return mx;
 }
 
-// Columns [c0, c0 + w) of a row-major [rows, width] buffer.
-Vec cols(const Vec& x, int64_t rows, int64_t width, int64_t c0, int64_t w) {
-  Vec o(rows * w);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < w; ++c) o[r * w + c] = x[r * width + c0 + c];
-  return o;
-}
 
 bool have_device() { return cuda_backend() && cuda_device_count() > 0; }
 

@@ -172,6 +172,7 @@ namespace hmla {
 namespace {
 
 using testing::expect_within_rule;
+using testing::cols;
 using testing::randn;
 using Vec = std::vector<float>;
 using op_cases::NnCase;
@@ -227,13 +228,6 @@ V<T> gemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, c
   return C;
 }
 
-// Columns [c0, c0 + w) of a row-major [rows, width] buffer.
-Vec cols(const Vec& x, int64_t rows, int64_t width, int64_t c0, int64_t w) {
-  Vec o(rows * w);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < w; ++c) o[r * w + c] = x[r * width + c0 + c];
-  return o;
-}
 
 // ---- the cases: one per op, on the row's shapes (op_cases.h: nn_ops) ------------------------
 
