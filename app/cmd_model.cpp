@@ -1,5 +1,5 @@
-// `hmla forward` (logits of a checkpoint) and `hmla generate` (continuations), both on a
-// checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
+// `hmla forward` (logits of a checkpoint), `hmla backward` (a training step's loss and gradients,
+// no update) and `hmla generate` (continuations), all on a checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
 // or sharded; f32 or bf16). Each layer runs the mode its config records. generate runs the prompt
 // once and then one token a step against a latent KV cache (CPU).
 #include <iostream>
@@ -83,6 +83,40 @@ void add_model_commands(CLI::App& app) {
     const Tensor ids = token_ids(in.at("input_ids"), cfg.vocab_size, f->inputs + ": input_ids");
     const Model m = load_checkpoint_model(f->checkpoint, cfg);
     io::save_safetensors(f->out, {{"logits", model_logits(m, one_document_rows(ids))}});
+  });
+
+  auto b = std::make_shared<FwdOpts>();
+  CLI::App* bwd = app.add_subcommand(
+      "backward",
+      "A training step's forward and backward on a checkpoint, without the update: reads input_ids\n"
+      "[b, s] (one document per row) from INPUTS and writes to OUT lm_loss [1] and indexer_kl [1]\n"
+      "(the step's losses, DESIGN.md section 7), grad.<name> [f32] for every parameter (the gradient\n"
+      "of lm_loss + indexer_loss_coeff * indexer_kl; the MoE gates' correction bias has none) and,\n"
+      "per MoE layer L, experts.<L> [b * s, num_experts_per_tok] (i32, the chosen experts).");
+  bwd->add_option("--checkpoint", b->checkpoint, "checkpoint directory (config.json + safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  bwd->add_option("--inputs", b->inputs, "safetensors with input_ids")->required()->check(CLI::ExistingFile);
+  bwd->add_option("--out", b->out, "safetensors to write")->required()->check(NonEmpty());
+  bwd->callback([b] {
+    io::check_output_file(b->out, "--out");
+    const ModelConfig cfg = load_model_config(b->checkpoint + "/config.json");
+    io::TensorMap in = io::load_safetensors(b->inputs);
+    check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, b->inputs);
+    const Batch batch = one_document_rows(token_ids(in.at("input_ids"), cfg.vocab_size, b->inputs + ": input_ids"));
+    const Model m = load_checkpoint_model(b->checkpoint, cfg);
+    Tensor garena = Tensor::zeros({table_numel(m.table)}, DType::f32, m.device());
+    io::TensorMap grads = arena_views(m.table, garena);
+    const StepStats st = model_step(m, batch, StepOptions{}, grads);  // checks the step's memory first
+    io::TensorMap out{{"lm_loss", Tensor::from_vector<float>({1}, {float(st.lm_loss)})},
+                      {"indexer_kl", Tensor::from_vector<float>({1}, {float(st.indexer_kl)})}};
+    for (const ParamSpec& p : m.table)
+      if (!p.name.ends_with("e_score_correction_bias")) out["grad." + p.name] = grads.at(p.name);
+    std::vector<Tensor> experts;
+    model_logits(m, batch, nullptr, Comm::self(), &experts);
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
+      if (experts[L].defined()) out["experts." + std::to_string(L)] = experts[L];
+    io::save_safetensors(b->out, out);
   });
 
   struct GenOpts {

@@ -136,7 +136,12 @@ int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s, DType 
 double model_flops(const ModelConfig& c, LayerMode mode, const DocLayout& layout, int64_t params,
                    int64_t embedding_params, int64_t indexer_params) {
   const double tokens = double(layout.b * layout.s), L = double(c.num_hidden_layers), H = double(c.num_attention_heads);
-  const double backbone = double(params - embedding_params - indexer_params), idx = double(indexer_params);
+  double idle = 0;  // the routed experts a token does not use, per MoE layer
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    if (c.is_moe_layer(l))
+      idle += double(c.moe.n_routed_experts - c.moe.num_experts_per_tok) * 3.0 * double(c.moe.moe_intermediate_size) *
+              double(c.hidden_size);
+  const double backbone = double(params - embedding_params - indexer_params) - idle, idx = double(indexer_params);
   const bool warmup = mode == LayerMode::dsa_warmup;
   double f = (warmup ? 2.0 : 6.0) * backbone * tokens + 6.0 * idx * tokens;
   const double passes = warmup ? 1.0 : 3.5;  // the attention's forward (+ 2.5 x for its backward)

@@ -26,8 +26,9 @@ struct TrainBenchOptions {
 };
 
 // The model FLOPs of one training step of `mode` over a batch with this layout (docs/cuda.md):
-// 6 x the non-embedding parameters x tokens (2 x for the backbone in dsa_warmup, which runs no
-// backbone backward), plus attention over the valid pairs by the FlashAttention convention (3.5 x
+// 6 x the non-embedding parameters a token uses x tokens (2 x for the backbone in dsa_warmup, which
+// runs no backbone backward; a MoE layer's token uses num_experts_per_tok of its routed experts,
+// so the other experts' parameters are not counted), plus attention over the valid pairs by the FlashAttention convention (3.5 x
 // the forward's 2 (Dqk + Dv) per pair and head; the forward alone in dsa_warmup), sparse attention
 // over the valid selected pairs, and in the dsa modes the indexer's scores (2 HI DI per pair of
 // A(t)) and its KL (6 HI DI + 2 H Dqk per candidate pair).

@@ -149,9 +149,9 @@ def run_case(case, hmla, workdir, rng):
     return check_by_rule(name, got, ref64, ref32)
 
 
-def check_by_rule(name, got, ref64, ref32):
-    """Every tensor hmla wrote, and nothing else, within twice the float32 twin's error (against
-    the float64 twin) plus 8 f32 ulps of the largest reference value."""
+def check_by_rule(name, got, ref64, ref32, factor=2.0):
+    """Every tensor hmla wrote, and nothing else, within `factor` (twice) the float32 twin's error
+    (against the float64 twin) plus 8 f32 ulps of the largest reference value."""
     if set(got) != set(ref64):
         print(f"FAIL {name}: hmla wrote {sorted(got)}, expected {sorted(ref64)}")
         return False
@@ -159,7 +159,7 @@ def check_by_rule(name, got, ref64, ref32):
     for key in sorted(ref64):
         e_h, mref = max_err(got[key], ref64[key])
         e_t, _ = max_err(ref32[key], ref64[key])
-        bound = 2 * e_t + 8 * F32_EPS * mref
+        bound = factor * e_t + 8 * F32_EPS * mref
         good = e_h <= bound
         ok &= good
         print(f"{'ok  ' if good else 'FAIL'} {name:20s} {key:36s} hmla {e_h:.3e}  torch-f32 {e_t:.3e}  bound {bound:.3e}")

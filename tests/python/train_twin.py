@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch twin of hmla's whole training step, for `hmla bench train` (the baseline arm): the same
 model (DESIGN.md section 2: embedding, per layer RMSNorm -> MLA attention -> residual, RMSNorm ->
-SwiGLU MLP -> residual; final norm, lm_head), the same weights and batch, written as a PyTorch user
-would: autograd, torch's scaled_dot_product_attention with a boolean document mask (a masked
+MLP -> residual; final norm, lm_head; the MLP a SwiGLU or, on MoE layers, DeepSeekMoE: the
+group-limited sigmoid router, the routed experts looped over their tokens, the shared experts;
+docs/moe.md), the same weights and batch, written as a PyTorch user would: autograd, torch's scaled_dot_product_attention with a boolean document mask (a masked
 softmax where torch predates it, as Debian 12's 1.13 does; the answer says which) (dsa_sparse:
 the mask of hmla's selection table in the latent MQA form), the materialised indexer KL, and
 torch.optim.AdamW after a per-group norm clip. f32, the bench's thread count; with "device": "cuda"
@@ -59,7 +60,7 @@ def attention(cfg, w, x, allowed, mode, table, rw):
     c = rms(kva[..., :Rkv], w["kv_a_layernorm.weight"], eps)
     inv, af = rope_freqs(cfg)
     ang = torch.from_numpy(np.arange(s, dtype=np.float64)[:, None] * inv[None, :])
-    cos, sin = (torch.cos(ang) * af).float().to(x.device), (torch.sin(ang) * af).float().to(x.device)
+    cos, sin = (torch.cos(ang) * af).to(x.dtype).to(x.device), (torch.sin(ang) * af).to(x.dtype).to(x.device)
     q_pe = rope_interleaved(q_pe, cos[:, None, :], sin[:, None, :])
     k_pe = rope_interleaved(kva[..., Rkv:], cos, sin)
     scale = softmax_scale(cfg)
@@ -80,7 +81,62 @@ def attention(cfg, w, x, allowed, mode, table, rw):
     return o.reshape(b, s, H * Dv) @ w["o_proj.weight"].T, kl
 
 
-def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw):
+def swiglu(p, pre, x):
+    return (F.silu(x @ p[pre + "gate_proj.weight"].T) * (x @ p[pre + "up_proj.weight"].T)) @ p[pre + "down_proj.weight"].T
+
+
+def is_moe_layer(cfg, L):
+    """transformers' rule: mlp_layer_types[L] == "sparse", else L >= first_k_dense_replace (3)."""
+    types = cfg.get("mlp_layer_types")
+    return types[L] == "sparse" if types else L >= cfg.get("first_k_dense_replace", 3)
+
+
+def moe_route(cfg, u, bias):
+    """DeepseekV32TopkRouter from its definition: scores s = sigmoid(u), choice c = s + bias, groups
+    ranked by the sum of their top-2 c, the topk_group best kept, the k experts of largest c among
+    them (by descending c). Returns the chosen experts [N, k], their weights, c, and the smallest
+    gap at any decision (a group's second vs third value, the last kept vs first dropped group,
+    the k-th vs (k+1)-th expert, consecutive chosen experts: what must not flip under rounding)."""
+    E, k = u.shape[-1], cfg.get("num_experts_per_tok", 8)
+    G, TG = cfg.get("n_group", 8), cfg.get("topk_group", 4)
+    s = torch.sigmoid(u)
+    c = s.detach() + bias
+    top2 = c.view(-1, G, E // G).topk(2, dim=-1).values
+    gscore = top2.sum(-1)
+    gs = gscore.sort(dim=-1, descending=True).values
+    kept = torch.zeros_like(gscore, dtype=torch.bool).scatter_(1, gscore.topk(TG, dim=-1).indices, True)
+    cm = c.masked_fill(~kept.repeat_interleave(E // G, dim=1), -float("inf"))
+    cs = cm.sort(dim=-1, descending=True).values
+    idx = cm.topk(k, dim=-1).indices  # sorted: descending c
+    margins = [top2[..., 1] - c.view(-1, G, E // G).sort(dim=-1, descending=True).values[..., 2]
+               if E // G > 2 else torch.full_like(gscore, float("inf"))]
+    if TG < G:
+        margins.append(gs[:, TG - 1 : TG] - gs[:, TG : TG + 1])
+    margins.append(cs[:, k - 1 : k] - cs[:, k : k + 1])
+    margins.append((cs[:, : k - 1] - cs[:, 1:k]) if k > 1 else torch.full_like(cs[:, :1], float("inf")))
+    w = s.gather(1, idx)
+    if cfg.get("norm_topk_prob", True):
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+    return idx, w * cfg.get("routed_scaling_factor", 2.5), c, min(float(m.min()) for m in margins)
+
+
+def moe(cfg, p, pre, x):
+    """DeepSeekMoE on x [b, s, hidden] (dropless): returns y and the router's (idx, c, margin)."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    idx, w, c, margin = moe_route(cfg, x @ p[pre + "gate.weight"].T, p[pre + "gate.e_score_correction_bias"].detach())
+    y = torch.zeros_like(x)
+    for e in range(p[pre + "gate.weight"].shape[0]):
+        tok, slot = torch.nonzero(idx == e, as_tuple=True)
+        if tok.numel():
+            y = y.index_add(0, tok, swiglu(p, f"{pre}experts.{e}.", x[tok]) * w[tok, slot, None])
+    if pre + "shared_experts.gate_proj.weight" in p:
+        y = y + swiglu(p, pre + "shared_experts.", x)
+    return y.view(shape), (idx, c, margin)
+
+
+def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw, trace=None):
+    """The step's LM loss and indexer KL; `trace` (a dict) gets each MoE layer's router (idx, c, margin)."""
     eps = cfg.get("rms_norm_eps", 1e-6)
     h = p["model.embed_tokens.weight"][ids]
     kls = []
@@ -93,12 +149,34 @@ def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw):
         if kl is not None:
             kls.append(kl)
         m = rms(h, p[pre + "post_attention_layernorm.weight"], eps)
-        g, u = m @ p[pre + "mlp.gate_proj.weight"].T, m @ p[pre + "mlp.up_proj.weight"].T
-        h = h + (F.silu(g) * u) @ p[pre + "mlp.down_proj.weight"].T
+        if is_moe_layer(cfg, L):
+            y, router = moe(cfg, p, pre + "mlp.", m)
+            if trace is not None:
+                trace[L] = router
+            h = h + y
+        else:
+            h = h + swiglu(p, pre + "mlp.", m)
     logits = rms(h, p["model.norm.weight"], eps) @ p["lm_head.weight"].T
     ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), reduction="none")
     lm = (ce * keep.view(-1)).sum() / keep.sum().clamp(min=1)
     return lm, sum(kls) if kls else None
+
+
+def batch_masks(cfg, ids, ds, de, dtype=torch.float32):
+    """From input_ids and each position's document [start, end): the causal document mask
+    allowed [b, t, j], the LM targets and their keep weights (DESIGN.md section 3), the KL's row
+    weights."""
+    b, s = ids.shape
+    dev = ids.device
+    t = torch.arange(s, device=dev)
+    allowed = (t.view(1, 1, s) <= t.view(1, s, 1)) & (t.view(1, 1, s) >= ds.view(b, s, 1))
+    pad = cfg.get("pad_token_id") or 0
+    nxt = torch.cat([ids[:, 1:], torch.full((b, 1), pad, device=dev)], 1)
+    keep = ((ds <= t) & (t + 1 < de) & (nxt != pad)).to(dtype)
+    targets = torch.where(keep > 0, nxt, torch.zeros_like(nxt))
+    rowmask = ((ids != pad) & (ds <= t)).double().cpu().numpy()
+    rw = torch.from_numpy(rowmask / max(rowmask.sum(), 1)).to(dtype).to(dev)
+    return allowed, targets, keep, rw
 
 
 def main():
@@ -114,15 +192,7 @@ def main():
     ids = torch.from_numpy(bt["input_ids"].astype(np.int64)).to(dev)
     ds = torch.from_numpy(bt["doc_start"].astype(np.int64)).to(dev)
     de = torch.from_numpy(bt["doc_end"].astype(np.int64)).to(dev)
-    b, s = ids.shape
-    t = torch.arange(s, device=dev)
-    allowed = (t.view(1, 1, s) <= t.view(1, s, 1)) & (t.view(1, 1, s) >= ds.view(b, s, 1))
-    pad = cfg.get("pad_token_id") or 0
-    nxt = torch.cat([ids[:, 1:], torch.full((b, 1), pad, device=dev)], 1)
-    keep = ((ds <= t) & (t + 1 < de) & (nxt != pad)).float()
-    targets = torch.where(keep > 0, nxt, torch.zeros_like(nxt))
-    rowmask = ((ids != pad) & (ds <= t)).double().cpu().numpy()
-    rw = torch.from_numpy(rowmask / max(rowmask.sum(), 1)).float().to(dev)
+    allowed, targets, keep, rw = batch_masks(cfg, ids, ds, de)
     tables = {int(n.split(".")[1]): a for n, a in bt.items() if n.startswith("table.")}
     backbone = [x for n, x in p.items() if "indexer." not in n]
     indexer = [x for n, x in p.items() if "indexer." in n]
