@@ -69,7 +69,8 @@ void add_model_commands(CLI::App& app) {
   auto f = std::make_shared<FwdOpts>();
   CLI::App* fwd = app.add_subcommand(
       "forward", "Logits of a checkpoint: reads input_ids [b, s] (i32 or i64; one document per row) from\n"
-                 "INPUTS and writes logits [b, s, vocab] (f32) to OUT.");
+                 "INPUTS and writes logits [b, s, vocab] (f32) to OUT, and per MoE layer L experts.<L>\n"
+                 "[b * s, num_experts_per_tok] (i32, the chosen experts by descending choice value).");
   fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -82,7 +83,11 @@ void add_model_commands(CLI::App& app) {
     check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, f->inputs);
     const Tensor ids = token_ids(in.at("input_ids"), cfg.vocab_size, f->inputs + ": input_ids");
     const Model m = load_checkpoint_model(f->checkpoint, cfg);
-    io::save_safetensors(f->out, {{"logits", model_logits(m, one_document_rows(ids))}});
+    std::vector<Tensor> experts;
+    io::TensorMap out{{"logits", model_logits(m, one_document_rows(ids), nullptr, Comm::self(), &experts)}};
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
+      if (experts[L].defined()) out["experts." + std::to_string(L)] = experts[L];
+    io::save_safetensors(f->out, out);
   });
 
   auto b = std::make_shared<FwdOpts>();
