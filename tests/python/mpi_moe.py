@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""MoE models over MPI: `mpirun -np 2 hmla train` (DP = 2), `--cp 2` and a 2 x 2 CP x DP grid
+against one rank, through all four phases on configs/demo_moe_model.json (a dense layer, then MoE
+layers with group-limited routing and a shared expert): per-step losses and gradient norms, each
+phase's gradient moments and the final weights (the correction biases included), by
+harness.compare_training's bounds; rank 0 alone writes.
+
+Why the start is a prepared checkpoint: the runs differ by f32 reassociation of the gradient sums,
+and an O(1e-7) weight difference would flip a routing decision whose margin is that small,
+sending a token to another expert (an O(1) difference that no rounding bound covers; not a bug).
+So the gate starts small (router logits ~0.02) and the correction biases 0.1 apart: every
+decision is decided by the bias with margins ~0.05, far above what the runs' differences and 7
+steps at lr 0.05 can move (the routing itself is tested token by token elsewhere:
+tests/python/step_twin.py, tests/model/test_moe.cpp)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import safetensors_lite as st  # noqa: E402
+from harness import Checker, compare_training, parse_args  # noqa: E402
+from step_twin import weights  # noqa: E402
+from train_twin import is_moe_layer  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL = f"{HERE}/../../configs/demo_moe_model.json"
+LR = 0.05
+
+
+def mpirun(n):
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
+
+
+def init_checkpoint(path):
+    cfg = json.load(open(MODEL))
+    rng = np.random.default_rng(28)
+    w = weights(cfg, rng)
+    E = cfg["n_routed_experts"]
+    for L in range(cfg["num_hidden_layers"]):
+        if is_moe_layer(cfg, L):
+            pre = f"model.layers.{L}.mlp.gate."
+            w[pre + "weight"] = (0.002 * rng.standard_normal((E, cfg["hidden_size"]))).astype(np.float32)
+            w[pre + "e_score_correction_bias"] = (0.1 * rng.permutation(E)).astype(np.float32)
+    st.save(path, w)
+
+
+def main():
+    a = parse_args(__doc__)
+    w = a.workdir
+    check = Checker()
+    init_checkpoint(f"{w}/init.safetensors")
+    with open(f"{w}/p.yaml", "w") as f:
+        f.write(f"""model: {MODEL}
+data: {HERE}/../../data/demo
+seed: 6
+init_checkpoint: {w}/init.safetensors
+base: {{batch: 8, micro_batches: 4, seq_len: 48, lr: {LR}, indexer_lr: {LR}, eps: 1.0, log_every: 1,
+        eval_rows: 2}}
+phases:
+  - {{name: pre, mode: mha, steps: 2}}
+  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
+  - {{name: warm, mode: dsa_warmup, steps: 2}}
+  - {{name: sparse, mode: dsa_sparse, steps: 2}}
+""")
+    prog = f"{w}/p.yaml"
+    runs = {"one": [a.hmla, "train", prog, "--out", f"{w}/one"],
+            "dp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/dp2"],
+            "cp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/cp2", "--cp", "2"],
+            "cp2dp2": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/cp2dp2", "--cp", "2"]}
+    res = {k: subprocess.run(c, capture_output=True, text=True, timeout=300) for k, c in runs.items()}
+    for k, r in res.items():
+        check(f"MoE train {k} runs", r.returncode == 0, r.stderr[-400:])
+    if any(r.returncode for r in res.values()):
+        check.exit()
+    for k in ("dp2", "cp2", "cp2dp2"):
+        compare_training(check, f"MoE train {k}", f"{w}/one", f"{w}/{k}", rows=8 * 48, lr_over_eps=LR, steps=7,
+                         seq_len=48)
+        check(f"MoE train {k}: rank 0 alone writes", res[k].stdout.count("[pre] step 2/2") == 1)
+    check.exit()
+
+
+if __name__ == "__main__":
+    main()
