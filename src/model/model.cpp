@@ -313,6 +313,18 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
   refresh_compute_weights(m);
 }
 
+void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : ck.kept) bytes += int64_t(t.bytes.size());
+  MemoryPlan plan;
+  plan.add_bytes("the multi-token-prediction layers, kept as read", bytes,
+                 std::to_string(ck.kept.size()) + " tensors of num_nextn_predict_layers = " +
+                     std::to_string(m.cfg.form.num_nextn_predict_layers));
+  plan.check(what + ": the tensors hmla carries");
+  load_into_model(m, ck.tensors, what);
+  m.kept = std::move(ck.kept);
+}
+
 int64_t count_lm_targets(const Batch& batch, int64_t pad) {
   std::vector<int32_t> target;
   std::vector<float> keep;
