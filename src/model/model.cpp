@@ -279,7 +279,7 @@ void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std
   throw IoError(what + ": " + std::to_string(extra.size()) + " tensor" + (extra.size() > 1 ? "s" : "") +
                 " the config's model does not have (" + names + "); an ignored tensor is an error: check that the "
                 "config (num_hidden_layers = " + std::to_string(m.cfg.num_hidden_layers) +
-                ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
+                ", num_nextn_predict_layers = " + std::to_string(m.cfg.form.num_nextn_predict_layers) + ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
 }
 
 }  // namespace

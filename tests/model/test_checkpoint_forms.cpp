@@ -4,7 +4,10 @@
 // num_nextn_predict_layers are read, checked and written as README says.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
 
 #include "hmla/io/checkpoint_forms.h"
 #include "hmla/model/model.h"
@@ -187,6 +190,29 @@ TEST(CheckpointForms, MtpLayersAreKeptAsStored) {
   w["model.layers.3.eh_proj.weight"] = eh;  // past num_nextn_predict_layers
   Model d = build_model(c, {false, false});
   EXPECT_THROW(load_checkpoint_into_model(d, checkpoint_forms(w, {}, c, "ck"), "ck"), IoError);
+}
+
+// A MoE checkpoint split over shards (model.safetensors.index.json) loads to the same model.
+TEST(CheckpointForms, ShardedMoeCheckpointLoads) {
+  const ModelConfig c = parse_model_config(moe_json(), "cfg");
+  const Model a = tiny_moe(c, 9);
+  namespace fs = std::filesystem;
+  const fs::path d = fs::temp_directory_path() / ("hmla_moe_shards_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  io::TensorMap s0, s1;
+  json map = json::object();
+  for (const auto& [name, t] : a.params) {
+    const bool first = name.find(".layers.1.") == std::string::npos;  // the MoE layer in its own shard
+    (first ? s0 : s1)[name] = t;
+    map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  io::save_safetensors((d / "model-00001-of-00002.safetensors").string(), s0);
+  io::save_safetensors((d / "model-00002-of-00002.safetensors").string(), s1);
+  io::write_file_atomic((d / "model.safetensors.index.json").string(), json{{"weight_map", map}}.dump());
+  Model b = build_model(c, {false, false});
+  load_checkpoint_into_model(b, read_checkpoint(d.string(), c), d.string());
+  for (const auto& [name, t] : a.params) EXPECT_TRUE(same_bits(t, b.params.at(name))) << name;
+  fs::remove_all(d);
 }
 
 }  // namespace
