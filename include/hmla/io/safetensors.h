@@ -1,7 +1,8 @@
-// safetensors read and write (f32, bf16, i32, i64). Reading validates everything before it
-// touches the data: header length, JSON, dtypes, shapes, offsets within the file, overlaps; any
-// defect is an IoError naming the file and the tensor. Writing goes to a temporary file in the
-// same directory that is renamed into place, so a failed save leaves the old file intact.
+// safetensors read and write (f32, bf16, i32, i64; F8_E4M3 kept as stored bytes). Reading
+// validates everything before it touches the data: header length, JSON, dtypes, shapes, offsets
+// within the file, overlaps; any defect is an IoError naming the file and the tensor. Writing
+// goes to a temporary file in the same directory that is renamed into place, so a failed save
+// leaves the old file intact.
 #pragma once
 #include <cstdint>
 #include <map>
