@@ -26,7 +26,8 @@ Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
   MemoryPlan plan;  // before reading the weights: the parameters alone (indexers aside) must fit
   plan_parameters(plan, c, std::vector<bool>(c.num_hidden_layers, false), false, DType::f32);  // on the CPU
   plan.check(dir + "/config.json: the model");
-  io::TensorMap w = io::load_checkpoint_tensors(dir);
+  CheckpointTensors ck = read_checkpoint(dir, c);
+  const io::TensorMap& w = ck.tensors;
   std::vector<bool> has_indexer(c.num_hidden_layers);
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
@@ -39,7 +40,7 @@ Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
                " but the checkpoint has no indexer tensors for it; set hmla_layer_modes in config.json (e.g. mha)");
   }
   Model m = build_model(c, has_indexer);
-  load_into_model(m, w, dir);
+  load_checkpoint_into_model(m, std::move(ck), dir);
   return m;
 }
 

@@ -49,6 +49,10 @@ bool parse_dtype(const std::string& s, DType& t) {
   return true;
 }
 
+// The F8 types of the safetensors format. hmla reads F8_E4M3 (DeepSeek-V3.2's FP8 weights,
+// torch.float8_e4m3fn) and refuses the others by name: their codes mean different numbers.
+bool is_f8(const std::string& s) { return s.rfind("F8_", 0) == 0; }
+
 constexpr uint64_t kMaxHeader = kMaxJsonBytes;
 
 // The format's __metadata__: a flat map of strings to strings (what every other reader assumes;
@@ -101,7 +105,12 @@ std::string read_file(const std::string& path, uint64_t max_bytes) {
   return out;
 }
 
-TensorMap parse_safetensors(const std::string& bytes, const std::string& what, Metadata* metadata) {
+StoredTensor stored_tensor(const Tensor& t) {
+  const Tensor c = (t.is_contiguous() && t.device() == Device::cpu) ? t : t.to(Device::cpu);
+  return {st_dtype(t.dtype()), t.shape(), std::string(static_cast<const char*>(c.raw_data()), c.nbytes())};
+}
+
+TensorMap parse_safetensors(const std::string& bytes, const std::string& what, Metadata* metadata, StoredMap* fp8) {
   HMLA_CHECK(bytes.size() >= 8, IoError, what, ": truncated safetensors file (", bytes.size(),
              " bytes, the header length alone needs 8)");
   uint64_t n = 0;
@@ -131,9 +140,16 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what, M
                    e.contains("data_offsets"),
                IoError, what, ": tensor '", name, "' needs dtype, shape and data_offsets");
     HMLA_CHECK(e["dtype"].is_string(), IoError, what, ": tensor '", name, "': dtype is not a string");
-    DType dt;
-    HMLA_CHECK(parse_dtype(e["dtype"].get<std::string>(), dt), IoError, what, ": tensor '", name,
-               "' has unsupported dtype ", e["dtype"].dump(), " (hmla reads F32, BF16, I32, I64)");
+    DType dt = DType::i32;  // F8_E4M3: 1 byte an element, kept in `fp8`
+    const std::string dts = e["dtype"].get<std::string>();
+    const bool f8 = is_f8(dts);
+    HMLA_CHECK(!f8 || dts == "F8_E4M3", IoError, what, ": tensor '", name, "' has dtype ", dts,
+               "; of the FP8 types hmla reads only F8_E4M3 (e4m3 weights with block scales, as DeepSeek-V3.2 stores them)");
+    HMLA_CHECK(!f8 || fp8, IoError, what, ": tensor '", name,
+               "' is F8_E4M3, which hmla reads only as a model checkpoint's FP8 weight (with its weight_scale_inv)");
+    HMLA_CHECK(f8 || parse_dtype(dts, dt), IoError, what, ": tensor '", name, "' has unsupported dtype ",
+               e["dtype"].dump(), " (hmla reads F32, BF16, I32, I64, and F8_E4M3 weights)");
+    const uint64_t elem = f8 ? 1 : dtype_size(dt);
     HMLA_CHECK(e["shape"].is_array() && e["shape"].size() <= 8, IoError, what, ": tensor '", name,
                "': shape must be an array of at most 8 dimensions");
     Shape shape;
@@ -154,10 +170,13 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what, M
     uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
     HMLA_CHECK(b <= en && en <= data_size, IoError, what, ": tensor '", name, "': data_offsets [", b,
                ", ", en, "] outside the ", data_size, "-byte data block (truncated file?)");
-    HMLA_CHECK(en - b == numel * dtype_size(dt), IoError, what, ": tensor '", name, "': ", en - b,
-               " bytes of data for shape ", shape_str(shape), " of ", dtype_name(dt), " (needs ",
-               numel * dtype_size(dt), ")");
+    HMLA_CHECK(en - b == numel * elem, IoError, what, ": tensor '", name, "': ", en - b,
+               " bytes of data for shape ", shape_str(shape), " of ", dts, " (needs ", numel * elem, ")");
     spans.push_back({b, en, name});
+    if (f8) {
+      (*fp8)[name] = StoredTensor{dts, shape, std::string(data + b, en - b)};
+      continue;
+    }
     Tensor t = Tensor::empty(shape, dt);
     if (en > b) std::memcpy(t.raw_data(), data + b, en - b);
     out.emplace(name, std::move(t));
@@ -169,20 +188,21 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what, M
   return out;
 }
 
-TensorMap load_safetensors(const std::string& path, Metadata* metadata) {
-  return parse_safetensors(read_file(path), path, metadata);
+TensorMap load_safetensors(const std::string& path, Metadata* metadata, StoredMap* fp8) {
+  return parse_safetensors(read_file(path), path, metadata, fp8);
 }
 
-TensorMap load_checkpoint_tensors(const std::string& path) {
+TensorMap load_checkpoint_tensors(const std::string& path, StoredMap* fp8) {
   namespace fs = std::filesystem;
   fs::path p(path);
   if (fs::is_directory(p)) {
-    if (fs::exists(p / "model.safetensors.index.json")) return load_checkpoint_tensors((p / "model.safetensors.index.json").string());
+    if (fs::exists(p / "model.safetensors.index.json"))
+      return load_checkpoint_tensors((p / "model.safetensors.index.json").string(), fp8);
     HMLA_CHECK(fs::exists(p / "model.safetensors"), IoError, path,
                ": neither model.safetensors nor model.safetensors.index.json is there");
-    return load_safetensors((p / "model.safetensors").string());
+    return load_safetensors((p / "model.safetensors").string(), nullptr, fp8);
   }
-  if (p.extension() != ".json") return load_safetensors(path);
+  if (p.extension() != ".json") return load_safetensors(path, nullptr, fp8);
   const json index = load_json(path);
   HMLA_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), IoError,
              path, ": a sharded index needs a \"weight_map\" object");
@@ -197,18 +217,22 @@ TensorMap load_checkpoint_tensors(const std::string& path) {
   TensorMap out;
   for (const auto& [shard, names] : by_shard) {
     const std::string shard_path = (p.parent_path() / shard).string();
-    TensorMap m = load_safetensors(shard_path);
+    StoredMap f8;
+    TensorMap m = load_safetensors(shard_path, nullptr, fp8 ? &f8 : nullptr);
     for (const std::string& name : names) {
       auto it = m.find(name);
-      HMLA_CHECK(it != m.end(), IoError, path, ": tensor '", name, "' is listed in ", shard, " but not stored there");
-      out[name] = it->second;
+      auto st = f8.find(name);
+      HMLA_CHECK(it != m.end() || st != f8.end(), IoError, path, ": tensor '", name, "' is listed in ", shard,
+                 " but not stored there");
+      if (it != m.end()) out[name] = it->second;
+      else (*fp8)[name] = st->second;
     }
   }
   return out;
 }
 
-std::string serialize_safetensors(const TensorMap& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+std::string serialize_safetensors(const TensorMap& tensors, const std::map<std::string, std::string>& metadata,
+                                  const StoredMap& stored) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -221,6 +245,12 @@ std::string serialize_safetensors(const TensorMap& tensors,
                     {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
+  for (const auto& [name, t] : stored) {
+    HMLA_CHECK(!tensors.count(name) && name != "__metadata__", IoError, "safetensors: tensor '", name,
+               "' is given twice");
+    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align the data block to 8 bytes
   std::string out(8, '\0');
@@ -231,6 +261,7 @@ std::string serialize_safetensors(const TensorMap& tensors,
     Tensor c = (t.is_contiguous() && t.device() == Device::cpu) ? t : t.to(Device::cpu);
     out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
   }
+  for (const auto& [name, t] : stored) out += t.bytes;
   return out;
 }
 
@@ -336,8 +367,8 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 }
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  write_file_atomic(path, serialize_safetensors(tensors, metadata));
+                      const std::map<std::string, std::string>& metadata, const StoredMap& stored) {
+  write_file_atomic(path, serialize_safetensors(tensors, metadata, stored));
 }
 
 }  // namespace hmla::io

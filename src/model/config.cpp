@@ -186,6 +186,39 @@ MoeConfig parse_moe(const json& j, const std::string& what) {
   return m;
 }
 
+// quantization_config as DeepSeek-V3.2's release writes it (transformers' FineGrainedFP8Config):
+// quant_method "fp8", fmt "e4m3" (absent: e4m3), weight_block_size two positive ints (absent:
+// [128, 128], transformers' default), activation_scheme "dynamic" (a static scheme carries input
+// scales hmla does not read). Anything else is a ConfigError naming the field.
+void parse_quantization(CheckpointForm& f, const json& j, const std::string& what) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return;
+  const json& q = j["quantization_config"];
+  const std::string w = what + ": quantization_config";
+  HMLA_CHECK(q.is_object(), ConfigError, w, " must be an object");
+  HMLA_CHECK(q.contains("quant_method") && q["quant_method"] == "fp8", ConfigError, w, ".quant_method = ",
+             q.value("quant_method", json()).dump(), ": hmla reads \"fp8\" (e4m3 weights with block scales) only");
+  check_only(q, "fmt", "e4m3", w, "the weights are F8_E4M3");
+  check_only(q, "activation_scheme", "dynamic", w, "hmla dequantizes the weights and reads no activation scales");
+  if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+    const json& b = q["weight_block_size"];
+    HMLA_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer() &&
+                   b[0].get<int64_t>() >= 1 && b[1].get<int64_t>() >= 1,
+               ConfigError, w, ".weight_block_size = ", b.dump().substr(0, 60), ": it must be two positive integers");
+    f.block_rows = b[0].get<int64_t>();
+    f.block_cols = b[1].get<int64_t>();
+  }
+  f.fp8 = true;
+}
+
+CheckpointForm parse_checkpoint_form(const json& j, const std::string& what) {
+  CheckpointForm f;
+  parse_quantization(f, j, what);
+  f.num_nextn_predict_layers = get_int(j, "num_nextn_predict_layers", 0, what);
+  HMLA_CHECK(f.num_nextn_predict_layers >= 0 && f.num_nextn_predict_layers <= kMaxLayers, ConfigError, what,
+             ": num_nextn_predict_layers = ", f.num_nextn_predict_layers, ": it must be in [0, ", kMaxLayers, "]");
+  return f;
+}
+
 // Every weight's element count from the fields that drive it, in checked arithmetic: a config
 // whose sizes overflow int64 is refused here, naming the fields, before any table or shape is
 // built from them. (Whether the sizes fit in memory is the MemoryPlan's question.)
@@ -281,6 +314,7 @@ static ModelConfig parse_fields(const json& j, const std::string& what, LayerMod
     c.mlp_layer_types = t.get<std::vector<std::string>>();
   }
   if (c.has_moe_layers()) c.moe = parse_moe(j, what);
+  c.form = parse_checkpoint_form(j, what);
   c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
@@ -392,6 +426,7 @@ json model_config_to_json(const ModelConfig& c) {
     j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope.theta}};
   }
   j.erase("rope_scaling");
+  j.erase("quantization_config");  // hmla writes the dequantized weights (f32): README
   std::vector<std::string> modes;
   for (LayerMode m : c.layer_modes) modes.push_back(mode_name(m));
   j["hmla_layer_modes"] = modes;

@@ -279,7 +279,7 @@ void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std
   throw IoError(what + ": " + std::to_string(extra.size()) + " tensor" + (extra.size() > 1 ? "s" : "") +
                 " the config's model does not have (" + names + "); an ignored tensor is an error: check that the "
                 "config (num_hidden_layers = " + std::to_string(m.cfg.num_hidden_layers) +
-                ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
+                ", num_nextn_predict_layers = " + std::to_string(m.cfg.form.num_nextn_predict_layers) + ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
 }
 
 }  // namespace
@@ -311,6 +311,18 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
     m.params.at(p.name).copy_from(dst);
   }
   refresh_compute_weights(m);
+}
+
+void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : ck.kept) bytes += int64_t(t.bytes.size());
+  MemoryPlan plan;
+  plan.add_bytes("the multi-token-prediction layers, kept as read", bytes,
+                 std::to_string(ck.kept.size()) + " tensors of num_nextn_predict_layers = " +
+                     std::to_string(m.cfg.form.num_nextn_predict_layers));
+  plan.check(what + ": the tensors hmla carries");
+  load_into_model(m, ck.tensors, what);
+  m.kept = std::move(ck.kept);
 }
 
 int64_t count_lm_targets(const Batch& batch, int64_t pad) {

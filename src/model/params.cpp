@@ -1,8 +1,10 @@
 #include "hmla/model/params.h"
 
+#include <cctype>
 #include <set>
 
 #include "hmla/core/error.h"
+#include "hmla/io/checkpoint_forms.h"
 
 namespace hmla {
 
@@ -26,6 +28,87 @@ std::vector<std::string> unexpected_tensors(const std::vector<ParamSpec>& table,
   for (const auto& [name, t] : w)
     if (!known.count(name)) extra.push_back(name);
   return extra;
+}
+
+namespace {
+
+// Layer n of a "model.layers.{n}." name (-1 for any other name).
+int64_t layer_of(const std::string& name) {
+  static const std::string pre = "model.layers.";
+  if (name.compare(0, pre.size(), pre) != 0) return -1;
+  size_t i = pre.size();
+  int64_t n = 0;
+  for (; i < name.size() && i < pre.size() + 9 && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+    n = n * 10 + (name[i] - '0');
+  return i > pre.size() && i < name.size() && name[i] == '.' ? n : -1;
+}
+
+// The MTP layers' tensors (FP8 ones and their scales included) out of the maps, as stored.
+io::StoredMap take_mtp_layers(io::TensorMap& tensors, io::StoredMap& fp8, const ModelConfig& c) {
+  io::StoredMap kept;
+  const int64_t L0 = c.num_hidden_layers, L1 = L0 + c.form.num_nextn_predict_layers;
+  auto mtp = [&](const std::string& n) { return layer_of(n) >= L0 && layer_of(n) < L1; };
+  for (auto it = tensors.begin(); it != tensors.end();)
+    if (mtp(it->first)) kept[it->first] = io::stored_tensor(it->second), it = tensors.erase(it);
+    else ++it;
+  for (auto it = fp8.begin(); it != fp8.end();)
+    if (mtp(it->first)) kept[it->first] = std::move(it->second), it = fp8.erase(it);
+    else ++it;
+  return kept;
+}
+
+// Expert e's rows [r0, r1) of a fused [E, R, C] tensor, as a contiguous [r1 - r0, C] tensor.
+Tensor expert_rows(const Tensor& fused, int64_t e, int64_t r0, int64_t r1) {
+  return fused.slice(0, e, e + 1).slice(1, r0, r1).clone().view({r1 - r0, fused.size(2)});
+}
+
+// Layer L's fused experts (transformers' in-memory form) into experts.{e}.*, checked first.
+void split_fused_experts(io::TensorMap& w, const ModelConfig& c, int64_t L, const std::string& what) {
+  const std::string pre = "model.layers." + std::to_string(L) + ".mlp.experts.";
+  const std::string gu = pre + "gate_up_proj", dn = pre + "down_proj";
+  if (!w.count(gu) && !w.count(dn)) return;
+  const int64_t E = c.moe.n_routed_experts, I = c.moe.moe_intermediate_size, H = c.hidden_size;
+  for (const char* part : {"gate_proj", "up_proj", "down_proj"}) {
+    const std::string one = pre + "0." + part + ".weight";
+    HMLA_CHECK(!w.count(one), IoError, what, ": tensor '", w.count(gu) ? gu : dn, "' (fused experts) and '", one,
+               "' (one tensor per expert) are both there; a checkpoint holds one form of the experts");
+  }
+  for (const auto& [name, shape] : {std::pair{gu, Shape{E, 2 * I, H}}, std::pair{dn, Shape{E, H, I}}}) {
+    auto it = w.find(name);
+    HMLA_CHECK(it != w.end(), IoError, what, ": tensor '", name, "' is missing (the other fused experts' tensor, '",
+               name == gu ? dn : gu, "', is there)");
+    HMLA_CHECK(it->second.shape() == shape, IoError, what, ": tensor '", name, "' is ", shape_str(it->second.shape()),
+               ", the config needs ", shape_str(shape), " (n_routed_experts, moe_intermediate_size, hidden_size)");
+  }
+  const Tensor g = w.at(gu), d = w.at(dn);
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = pre + std::to_string(e) + ".";
+    w[x + "gate_proj.weight"] = expert_rows(g, e, 0, I);
+    w[x + "up_proj.weight"] = expert_rows(g, e, I, 2 * I);
+    w[x + "down_proj.weight"] = expert_rows(d, e, 0, H);
+  }
+  w.erase(gu);
+  w.erase(dn);
+}
+
+}  // namespace
+
+CheckpointTensors checkpoint_forms(io::TensorMap tensors, io::StoredMap fp8, const ModelConfig& c,
+                                   const std::string& what) {
+  CheckpointTensors out;
+  out.kept = take_mtp_layers(tensors, fp8, c);
+  const io::Fp8Blocks blocks{c.form.block_rows, c.form.block_cols};
+  io::dequantize_fp8_weights(tensors, fp8, c.form.fp8 ? &blocks : nullptr, what);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    if (c.is_moe_layer(L)) split_fused_experts(tensors, c, L, what);
+  out.tensors = std::move(tensors);
+  return out;
+}
+
+CheckpointTensors read_checkpoint(const std::string& path, const ModelConfig& c) {
+  io::StoredMap fp8;
+  io::TensorMap w = io::load_checkpoint_tensors(path, &fp8);
+  return checkpoint_forms(std::move(w), std::move(fp8), c, path);
 }
 
 // The names of fields(a)'s tensors, in the same order.

@@ -76,7 +76,7 @@ void save_checkpoint(const fs::path& ckroot, const std::string& name, const Mode
   fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
   RemoveUnlessKept cleanup{tmp};
   save_model_config((tmp / "config.json").string(), m.cfg);
-  io::save_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}});
+  io::save_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}}, m.kept);
   io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
   io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
   if (fs::exists(dir)) fs::rename(dir, old);
@@ -90,15 +90,15 @@ void save_final_model(const fs::path& out, const Model& model) {
   const io::TensorMap params = host_params(model);
   check_finite_weights(params);
   save_model_config((out / "config.json").string(), model.cfg);
-  io::save_safetensors((out / "model.safetensors").string(), params, {{"format", "pt"}});
+  io::save_safetensors((out / "model.safetensors").string(), params, {{"format", "pt"}}, model.kept);
 }
 
 RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {
   RunStart s;
   if (!pr.init_checkpoint.empty()) {
-    const io::TensorMap w = io::load_checkpoint_tensors(pr.init_checkpoint);
-    s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers), dev);
-    load_into_model(s.model, w, pr.init_checkpoint);
+    CheckpointTensors ck = read_checkpoint(pr.init_checkpoint, cfg);
+    s.model = build_model(cfg, indexers_in(ck.tensors, cfg.num_hidden_layers), dev);
+    load_checkpoint_into_model(s.model, std::move(ck), pr.init_checkpoint);
   } else {
     s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev);
     init_model(s.model, pr.seed);
@@ -120,11 +120,11 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
   check_metrics_length(out / "metrics.jsonl", s.st.metrics_bytes);
   if (s.st.step > 0)  // the position must lie inside its document before anything is written
     PackedLoader(in.train, pr.phases[s.st.phase].seq_len, loader_seed(pr, s.st.phase)).seek(s.st.data_pos);
-  const io::TensorMap w = io::load_safetensors((dir / "model.safetensors").string());
   ModelConfig cfg = in.cfg;
   cfg.layer_modes = saved.layer_modes;
-  s.model = build_model(cfg, indexers_in(w, cfg.num_hidden_layers), dev);
-  load_into_model(s.model, w, (dir / "model.safetensors").string());
+  CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
+  s.model = build_model(cfg, indexers_in(ck.tensors, cfg.num_hidden_layers), dev);
+  load_checkpoint_into_model(s.model, std::move(ck), (dir / "model.safetensors").string());
   s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
   log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";
   return s;

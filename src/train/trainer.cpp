@@ -37,6 +37,7 @@ using namespace train;
 // A model for `cfg` carrying over every tensor of `old`; indexers new to it are initialised.
 Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>& has_indexer, uint64_t seed, int& created) {
   Model m = build_model(cfg, has_indexer, old.device());
+  m.kept = old.kept;  // the MTP layers, carried as read (params.h)
   created = 0;
   for (const ParamSpec& p : m.table)
     if (old.params.count(p.name)) m.params.at(p.name).copy_from(old.params.at(p.name));

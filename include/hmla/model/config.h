@@ -47,6 +47,16 @@ struct MoeConfig {
   int64_t shared_intermediate() const { return n_shared_experts * moe_intermediate_size; }
 };
 
+// A published checkpoint's form (docs/moe.md, "Real checkpoints"): quantization_config's FP8
+// block scales, which hmla dequantizes at read time and does not write back (it writes f32), and
+// num_nextn_predict_layers, the multi-token-prediction layers model.layers.{num_hidden_layers + i}.*
+// that hmla carries as read and writes back (the field itself rides along in `source`).
+struct CheckpointForm {
+  bool fp8 = false;                      // quantization_config {"quant_method": "fp8", ...}
+  int64_t block_rows = 128, block_cols = 128;  // its weight_block_size
+  int64_t num_nextn_predict_layers = 0;
+};
+
 struct ModelConfig {
   int64_t hidden_size = 0, num_attention_heads = 0, num_hidden_layers = 0;
   int64_t vocab_size = 0, intermediate_size = 0, max_position_embeddings = 0;
@@ -57,6 +67,7 @@ struct ModelConfig {
   int64_t first_k_dense_replace = 0;
   std::vector<std::string> mlp_layer_types;  // empty: derived from first_k_dense_replace
   MoeConfig moe;                             // the MoE layers' routing and sizes
+  CheckpointForm form;                       // FP8 weights, MTP layers
   double rms_norm_eps = 1e-6, initializer_range = 0.02;
   bool tie_word_embeddings = false;
   RopeConfig rope;

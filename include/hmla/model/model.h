@@ -70,6 +70,9 @@ struct Model {
   // v_b_proj split from its kv_b_proj when it runs, and its gradient is folded back (both
   // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.
   bool split_kv_b_proj = false;
+  // Tensors the model carries without computing with them, as the checkpoint stored them, written
+  // back on every save: the multi-token-prediction layers (CheckpointTensors::kept).
+  io::StoredMap kept;
   Device device() const { return arena.device(); }  // where it computes (every tensor of a step)
   // The RoPE tables (rope_cache) of s rows from position pos0, on the model's device: made and
   // uploaded once per shape, so a step uploads none. They depend on the config's RoPE fields
@@ -95,6 +98,10 @@ void init_model(Model& m, uint64_t seed);
 // Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing = {});
+
+// load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
+// memory plan: IoError/MemoryError before it is moved in).
+void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what);
 
 struct Batch {
   Tensor input_ids;  // [b, s] i32

@@ -6,6 +6,7 @@
 
 #include "hmla/core/tensor.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/model/config.h"
 
 namespace hmla {
 
@@ -20,6 +21,21 @@ struct ParamSpec {
 void check_finite_weight(const Tensor& t, const std::string& what, const std::string& name);
 // The names of `w` that `table` does not have (sorted): a loader that would ignore them refuses.
 std::vector<std::string> unexpected_tensors(const std::vector<ParamSpec>& table, const io::TensorMap& w);
+
+// A checkpoint's tensors as the parameter table names them (docs/moe.md, "Real checkpoints"):
+// FP8 weights dequantized to f32 (their weight_scale_inv consumed), fused experts
+// (mlp.experts.gate_up_proj [E, 2I, hidden]: gate rows then up rows, as transformers concatenates
+// them; mlp.experts.down_proj [E, hidden, I]) split into experts.{e}.*, and the multi-token-
+// prediction layers model.layers.{num_hidden_layers + i}.* (i < num_nextn_predict_layers) set
+// aside as stored, to be written back unchanged. IoError naming the tensor on a bad form.
+struct CheckpointTensors {
+  io::TensorMap tensors;
+  io::StoredMap kept;  // the MTP layers, dtype and bytes as read
+};
+CheckpointTensors checkpoint_forms(io::TensorMap tensors, io::StoredMap fp8, const ModelConfig& c,
+                                   const std::string& what);
+// Reads `path` (load_checkpoint_tensors: a file, an index or a directory) through checkpoint_forms.
+CheckpointTensors read_checkpoint(const std::string& path, const ModelConfig& c);
 
 // Typed views of one table's tensors (weights, their gradients or the optimizer's moments alike:
 // same names, same shapes). Built once from the named views, so the math reads `w.o_proj`, and
