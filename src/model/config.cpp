@@ -33,6 +33,10 @@ LayerMode parse_mode(const std::string& s, const std::string& field) {
                     "'; use one of mha, mqa_full_causal, dsa_warmup, dsa_sparse");
 }
 
+const char* family_name(ModelFamily f) {
+  return f == ModelFamily::glm_moe_dsa ? "glm_moe_dsa" : "deepseek_v32";
+}
+
 namespace {
 
 // Reads an optional integer field; null counts as absent.
@@ -148,8 +152,9 @@ void check_only(const json& j, const char* key, const char* value, const std::st
 // (its backward-compatible name) overriding n_routed_experts, and `num_local_experts` (its
 // attribute alias) when n_routed_experts is absent. Checked as DeepseekV32TopkRouter needs them;
 // anything it would compute differently or fail on is refused here, naming the field.
-MoeConfig parse_moe(const json& j, const std::string& what) {
+MoeConfig parse_moe(const json& j, const std::string& what, ModelFamily family) {
   MoeConfig m;
+  if (family == ModelFamily::glm_moe_dsa) m.n_group = m.topk_group = 1;  // GlmMoeDsaConfig's defaults
   m.n_routed_experts = get_int(j, "num_local_experts", m.n_routed_experts, what);
   m.n_routed_experts = get_int(j, "n_routed_experts", m.n_routed_experts, what);
   m.n_routed_experts = get_int(j, "num_experts", m.n_routed_experts, what);
@@ -246,6 +251,73 @@ void check_sizes(const ModelConfig& c, const std::string& what) {
   checked_product({{"num_experts_per_tok", c.moe.num_experts_per_tok}, I}, f + " the per-expert activations");
 }
 
+ModelFamily parse_family(const json& j, const std::string& what) {
+  if (!j.contains("model_type") || j["model_type"].is_null()) return ModelFamily::deepseek_v32;
+  for (ModelFamily f : {ModelFamily::deepseek_v32, ModelFamily::glm_moe_dsa})
+    if (j["model_type"] == family_name(f)) return f;
+  throw ConfigError(what + ": model_type = " + j["model_type"].dump().substr(0, 60) +
+                    ": hmla reads \"deepseek_v32\" and \"glm_moe_dsa\"");
+}
+
+// glm_moe_dsa's indexer_types as GlmMoeDsaConfig reads them: the list itself; without it
+// index_topk_pattern ("F"/"S" per layer, or a list of names); without that the pattern of
+// index_topk_freq (default 1, below 1 read as 1) and index_skip_topk_offset (default 2): layer i
+// (0-based) is full when max(i + 1 - offset, 0) % freq == 0. Megatron-LM's equivalent fields
+// (dsa_indexer_topk_freq, dsa_indexer_skip_topk_offset) default to 1 and 0, and Megatron reads an
+// offset of 0 as 1; transformers does not (offset 0 with freq > 1 makes layer 0 shared, an error).
+std::vector<std::string> parse_indexer_types(const json& j, int64_t layers, const std::string& what) {
+  const std::string f = what + ": indexer_types";
+  std::vector<std::string> types;
+  if (j.contains("indexer_types") && !j["indexer_types"].is_null()) {
+    const json& t = j["indexer_types"];
+    HMLA_CHECK(t.is_array() && std::all_of(t.begin(), t.end(), [](const json& e) { return e.is_string(); }), ConfigError,
+               f, " must be a list of strings (\"full\" or \"shared\"), got ", t.dump().substr(0, 80));
+    types = t.get<std::vector<std::string>>();
+  } else if (j.contains("index_topk_pattern") && !j["index_topk_pattern"].is_null()) {
+    const json& p = j["index_topk_pattern"];
+    HMLA_CHECK(p.is_string() || p.is_array(), ConfigError, what, ": index_topk_pattern must be a string of F and S or a list, got ",
+               p.dump().substr(0, 80));
+    if (p.is_string()) {
+      for (char ch : p.get<std::string>()) {
+        HMLA_CHECK(ch == 'F' || ch == 'S', ConfigError, what, ": index_topk_pattern holds '", std::string(1, ch),
+                   "'; use F (full) and S (shared)");
+        types.push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else {
+      HMLA_CHECK(std::all_of(p.begin(), p.end(), [](const json& e) { return e.is_string(); }), ConfigError, what,
+                 ": index_topk_pattern must be a list of strings");
+      types = p.get<std::vector<std::string>>();
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(get_int(j, "index_topk_freq", 1, what), 1);
+    const int64_t offset = get_int(j, "index_skip_topk_offset", 2, what);
+    HMLA_CHECK(offset >= 0 && offset <= kMaxLayers, ConfigError, what, ": index_skip_topk_offset = ", offset,
+               ": it must be in [0, ", kMaxLayers, "]");
+    for (int64_t i = 0; i < layers; ++i)
+      types.push_back(std::max<int64_t>(i + 1 - offset, 0) % freq == 0 ? "full" : "shared");
+  }
+  HMLA_CHECK(int64_t(types.size()) == layers, ConfigError, f, " has ", types.size(), " entries for num_hidden_layers = ",
+             layers);
+  for (size_t L = 0; L < types.size(); ++L)
+    HMLA_CHECK(types[L] == "full" || types[L] == "shared", ConfigError, f, "[", L, "] = '", types[L].substr(0, 40),
+               "': use \"full\" or \"shared\"");
+  HMLA_CHECK(types.empty() || types[0] == "full", ConfigError, f, "[0] = 'shared': a shared layer reuses the nearest earlier "
+             "full layer's top-k, and layer 0 has none");
+  return types;
+}
+
+// IndexShare in the layers' modes: a shared layer in dsa_sparse attends over its source's table,
+// so the source must select in that forward (run dsa_sparse too).
+void check_index_share(const ModelConfig& c, const std::string& what) {
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    if (!c.indexer_shared(L) || c.layer_modes[L] != LayerMode::dsa_sparse) continue;
+    const int64_t src = c.indexer_source(L);
+    HMLA_CHECK(c.layer_modes[src] == LayerMode::dsa_sparse, ConfigError, what, ": layer ", L,
+               " is 'shared' in indexer_types and runs dsa_sparse over the top-k of layer ", src, ", which runs ",
+               mode_name(c.layer_modes[src]), "; run layer ", src, " in dsa_sparse too (or make layer ", L, " full)");
+  }
+}
+
 void validate(const ModelConfig& c, const std::string& what) {
   check_sizes(c, what);
   HMLA_CHECK(c.qk_rope_head_dim % 2 == 0, ConfigError, what, ": qk_rope_head_dim = ",
@@ -276,6 +348,7 @@ void validate(const ModelConfig& c, const std::string& what) {
                "; the indexer ropes its first qk_rope_head_dim channels");
     HMLA_CHECK(c.index_head_dim % 2 == 0, ConfigError, what, ": index_head_dim must be even");
   }
+  check_index_share(c, what);
 }
 
 }  // namespace
@@ -284,6 +357,7 @@ static ModelConfig parse_fields(const json& j, const std::string& what, LayerMod
   HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
   ModelConfig c;
   c.source = j;
+  c.family = parse_family(j, what);
   c.hidden_size = need_positive(j, "hidden_size", what);
   c.num_attention_heads = need_positive(j, "num_attention_heads", what);
   c.num_hidden_layers = need_positive(j, "num_hidden_layers", what);
@@ -313,9 +387,11 @@ static ModelConfig parse_fields(const json& j, const std::string& what, LayerMod
                " strings (\"dense\" or \"sparse\"), got ", t.dump().substr(0, 80));
     c.mlp_layer_types = t.get<std::vector<std::string>>();
   }
-  if (c.has_moe_layers()) c.moe = parse_moe(j, what);
+  if (c.has_moe_layers()) c.moe = parse_moe(j, what, c.family);
   c.form = parse_checkpoint_form(j, what);
-  c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
+  const bool glm = c.family == ModelFamily::glm_moe_dsa;
+  c.rms_norm_eps = get_num(j, "rms_norm_eps", glm ? 1e-5 : 1e-6, what);  // each family's transformers default
+  if (glm) c.indexer_types = parse_indexer_types(j, c.num_hidden_layers, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
   c.indexer_loss_coeff = get_num(j, "indexer_loss_coeff", 0.01, what);
@@ -371,7 +447,8 @@ bool latent_mqa_enabled(const ModelConfig& c, int64_t layer) {
 
 json model_config_to_json(const ModelConfig& c) {
   json j = c.source.is_object() ? c.source : json::object();
-  if (!j.contains("model_type")) j["model_type"] = "deepseek_v32";
+  j["model_type"] = family_name(c.family);
+  if (!c.indexer_types.empty()) j["indexer_types"] = c.indexer_types;  // as transformers writes it
   j["hidden_size"] = c.hidden_size;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_hidden_layers"] = c.num_hidden_layers;

@@ -77,7 +77,10 @@ Tensor select_keys(const Step& st, const AttnTensors& w, const Tensor& x, const 
 }
 
 // The attention of layer L over the cache for x [1, n, hidden]: o_proj's output [1, n, hidden].
-Tensor attention(const Step& st, const Model& m, int64_t L, const Tensor& x, KvCache& cache, Tensor* topk) {
+// tables[L] receives a dsa_sparse layer's selection; a "shared" layer (IndexShare) attends over
+// its source layer's, which ran earlier in this step.
+Tensor attention(const Step& st, const Model& m, int64_t L, const Tensor& x, KvCache& cache,
+                 std::vector<Tensor>& tables) {
   const ModelConfig& c = st.c;
   const AttnTensors& w = m.w.layers[L].attn;
   const int64_t H = c.num_attention_heads, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Rkv = c.kv_lora_rank,
@@ -97,13 +100,13 @@ Tensor attention(const Step& st, const Model& m, int64_t L, const Tensor& x, KvC
     in.q = qabs.view({1, st.n, H, Wa});
     in.kv = keys.view({1, st.S, Wa});
     in.Dv = Rkv;
-    in.idx = select_keys(st, w, x, cq, cache.kI[L]);
+    in.idx = c.indexer_shared(L) ? tables.at(size_t(c.indexer_source(L))) : select_keys(st, w, x, cq, cache.kI[L]);
     in.idx_origin = TableOrigin::own;
     in.K = c.index_topk;
     if (c.attention_sink) in.sink = w.softmax_offset;
     in.scale = scale;
     oa = attn_sparse_fwd(in).out;
-    if (topk) *topk = in.idx.view({st.n, c.index_topk + c.index_window});
+    tables[size_t(L)] = in.idx;
   } else {  // every other mode attends densely over the document's causal set
     AttnDenseInputs in;
     in.q = qabs.view({1, st.n, H, Wa});
@@ -125,14 +128,14 @@ Tensor attention(const Step& st, const Model& m, int64_t L, const Tensor& x, KvC
 
 // One decoder layer on h [1, n, hidden], in place: the model's forward without what a backward
 // keeps.
-void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache, Tensor* topk) {
+void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache, std::vector<Tensor>& tables) {
   const ModelConfig& c = st.c;
   const LayerTensors& lw = m.w.layers[L];
   const float eps = float(c.rms_norm_eps);
   const int64_t n = st.n, hid = c.hidden_size;
   Tensor a = f32({1, n, hid}), mid = f32({1, n, hid}), mn = f32({n, hid}), rstd = f32({n});
   rmsnorm_fwd(h, lw.input_layernorm, eps, a, rstd);
-  add_rmsnorm_fwd(h, attention(st, m, L, a, cache, topk), lw.post_attention_layernorm, eps, mid, mn, rstd);
+  add_rmsnorm_fwd(h, attention(st, m, L, a, cache, tables), lw.post_attention_layernorm, eps, mid, mn, rstd);
   const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw);
   std::vector<Tensor> saved;  // the MLP's activations: temporaries here
   for (const ActField& f : mlp->fields())  // each in its dtype (a MoE layer's chosen experts i32)
@@ -146,7 +149,7 @@ void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache,
 
 void plan_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& positions) {
   int64_t sparse = 0;
-  for (LayerMode mode : c.layer_modes) sparse += mode == LayerMode::dsa_sparse;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) sparse += c.layer_modes[L] == LayerMode::dsa_sparse && !c.indexer_shared(L);
   const int64_t f = sizeof(float);
   plan.add("the KV cache's latent keys", {{"num_hidden_layers", c.num_hidden_layers}, positions,
                                           {"kv_lora_rank + qk_rope_head_dim", c.kv_lora_rank + c.qk_rope_head_dim}},
@@ -170,7 +173,7 @@ KvCache kv_cache(const Model& m, int64_t capacity) {
   cache.capacity = capacity;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     cache.ka.push_back(Tensor::zeros({capacity, c.kv_lora_rank + c.qk_rope_head_dim}, DType::f32));
-    cache.kI.push_back(c.layer_modes[L] == LayerMode::dsa_sparse
+    cache.kI.push_back(c.layer_modes[L] == LayerMode::dsa_sparse && !c.indexer_shared(L)
                            ? Tensor::zeros({capacity, c.index_head_dim}, DType::f32)
                            : Tensor());
   }
@@ -189,8 +192,13 @@ Tensor decode_step(const Model& m, KvCache& cache, std::span<const int32_t> ids,
   Tensor h = f32({1, n, c.hidden_size});
   embedding_fwd(Tensor::from_vector<int32_t>({1, n}, std::vector<int32_t>(ids.begin(), ids.end())), m.w.embed_tokens,
                 h.view({n, c.hidden_size}));
-  if (topk) topk->assign(c.num_hidden_layers, Tensor());
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) layer(st, m, L, h, cache, topk ? &(*topk)[L] : nullptr);
+  std::vector<Tensor> tables(size_t(c.num_hidden_layers));  // this step's selections, per layer
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) layer(st, m, L, h, cache, tables);
+  if (topk) {
+    topk->assign(c.num_hidden_layers, Tensor());
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+      if (tables[L].defined()) (*topk)[L] = tables[L].view({n, c.index_topk + c.index_window});
+  }
   cache.len = st.S;
   // Only the last row's logits are asked for: the final norm and the head on that row alone.
   const Tensor last = h.view({n, c.hidden_size}).slice(0, n - 1, n);

@@ -109,7 +109,7 @@ void decoder_layer_forward(const DecoderLayer& d, const Tensor& h_in, const DocL
 LayerBackward decoder_layer_backward(const DecoderLayer& d, const Tensor& dout, const DocLayout& layout, LayerSaved& sv,
                                      const MlaBackwardOptions& opt, const LayerTensors& lg, bool recompute,
                                      Comm& cp) {
-  const bool dsa = is_dsa(d.m.cfg.layer_modes[d.L]);
+  const bool dsa = d.m.cfg.runs_indexer(d.L);  // a KL to train (shared layers have none)
   if (recompute) mla_recompute_core(d.attn, sv.a, layout, sv.attn, cp);
   MlaBackwardOptions mo = opt;
   if (!d.attn.split_kv_b_proj) mo.grads = lg.attn;  // straight into the arena

@@ -1,5 +1,6 @@
-// Indexer forward/backward, on ops. qI = wq_b cq (per head: rope on the first Dr channels,
-// rotate-half layout), kI = rope(LayerNorm(wk x)), w = weights_proj x * HI^-1/2 * DI^-1/2.
+// Indexer forward/backward, on ops. qI = wq_b cq (per head: rope on the first Dr channels, in the
+// family's layout: rotate-half for deepseek_v32, interleaved pairs for glm_moe_dsa), kI =
+// rope(LayerNorm(wk x)), w = weights_proj x * HI^-1/2 * DI^-1/2.
 #include "hmla/model/indexer.h"
 
 #include <cmath>
@@ -14,6 +15,9 @@ namespace hmla {
 
 namespace {
 constexpr float kNormEps = 1e-6f;
+RopeLayout rope_layout(const ModelConfig& c) {
+  return c.indexer_rope_interleaved() ? RopeLayout::interleaved : RopeLayout::half;
+}
 float head_weight_scale(const ModelConfig& c) {
   return static_cast<float>(1.0 / std::sqrt(double(c.index_n_heads)) / std::sqrt(double(c.index_head_dim)));
 }
@@ -59,7 +63,7 @@ void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor
   const DType dt = compute_dtype(x.device());  // kept between ops in it (DESIGN.md section 4)
   sv.sc.qI = Tensor::empty({b, s, HI, DI}, dt, x.device());
   linear_fwd(cq, w.wq_b, sv.sc.qI.view({N, HI * DI}));
-  rope(sv.sc.qI.slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
+  rope(sv.sc.qI.slice(3, 0, Dr), rc.cos, rc.sin, rope_layout(c), false);
   sv.kpre = Tensor::empty({N, DI}, dt, x.device());
   sv.k_mean = Tensor::empty({N}, DType::f32, x.device());
   sv.k_rstd = Tensor::empty({N}, DType::f32, x.device());
@@ -67,7 +71,7 @@ void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor
   linear_fwd(x, w.wk, sv.kpre);
   layernorm_fwd(sv.kpre, w.k_norm_weight, w.k_norm_bias, kNormEps, kI.view({N, DI}),
                 sv.k_mean, sv.k_rstd);
-  rope(kI.view({b, s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, false);
+  rope(kI.view({b, s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, rope_layout(c), false);
   sv.sc.kI = cp_all_gather_rows(cp, kI);  // the indexer's key: DI wide, of every row
   sv.sc.w = Tensor::empty({b, s, HI}, DType::f32, x.device());
   linear_fwd(x, w.weights_proj, sv.sc.w);
@@ -81,13 +85,13 @@ void indexer_backward(const ModelConfig& c, const IndexerTensors& w, const Tenso
   const int64_t HI = c.index_n_heads, DI = c.index_head_dim, Dr = c.qk_rope_head_dim;
 
   Tensor dq = kl.dqI.clone();  // rope's transpose, in place
-  rope(dq.slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, true);
+  rope(dq.slice(3, 0, Dr), rc.cos, rc.sin, rope_layout(c), true);
   linear_bwd(dq.view({N, HI * DI}), cq, w.wq_b, dw.wq_b, Tensor());
 
   // This rank's rows of dkI, summed over every rank's queries.
   Tensor dk = cp.size() > 1 ? cp_reduce_scatter_rows(cp, kl.dkI) : kl.dkI.clone();
   Tensor dkpre = Tensor::empty({N, DI}, DType::f32, x.device());
-  rope(dk.view({x.size(0), s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, RopeLayout::half, true);
+  rope(dk.view({x.size(0), s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, rope_layout(c), true);
   layernorm_bwd(dk.view({N, DI}), sv.kpre, w.k_norm_weight, sv.k_mean, sv.k_rstd, dkpre,
                 dw.k_norm_weight, dw.k_norm_bias);
   linear_bwd(dkpre, x, w.wk, dw.wk, Tensor());

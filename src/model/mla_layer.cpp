@@ -120,7 +120,7 @@ void run_core(const MlaLayer& L, const AttnTensors& w, MlaSaved& sv, const Dims&
 }  // namespace
 
 void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
-                     const SizeFactor& rows, const SizeFactor& s, DType compute) {
+                     const SizeFactor& rows, const SizeFactor& s, DType compute, bool indexer) {
   const std::string in = std::string(" of the ") + mode_name(mode) + " layers (" + dtype_name(compute) + ")";
   const SizeFactor H{"num_attention_heads", c.num_attention_heads};
   const int64_t f = int64_t(dtype_size(compute));  // every saved activation here is kept in it
@@ -136,17 +136,18 @@ void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, con
              {layers, rows, s, H, {"2 qk_nope_head_dim + qk_rope_head_dim + v_head_dim",
                                    c.qk_head_dim() + c.qk_nope_head_dim + c.v_head_dim}},
              f);
-  if (!is_dsa(mode)) return;
+  if (!is_dsa(mode) || !indexer) return;  // a shared layer reads its source's table
   plan.add("the indexer's queries" + in,
            {layers, rows, s, {"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}}, f);
   plan.add(std::string("the top-k tables of the ") + mode_name(mode) + " layers",
            {layers, rows, s, {"index_topk + index_window", c.index_topk + c.index_window}}, sizeof(int32_t));
 }
 
-CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone) {
+CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone,
+                         bool indexer) {
   if (R == 1) return {};
   const int64_t block = b * (s / R) * int64_t(sizeof(float)) * (R - 1);  // per channel
-  const int64_t key = c.kv_lora_rank + c.qk_rope_head_dim, ikey = is_dsa(mode) ? c.index_head_dim : 0;
+  const int64_t key = c.kv_lora_rank + c.qk_rope_head_dim, ikey = is_dsa(mode) && indexer ? c.index_head_dim : 0;
   return {block * (key + ikey), block * ((backbone ? key : 0) + ikey)};
 }
 
@@ -203,9 +204,15 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   rope_rows(ka.view({d.N, 1, Wa}), d, d.Rkv, rc, false);
   sv.ka = cp_all_gather_rows(cp, ka).view({d.NS, 1, Wa});
 
-  if (is_dsa(L.mode())) {  // the indexer reads x and cq; the backbone reads only its selection
+  if (cfg.runs_indexer(L.layer)) {  // the indexer reads x and cq; the backbone reads only its selection
     indexer_forward(cfg, w.indexer, x, sv.cq, layout, rc, sv.ind, cp);
     sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
+  } else if (L.mode() == LayerMode::dsa_sparse) {  // IndexShare: the source layer's table, set by the caller
+    HMLA_CHECK(sv.topk.defined() && sv.topk.dim() == 3 && sv.topk.size(0) == d.b && sv.topk.size(1) == d.s &&
+                   sv.topk.size(2) == cfg.index_topk + cfg.index_window,
+               ShapeError, "layer ", L.layer, " is 'shared' in indexer_types: it attends over layer ",
+               cfg.indexer_source(L.layer), "'s top-k table [", d.b, ", ", d.s, ", ", cfg.index_topk + cfg.index_window,
+               "], which the caller must set in saved.topk");
   }
   const Tensor kaf = sv.ka.view({d.NS, Wa});  // c in the first Rkv channels, k_pe after
   if (!L.latent()) {
@@ -355,7 +362,7 @@ MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layou
   const AttnTensors& w = L.w;
   MlaGrads g;
   g.dweights = opt.grads;  // views: the gradients land in the caller's tensors
-  if (is_dsa(L.mode())) indexer_grads(L, w, x, sv, d, opt, g, cp);
+  if (cfg.runs_indexer(L.layer)) indexer_grads(L, w, x, sv, d, opt, g, cp);
   if (!opt.backbone) return g;
   HMLA_CHECK(dy.shape() == x.shape() && dy.is_contiguous() && dy.dtype() == DType::f32, ShapeError,
              "mla layer: grad_output must be contiguous f32 ", shape_str(x.shape()), ", got ",

@@ -179,6 +179,8 @@ Forward forward(const Model& m, const DeviceBatch& in, Comm& cp, bool drop_core 
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
     take_layer_views(act, layer_fields(c, L), b, s, hid, sv);
+    if (c.layer_modes[L] == LayerMode::dsa_sparse && c.indexer_shared(L))  // IndexShare: same rows, same keys
+      sv.attn.topk = f.layers[c.indexer_source(L)].attn.topk;
     decoder_layer_forward(decoder_layer(m, L, nullptr), h, layout, sv, cp, drop_core);
     h = sv.out;
   }
@@ -227,17 +229,19 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, De
              "a model needs vocab_size and intermediate_size (>= 1; intermediate_size sizes the dense MLPs)");
   HMLA_CHECK(static_cast<int64_t>(has_indexer.size()) == c.num_hidden_layers, ConfigError,
              "has_indexer needs one entry per layer");
+  std::vector<bool> own(has_indexer.size());  // shared layers (IndexShare) have none
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    HMLA_CHECK(!is_dsa(c.layer_modes[L]) || has_indexer[L], ConfigError, "layer ", L, " runs ",
+    own[L] = own_indexer(c, has_indexer, L);
+    HMLA_CHECK(!c.runs_indexer(L) || own[L], ConfigError, "layer ", L, " runs ",
                mode_name(c.layer_modes[L]), " without an indexer");
   }
   MemoryPlan plan;
-  plan_parameters(plan, c, has_indexer, false, compute_dtype(device));
+  plan_parameters(plan, c, own, false, compute_dtype(device));
   plan.check("the model", device);
   Model m;
   m.cfg = c;
-  m.has_indexer = has_indexer;
-  m.table = model_param_table(c, has_indexer);
+  m.has_indexer = own;
+  m.table = model_param_table(c, own);
   m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
   m.params = arena_views(m.table, m.arena);
   m.w = model_tensors(m.params, c.num_hidden_layers, c.tie_word_embeddings);
@@ -273,6 +277,13 @@ namespace {
 void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std::string& what) {
   const std::vector<std::string> extra = unexpected_tensors(m.table, tensors);
   if (extra.empty()) return;
+  for (int64_t L = 0; L < m.cfg.num_hidden_layers; ++L) {  // IndexShare: a shared layer has no indexer
+    const std::string pre = layer_prefix(L) + "self_attn.indexer.";
+    for (const std::string& n : extra)
+      HMLA_CHECK(!m.cfg.indexer_shared(L) || n.compare(0, pre.size(), pre) != 0, IoError, what, ": tensor '", n,
+                 "': layer ", L, " is 'shared' in indexer_types (it reuses layer ", m.cfg.indexer_source(L),
+                 "'s top-k) and has no indexer; remove the tensor or make the layer full");
+  }
   std::string names;
   for (size_t i = 0; i < std::min<size_t>(extra.size(), 3); ++i) names += (i ? ", '" : "'") + extra[i] + "'";
   if (extra.size() > 3) names += " and " + std::to_string(extra.size() - 3) + " more";
@@ -391,11 +402,11 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
-    if (is_dsa(c.layer_modes[L])) mo.row_weight = in.row_weight, mo.kl_acc = slot(kStatMbKl);
+    if (c.runs_indexer(L)) mo.row_weight = in.row_weight, mo.kl_acc = slot(kStatMbKl);
     const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, in.layout, f.layers[L],
                                                    mo, gw.layers[L], opt.recompute_attention, cp);
     if (opt.backbone) dh = r.dh_in;
-    if (is_dsa(c.layer_modes[L])) ++dsa_layers;  // its KL went into the kStatMbKl slot
+    if (c.runs_indexer(L)) ++dsa_layers;  // its KL went into the kStatMbKl slot (shared layers have none)
   }
   if (opt.backbone) embedding_bwd(in.ids, dh, gw.embed_tokens);  // rows in token order
   if (opt.stats.defined()) {

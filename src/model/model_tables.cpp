@@ -47,9 +47,13 @@ std::vector<ParamSpec> head_params(const ModelConfig& c) {
 
 }  // namespace
 
+bool own_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int64_t L) {
+  return has_indexer.at(size_t(L)) && !c.indexer_shared(L);
+}
+
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer) {
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, has_indexer.at(L));
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, own_indexer(c, has_indexer, L));
   for (ParamSpec& p : head_params(c)) t.push_back(p);
   return t;
 }
@@ -119,7 +123,7 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
   // Each kind's first layer, in layer order, and how many layers are of its kind.
   std::map<std::pair<bool, bool>, std::pair<int64_t, int64_t>> kinds;  // (indexer, moe) -> (first, count)
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    auto [it, fresh] = kinds.try_emplace({bool(has_indexer[L]), c.is_moe_layer(L)}, L, 0);
+    auto [it, fresh] = kinds.try_emplace({own_indexer(c, has_indexer, L), c.is_moe_layer(L)}, L, 0);
     ++it->second.second;
   }
   std::vector<std::pair<int64_t, int64_t>> firsts;
@@ -127,7 +131,7 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
   std::sort(firsts.begin(), firsts.end());
   for (const auto& [L, count] : firsts) {
     std::vector<ParamSpec> layer;
-    add_layer_params(layer, c, L, has_indexer[L], true);
+    add_layer_params(layer, c, L, own_indexer(c, has_indexer, L), true);
     for (ParamSpec& p : layer) {
       const bool expert = p.name.find(".mlp.experts.0.") != std::string::npos;
       entries.push_back({p, expert ? checked_product({{"layers", count}, {"n_routed_experts", c.moe.n_routed_experts}},
@@ -227,12 +231,15 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
     plan.add("a MoE layer's expert rows (workspace)", {rows, s, k, width}, f);
     plan.add("a MoE layer's router logits (workspace)", {rows, s, {"n_routed_experts", m.n_routed_experts}}, f);
   }
-  std::map<LayerMode, int64_t> count;
-  for (LayerMode m : c.layer_modes) ++count[m];
-  for (const auto& [mode, n] : count) {
-    const SizeFactor in_mode{n == c.num_hidden_layers ? "num_hidden_layers" : std::string("layers in ") + mode_name(mode),
+  std::map<std::pair<LayerMode, bool>, int64_t> count;  // (mode, shared) -> layers
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) ++count[{c.layer_modes[L], is_dsa(c.layer_modes[L]) && c.indexer_shared(L)}];
+  for (const auto& [key, n] : count) {
+    const auto [mode, shared] = key;
+    const SizeFactor in_mode{n == c.num_hidden_layers ? "num_hidden_layers"
+                                                      : std::string(shared ? "shared-indexer layers in " : "layers in ") +
+                                                            mode_name(mode),
                              n};
-    mla_memory_plan(plan, c, mode, in_mode, rows, s, compute);
+    mla_memory_plan(plan, c, mode, in_mode, rows, s, compute, !shared);
   }
 }
 

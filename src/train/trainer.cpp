@@ -99,7 +99,8 @@ void enter_phase(const Run& run, int64_t p, Model& model) {
   ModelConfig pc = model.cfg;
   set_modes(pc, run.in.hybrid, ph.mode);
   std::vector<bool> need = model.has_indexer;
-  for (int64_t L = 0; L < pc.num_hidden_layers; ++L) need[L] = need[L] || (run.in.hybrid[L] && is_dsa(ph.mode));
+  for (int64_t L = 0; L < pc.num_hidden_layers; ++L)  // "shared" layers (IndexShare) never have one
+    need[L] = need[L] || (run.in.hybrid[L] && is_dsa(ph.mode) && !pc.indexer_shared(L));
   if (is_dsa(ph.mode))
     HMLA_CHECK(pc.has_indexer_fields() && pc.q_lora_rank > 0, ConfigError, run.pr.model_config, ": phase '", ph.name,
                "' runs ", mode_name(ph.mode), ", which needs index_n_heads, index_head_dim, index_topk and q_lora_rank");

@@ -5,7 +5,11 @@ saves it (config.json + model.safetensors, f32), input_ids, the logits in float6
 f32 tensors, hi + lo, so the f32-only reader keeps 48 bits), the same model's float32 logits
 (the naive-f32 error of the tolerance rule), per layer the indexer's top-k and scores, and per MoE
 layer the experts each token chose (the "moe" case: group-limited routing with n_group > 1, shared
-experts, first_k_dense_replace 1 and a nonzero e_score_correction_bias).
+experts, first_k_dense_replace 1 and a nonzero e_score_correction_bias). The "glm" case is a
+GlmMoeDsaForCausalLM (model_type glm_moe_dsa): interleaved indexer RoPE, indexer_types with full
+and shared layers (a shared layer has no indexer and reuses the nearest earlier full layer's
+top-k; only full layers get a layer{L}.topk), v_head_dim != qk_nope_head_dim, and the moe case's
+routing.
 
 Needs a virtual environment outside the tree (not part of the default suite):
     python3 -m venv /tmp/hfvenv && /tmp/hfvenv/bin/pip install torch transformers==5.24.0
@@ -20,7 +24,7 @@ import warnings
 import numpy as np
 import torch
 import transformers
-from transformers import DeepseekV32Config, DeepseekV32ForCausalLM
+from transformers import DeepseekV32Config, DeepseekV32ForCausalLM, GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
 PINNED = "5.24.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +45,12 @@ CASES = {
     "moe": dict(s=24, rope=None, moe=dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, n_group=4,
                                           topk_group=2, num_experts_per_tok=2, moe_intermediate_size=12,
                                           n_shared_experts=1, norm_topk_prob=True, routed_scaling_factor=2.5)),
+    # GLM-5 (glm_moe_dsa): layer 0 dense, layers 1-3 MoE; layers 1 and 2 share layer 0's top-k.
+    "glm": dict(s=20, rope=None, glm=True,
+                moe=dict(num_hidden_layers=4, first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2,
+                         num_experts_per_tok=2, moe_intermediate_size=6, n_shared_experts=1, norm_topk_prob=True,
+                         routed_scaling_factor=2.5, intermediate_size=24, v_head_dim=12, hidden_size=24, index_n_heads=4,
+                         indexer_types=["full", "shared", "shared", "full"])),
 }
 
 
@@ -105,10 +115,14 @@ def build(name, case, seed):
         if case["rope"]:
             kw["rope_parameters"] = case["rope"]
         kw.update(case.get("moe", {}))
-        cfg = DeepseekV32Config(**kw)
+        glm = case.get("glm", False)
+        cfg = (GlmMoeDsaConfig if glm else DeepseekV32Config)(**kw)
         cfg._attn_implementation = "eager"
         cfg._experts_implementation = "eager"  # the per-expert loop (grouped_mm has no float64)
-        model = DeepseekV32ForCausalLM(cfg).float().eval()
+        model = (GlmMoeDsaForCausalLM if glm else DeepseekV32ForCausalLM)(cfg).float().eval()
+        # The indexer's RoPE: GLM-5 rotates interleaved pairs, DeepSeek-V3.2 halves.
+        rope_fn = (transformers.models.glm_moe_dsa.modeling_glm_moe_dsa.apply_rotary_pos_emb_interleave if glm
+                   else transformers.models.deepseek_v32.modeling_deepseek_v32.apply_rotary_pos_emb)
         moe_layers = [i for i, t in enumerate(cfg.mlp_layer_types) if t == "sparse"] if "moe" in case else []
         with torch.no_grad():
             for i in moe_layers:  # a nonzero correction bias, so that it changes choices
@@ -133,8 +147,7 @@ def build(name, case, seed):
                     k = mod.k_norm(mod.wk(hidden))
                     q_rot, q_pass = torch.split(q, [mod.qk_rope_head_dim, mod.head_dim - mod.qk_rope_head_dim], -1)
                     k_rot, k_pass = torch.split(k.unsqueeze(2), [mod.qk_rope_head_dim, mod.head_dim - mod.qk_rope_head_dim], -1)
-                    q_rot, k_rot = transformers.models.deepseek_v32.modeling_deepseek_v32.apply_rotary_pos_emb(
-                        q_rot, k_rot, cos, sin, unsqueeze_dim=2)
+                    q_rot, k_rot = rope_fn(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
                     q = torch.cat([q_rot, q_pass], -1)
                     k = torch.cat([k_rot, k_pass], -1).squeeze(2)
                     sc = torch.relu(torch.einsum("bshd,btd->bhst", q, k) * mod.softmax_scale)
@@ -154,7 +167,8 @@ def build(name, case, seed):
                                      route_margin(logits.numpy(), mod.e_score_correction_bias.numpy(), cfg))
                 return fn
 
-            handles = [l.self_attn.indexer.register_forward_hook(hook(i)) for i, l in enumerate(m64.model.layers)]
+            handles = [l.self_attn.indexer.register_forward_hook(hook(i)) for i, l in enumerate(m64.model.layers)
+                       if l.self_attn.indexer is not None]  # a shared layer has none
             handles += [m64.model.layers[i].mlp.gate.register_forward_hook(router_hook(i)) for i in moe_layers]
             logits64 = m64(torch.from_numpy(ids)).logits.numpy()
             for h in handles:

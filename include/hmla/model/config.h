@@ -57,7 +57,14 @@ struct CheckpointForm {
   int64_t num_nextn_predict_layers = 0;
 };
 
+// The two model families (DESIGN.md section 2): config.json's model_type. They differ in the
+// indexer's RoPE layout (DeepSeek-V3.2 rotate-half, GLM-5 interleaved pairs), in IndexShare
+// (glm_moe_dsa's indexer_types) and in some of transformers' defaults (docs/config.md).
+enum class ModelFamily { deepseek_v32, glm_moe_dsa };
+const char* family_name(ModelFamily f);
+
 struct ModelConfig {
+  ModelFamily family = ModelFamily::deepseek_v32;
   int64_t hidden_size = 0, num_attention_heads = 0, num_hidden_layers = 0;
   int64_t vocab_size = 0, intermediate_size = 0, max_position_embeddings = 0;
   int64_t q_lora_rank = 0;  // 0: q_proj, no q LoRA
@@ -72,6 +79,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   RopeConfig rope;
   std::vector<LayerMode> layer_modes;  // hmla_layer_modes, one per layer
+  // IndexShare (DESIGN.md section 9): per layer "full" (its own indexer) or "shared" (no indexer;
+  // dsa_sparse attends over the nearest earlier full layer's table). Empty: every layer full
+  // (deepseek_v32, which has no such field).
+  std::vector<std::string> indexer_types;
   double indexer_loss_coeff = 0.01;
   bool attention_sink = false;
   nlohmann::json source;  // the file as read: unknown fields ride along on write
@@ -83,6 +94,17 @@ struct ModelConfig {
   bool is_moe_layer(int64_t L) const {
     return mlp_layer_types.empty() ? L >= first_k_dense_replace : mlp_layer_types.at(size_t(L)) == "sparse";
   }
+  bool indexer_shared(int64_t L) const { return !indexer_types.empty() && indexer_types.at(size_t(L)) == "shared"; }
+  // The layer whose indexer's table layer L attends over: L itself when full, else the nearest
+  // earlier full layer (validated to exist).
+  int64_t indexer_source(int64_t L) const {
+    while (indexer_shared(L)) --L;
+    return L;
+  }
+  // Layer L computes an indexer (scores, selection, KL) in its current mode.
+  bool runs_indexer(int64_t L) const { return is_dsa(layer_modes.at(size_t(L))) && !indexer_shared(L); }
+  // GLM-5's indexer rotates interleaved pairs, DeepSeek-V3.2's rotate-half (DESIGN.md section 4).
+  bool indexer_rope_interleaved() const { return family == ModelFamily::glm_moe_dsa; }
   bool has_moe_layers() const {
     for (int64_t L = 0; L < num_hidden_layers; ++L)
       if (is_moe_layer(L)) return true;

@@ -55,8 +55,11 @@ struct MlaSaved {
   AttnDenseSaved att;      // core output [b, s, H, Dv or Rkv] and lse (dense or sparse core)
   Tensor lse_c;            // dsa_sparse: [b, H, s] logsumexp over S(t) only (the KL's lseC)
   Tensor o;                // [N, H, Dv] input of o_proj
-  IndexerState ind;        // dsa modes
-  Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table (global key positions)
+  IndexerState ind;        // dsa modes, layers with their own indexer
+  Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table (global key positions);
+                           // a "shared" layer (IndexShare) in dsa_sparse: its source layer's, set
+                           // by the caller before mla_forward
+
 };
 
 struct MlaBackwardOptions {
@@ -99,14 +102,17 @@ void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& lay
 struct CpTraffic {
   int64_t forward = 0, backward = 0;
 };
-CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone);
+// indexer = false: a "shared" layer of indexer_types (IndexShare), which gathers no indexer key.
+CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_t s, int64_t R, bool backbone,
+                         bool indexer = true);
 
 // What `layers` layers in `mode` keep per forward over rows x s query rows (queries, per-head
 // keys and values or absorbed queries, the indexer's scores and selection table), added to `plan`
 // as lower bounds named by the fields that drive them; the activations in the device's compute
-// dtype `compute` (mla_forward keeps them in it), the tables in i32.
+// dtype `compute` (mla_forward keeps them in it), the tables in i32. indexer = false: "shared"
+// layers of indexer_types (IndexShare), which keep no indexer state and read their source's table.
 void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
-                     const SizeFactor& rows, const SizeFactor& s, DType compute);
+                     const SizeFactor& rows, const SizeFactor& s, DType compute, bool indexer = true);
 
 MlaGrads mla_backward(const MlaLayer& L, const Tensor& x, const DocLayout& layout,
                       const MlaSaved& saved, const Tensor& dy, const MlaBackwardOptions& opt = {},

@@ -20,7 +20,8 @@ namespace hmla {
 std::string layer_prefix(int64_t layer);  // "model.layers.{L}."
 
 // The one table of the model's tensors, in arena order. Layers with has_indexer[L] carry the
-// five indexer tensors.
+// five indexer tensors, but for a "shared" layer of indexer_types (IndexShare: it never has any).
+bool own_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int64_t L);
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer);
 
 // Views of a table-ordered f32 arena, by name.
