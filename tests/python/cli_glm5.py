@@ -44,6 +44,8 @@ def main():
         check.exit()
     init = "[warmup] initialised 10 missing indexer tensors" in r.stdout
     check("entering dsa_warmup initialises the two full layers' indexers", init, "" if init else r.stdout[-400:])
+    check("entering dsa_sparse keeps the trained indexers (nothing initialised again)",
+          r.stdout.count("missing indexer tensors") == 1)
     rows = [json.loads(x) for x in open(f"{w}/run/metrics.jsonl")]
     steps = [x for x in rows if "lm_loss" in x and "grad_norm_backbone" in x]
     check("pretrain, warmup and sparse steps are logged",
