@@ -122,6 +122,35 @@ TEST(IndexShareConfig, BadIndexerTypesAreOneLineErrorsNamingTheField) {
   EXPECT_EQ(config_error(glm_json({"mha", "dsa_warmup"}, {"full", "shared"})), "accepted");
 }
 
+// GLM-5's geometry (DESIGN.md section 2: Dn 192, Dv 256, HI 32, Rq 2048) is expressible: its
+// config (transformers' GlmMoeDsaConfig defaults, GLM-5.2's IndexShare layout) parses, and the
+// parameter plan counts what the layers hold, summed here by hand from the shapes of section 2.
+TEST(IndexShareConfig, Glm5GeometryIsExpressible) {
+  const int64_t hid = 6144, H = 64, Rq = 2048, Rkv = 512, Dn = 192, Dr = 64, Dv = 256, HI = 32, DI = 128;
+  const int64_t V = 154880, I = 12288, Im = 2048, E = 256, layers = 78, dense = 3;
+  const json j{{"model_type", "glm_moe_dsa"}, {"hidden_size", hid}, {"num_attention_heads", H},
+               {"num_hidden_layers", layers}, {"q_lora_rank", Rq}, {"kv_lora_rank", Rkv}, {"qk_nope_head_dim", Dn},
+               {"qk_rope_head_dim", Dr}, {"v_head_dim", Dv}, {"index_n_heads", HI}, {"index_head_dim", DI},
+               {"index_topk", 2048}, {"vocab_size", V}, {"intermediate_size", I}, {"moe_intermediate_size", Im},
+               {"n_routed_experts", E}, {"n_shared_experts", 1}, {"num_experts_per_tok", 8},
+               {"first_k_dense_replace", dense}, {"index_topk_freq", 4}, {"index_skip_topk_offset", 3},
+               {"max_position_embeddings", 202752}};
+  const ModelConfig c = parse_model_config(j, "glm5");
+  int64_t full = 0;
+  for (int64_t L = 0; L < layers; ++L) full += !c.indexer_shared(L);
+  EXPECT_EQ(full, 3 + 18);  // layers 0-2, then 6, 10, ..., 74
+  EXPECT_EQ(c.layer_modes[77], LayerMode::dsa_sparse);
+  const int64_t attn = Rq * hid + Rq + H * (Dn + Dr) * Rq + (Rkv + Dr) * hid + Rkv + H * (Dn + Dv) * Rkv + hid * H * Dv;
+  const int64_t indexer = HI * DI * Rq + DI * hid + 2 * DI + HI * hid;
+  const int64_t moe = E * hid + E + E * 3 * Im * hid + 3 * Im * hid;
+  const int64_t want = 2 * V * hid + hid + layers * (attn + 2 * hid) + full * indexer + dense * 3 * I * hid +
+                       (layers - dense) * moe;
+  MemoryPlan plan;
+  plan_parameters(plan, c, std::vector<bool>(layers, true), false, DType::f32);
+  EXPECT_EQ(plan.total(), 4 * want);
+  std::printf("GLM-5: %.1fB parameters without the MTP layer\n", double(want) / 1e9);
+}
+
 // ---- the model -----------------------------------------------------------------------------------
 
 Batch batch(int64_t b, int64_t s, uint64_t seed) {
