@@ -31,7 +31,8 @@ Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
   std::vector<bool> has_indexer(c.num_hidden_layers);
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
-    HMLA_CHECK(has_indexer[L] || !c.runs_indexer(L), ConfigError,  // a shared layer (IndexShare) has none dir, ": layer ", L, " runs ",
+    // A "shared" layer (IndexShare) never has an indexer of its own.
+    HMLA_CHECK(has_indexer[L] || !c.runs_indexer(L), ConfigError, dir, ": layer ", L, " runs ",
                mode_name(c.layer_modes[L]),
                c.source.contains("hmla_layer_modes")
                    ? " (config.json's hmla_layer_modes)"

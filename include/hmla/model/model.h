@@ -126,7 +126,7 @@ struct StepOptions {
 
 struct StepStats {
   double lm_loss = 0;      // sum over targets of CE / lm_targets
-  double indexer_kl = 0;   // mean over hybrid (dsa) layers of sum rw kl, without coeff
+  double indexer_kl = 0;   // mean over the layers that run an indexer (dsa modes, not "shared") of sum rw kl, without coeff
   int64_t tokens = 0;
 };
 
