@@ -1,7 +1,7 @@
 // The whole programme on the CUDA backend (run by the SIMT emulator, or on a GPU) against the CPU
 // backend in the same process: every phase step by step (LM loss, indexer KL, gradient norms), the held-out
 // losses, and resuming across devices (a CPU checkpoint continued on CUDA and a CUDA checkpoint
-// continued on the CPU). The model (emu_model.json) has the CUDA kernels' widths: head widths,
+// continued on the CPU); GLM-5's IndexShare (emu_model_glm5.json). The model (emu_model.json) has the CUDA kernels' widths: head widths,
 // index heads and index width multiples of 16, 16 heads (the sparse backward's warp tile).
 //
 // Tolerances, per quantity and step, from the computation (docs/testing.md has the long form).
@@ -200,6 +200,24 @@ TEST(CudaTraining, MuonSinkAndSplitKvBProjMatchTheCpu) {
   const fs::path cpu = tmpdir("muon_cpu"), cuda = tmpdir("muon_cuda");
   run(cpu, "cpu", false, programme_muon_sink_split());
   run(cuda, "cuda", false, programme_muon_sink_split());
+  expect_same_run(metrics(cpu), metrics(cuda));
+  print_worst();
+  for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
+}
+
+// GLM-5 (emu_model_glm5.json: glm_moe_dsa's interleaved indexer RoPE, indexer_types full/shared,
+// v_head_dim 32 != qk_nope_head_dim 16): the shared layer reuses its source's device table in
+// dsa_sparse and runs the dense core in dsa_warmup; every phase matches the CPU by the same rule
+// (two layers, as the rule's site count assumes).
+TEST(CudaTraining, Glm5IndexShareMatchesTheCpu) {
+  HMLA_NEED_DEVICE();
+  const std::string text =
+      programme_text("tests/cuda/emu/emu_model_glm5.json", 5, "warmup_steps: 1, micro_batches: 2",
+                     "  - {name: pre, mode: mha, steps: 2}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
+                     "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n");
+  const fs::path cpu = tmpdir("glm5_cpu"), cuda = tmpdir("glm5_cuda");
+  run(cpu, "cpu", false, text);
+  run(cuda, "cuda", false, text);
   expect_same_run(metrics(cpu), metrics(cuda));
   print_worst();
   for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
