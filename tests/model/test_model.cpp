@@ -135,6 +135,37 @@ TEST(Model, GradientsMatchFiniteDifferences) {
   }
 }
 
+// GLM-5's IndexShare in dsa_sparse: layer 1 ("shared") attends over layer 0's table, so the LM
+// loss is a smooth function of the backbone while the tables stay put (s = 24 > index_topk = 4:
+// the selection decides), and the backbone's gradients are its slopes, through the shared layer
+// too. Left out: the indexers' tensors (trained by their KL, not the LM loss) and what feeds layer
+// 0's indexer (the embedding, input_layernorm, q_a_proj, q_a_layernorm): moving them moves the
+// table, where the loss is not differentiable (at eps = 2e-2 along the gradient q_a_proj does).
+TEST(Model, GradientsThroughASharedIndexerLayerMatchFiniteDifferences) {
+  testing::TinyConfig t;
+  t.modes = {"dsa_sparse", "dsa_sparse"};
+  nlohmann::json j = testing::tiny_config_json(t);
+  j["model_type"] = "glm_moe_dsa", j["indexer_types"] = {"full", "shared"}, j["first_k_dense_replace"] = 2;
+  const ModelConfig c = parse_model_config(j, "glm");
+  Model m = build_model(c, {true, true});
+  init_model(m, 5);
+  Batch bt = batch(2, 24, 6);
+  Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+  io::TensorMap grads = arena_views(m.table, garena);
+  model_step(m, bt, {}, grads);
+  auto loss = [&] {
+    Tensor scratch = Tensor::zeros({m.arena.numel()}, DType::f32);
+    io::TensorMap g = arena_views(m.table, scratch);
+    return model_step(m, bt, {}, g).lm_loss;
+  };
+  auto feeds_the_table = [](const std::string& n) {
+    return n.find(".indexer.") != std::string::npos || n == "model.embed_tokens.weight" ||
+           n == "model.layers.0.input_layernorm.weight" || n.starts_with("model.layers.0.self_attn.q_a_");
+  };
+  for (const ParamSpec& p : m.table)
+    if (!feeds_the_table(p.name)) expect_slope_is_gradient_norm(m, grads, p.name, loss, p.name);
+}
+
 // StepOptions::lm_targets is the step's global target count (micro-batches, data and context
 // parallelism): the LM loss and every gradient are this batch's sums over its targets divided by
 // it. Twice this batch's count halves them exactly (scaling by a power of two commutes with f32
