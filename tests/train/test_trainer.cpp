@@ -395,5 +395,25 @@ TEST(Trainer, RateZeroLeavesTheBias) {
   }
 }
 
+// The correction bias is saved in every checkpoint and a resumed MoE run continues it exactly:
+// the same weights (biases included) and metrics (imbalance and balance loss) as an uninterrupted run.
+TEST(Trainer, AResumedMoeRunContinuesItsBalancingExactly) {
+  const std::string text = testing::programme_text("configs/demo_moe_model.json", 5, "moe_bias_update_rate: 0.01",
+                                                   "  - {name: pre, mode: mha, steps: 4, checkpoint_every: 2}\n");
+  const fs::path full = tmpdir("moe_full"), part = tmpdir("moe_part");
+  run(text, full);
+  fs::create_directories(part / "checkpoints");
+  fs::copy(full / "checkpoints" / "0-pre-step2", part / "checkpoints" / "0-pre-step2", fs::copy_options::recursive);
+  std::ofstream(part / "checkpoints" / "latest") << "0-pre-step2\n";
+  fs::copy(full / "programme.json", part / "programme.json");
+  fs::copy(full / "metrics.jsonl", part / "metrics.jsonl");
+  run(text, part, true);
+  const io::TensorMap a = weights(full), b = weights(part), at2 = checkpoint(full, "0-pre-step2");
+  const std::string bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+  EXPECT_FALSE(same(at2.at(bias), a.at(bias))) << "the bias moves after the checkpoint";
+  for (const auto& [name, t] : a) EXPECT_TRUE(same(t, b.at(name))) << name << " differs after resume";
+  EXPECT_EQ(without_timing(full / "metrics.jsonl"), without_timing(part / "metrics.jsonl"));
+}
+
 }  // namespace
 }  // namespace hmla
