@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
 from attn_twin import check_by_rule  # noqa: E402
-from harness import Checker, parse_args  # noqa: E402
+from harness import Checker, check_refused, parse_args  # noqa: E402
 from mla_twin import make_weights  # noqa: E402
 from train_twin import batch_masks, is_moe_layer, step_loss  # noqa: E402
 
@@ -133,6 +133,11 @@ def run_case(check, hmla, root, name, over, alpha, rng):
     check(f"{name}: the gate's gradient is not zero (it flows through the weights)",
           all(np.abs(got[f"grad.model.layers.{L}.mlp.gate.weight"]).max() > 0 for L in tr64))
     if alpha:
+        for bad in ("-1", "nan", "inf"):
+            check_refused(check, f"{name}: --moe-aux-loss-coeff {bad} is a one-line error",
+                          [hmla, "backward", "--checkpoint", d, "--inputs", os.path.join(d, "inputs.safetensors"),
+                           "--out", os.path.join(d, "bad.safetensors"), "--moe-aux-loss-coeff", bad],
+                          "--moe-aux-loss-coeff", d)
         # The balance loss moves each gate's gradient (and x's, hence the first layer's) by far more
         # than the rule's bound, so a wrong term in its gradient could not pass.
         plain, _ = twin(cfg, w, ids, torch.float64)
