@@ -2,7 +2,8 @@
 // wins, in a group's rank and an expert's), the bias that chooses but does not weigh, and the
 // dispatch's order (slots grouped by expert, each expert's in token order). Their arithmetic
 // against a float64 oracle is tests/model/test_moe.cpp's (the whole MoE MLP). On a CUDA device
-// (the emulated one in test_cuda_emu) the ops are refused with the dispatch's one-line error.
+// (the emulated one in test_cuda_emu) the ops are refused with the dispatch's one-line error, but
+// the load-balancing ops, whose CUDA kernels equal the CPU's on a case table.
 #include <gtest/gtest.h>
 
 #include <cfloat>
