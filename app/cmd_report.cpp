@@ -1,8 +1,9 @@
 // `hmla report RUN_DIR`: RUN_DIR/report.html, one self-contained page (inline SVG, no scripts):
 // the run's configuration and environment, LM loss and indexer KL over the global step (raw and
 // smoothed, phase boundaries, held-out points, the equivalence check), the learning rate, the
-// gradient norms, a MoE model's load imbalance per MoE layer, and per phase its speed and memory. `hmla report --bench BENCH.jsonl --out DIR`:
-// the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
+// gradient norms, a MoE model's load imbalance per MoE layer, and per phase its speed and memory.
+// `hmla report --bench BENCH.jsonl --out DIR`: the benches that have a story, as DIR/bench.html
+// and one SVG each (svg_chart.h).
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
 // metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
 // The page goes only into a run directory (the run marker) or to an explicit --out; a bench line

@@ -41,7 +41,8 @@ void balance_experts(RankGrid& grid, const PhaseSettings& ph, Model& model, cons
     if (aux) r.moe_aux_loss.push_back(load[size_t(ms.n_moe * ms.E + j)]);
   }
   if (ph.mode == LayerMode::dsa_warmup || ph.moe_bias_update_rate == 0) return;  // frozen, or off
-  const Tensor dev_load = Tensor::from_vector<double>({ms.n_moe, ms.E}, std::vector<double>(load.begin(), load.begin() + ms.n_moe * ms.E)).on(model.device());
+  load.resize(size_t(ms.n_moe * ms.E));  // the loads: one upload for every layer
+  const Tensor dev_load = Tensor::from_vector<double>({ms.n_moe, ms.E}, load).on(model.device());
   for (int64_t j = 0; j < ms.n_moe; ++j)
     moe_bias_update(model.params.at(layer_prefix(layers[size_t(j)]) + "mlp.gate.e_score_correction_bias"),
                     dev_load.select(0, j), float(ph.moe_bias_update_rate));

@@ -101,7 +101,8 @@ TEST(MoeOps, TheBalancingOpsOnCudaEqualTheCpus) {
   double losses[2];
   for (int di = 0; di < 2; ++di) {
     const Device d = di ? Device::cuda : Device::cpu;
-    const Tensor id = on(Tensor::from_vector<int32_t>({N, k}, idx), d), m = on(Tensor::from_vector<float>({N}, mask), d);
+    const Tensor id = on(Tensor::from_vector<int32_t>({N, k}, idx), d);
+    const Tensor m = on(Tensor::from_vector<float>({N}, mask), d);
     const Tensor load = on(Tensor::from_vector<double>({rows, E}, std::vector<double>(size_t(rows * E), 1.0)), d);
     moe_expert_load(id, m, rows, true, load);
     loads[di] = load.to(Device::cpu).to_vector<double>();

@@ -389,7 +389,8 @@ TEST(Trainer, RateZeroLeavesTheBias) {
                               phases),
       b);
   const io::TensorMap wa = weights(a), wb = weights(b);
-  for (const char* n : {"model.layers.1.mlp.gate.e_score_correction_bias", "model.layers.2.mlp.gate.e_score_correction_bias"}) {
+  for (const std::string L : {"1", "2"}) {
+    const std::string n = "model.layers." + L + ".mlp.gate.e_score_correction_bias";
     for (float v : wa.at(n).to_vector<float>()) EXPECT_EQ(v, 0.f) << n;  // initialised 0, never moved
     EXPECT_FALSE(same(wa.at(n), wb.at(n))) << n << ": the rate moves it";
   }

@@ -94,9 +94,10 @@ void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tenso
 // rowdot: a, b [N * k, D] contiguous; out [N * k] per slot.
 void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t k, const Tensor& out);
 
-// Load balancing (DeepSeek-V3; docs/moe.md "Load balancing"): the experts' load counted from
-// the router's chosen table, the auxiliary-loss-free bias update, and the sequence-wise balance
-// loss with its gradient. One params struct for the three; every sum in a fixed order.
+// Load balancing (DeepSeek-V3; docs/moe.md "Load balancing"; CPU and CUDA: moe_balance.cu): the
+// experts' load counted from the router's chosen table, the auxiliary-loss-free bias update, and
+// the sequence-wise balance loss with its gradient. One params struct for the three; every sum in
+// a fixed order.
 // - moe_expert_load: load[r, e] (+)= the number of slots (t, j) with idx[t, j] == e over the tokens
 //   t of segment r whose mask[t] > 0 (every token when mask is null); the N tokens are `rows`
 //   consecutive segments of N / rows (a batch's rows). f64 counts: exact to 2^53.
