@@ -2,6 +2,7 @@
 // no update) and `hmla generate` (continuations), all on a checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
 // or sharded; f32 or bf16). Each layer runs the mode its config records. generate runs the prompt
 // once and then one token a step against a latent KV cache (CPU).
+#include <cmath>
 #include <iostream>
 #include <random>
 
@@ -10,6 +11,7 @@
 #include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/decode.h"
+#include "hmla/model/losses.h"
 #include "hmla/model/model.h"
 #include "hmla/model/sample.h"
 #include "hmla/train/data.h"
@@ -67,6 +69,7 @@ Batch one_document_rows(const Tensor& ids32) {
 void add_model_commands(CLI::App& app) {
   struct FwdOpts {
     std::string checkpoint, inputs, out;
+    double moe_aux_loss_coeff = 0;  // backward: the MoE balance loss's alpha (0: none)
   };
   auto f = std::make_shared<FwdOpts>();
   CLI::App* fwd = app.add_subcommand(
@@ -99,13 +102,19 @@ void add_model_commands(CLI::App& app) {
       "[b, s] (one document per row) from INPUTS and writes to OUT lm_loss [1] and indexer_kl [1]\n"
       "(the step's losses, DESIGN.md section 7), grad.<name> [f32] for every parameter (the gradient\n"
       "of lm_loss + indexer_loss_coeff * indexer_kl; the MoE gates' correction bias has none) and,\n"
-      "per MoE layer L, experts.<L> [b * s, num_experts_per_tok] (i32, the chosen experts).");
+      "per MoE layer L, experts.<L> [b * s, num_experts_per_tok] (i32, the chosen experts). With\n"
+      "--moe-aux-loss-coeff alpha > 0 the step adds the MoE sequence-wise balance loss (docs/moe.md; its\n"
+      "gradient is in grad.*) and writes moe_aux_loss [number of MoE layers] (f32, alpha included).");
   bwd->add_option("--checkpoint", b->checkpoint, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
   bwd->add_option("--inputs", b->inputs, "safetensors with input_ids")->required()->check(CLI::ExistingFile);
   bwd->add_option("--out", b->out, "safetensors to write")->required()->check(NonEmpty());
+  bwd->add_option("--moe-aux-loss-coeff", b->moe_aux_loss_coeff,
+                  "alpha of the MoE sequence-wise balance loss (default 0: none)");
   bwd->callback([b] {
+    HMLA_CHECK(std::isfinite(b->moe_aux_loss_coeff) && b->moe_aux_loss_coeff >= 0, ConfigError,
+               "--moe-aux-loss-coeff = ", b->moe_aux_loss_coeff, ": it must be finite and >= 0");
     io::check_output_file(b->out, "--out");
     const ModelConfig cfg = load_model_config(b->checkpoint + "/config.json");
     io::TensorMap in = io::load_safetensors(b->inputs);
@@ -114,9 +123,21 @@ void add_model_commands(CLI::App& app) {
     const Model m = load_checkpoint_model(b->checkpoint, cfg);
     Tensor garena = Tensor::zeros({table_numel(m.table)}, DType::f32, m.device());
     io::TensorMap grads = arena_views(m.table, garena);
-    const StepStats st = model_step(m, batch, StepOptions{}, grads);  // checks the step's memory first
+    StepOptions so;
+    const int64_t n_moe = int64_t(moe_layers(cfg).size());
+    if (b->moe_aux_loss_coeff > 0 && n_moe > 0) {  // one micro-batch: its sequences are the step's
+      so.moe_aux_coeff = b->moe_aux_loss_coeff;
+      so.aux_sequences = loss_sequence_count(batch.layout, &batch.input_ids, cfg.pad_token_id);
+      so.aux_loss = Tensor::zeros({n_moe}, DType::f64, m.device());
+    }
+    const StepStats st = model_step(m, batch, so, grads);  // checks the step's memory first
     io::TensorMap out{{"lm_loss", Tensor::from_vector<float>({1}, {float(st.lm_loss)})},
                       {"indexer_kl", Tensor::from_vector<float>({1}, {float(st.indexer_kl)})}};
+    if (so.aux_loss.defined()) {
+      std::vector<float> aux;
+      for (double v : so.aux_loss.to_vector<double>()) aux.push_back(float(v));
+      out["moe_aux_loss"] = Tensor::from_vector<float>({n_moe}, aux);
+    }
     for (const ParamSpec& p : m.table)
       if (!p.name.ends_with("e_score_correction_bias")) out["grad." + p.name] = grads.at(p.name);
     std::vector<Tensor> experts;

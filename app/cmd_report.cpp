@@ -1,8 +1,9 @@
 // `hmla report RUN_DIR`: RUN_DIR/report.html, one self-contained page (inline SVG, no scripts):
 // the run's configuration and environment, LM loss and indexer KL over the global step (raw and
 // smoothed, phase boundaries, held-out points, the equivalence check), the learning rate, the
-// gradient norms, and per phase its speed and memory. `hmla report --bench BENCH.jsonl --out DIR`:
-// the benches that have a story, as DIR/bench.html and one SVG each (svg_chart.h).
+// gradient norms, a MoE model's load imbalance per MoE layer, and per phase its speed and memory.
+// `hmla report --bench BENCH.jsonl --out DIR`: the benches that have a story, as DIR/bench.html
+// and one SVG each (svg_chart.h).
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
 // metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
 // The page goes only into a run directory (the run marker) or to an explicit --out; a bench line
@@ -104,6 +105,8 @@ struct Phase {
 
 struct Run {
   std::vector<Phase> phases;
+  // A MoE model's load imbalance per MoE layer over the global step (x, y), from the step rows.
+  std::map<int64_t, std::pair<std::vector<double>, std::vector<double>>> imbalance;
   int64_t skipped = 0;  // malformed lines (MetricsFile::malformed)
 };
 
@@ -137,6 +140,11 @@ Run read_run(const fs::path& metrics, const json& programme) {
         p.lm.push_back(r.lm_loss), p.kl.push_back(r.indexer_kl), p.lr.push_back(r.lr);
         p.gb.push_back(r.grad_norm_backbone), p.gi.push_back(r.grad_norm_indexer);
         p.tps.push_back(r.tokens_per_s), p.peak.push_back(r.peak_bytes);
+        for (size_t i = 0; i < r.moe_layers.size(); ++i) {
+          auto& [x, y] = run.imbalance[r.moe_layers[i]];
+          x.push_back(global);
+          y.push_back(i < r.moe_imbalance.size() ? r.moe_imbalance[i] : std::nan(""));
+        }
         break;
       case MetricsRow::Kind::equivalence:
         if (!std::isfinite(p.eq_diff)) p.eq_diff = r.equivalence_max_diff, p.eq_logit = r.equivalence_max_logit;
@@ -198,6 +206,18 @@ Chart grad_norm_chart(const Run& run) {
   c.series.push_back({"backbone", "#1f77b4", x, gb, ChartSeries::line});
   c.series.push_back({"indexer", "#d62728", x, gi, ChartSeries::line});
   c.note = "zeros (a part that does not train in a phase) are not drawn on the log axis";
+  return c;
+}
+
+// One line per MoE layer: max / mean of the step's global expert load (docs/moe.md).
+Chart imbalance_chart(const Run& run) {
+  Chart c{"MoE load imbalance", "global step (all phases)", "max / mean expert load", true, false};
+  c.markers = boundaries(run);
+  size_t i = 0;
+  for (const auto& [L, xy] : run.imbalance)
+    c.series.push_back({"layer " + std::to_string(L), kColors[i++ % 7], xy.first, xy.second, ChartSeries::line});
+  c.note = "1: every expert chose equally often; the correction bias (moe_bias_update_rate) pulls it down; "
+           "dashed: a phase starts";
   return c;
 }
 
@@ -340,7 +360,8 @@ void write_run_report(const fs::path& dir, const fs::path& page) {
        << render_svg(per_phase_chart(run, "Indexer KL (dsa phases)", "KL(attention || indexer), log scale", &Phase::kl,
                                      true, false, true))
        << render_svg(per_phase_chart(run, "Learning rate", "learning rate", &Phase::lr, false, false, false))
-       << render_svg(grad_norm_chart(run)) << phase_table(run) << "</body></html>\n";
+       << render_svg(grad_norm_chart(run)) << (run.imbalance.empty() ? "" : render_svg(imbalance_chart(run)))
+       << phase_table(run) << "</body></html>\n";
   io::write_file_atomic(page.string(), html.str());
   std::cout << "wrote " << page.string() << "\n";
   if (run.skipped > 0) std::cerr << "hmla: note: skipped " << run.skipped << " malformed line(s) of metrics.jsonl\n";

@@ -226,7 +226,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                     garena.fill_zero();
                                     const Tensor stats = Tensor::zeros({kStatCount}, DType::f64, dev);
                                     const Tensor bad = Tensor::zeros({1}, DType::f32, dev);
-                                    model_step(m, batch, {!warmup, targets, 0, false, stats}, grads);
+                                    model_step(m, batch, {!warmup, targets, 0, false, stats, {}, 0, 0, {}}, grads);
                                     stats_losses(stats, bad);
                                     optim.launch_step(m, grads, rep, stats, bad);
                                     const std::vector<double> h = stats.to_vector<double>();

@@ -41,6 +41,7 @@ class CpuBackend final : public Backend {
   bool supports(const MoeRouteParams&) const override { return true; }
   bool supports(const MoeDispatchParams&) const override { return true; }
   bool supports(const MoeRowsParams&) const override { return true; }
+  bool supports(const MoeBalanceParams&) const override { return true; }
 
 #define HMLA_CPU_ENTRY(ret, name, P) HMLA_FORWARD(cpu, ret, name, P)
   HMLA_OP_LIST(HMLA_CPU_ENTRY)

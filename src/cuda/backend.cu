@@ -68,6 +68,7 @@ class CudaBackend final : public Backend {
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
   // MoeRouteParams, MoeDispatchParams, MoeRowsParams: not yet (the Backend default refuses; moe.cu).
+  bool supports(const MoeBalanceParams&) const override { return true; }  // moe_balance.cu
 
 #define HMLA_CUDA_ENTRY(ret, name, P) HMLA_FORWARD(cuda, ret, name, P)
   HMLA_OP_LIST(HMLA_CUDA_ENTRY)

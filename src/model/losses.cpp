@@ -43,4 +43,15 @@ Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_
   return Tensor::from_vector<float>({layout.b, layout.s}, m);
 }
 
+int64_t loss_sequence_count(const DocLayout& layout, const Tensor* input_ids, int64_t pad) {
+  const std::vector<float> m = row_mask(layout, input_ids, pad);
+  int64_t n = 0;
+  for (int64_t r = 0; r < layout.b; ++r) {
+    bool any = false;
+    for (int64_t t = 0; t < layout.s; ++t) any |= m[size_t(r * layout.s + t)] > 0.f;
+    n += any;
+  }
+  return n;
+}
+
 }  // namespace hmla

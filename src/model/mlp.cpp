@@ -138,6 +138,11 @@ class MoeMlp final : public Mlp {
     // The gate: through the weights only (the bias chose, it has no gradient).
     Tensor dlogits = f32_tmp({N, E}, dev);
     moe_route_bwd(dw.view({N, k}), r, m_.norm_topk_prob, float(m_.routed_scaling_factor), dlogits);
+    if (aux.counts.defined()) {  // the balance loss's gradient through the scores, on the same logits
+      Tensor u = f32_tmp({N, E}, dev);
+      linear_fwd(x, w_.gate, u);
+      moe_aux_loss(u, aux.counts, aux.mask, k, aux.scale, dlogits, aux.loss);
+    }
     linear_bwd(dlogits, x, w_.gate, g_->gate, dx, 1.f);
   }
 

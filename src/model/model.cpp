@@ -15,6 +15,7 @@
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
 #include "hmla/ops/backend.h"
+#include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
 #include "model_internal.h"
@@ -373,11 +374,51 @@ double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   return acc.to_vector<double>()[0];
 }
 
+std::vector<int64_t> moe_layers(const ModelConfig& c) {
+  std::vector<int64_t> v;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    if (c.is_moe_layer(L)) v.push_back(L);
+  return v;
+}
+
+namespace {
+
+// StepOptions' load counting and, when the balance loss is on, each MoE layer's inputs to it (its
+// rows' counts summed over the CP group), set on the layers' MLPs by the backward loop.
+std::vector<MoeAuxInputs> count_expert_load(const Model& m, const StepOptions& opt, const Forward& f,
+                                            const DeviceBatch& in, Comm& cp) {
+  const ModelConfig& c = m.cfg;
+  const std::vector<int64_t> moe = moe_layers(c);
+  const bool aux = opt.moe_aux_coeff > 0 && opt.backbone && !moe.empty();
+  if (moe.empty() || (!opt.expert_load.defined() && !aux)) return {};
+  const int64_t b = in.ids.size(0), N = in.ids.numel(), E = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
+  const Tensor mask = in.row_weight.view({N});  // > 0 exactly on the loss rows (DESIGN.md section 3)
+  const Tensor counts = aux ? Tensor::empty({int64_t(moe.size()), b, E}, DType::f64, m.device()) : Tensor();
+  for (size_t j = 0; j < moe.size(); ++j) {
+    const int64_t L = moe[j], jj = int64_t(j);
+    const Tensor idx = make_mlp(c, L, m.wc.layers[L])->chosen_experts(f.layers[L].mlp);
+    if (opt.expert_load.defined()) moe_expert_load(idx, mask, 1, true, opt.expert_load.slice(0, jj, jj + 1));
+    if (aux) moe_expert_load(idx, mask, b, false, counts.select(0, jj));
+  }
+  if (!aux) return {};
+  if (cp.size() > 1) cp.allreduce_sum(counts.data<double>(), counts.numel());  // whole rows' counts
+  std::vector<MoeAuxInputs> in_aux(size_t(c.num_hidden_layers));
+  const double scale = opt.moe_aux_coeff * double(E) / (double(k) * double(std::max<int64_t>(opt.aux_sequences, 1)));
+  for (size_t j = 0; j < moe.size(); ++j) {
+    const int64_t jj = int64_t(j);
+    in_aux[size_t(moe[j])] = {counts.select(0, jj), mask, opt.aux_loss.slice(0, jj, jj + 1), scale};
+  }
+  return in_aux;
+}
+
+}  // namespace
+
 StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   const ModelConfig& c = m.cfg;
   check_forward_memory(m, batch, cp, true);
   const DeviceBatch in = device_batch(m, batch, cp, opt.lm_targets, opt.valid_rows);
   Forward f = forward(m, in, cp, opt.recompute_attention);
+  const std::vector<MoeAuxInputs> aux = count_expert_load(m, opt, f, in, cp);
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, hid = c.hidden_size;
   StepStats st;
   st.tokens = N;
@@ -403,8 +444,10 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
     MlaBackwardOptions mo;
     mo.backbone = opt.backbone;
     if (c.runs_indexer(L)) mo.row_weight = in.row_weight, mo.kl_acc = slot(kStatMbKl);
-    const LayerBackward r = decoder_layer_backward(decoder_layer(m, L, &gw.layers[L]), dh, in.layout, f.layers[L],
-                                                   mo, gw.layers[L], opt.recompute_attention, cp);
+    DecoderLayer dl = decoder_layer(m, L, &gw.layers[L]);
+    if (!aux.empty()) dl.mlp->aux = aux[size_t(L)];  // the balance loss (undefined counts on dense layers)
+    const LayerBackward r =
+        decoder_layer_backward(dl, dh, in.layout, f.layers[L], mo, gw.layers[L], opt.recompute_attention, cp);
     if (opt.backbone) dh = r.dh_in;
     if (c.runs_indexer(L)) ++dsa_layers;  // its KL went into the kStatMbKl slot (shared layers have none)
   }

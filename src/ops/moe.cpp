@@ -2,6 +2,7 @@
 // once, fill the family's params, and call the backend of the tensors' device.
 #include "hmla/ops/moe.h"
 
+#include <cmath>
 #include <initializer_list>
 #include <string>
 
@@ -171,6 +172,54 @@ void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t 
   p.N = slots / k, p.k = k, p.D = D;
   p.a = a.data<float>(), p.b = b.data<float>(), p.order = d.order.data<int32_t>(), p.out = out.data<float>();
   run(op, &Backend::moe_rowdot, p, {&a, &b, &d.order, &out});
+}
+
+void moe_expert_load(const Tensor& idx, const Tensor& mask, int64_t rows, bool accumulate, const Tensor& load) {
+  const char* op = "moe_expert_load";
+  HMLA_CHECK(idx.defined() && idx.dim() == 2 && load.defined() && load.dim() == 2, ShapeError, op,
+             ": idx [N, k] and load [rows, E], got ", desc(idx), " and ", desc(load));
+  const int64_t N = idx.size(0), k = idx.size(1), E = load.size(1);
+  HMLA_CHECK(rows >= 1 && N % rows == 0, ShapeError, op, ": ", rows, " segments do not divide N = ", N, " tokens");
+  need(idx, DType::i32, {N, k}, op, "idx");
+  need(load, DType::f64, {rows, E}, op, "load");
+  if (mask.defined()) need(mask, DType::f32, {N}, op, "the token mask");
+  MoeBalanceParams p;
+  p.N = N, p.E = E, p.k = k, p.rows = rows, p.accumulate = accumulate;
+  p.idx = idx.data<int32_t>(), p.mask = mask.defined() ? mask.data<float>() : nullptr, p.load = load.data<double>();
+  run(op, &Backend::moe_expert_load, p, {&idx, &mask, &load});
+}
+
+void moe_bias_update(const Tensor& bias, const Tensor& load, float rate) {
+  const char* op = "moe_bias_update";
+  HMLA_CHECK(bias.defined() && bias.dim() == 1, ShapeError, op, ": bias must be [E], got ", desc(bias));
+  const int64_t E = bias.size(0);
+  need(bias, DType::f32, {E}, op, "the correction bias");
+  need(load, DType::f64, {E}, op, "load");
+  HMLA_CHECK(std::isfinite(rate) && rate >= 0, ConfigError, op, ": rate = ", rate, ": it must be finite and >= 0");
+  MoeBalanceParams p;
+  p.E = E, p.rate = rate, p.bias = bias.data<float>(), p.load_in = load.data<double>();
+  run(op, &Backend::moe_bias_update, p, {&bias, &load});
+}
+
+void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask, int64_t k, double scale,
+                  const Tensor& dlogits, const Tensor& loss) {
+  const char* op = "moe_aux_loss";
+  HMLA_CHECK(logits.defined() && logits.dim() == 2 && counts.defined() && counts.dim() == 2, ShapeError, op,
+             ": logits [N, E] and counts [rows, E], got ", desc(logits), " and ", desc(counts));
+  const int64_t N = logits.size(0), E = logits.size(1), rows = counts.size(0);
+  HMLA_CHECK(rows >= 1 && N % rows == 0, ShapeError, op, ": ", rows, " segments do not divide N = ", N, " tokens");
+  need(logits, DType::f32, {N, E}, op, "logits");
+  need(counts, DType::f64, {rows, E}, op, "counts");
+  need(mask, DType::f32, {N}, op, "the token mask");
+  HMLA_CHECK(k >= 1 && std::isfinite(scale), ShapeError, op, ": k = ", k, ", scale = ", scale,
+             ": k must be >= 1 and scale finite");
+  need(dlogits, DType::f32, {N, E}, op, "dlogits");
+  need(loss, DType::f64, {1}, op, "loss");
+  MoeBalanceParams p;
+  p.N = N, p.E = E, p.k = k, p.rows = rows, p.scale = scale;
+  p.logits = logits.data<float>(), p.counts = counts.data<double>(), p.mask = mask.data<float>();
+  p.dlogits = dlogits.data<float>(), p.loss = loss.data<double>();
+  run(op, &Backend::moe_aux_loss, p, {&logits, &counts, &mask, &dlogits, &loss});
 }
 
 }  // namespace hmla

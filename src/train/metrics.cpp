@@ -26,6 +26,15 @@ std::string text(const json& j, const char* key, const std::string& fallback) {
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
+// A list of numbers (null and non-numbers: NaN); n NaNs when the key is missing.
+std::vector<double> numbers(const json& j, const char* key, size_t n) {
+  std::vector<double> v;
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return std::vector<double>(n, MetricsRow::none);
+  for (const json& x : *it) v.push_back(x.is_number() ? x.get<double>() : MetricsRow::none);
+  return v;
+}
+
 // A count (bytes, syncs, launches) as an integer; null when there is none.
 json whole_number(double n) { return std::isfinite(n) && n >= 0 ? json(uint64_t(n)) : json(); }
 
@@ -54,6 +63,11 @@ MetricsRow parse_row(const json& j) {
   r.first20_indexer_kl = number(j, "first20_indexer_kl"), r.last20_indexer_kl = number(j, "last20_indexer_kl");
   r.seconds = number(j, "seconds");
   r.heldout_unavailable = text(j, "heldout_unavailable", "");
+  if (auto it = j.find("moe_layers"); it != j.end() && it->is_array()) {
+    for (const json& v : *it) r.moe_layers.push_back(v.is_number_integer() ? v.get<int64_t>() : -1);
+    r.moe_imbalance = numbers(j, "moe_imbalance", r.moe_layers.size());
+    r.moe_aux_loss = numbers(j, "moe_aux_loss", 0);
+  }
   return r;
 }
 
@@ -69,6 +83,11 @@ std::string metrics_line(const MetricsRow& r) {
       if (std::isfinite(r.cuda_syncs)) {  // a CUDA step's host cost
         j["cuda_syncs"] = whole_number(r.cuda_syncs), j["cuda_launches"] = whole_number(r.cuda_launches);
         j["h2d_bytes"] = whole_number(r.h2d_bytes), j["d2h_bytes"] = whole_number(r.d2h_bytes);
+      }
+      if (!r.moe_layers.empty()) {  // a MoE model's step
+        j["moe_layers"] = r.moe_layers;
+        j["moe_imbalance"] = r.moe_imbalance;
+        if (!r.moe_aux_loss.empty()) j["moe_aux_loss"] = r.moe_aux_loss;
       }
       return j.dump();
     }

@@ -37,6 +37,9 @@ json phase_json(const PhaseSettings& p) {
          {"equivalence_rtol", p.equivalence_rtol}, {"eval_rows", p.eval_rows},
          {"recompute_attention", p.recompute_attention}};
   if (p.mqa_split_kv_b_proj) j["mqa_split_kv_b_proj"] = true;  // only when set: older runs' files stay valid
+  // Only when not the defaults, for the same reason (a run from before balancing resumes as it was).
+  if (p.moe_bias_update_rate != PhaseSettings{}.moe_bias_update_rate) j["moe_bias_update_rate"] = p.moe_bias_update_rate;
+  if (p.moe_aux_loss_coeff != PhaseSettings{}.moe_aux_loss_coeff) j["moe_aux_loss_coeff"] = p.moe_aux_loss_coeff;
   return j;
 }
 

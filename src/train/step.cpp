@@ -10,9 +10,45 @@
 #include <vector>
 
 #include "hmla/core/error.h"
+#include "hmla/model/losses.h"
+#include "hmla/ops/moe.h"
 #include "hmla/ops/optim.h"
 
 namespace hmla::train {
+
+namespace {
+
+// The MoE part of the stats buffer: after the kStatCount slots, each MoE layer's expert load
+// [n_moe, E], then each layer's balance loss [n_moe]; read back with the rest.
+struct MoeSlots {
+  int64_t n_moe = 0, E = 0;
+  int64_t size() const { return n_moe * (E + 1); }
+};
+
+// After the step's checks: the global load (every rank's counts summed: identical on every rank,
+// sums of integers), the bias update outside dsa_warmup, the per-layer imbalance and balance loss.
+void balance_experts(RankGrid& grid, const PhaseSettings& ph, Model& model, const MoeSlots& ms, const double* h,
+                     bool aux, StepResult& r) {
+  const std::vector<int64_t> layers = moe_layers(model.cfg);
+  std::vector<double> load(h, h + ms.size());  // loads, then aux losses
+  grid.world.allreduce_sum(load.data(), int64_t(load.size()));
+  r.moe_layers = layers;
+  for (int64_t j = 0; j < ms.n_moe; ++j) {
+    const double* lj = load.data() + j * ms.E;
+    double total = 0, most = 0;
+    for (int64_t e = 0; e < ms.E; ++e) total += lj[e], most = std::max(most, lj[e]);
+    r.moe_imbalance.push_back(total > 0 ? most / (total / double(ms.E)) : std::nan(""));
+    if (aux) r.moe_aux_loss.push_back(load[size_t(ms.n_moe * ms.E + j)]);
+  }
+  if (ph.mode == LayerMode::dsa_warmup || ph.moe_bias_update_rate == 0) return;  // frozen, or off
+  load.resize(size_t(ms.n_moe * ms.E));  // the loads: one upload for every layer
+  const Tensor dev_load = Tensor::from_vector<double>({ms.n_moe, ms.E}, load).on(model.device());
+  for (int64_t j = 0; j < ms.n_moe; ++j)
+    moe_bias_update(model.params.at(layer_prefix(layers[size_t(j)]) + "mlp.gate.e_score_correction_bias"),
+                    dev_load.select(0, j), float(ph.moe_bias_update_rate));
+}
+
+}  // namespace
 
 StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
                       PackedLoader& loader, Tensor& garena, io::TensorMap& grads) {
@@ -20,20 +56,31 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   const CudaCounters c0 = cuda_counters();
   allocator(model.device()).reset_peak();
   std::vector<Batch> micro;
-  int64_t targets = 0, rows = 0;
+  int64_t targets = 0, rows = 0, sequences = 0;
   for (int64_t i = 0; i < ph.micro_batches; ++i) {
     micro.push_back(loader.next(ph.batch / ph.micro_batches));
     targets += count_lm_targets(micro.back(), model.cfg.pad_token_id);
     rows += loss_row_count(micro.back().layout, &micro.back().input_ids, model.cfg.pad_token_id);
+    sequences += loss_sequence_count(micro.back().layout, &micro.back().input_ids, model.cfg.pad_token_id);
   }
   garena.fill_zero();
   const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
-  StepOptions so{!indexer_only, std::max<int64_t>(targets, 1), std::max<int64_t>(rows, 1), ph.recompute_attention, {}};
+  StepOptions so;
+  so.backbone = !indexer_only, so.recompute_attention = ph.recompute_attention;
+  so.lm_targets = std::max<int64_t>(targets, 1), so.valid_rows = std::max<int64_t>(rows, 1);
   // The step's scalars stay on the device until its one read-back (hmla/ops/optim.h): the
   // micro-batches' losses, the norms, the clip scales and the gate of the update.
-  const Tensor stats = Tensor::zeros({kStatCount}, DType::f64, model.device());
+  const MoeSlots ms{int64_t(moe_layers(model.cfg).size()), model.cfg.moe.n_routed_experts};
+  const Tensor all_stats = Tensor::zeros({kStatCount + ms.size()}, DType::f64, model.device());
+  const Tensor stats = all_stats.slice(0, 0, kStatCount);
   const Tensor bad = Tensor::zeros({1}, DType::f32, model.device());
   so.stats = stats;
+  const bool aux = ms.n_moe > 0 && !indexer_only && ph.moe_aux_loss_coeff > 0;
+  if (ms.n_moe > 0) {
+    so.expert_load = all_stats.slice(0, kStatCount, kStatCount + ms.n_moe * ms.E).view({ms.n_moe, ms.E});
+    so.aux_loss = all_stats.slice(0, kStatCount + ms.n_moe * ms.E, kStatCount + ms.size());
+  }
+  if (aux) so.moe_aux_coeff = ph.moe_aux_loss_coeff, so.aux_sequences = std::max<int64_t>(sequences, 1);
   double tokens = 0;
   for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
     tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
@@ -47,7 +94,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
   grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
   optim.launch_step(model, grads, step, stats, bad);
-  const std::vector<double> h = stats.to_vector<double>();  // the step's one read-back
+  const std::vector<double> h = all_stats.to_vector<double>();  // the step's one read-back
   double sums[3] = {h[kStatLm], h[kStatKl], tokens};       // lm, kl, tokens of this rank's micro-batches
   grid.world.allreduce_sum(sums, 3);
   StepResult r;
@@ -63,6 +110,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   } catch (const DivergenceError& e) {
     throw DivergenceError(at + e.what() + "; the run stops and the last checkpoint is kept as it was");
   }
+  if (ms.n_moe > 0) balance_experts(grid, ph, model, ms, h.data() + kStatCount, aux, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.cuda = cuda_counters() - c0;
   return r;
@@ -77,6 +125,7 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   row.grad_norm_backbone = r.os.grad_norm_backbone, row.grad_norm_indexer = r.os.grad_norm_indexer;
   row.tokens_per_s = double(r.tokens) / r.seconds;
   row.peak_bytes = double(allocator(dev).peak_bytes());
+  row.moe_layers = r.moe_layers, row.moe_imbalance = r.moe_imbalance, row.moe_aux_loss = r.moe_aux_loss;
   if (dev == Device::cuda) {
     row.cuda_syncs = double(r.cuda.syncs), row.cuda_launches = double(r.cuda.launches);
     row.h2d_bytes = double(r.cuda.h2d_bytes), row.d2h_bytes = double(r.cuda.d2h_bytes);

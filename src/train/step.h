@@ -1,7 +1,9 @@
 // One optimizer step of a phase over the rank grid, and its metrics row.
 #pragma once
-#include "hmla/core/cuda.h"
 #include <cstdint>
+#include <vector>
+
+#include "hmla/core/cuda.h"
 
 #include "hmla/train/data.h"
 #include "hmla/train/metrics.h"
@@ -17,6 +19,10 @@ struct StepResult {
   OptimStats os;
   double seconds = 0;
   CudaCounters cuda;  // what the step cost the host in device work (zero on the CPU)
+  // MoE models (docs/moe.md "Load balancing"): per MoE layer, the imbalance of the step's global
+  // load and, where the balance loss ran, its global value (alpha included).
+  std::vector<int64_t> moe_layers;
+  std::vector<double> moe_imbalance, moe_aux_loss;
 };
 
 // The step's micro-batches dealt round-robin to the data-parallel ranks, gradients (into

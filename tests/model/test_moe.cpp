@@ -11,6 +11,7 @@
 #include <functional>
 #include <random>
 
+#include "hmla/dist/comm.h"
 #include "hmla/model/mlp.h"
 #include "hmla/model/model.h"
 #include "hmla/ops/moe.h"
@@ -407,6 +408,83 @@ TEST(MoeMlp, TheOraclesGradientsAreFiniteDifferences) {
   testing::expect_fd_gradient(W.eg, g.deg, loss, "experts gate_proj", 1e-6, 1e-6);
   testing::expect_fd_gradient(W.ed, g.ded, loss, "experts down_proj", 1e-6, 1e-6);
   testing::expect_fd_gradient(W.su, g.dsu, loss, "shared up_proj", 1e-6, 1e-6);
+}
+
+// ---- load balancing in the step (docs/moe.md "Load balancing") -----------------------------------
+
+// A 3-layer model (MoE layers 1 and 2) and a batch whose first row ends in padding (pad 0).
+struct BalanceCase {
+  ModelConfig c = parse_model_config(moe_json(3), "tiny moe");
+  Model m = build_model(c, {false, false, false});
+  Batch bt;
+  BalanceCase() {
+    init_model(m, 5);
+    std::mt19937_64 rng(8);
+    std::vector<int32_t> ids(2 * 16);
+    for (auto& v : ids) v = int32_t(1 + rng() % 39);
+    ids[13] = ids[14] = ids[15] = 0;
+    bt = {Tensor::from_vector<int32_t>({2, 16}, ids), layout_from_cu_seqlens(16, {{0, 16}, {0, 7, 16}})};
+  }
+  // The gradient arena of one model_step with these options.
+  std::vector<float> grads(StepOptions o) {
+    Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+    io::TensorMap g = arena_views(m.table, garena);
+    model_step(m, bt, o, g);
+    return garena.to_vector<float>();
+  }
+};
+
+TEST(MoeBalance, CountingAndACoefficientOfZeroLeaveTodaysStepBitIdentical) {
+  BalanceCase b;
+  const std::vector<float> today = b.grads({});
+  StepOptions o;
+  o.expert_load = Tensor::zeros({2, 8}, DType::f64);
+  o.aux_loss = Tensor::zeros({2}, DType::f64);
+  o.aux_sequences = 2;  // moe_aux_coeff 0: off
+  EXPECT_EQ(b.grads(o), today);
+  EXPECT_EQ(o.aux_loss.to_vector<double>(), std::vector<double>({0, 0}));
+  // The load is the count of the chosen experts (model_logits') over the loss rows: not the 3 pad
+  // tokens of row 0 (DESIGN.md section 3's mask), so 29 tokens x 3 slots per layer.
+  std::vector<Tensor> experts;
+  model_logits(b.m, b.bt, nullptr, Comm::self(), &experts);
+  const std::vector<int32_t> ids = b.bt.input_ids.to_vector<int32_t>();
+  std::vector<double> want(16, 0.0);
+  for (int j = 0; j < 2; ++j) {
+    const std::vector<int32_t> e = experts[size_t(j + 1)].to_vector<int32_t>();
+    for (size_t t = 0; t < ids.size(); ++t)
+      for (int i = 0; i < 3 && ids[t] != 0; ++i) want[size_t(j * 8 + e[t * 3 + size_t(i)])] += 1;
+  }
+  EXPECT_EQ(o.expert_load.to_vector<double>(), want);
+  double total = 0;
+  for (double v : want) total += v;
+  EXPECT_EQ(total, 2 * 29 * 3);
+}
+
+TEST(MoeBalance, TheBalanceLossMovesOnlyTheRoutersPath) {
+  BalanceCase b;
+  const std::vector<float> today = b.grads({});
+  StepOptions o;
+  o.aux_loss = Tensor::zeros({2}, DType::f64);
+  o.moe_aux_coeff = 0.5, o.aux_sequences = 2;
+  const std::vector<float> with = b.grads(o);
+  // The loss reaches the gates and, through x, everything before them; never the last layer's
+  // experts or the head, which it does not read.
+  auto differs = [&](const std::string& name) {
+    for (const ParamSpec& p : b.m.table) {
+      if (p.name != name) continue;
+      const int64_t off = b.m.params.at(name).data<float>() - b.m.arena.data<float>(), n = shape_numel(p.shape);
+      return !std::equal(today.begin() + off, today.begin() + off + n, with.begin() + off);
+    }
+    ADD_FAILURE() << name;
+    return false;
+  };
+  EXPECT_TRUE(differs("model.layers.1.mlp.gate.weight"));
+  EXPECT_TRUE(differs("model.layers.2.mlp.gate.weight"));
+  EXPECT_TRUE(differs("model.layers.0.mlp.up_proj.weight"));  // through x
+  EXPECT_FALSE(differs("model.layers.2.mlp.experts.3.up_proj.weight"));
+  EXPECT_FALSE(differs("lm_head.weight"));
+  EXPECT_FALSE(differs("model.layers.2.mlp.gate.e_score_correction_bias"));
+  for (double l : o.aux_loss.to_vector<double>()) EXPECT_GT(l, 0);
 }
 
 // ---- a tiny MoE model trains on the CPU -----------------------------------------------------------

@@ -2,7 +2,8 @@
 // wins, in a group's rank and an expert's), the bias that chooses but does not weigh, and the
 // dispatch's order (slots grouped by expert, each expert's in token order). Their arithmetic
 // against a float64 oracle is tests/model/test_moe.cpp's (the whole MoE MLP). On a CUDA device
-// (the emulated one in test_cuda_emu) the ops are refused with the dispatch's one-line error.
+// (the emulated one in test_cuda_emu) the ops are refused with the dispatch's one-line error, but
+// the load-balancing ops, whose CUDA kernels equal the CPU's on a case table.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -79,6 +80,51 @@ TEST(MoeOps, TheCudaBackendRefusesThemClearly) {
         << e.what();
   }
   EXPECT_THROW(moe_dispatch(r.idx, 4), ShapeError);
+}
+
+// The load-balancing ops on a CUDA device (moe_balance.cu; the emulated one in test_cuda_emu)
+// against the CPU kernels on one case table: the load (integer counts) and the bias update exactly;
+// the balance loss and its gradient within 8 f32 ulps of the magnitudes that enter per term (the
+// two differ only in expf's last bits and the compiler's contraction).
+TEST(MoeOps, TheBalancingOpsOnCudaEqualTheCpus) {
+  if (!cuda_backend() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = 3, N = rows * 5, E = 8, k = 2;
+  std::vector<int32_t> idx;
+  std::vector<float> mask(size_t(N), 1.f), u(size_t(N * E));
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) idx.push_back(int32_t((t * 3 + j * 5) % E));
+  mask[4] = mask[9] = 0.f;
+  for (size_t i = 0; i < u.size(); ++i) u[i] = float(std::sin(double(i) * 1.7)) * 2.f;
+  auto on = [](const Tensor& t, Device d) { return d == Device::cpu ? t.clone() : t.to(d); };
+  std::vector<double> loads[2];
+  std::vector<float> biases[2], dls[2];
+  double losses[2];
+  for (int di = 0; di < 2; ++di) {
+    const Device d = di ? Device::cuda : Device::cpu;
+    const Tensor id = on(Tensor::from_vector<int32_t>({N, k}, idx), d);
+    const Tensor m = on(Tensor::from_vector<float>({N}, mask), d);
+    const Tensor load = on(Tensor::from_vector<double>({rows, E}, std::vector<double>(size_t(rows * E), 1.0)), d);
+    moe_expert_load(id, m, rows, true, load);
+    loads[di] = load.to(Device::cpu).to_vector<double>();
+    const Tensor bias = on(Tensor::from_vector<float>({E}, {0.5f, -0.25f, 0.f, 0.125f, 1.f, 0.f, -1.f, 0.25f}), d);
+    const Tensor total = Tensor::zeros({1, E}, DType::f64, d);
+    moe_expert_load(id, m, 1, false, total);
+    moe_bias_update(bias, total.view({E}), 0.01f);
+    biases[di] = bias.to(Device::cpu).to_vector<float>();
+    const Tensor counts = Tensor::zeros({rows, E}, DType::f64, d), dl = Tensor::zeros({N, E}, DType::f32, d);
+    const Tensor loss = Tensor::zeros({1}, DType::f64, d);
+    moe_expert_load(id, m, rows, false, counts);
+    moe_aux_loss(on(Tensor::from_vector<float>({N, E}, u), d), counts, m, k, 0.3, dl, loss);
+    dls[di] = dl.to(Device::cpu).to_vector<float>();
+    losses[di] = loss.to(Device::cpu).to_vector<double>()[0];
+  }
+  EXPECT_EQ(loads[1], loads[0]);
+  EXPECT_EQ(biases[1], biases[0]);
+  EXPECT_NEAR(losses[1], losses[0], 8 * FLT_EPSILON * std::abs(losses[0]));
+  float gmax = 0;
+  for (float g : dls[0]) gmax = std::max(gmax, std::abs(g));
+  ASSERT_GT(gmax, 0.f);
+  for (size_t i = 0; i < dls[0].size(); ++i) EXPECT_NEAR(dls[1][i], dls[0][i], 8 * FLT_EPSILON * gmax) << i;
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 """The shipped MoE programme (configs/demo_moe.yaml on configs/demo_moe_model.json) through
 `hmla train`, with its phases shortened: all four phases run on the MoE model, the MoE layers
 train in pretraining and sparse training and are frozen in dsa_warmup (experts, gate and
-correction bias bit-identical across the warmup while the indexers move), the final checkpoint is
+correction bias bit-identical across the warmup while the indexers move; elsewhere the bias moves by
+the load, docs/moe.md), the metrics log each MoE layer's load imbalance and balance loss, the final checkpoint is
 written in transformers' per-expert layout with the config's MLP layout, and `hmla forward` reads
 it back."""
 import json
@@ -45,6 +46,14 @@ def main():
     check("pretrain, warmup and sparse steps are logged",
           {x["phase"] for x in steps} == {"pretrain", "warmup", "sparse"}, str({x["phase"] for x in steps}))
     check("every logged loss is finite", all(math.isfinite(x["lm_loss"]) for x in steps))
+    # Load balancing is on by default (docs/moe.md): every step logs each MoE layer's imbalance
+    # (max / mean load >= 1), and the balance loss wherever it runs (not in dsa_warmup).
+    check("every step logs the MoE layers' load imbalance",
+          all(x.get("moe_layers") == [1, 2] and len(x["moe_imbalance"]) == 2
+              and all(v >= 1 for v in x["moe_imbalance"]) for x in steps))
+    check("the balance loss is logged outside dsa_warmup only",
+          all(("moe_aux_loss" in x) == (x["phase"] != "warmup") for x in steps)
+          and all(v > 0 for x in steps for v in x.get("moe_aux_loss", [])))
     ck = f"{w}/run/checkpoints"
     eq, warm, sparse = (st.load(f"{ck}/{n}/model.safetensors") for n in ("1-equivalence-end", "2-warmup-end",
                                                                           "3-sparse-end"))
@@ -54,6 +63,11 @@ def main():
           and "model.layers.0.mlp.gate_proj.weight" in warm and "model.layers.1.mlp.gate_proj.weight" not in warm)
     check("dsa_warmup leaves every MoE tensor bit-identical",
           all(n in eq and eq[n].tobytes() == warm[n].tobytes() for n in moe), f"({len(moe)} tensors)")
+    pre = st.load(f"{ck}/0-pretrain-end/model.safetensors")
+    biases = [n for n in moe if n.endswith("e_score_correction_bias")]
+    check("the correction biases move in pretraining (from 0) and in sparse training",
+          len(biases) == 2 and all(pre[n].any() for n in biases)
+          and all(warm[n].tobytes() != sparse[n].tobytes() for n in biases))
     check("dsa_warmup trains the indexers",
           any(n not in eq or eq[n].tobytes() != warm[n].tobytes() for n in warm if ".indexer." in n))
     check("dsa_sparse trains the experts and the gates",

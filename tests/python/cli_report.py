@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`hmla report` as a user meets it: the report of a short real run (every phase kind), of a
 hand-made metrics file with what runs leave behind (a cut line, missing and null metrics, a
-0-step phase, a resumed run, a phase stopped midway, a single step) and of bench JSON lines.
+0-step phase, a resumed run, a phase stopped midway, a single step), of a MoE model's metrics (the
+load imbalance chart, one line per MoE layer) and of bench JSON lines.
 Every SVG must be well-formed XML with axis titles, tick labels, a title, the phase boundaries and
 the held-out points; rsvg-convert (Debian's librsvg2-bin), when installed, must rasterise each
 one. Values from the whole double range (+-1e308, 1 ulp apart, denormals; a real run whose lr is
@@ -413,6 +414,32 @@ def unmarked_directory(check, hmla, w):
     check("report of a run from before the marker (checkpoints/latest)", r.returncode == 0, r.stderr[-300:])
 
 
+def moe_run(check, hmla, w):
+    """A MoE model's steps log each MoE layer's load imbalance (docs/moe.md): a fifth chart, one
+    line per MoE layer over the global step, with the phase boundaries; a null value is a gap."""
+    rows = []
+    for s in range(1, 7):
+        rows.append(("pre", s, {"lm_loss": 3.0 - 0.1 * s, "lr": 1e-3, "moe_layers": [1, 2],
+                                "moe_imbalance": [4.0 - 0.4 * s, None if s == 3 else 3.0 - 0.2 * s],
+                                "moe_aux_loss": [1e-4, 1.1e-4]}))
+    for s in range(1, 4):
+        rows.append(("warm", s, {"lm_loss": 2.4, "lr": 1e-3, "moe_layers": [1, 2], "moe_imbalance": [1.5, 1.6]}))
+    run = marked_run(w, "moe", rows)
+    with open(f"{run}/programme.json", "w") as f:
+        json.dump({"phases": [{"name": "pre", "mode": "mha"}, {"name": "warm", "mode": "dsa_warmup"}]}, f)
+    html, _ = report(check, hmla, run)
+    charts = svgs_of(html)
+    check("MoE run: five charts, the fifth the load imbalance",
+          len(charts) == 5 and "MoE load imbalance" in charts[-1], len(charts))
+    if len(charts) == 5:
+        root = check_chart(check, "MoE imbalance", charts[4], w, ["pre · mha", "warm · dsa_warmup"])
+        if root is not None:
+            legend = [g.find(SVG + "text").text for g in groups(root, "legend")]
+            check("MoE imbalance: one line per MoE layer", legend == ["layer 1", "layer 2"], legend)
+            lines = [g for g in groups(root, "series") if g.find(SVG + "polyline") is not None]
+            check("MoE imbalance: both layers drawn", len(lines) >= 2, len(lines))
+
+
 def main():
     a = parse_args(__doc__)
     check = Checker()
@@ -424,6 +451,7 @@ def main():
     bench_extremes(check, a.hmla, a.workdir)
     bench_refusals(check, a.hmla, a.workdir)
     unmarked_directory(check, a.hmla, a.workdir)
+    moe_run(check, a.hmla, a.workdir)
     check.exit()
 
 

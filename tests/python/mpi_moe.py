@@ -3,7 +3,9 @@
 against one rank, through all four phases on configs/demo_moe_model.json (a dense layer, then MoE
 layers with group-limited routing and a shared expert): per-step losses and gradient norms, each
 phase's gradient moments and the final weights (the correction biases included), by
-harness.compare_training's bounds; rank 0 alone writes.
+harness.compare_training's bounds; rank 0 alone writes. Load balancing runs as by default (the
+bias update and the balance loss): the imbalance and the biases equal one rank's exactly, the
+balance loss by the LM loss's rule (balancing below).
 
 Why the start is a prepared checkpoint: the runs differ by f32 reassociation of the gradient sums,
 and an O(1e-7) weight difference would flip a routing decision whose margin is that small,
@@ -47,6 +49,34 @@ def init_checkpoint(path):
     st.save(path, w)
 
 
+def balancing(check, w, k):
+    """Load balancing (on by default: docs/moe.md) is a function of the step's global counts,
+    which are sums of integers: every grid counts the same tokens' same choices, so each step's
+    imbalance is the one rank's exactly and the correction biases move bit for bit as one rank's
+    (each rank applies the update from the same all-reduced counts, so the ranks agree too). The
+    balance loss is a sum of positive terms over the step's rows: regrouped by the grid, it moves
+    by at most rows * eps of its value, the harness's rule for the LM loss."""
+    def steps(d):
+        return [json.loads(x) for x in open(f"{d}/metrics.jsonl") if '"step"' in x]
+    one, other = steps(f"{w}/one"), steps(f"{w}/{k}")
+    check(f"MoE train {k}: every step's load imbalance equals one rank's exactly",
+          len(one) == len(other) and all(a["moe_imbalance"] == b["moe_imbalance"] for a, b in zip(one, other)))
+    tol = 8 * 48 * 2.0 ** -23
+    aux = [(a, b) for x, y in zip(one, other) for a, b in zip(x.get("moe_aux_loss", []), y.get("moe_aux_loss", []))]
+    check(f"MoE train {k}: the balance loss equals one rank's (rows * eps)",
+          aux and all(abs(a - b) <= tol * abs(a) for a, b in aux), f"({len(aux)} values)")
+    ck = sorted(p for p in os.listdir(f"{w}/one/checkpoints") if p.endswith("-end"))
+    same = True
+    for p in ck:
+        a, b = st.load(f"{w}/one/checkpoints/{p}/model.safetensors"), st.load(f"{w}/{k}/checkpoints/{p}/model.safetensors")
+        same &= all(a[n].tobytes() == b[n].tobytes() for n in a if n.endswith("e_score_correction_bias"))
+    moved = any(st.load(f"{w}/one/checkpoints/{ck[0]}/model.safetensors")[n].tobytes()
+                != st.load(f"{w}/init.safetensors")[n].tobytes()
+                for n in st.load(f"{w}/init.safetensors") if n.endswith("e_score_correction_bias"))
+    check(f"MoE train {k}: the correction biases move and equal one rank's bit for bit at every phase end",
+          same and moved, f"({len(ck)} checkpoints)")
+
+
 def main():
     a = parse_args(__doc__)
     w = a.workdir
@@ -79,6 +109,7 @@ phases:
         compare_training(check, f"MoE train {k}", f"{w}/one", f"{w}/{k}", rows=8 * 48, lr_over_eps=LR, steps=7,
                          seq_len=48)
         check(f"MoE train {k}: rank 0 alone writes", res[k].stdout.count("[pre] step 2/2") == 1)
+        balancing(check, w, k)
     check.exit()
 
 

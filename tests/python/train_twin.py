@@ -120,11 +120,33 @@ def moe_route(cfg, u, bias):
     return idx, w * cfg.get("routed_scaling_factor", 2.5), c, min(float(m.min()) for m in margins)
 
 
-def moe(cfg, p, pre, x):
-    """DeepSeekMoE on x [b, s, hidden] (dropless): returns y and the router's (idx, c, margin)."""
+def balance_loss(cfg, u, idx, mask, alpha):
+    """DeepSeek-V3's sequence-wise balance loss (its eq. 17-20) over the batch's rows: per row
+    (sequence) with T > 0 loss rows (mask [b, s]), f_i = E / (k T) * (the row's loss rows choosing
+    i), P_i = 1/T sum_t s'_{i,t} with s' the sigmoid scores normalised over all E experts, L = alpha
+    sum_i f_i P_i; the mean over the rows that have loss rows. f is a constant (counts), so the
+    gradient flows through P into the logits u [b*s, E]."""
+    b, s = mask.shape
+    E, k = u.shape[-1], idx.shape[-1]
+    sc = torch.sigmoid(u).view(b, s, E)
+    sp = sc / sc.sum(-1, keepdim=True)
+    m = mask.to(u.dtype).unsqueeze(-1)
+    T = mask.sum(-1).to(u.dtype)
+    chosen = torch.zeros(b * s, E, dtype=u.dtype, device=u.device).scatter(1, idx, 1.0).view(b, s, E) * m
+    f = E / (k * T.clamp(min=1)).unsqueeze(-1) * chosen.sum(1)
+    P = (sp * m).sum(1) / T.clamp(min=1).unsqueeze(-1)
+    per_row = alpha * (f * P).sum(-1)
+    return per_row[T > 0].sum() / (T > 0).sum().clamp(min=1)
+
+
+def moe(cfg, p, pre, x, balance=None):
+    """DeepSeekMoE on x [b, s, hidden] (dropless): returns y, the router's (idx, c, margin) and,
+    with balance = (alpha, loss-row mask [b, s]), the balance loss (else None)."""
     shape = x.shape
     x = x.reshape(-1, shape[-1])
-    idx, w, c, margin = moe_route(cfg, x @ p[pre + "gate.weight"].T, p[pre + "gate.e_score_correction_bias"].detach())
+    u = x @ p[pre + "gate.weight"].T
+    idx, w, c, margin = moe_route(cfg, u, p[pre + "gate.e_score_correction_bias"].detach())
+    aux = balance_loss(cfg, u, idx, balance[1], balance[0]) if balance else None
     y = torch.zeros_like(x)
     for e in range(p[pre + "gate.weight"].shape[0]):
         tok, slot = torch.nonzero(idx == e, as_tuple=True)
@@ -132,11 +154,13 @@ def moe(cfg, p, pre, x):
             y = y.index_add(0, tok, swiglu(p, f"{pre}experts.{e}.", x[tok]) * w[tok, slot, None])
     if pre + "shared_experts.gate_proj.weight" in p:
         y = y + swiglu(p, pre + "shared_experts.", x)
-    return y.view(shape), (idx, c, margin)
+    return y.view(shape), (idx, c, margin), aux
 
 
-def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw, trace=None):
-    """The step's LM loss and indexer KL; `trace` (a dict) gets each MoE layer's router (idx, c, margin)."""
+def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw, trace=None, aux_coeff=0.0, aux=None):
+    """The step's LM loss and indexer KL; `trace` (a dict) gets each MoE layer's router (idx, c,
+    margin); with aux_coeff > 0, `aux` (a list) gets each MoE layer's balance loss over the loss
+    rows (rw > 0), which the caller adds to what it differentiates."""
     eps = cfg.get("rms_norm_eps", 1e-6)
     h = p["model.embed_tokens.weight"][ids]
     kls = []
@@ -150,9 +174,11 @@ def step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw, trace=None)
             kls.append(kl)
         m = rms(h, p[pre + "post_attention_layernorm.weight"], eps)
         if is_moe_layer(cfg, L):
-            y, router = moe(cfg, p, pre + "mlp.", m)
+            y, router, bal = moe(cfg, p, pre + "mlp.", m, (aux_coeff, rw > 0) if aux_coeff > 0 else None)
             if trace is not None:
                 trace[L] = router
+            if bal is not None:
+                aux.append(bal)
             h = h + y
         else:
             h = h + swiglu(p, pre + "mlp.", m)

@@ -96,5 +96,25 @@ TEST(Metrics, MalformedLinesAreCountedAndTheTrainerRefusesThem) {
   fs::remove(p);
 }
 
+TEST(Metrics, AMoeStepsBalancingReadsBack) {
+  MetricsRow step{MetricsRow::Kind::step, "pre"};
+  step.step = 1, step.lm_loss = 2.5;
+  step.moe_layers = {1, 2}, step.moe_imbalance = {1.5, NAN}, step.moe_aux_loss = {1e-4, 2e-4};
+  const std::string line = metrics_line(step);
+  EXPECT_NE(line.find(R"("moe_layers":[1,2],"moe_imbalance":[1.5,null],"moe_aux_loss":[0.0001,0.0002])"),
+            std::string::npos)
+      << line;
+  const MetricsFile f = read_metrics(write_file("moe", line + "\n"));
+  ASSERT_EQ(f.rows.size(), 1u);
+  EXPECT_EQ(f.rows[0].moe_layers, step.moe_layers);
+  EXPECT_EQ(f.rows[0].moe_imbalance[0], 1.5);
+  EXPECT_TRUE(std::isnan(f.rows[0].moe_imbalance[1]));
+  EXPECT_EQ(f.rows[0].moe_aux_loss, step.moe_aux_loss);
+  step.moe_aux_loss.clear();  // no balance loss ran (dsa_warmup, coefficient 0): no key
+  EXPECT_EQ(metrics_line(step).find("moe_aux_loss"), std::string::npos);
+  step.moe_layers.clear(), step.moe_imbalance.clear();  // a dense model: no MoE keys
+  EXPECT_EQ(metrics_line(step).find("moe_"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace hmla

@@ -233,5 +233,24 @@ TEST(Programme, SplitKvBProjOnlyInLatentPhases) {
             "phase runs mha");
 }
 
+TEST(Programme, TheMoeBalancingKeysPerPhase) {
+  const std::string head = "model: m.json\ndata: d\n";
+  const Programme d = parse_programme(head + "phases:\n  - {name: a}\n", "p.yaml");
+  EXPECT_EQ(d.phases[0].moe_bias_update_rate, 1e-3);  // DeepSeek-V3's defaults: on
+  EXPECT_EQ(d.phases[0].moe_aux_loss_coeff, 1e-4);
+  const Programme p = parse_programme(head + "base: {moe_bias_update_rate: 0.01}\nphases:\n  - {name: a}\n"
+                                             "  - {name: b, moe_bias_update_rate: 0, moe_aux_loss_coeff: 0}\n",
+                                      "p.yaml");
+  EXPECT_EQ(p.phases[0].moe_bias_update_rate, 0.01);
+  EXPECT_EQ(p.phases[1].moe_bias_update_rate, 0.0);  // 0 turns each off
+  EXPECT_EQ(p.phases[1].moe_aux_loss_coeff, 0.0);
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, moe_bias_update_rate: -0.001}\n"),
+            "p.yaml: phases[0] (a): moe_bias_update_rate = -0.001: it must be finite and >= 0");
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, moe_aux_loss_coeff: .nan}\n"),
+            "p.yaml: phases[0] (a): moe_aux_loss_coeff = nan: it must be finite and >= 0");
+  EXPECT_EQ(error_of(head + "base: {moe_aux_loss_coeff: .inf}\nphases:\n  - {name: a}\n"),
+            "p.yaml: phases[0] (a): moe_aux_loss_coeff = inf: it must be finite and >= 0");
+}
+
 }  // namespace
 }  // namespace hmla

@@ -14,6 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "hmla/io/safetensors.h"
+#include "hmla/dist/comm.h"
+#include "hmla/train/data.h"
+#include "hmla/model/model.h"
 #include "hmla/train/trainer.h"
 #include "programmes.h"
 
@@ -317,6 +320,100 @@ TEST(Trainer, HeldOutLossThatCannotBeEvaluatedIsNullWithAReason) {
   }
   EXPECT_EQ(phase_lines, 1);
   fs::remove_all(out);
+}
+
+// DeepSeek-V3's auxiliary-loss-free balancing through the trainer, against a float64 count made
+// here from the step's own batches (the loader's order, rebuilt) and the experts model_logits
+// chooses on the step's starting weights: bias = bias0 + rate sign(mean_load - load) per MoE layer,
+// bit for bit, and the metrics' imbalance max / mean of those loads.
+TEST(Trainer, TheCorrectionBiasMovesByTheStepsGlobalLoad) {
+  const fs::path out = tmpdir("moe_bias");
+  const std::string text = testing::programme_text(
+      "configs/demo_moe_model.json", 5, "micro_batches: 2, moe_bias_update_rate: 0.25, moe_aux_loss_coeff: 0",
+      "  - {name: a, mode: mha, steps: 0}\n  - {name: b, mode: mha, steps: 1}\n");
+  run(text, out);
+  const Programme pr = parse_programme(text, (out / "p.yaml").string());
+  const ModelConfig cfg = load_model_config((out / "config.json").string());
+  Model m = build_model(cfg, std::vector<bool>(3, false));
+  load_into_model(m, checkpoint(out, "0-a-end"), "start");
+  PackedLoader loader(load_token_set(pr.data_dir + "/train.safetensors"), 32, pr.seed + 7919ull * 2);  // phase 1
+  const int64_t E = 8, k = 2;
+  std::vector<double> load(2 * E, 0.0);
+  for (int mb = 0; mb < 2; ++mb) {
+    const Batch bt = loader.next(2);
+    std::vector<Tensor> experts;
+    model_logits(m, bt, nullptr, Comm::self(), &experts);
+    const std::vector<int32_t> ids = bt.input_ids.to_vector<int32_t>();
+    const std::vector<int32_t> ds = bt.layout.doc_start.to_vector<int32_t>();
+    for (int j = 0; j < 2; ++j) {
+      const std::vector<int32_t> e = experts[size_t(j + 1)].to_vector<int32_t>();
+      for (size_t t = 0; t < ids.size(); ++t) {
+        if (ids[t] == cfg.pad_token_id || ds[t] > int32_t(t % 32)) continue;  // not a loss row
+        for (int64_t i = 0; i < k; ++i) load[size_t(j * E + e[t * k + size_t(i)])] += 1;
+      }
+    }
+  }
+  const io::TensorMap end = checkpoint(out, "1-b-end"), start = checkpoint(out, "0-a-end");
+  std::ifstream metrics(out / "metrics.jsonl");
+  nlohmann::json row;
+  for (std::string line; std::getline(metrics, line);)
+    if (line.find("\"step\"") != std::string::npos) row = nlohmann::json::parse(line);
+  for (int j = 0; j < 2; ++j) {
+    const std::string name = "model.layers." + std::to_string(j + 1) + ".mlp.gate.e_score_correction_bias";
+    const std::vector<float> b0 = start.at(name).to_vector<float>(), b1 = end.at(name).to_vector<float>();
+    double total = 0, most = 0;
+    for (int64_t e = 0; e < E; ++e) total += load[size_t(j * E + e)], most = std::max(most, load[size_t(j * E + e)]);
+    int moved = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const double mean = total / double(E), l = load[size_t(j * E + e)];
+      const float sign = mean > l ? 1.f : mean < l ? -1.f : 0.f;
+      EXPECT_EQ(b1[size_t(e)], b0[size_t(e)] + 0.25f * sign) << name << " expert " << e;
+      moved += sign != 0;
+    }
+    EXPECT_GT(moved, 0) << name;
+    EXPECT_NEAR(row["moe_imbalance"][size_t(j)].get<double>(), most / (total / double(E)), 1e-12);
+  }
+  EXPECT_EQ(row["moe_layers"], nlohmann::json::array({1, 2}));
+  EXPECT_FALSE(row.contains("moe_aux_loss"));  // coefficient 0: no balance loss
+}
+
+// Rate 0 leaves the bias where it was initialised (0); the same step at a rate moves it. (That
+// counting and coefficient 0 leave the step's bits: tests/model/test_moe.cpp.)
+TEST(Trainer, RateZeroLeavesTheBias) {
+  const fs::path a = tmpdir("moe_off_a"), b = tmpdir("moe_off_b");
+  const std::string phases = "  - {name: a, mode: mha, steps: 1}\n";
+  run(testing::programme_text("configs/demo_moe_model.json", 5, "moe_bias_update_rate: 0, moe_aux_loss_coeff: 0",
+                              phases),
+      a);
+  run(testing::programme_text("configs/demo_moe_model.json", 5, "moe_bias_update_rate: 0.5, moe_aux_loss_coeff: 0",
+                              phases),
+      b);
+  const io::TensorMap wa = weights(a), wb = weights(b);
+  for (const std::string L : {"1", "2"}) {
+    const std::string n = "model.layers." + L + ".mlp.gate.e_score_correction_bias";
+    for (float v : wa.at(n).to_vector<float>()) EXPECT_EQ(v, 0.f) << n;  // initialised 0, never moved
+    EXPECT_FALSE(same(wa.at(n), wb.at(n))) << n << ": the rate moves it";
+  }
+}
+
+// The correction bias is saved in every checkpoint and a resumed MoE run continues it exactly:
+// the same weights (biases included) and metrics (imbalance and balance loss) as an uninterrupted run.
+TEST(Trainer, AResumedMoeRunContinuesItsBalancingExactly) {
+  const std::string text = testing::programme_text("configs/demo_moe_model.json", 5, "moe_bias_update_rate: 0.01",
+                                                   "  - {name: pre, mode: mha, steps: 4, checkpoint_every: 2}\n");
+  const fs::path full = tmpdir("moe_full"), part = tmpdir("moe_part");
+  run(text, full);
+  fs::create_directories(part / "checkpoints");
+  fs::copy(full / "checkpoints" / "0-pre-step2", part / "checkpoints" / "0-pre-step2", fs::copy_options::recursive);
+  std::ofstream(part / "checkpoints" / "latest") << "0-pre-step2\n";
+  fs::copy(full / "programme.json", part / "programme.json");
+  fs::copy(full / "metrics.jsonl", part / "metrics.jsonl");
+  run(text, part, true);
+  const io::TensorMap a = weights(full), b = weights(part), at2 = checkpoint(full, "0-pre-step2");
+  const std::string bias = "model.layers.1.mlp.gate.e_score_correction_bias";
+  EXPECT_FALSE(same(at2.at(bias), a.at(bias))) << "the bias moves after the checkpoint";
+  for (const auto& [name, t] : a) EXPECT_TRUE(same(t, b.at(name))) << name << " differs after resume";
+  EXPECT_EQ(without_timing(full / "metrics.jsonl"), without_timing(part / "metrics.jsonl"));
 }
 
 }  // namespace

@@ -16,5 +16,8 @@ Tensor loss_row_weights(const DocLayout& layout, const Tensor* input_ids, int64_
                         int64_t global_valid_rows = 0);
 // sum(mask) of this batch (before the max with 1): what ranks and micro-batches add up.
 int64_t loss_row_count(const DocLayout& layout, const Tensor* input_ids, int64_t pad_token_id);
+// The packed rows (sequences) of this batch holding at least one loss row: the sequences the MoE
+// balance loss averages over (docs/moe.md).
+int64_t loss_sequence_count(const DocLayout& layout, const Tensor* input_ids, int64_t pad_token_id);
 
 }  // namespace hmla

@@ -38,9 +38,19 @@ struct ActSpec {
   DType dtype;
 };
 
+// The sequence-wise balance loss of a MoE MLP's backward (docs/moe.md "Load balancing"): counts
+// [rows, E] f64, each batch row's expert counts over the whole row (every CP shard); mask [N] f32
+// (> 0: the token is a loss row); scale = alpha E / (k B), B the step's sequences; the layer's loss
+// is added into loss (f64 [1]). Undefined counts: no balance loss (the backward is today's).
+struct MoeAuxInputs {
+  Tensor counts, mask, loss;
+  double scale = 0;
+};
+
 class Mlp {
  public:
   virtual ~Mlp() = default;
+  MoeAuxInputs aux;  // read by a MoE MLP's backward only
   // What the forward keeps for the backward, in arena order.
   virtual std::vector<ActField> fields() const = 0;
   // y [N, hidden] = mlp(x [N, hidden]), written; `saved` are the views of fields() (N rows).

@@ -122,7 +122,20 @@ struct StepOptions {
   // Given, the micro-batch's LM loss and KL are ADDED into its kStatLm and kStatKl slots on the
   // device (nothing is read back) and StepStats' are NaN; else they are read back into StepStats.
   Tensor stats;
+  // MoE load balancing (docs/moe.md "Load balancing"), over the MoE layers in layer order:
+  // expert_load (f64 [n_moe, E]) gets each layer's expert counts over this micro-batch's loss rows
+  // ADDED (undefined: nothing is counted); moe_aux_coeff > 0 (alpha, with the backbone) adds the
+  // sequence-wise balance loss over aux_sequences (B, the step's global count of sequences with a
+  // loss row: loss_sequence_count) to the backward, each layer's value ADDED into aux_loss (f64
+  // [n_moe]). Under CP the rows' counts are summed over the group first.
+  Tensor expert_load;
+  double moe_aux_coeff = 0;
+  int64_t aux_sequences = 0;
+  Tensor aux_loss;
 };
+
+// The MoE layers of c, in layer order (the rows of StepOptions::expert_load).
+std::vector<int64_t> moe_layers(const ModelConfig& c);
 
 struct StepStats {
   double lm_loss = 0;      // sum over targets of CE / lm_targets

@@ -94,6 +94,47 @@ void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tenso
 // rowdot: a, b [N * k, D] contiguous; out [N * k] per slot.
 void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t k, const Tensor& out);
 
+// Load balancing (DeepSeek-V3; docs/moe.md "Load balancing"; CPU and CUDA: moe_balance.cu): the
+// experts' load counted from the router's chosen table, the auxiliary-loss-free bias update, and
+// the sequence-wise balance loss with its gradient. One params struct for the three; every sum in
+// a fixed order.
+// - moe_expert_load: load[r, e] (+)= the number of slots (t, j) with idx[t, j] == e over the tokens
+//   t of segment r whose mask[t] > 0 (every token when mask is null); the N tokens are `rows`
+//   consecutive segments of N / rows (a batch's rows). f64 counts: exact to 2^53.
+// - moe_bias_update: bias[e] += rate * sign(total - E load[e]) (= sign(mean_load - load[e]), the
+//   comparison exact on integer counts; sign(0) = 0), total = sum_e load[e]; in f32, as
+//   bias + rate * sign.
+// - moe_aux_loss: per token t of segment r = t / (N / rows) with mask[t] > 0, T_r = sum_e F[r, e] / k
+//   (the segment's counted tokens), c_t = scale / T_r^2, s = sigmoid(u_t) over all E experts,
+//   S = sum_e s_e (e ascending) and s' = s / S: loss += sum_t c_t sum_e F[r, e] s'_e (tokens in
+//   order), and dlogits[t, e] += c_t (F[r, e] - sum_i F[r, i] s'_i) / S s_e (1 - s_e), the gradient
+//   of that loss through the scores (F and c are constants). With scale = alpha E / (k B) this is
+//   alpha / B sum_r sum_e f_e P_e (f_e = E F[r, e] / (k T_r), P_e = sum_t s'_e / T_r).
+struct MoeBalanceParams {
+  int64_t N = 0, E = 0, k = 0, rows = 1;
+  const int32_t* idx = nullptr;   // load: [N, k] the router's chosen experts
+  const float* mask = nullptr;    // load: [N] or null
+  double* load = nullptr;         // load: [rows, E] written, or added into when accumulate
+  bool accumulate = false;
+  const double* load_in = nullptr;  // bias update: [E] the step's global load
+  float* bias = nullptr;            // bias update: [E] e_score_correction_bias
+  float rate = 0.f;
+  const float* logits = nullptr;  // aux loss: [N, E] u = x W_gate^T
+  const double* counts = nullptr; // aux loss: [rows, E] F, per segment (mask: the token mask)
+  double scale = 0;               // aux loss: alpha E / (k B)
+  float* dlogits = nullptr;       // aux loss: [N, E], added into
+  double* loss = nullptr;         // aux loss: [1], added into
+};
+
+// idx [N, k] i32; mask [N] f32 contiguous or undefined; load f64 [rows, E] contiguous (rows divides N).
+void moe_expert_load(const Tensor& idx, const Tensor& mask, int64_t rows, bool accumulate, const Tensor& load);
+// bias f32 [E], load f64 [E], both contiguous on one device; rate finite.
+void moe_bias_update(const Tensor& bias, const Tensor& load, float rate);
+// logits f32 [N, E], counts f64 [rows, E], mask f32 [N], dlogits f32 [N, E] (added into), loss f64
+// [1] (added into), contiguous on one device; k >= 1, scale finite.
+void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask, int64_t k, double scale,
+                  const Tensor& dlogits, const Tensor& loss);
+
 }  // namespace hmla
 
 // The family's backend entries (op_list.h): X(return type, entry, params struct).
@@ -104,3 +145,8 @@ void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t 
   X(void, moe_gather, MoeRowsParams)          \
   X(void, moe_combine, MoeRowsParams)         \
   X(void, moe_rowdot, MoeRowsParams)
+
+#define HMLA_MOE_BALANCE_OPS(X)                  \
+  X(void, moe_expert_load, MoeBalanceParams)     \
+  X(void, moe_bias_update, MoeBalanceParams)     \
+  X(void, moe_aux_loss, MoeBalanceParams)

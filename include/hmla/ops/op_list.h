@@ -22,12 +22,13 @@
 // an op of an existing family is one line in the header that declares its entry point.
 #define HMLA_OP_LIST(X) \
   HMLA_NN_OPS(X) HMLA_OPTIM_OPS(X) HMLA_ATTN_DENSE_OPS(X) HMLA_ATTN_SPARSE_OPS(X) HMLA_INDEXER_OPS(X) \
-  HMLA_MOE_OPS(X)
+  HMLA_MOE_OPS(X) HMLA_MOE_BALANCE_OPS(X)
 
 #define HMLA_PARAMS_LIST(X)                                                                          \
   X(GemmParams) X(NormParams) X(RopeParams) X(SwigluParams) X(EmbeddingParams) X(CrossEntropyParams) \
   X(AxpyParams) X(ConvertParams) X(SumSquaresParams) X(StatsParams) X(AdamWParams) X(MuonParams) X(AttnDenseParams)  \
-  X(AttnSparseParams) X(IndexerTopkParams) X(IndexerKlParams) X(MoeRouteParams) X(MoeDispatchParams) X(MoeRowsParams)
+  X(AttnSparseParams) X(IndexerTopkParams) X(IndexerKlParams) X(MoeRouteParams) X(MoeDispatchParams) X(MoeRowsParams) \
+  X(MoeBalanceParams)
 
 // The kernel declarations of one backend's namespace: `ret name(const Params& p);` per op
 // (cpu_kernels.h, cuda_kernels.h: HMLA_OP_LIST(HMLA_DECLARE_KERNEL)).

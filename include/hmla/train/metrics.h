@@ -32,6 +32,11 @@ struct MetricsRow {
   double peak_bytes = none;  // a byte count, written as an integer
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
   double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
+  // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in
+  // order): the load imbalance max_e load / mean load over the step's global counts, and the
+  // sequence-wise balance loss with its coefficient (written only where the loss ran).
+  std::vector<int64_t> moe_layers;
+  std::vector<double> moe_imbalance, moe_aux_loss;
   // equivalence: max|logits_mqa - logits_mha| and max|logits_mha|
   double equivalence_max_diff = none, equivalence_max_logit = none;
   // phase end: the held-out loss (or why there is none), the means of the first and last 20 steps

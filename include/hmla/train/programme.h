@@ -24,6 +24,10 @@ struct PhaseSettings {
   int64_t eval_rows = 16;
   bool recompute_attention = false;
   bool mqa_split_kv_b_proj = false;  // latent modes only (Model::split_kv_b_proj)
+  // MoE load balancing (docs/moe.md): the correction bias's step after each optimizer step, and
+  // the sequence-wise balance loss's alpha; 0 turns either off; neither acts in dsa_warmup.
+  double moe_bias_update_rate = 1e-3;
+  double moe_aux_loss_coeff = 1e-4;
 };
 
 struct Programme {
