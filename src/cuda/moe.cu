@@ -39,7 +39,8 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + T::kThread
 
 // An f32 or bf16 element as f32 (bf16 widened exactly).
 __device__ __forceinline__ float value(const void* p, DType dt, int64_t i) {
-  return dt == DType::bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]) : static_cast<const float*>(p)[i];
+  return dt == DType::bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
+                           : static_cast<const float*>(p)[i];
 }
 // An element as a product's input: rounded to bf16 (RNE), as the products' contract says.
 __device__ __forceinline__ float operand(const void* p, DType dt, int64_t i) {
@@ -287,8 +288,10 @@ __global__ void grouped_kernel(MoeGroupedParams p, Experts ex) {
     const int64_t m = m0 + ty + q * T::kRowGroups;
     if (m >= m_end) continue;
     if (kP == Product::fwd) store(p.y, p.y_dtype, m * p.ld_y + n, acc[q]);
-    if (kP == Product::dx)
-      store(p.dx, p.dx_dtype, m * p.ld_dx + n, p.dx_beta != 0.f ? acc[q] + value(p.dx, p.dx_dtype, m * p.ld_dx + n) : acc[q]);
+    if (kP == Product::dx) {
+      const int64_t at = m * p.ld_dx + n;
+      store(p.dx, p.dx_dtype, at, p.dx_beta != 0.f ? acc[q] + value(p.dx, p.dx_dtype, at) : acc[q]);
+    }
     if (kP == Product::dw) {
       float* dW = ex.dw + e * ex.dw_stride + m * p.in + n;
       *dW = acc[q] + *dW;
@@ -309,9 +312,9 @@ void grouped(const MoeGroupedParams& p, const char* what) {
     ex.dw = p.dW[0];
     moe_expert_stride(reinterpret_cast<const void* const*>(p.dW), p.E, sizeof(float), ex.dw_stride);
   }
-  const dim3 grid = kP == Product::dw ? dim3(unsigned((p.in + T::kTile - 1) / T::kTile),
-                                             unsigned((p.out + T::kTile - 1) / T::kTile), unsigned(p.E))
-                                      : dim3(unsigned((cols + T::kTile - 1) / T::kTile), unsigned(T::row_tiles(p.rows, p.E)));
+  auto tiles = [](int64_t n) { return unsigned((n + T::kTile - 1) / T::kTile); };
+  const dim3 grid = kP == Product::dw ? dim3(tiles(p.in), tiles(p.out), unsigned(p.E))
+                                      : dim3(tiles(cols), unsigned(T::row_tiles(p.rows, p.E)));
   HMLA_LAUNCH(grouped_kernel<kP>, grid, T::kThreads, 0, stream(), p, ex);
   check_launch(what);
 }

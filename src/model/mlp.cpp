@@ -113,8 +113,8 @@ class MoeMlp final : public Mlp {
     moe_gather(x, d, k, Tensor(), true, xs);
     moe_gather(dy, d, k, Tensor(), true, dys);
     moe_gather(A, d, k, w, false, actw);
-    moe_grouped_bwd(dys, actw, each(w_.experts, &SwigluTensors::down_proj), each(g_->experts, &SwigluTensors::down_proj),
-                    d, dz);
+    moe_grouped_bwd(dys, actw, each(w_.experts, &SwigluTensors::down_proj),
+                    each(g_->experts, &SwigluTensors::down_proj), d, dz);
     moe_rowdot(dz, A, d, k, dw);
     moe_gather(dz, d, k, w, false, dact);
     swiglu_bwd(dact, G, U, dG, dU);

@@ -95,7 +95,8 @@ void check_phase_equivalence(const PhaseSettings& ph, const Model& model, const 
       << (rtol != ph.equivalence_rtol ? ", the bound of bf16 compute" : "") << ")" << std::defaultfloat
       << std::setprecision(6);
   if (left_out > 0)
-    log << "; " << left_out << " of " << total << " tokens (this rank's) not compared: a MoE routing differed at or before them";
+    log << "; " << left_out << " of " << total
+        << " tokens (this rank's) not compared: a MoE routing differed at or before them";
   log << "\n";
   MetricsRow row{MetricsRow::Kind::equivalence, ph.name};
   row.equivalence_max_diff = diff, row.equivalence_max_logit = mag;
