@@ -40,8 +40,13 @@ class CpuBackend final : public Backend {
   }
   bool supports(const MoeRouteParams&) const override { return true; }
   bool supports(const MoeDispatchParams&) const override { return true; }
-  bool supports(const MoeRowsParams&) const override { return true; }
   bool supports(const MoeBalanceParams&) const override { return true; }
+  bool supports(const MoeRowsParams& p) const override {
+    return p.src_dtype == DType::f32 && p.a_dtype == DType::f32 && p.b_dtype == DType::f32;
+  }
+  bool supports(const MoeGroupedParams& p) const override {
+    return p.x_dtype == DType::f32 && p.w_dtype == DType::f32 && p.y_dtype == DType::f32 && p.dx_dtype == DType::f32;
+  }
 
 #define HMLA_CPU_ENTRY(ret, name, P) HMLA_FORWARD(cpu, ret, name, P)
   HMLA_OP_LIST(HMLA_CPU_ENTRY)

@@ -1,6 +1,7 @@
 // The MoE ops on the CPU (hmla/ops/moe.h): the router per token (its own thread, a fixed order of
 // comparisons and sums), the dispatch as one stable counting sort, and the row gathers, combines
 // and dots, each output row by one thread. f32 throughout, as transformers' router computes it.
+// The experts' grouped products are linear_fwd's / linear_bwd's products expert after expert.
 #include <cmath>
 #include <vector>
 
@@ -119,7 +120,7 @@ void moe_gather(const MoeRowsParams& p) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < slots; ++i) {
     const int64_t slot = p.order[i], r = p.from_tokens ? slot / p.k : i;
-    const float* src = p.src + r * p.ld_src;
+    const float* src = static_cast<const float*>(p.src) + r * p.ld_src;
     float* out = p.out + i * p.ld_out;
     const float w = p.w ? p.w[slot] : 1.f;
     if (p.w)
@@ -139,7 +140,7 @@ void moe_combine(const MoeRowsParams& p) {
       for (int64_t d = 0; d < D; ++d) acc[d] = 0.f;
       for (int64_t j = 0; j < k; ++j) {
         const int64_t slot = t * k + j;
-        const float* src = p.src + int64_t(p.pos[slot]) * p.ld_src;
+        const float* src = static_cast<const float*>(p.src) + int64_t(p.pos[slot]) * p.ld_src;
         const float w = p.w ? p.w[slot] : 1.f;
         for (int64_t d = 0; d < D; ++d) acc[d] += w * src[d];
       }
@@ -153,11 +154,49 @@ void moe_rowdot(const MoeRowsParams& p) {
   const int64_t slots = p.N * p.k, D = p.D;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < slots; ++i) {
-    const float* a = p.a + i * D;
-    const float* b = p.b + i * D;
+    const float* a = static_cast<const float*>(p.a) + i * D;
+    const float* b = static_cast<const float*>(p.b) + i * D;
     float sum = 0.f;
     for (int64_t d = 0; d < D; ++d) sum += a[d] * b[d];
     p.out[p.order[i]] = sum;
+  }
+}
+
+// Expert e's rows [r0, r1) as linear_fwd (y = x W^T) and linear_bwd (dW += dy^T x, then dx = dy W
+// + beta dx) fill their GemmParams for a contiguous slice, so the bits are a per-expert loop's.
+void moe_grouped_fwd(const MoeGroupedParams& p) {
+  for (int64_t e = 0; e < p.E; ++e) {
+    const int64_t r0 = p.offsets[e], r1 = p.offsets[e + 1];
+    if (r0 == r1) continue;  // no token chose it
+    GemmParams g;
+    g.ta = Trans::no, g.tb = Trans::yes;
+    g.M = r1 - r0, g.N = p.out, g.K = p.in;
+    g.a = static_cast<const float*>(p.x) + r0 * p.ld_x, g.lda = p.ld_x;
+    g.b = p.W[e], g.ldb = p.in;
+    g.c = static_cast<float*>(p.y) + r0 * p.ld_y, g.ldc = p.ld_y;
+    gemm(g);
+  }
+}
+
+void moe_grouped_bwd(const MoeGroupedParams& p) {
+  for (int64_t e = 0; e < p.E; ++e) {
+    const int64_t r0 = p.offsets[e], r1 = p.offsets[e + 1];
+    if (r0 == r1) continue;
+    const float* dy = static_cast<const float*>(p.y) + r0 * p.ld_y;
+    GemmParams g;  // dW += dy^T x
+    g.ta = Trans::yes, g.tb = Trans::no, g.beta = 1.f;
+    g.M = p.out, g.N = p.in, g.K = r1 - r0;
+    g.a = dy, g.lda = p.ld_y;
+    g.b = static_cast<const float*>(p.x) + r0 * p.ld_x, g.ldb = p.ld_x;
+    g.c = p.dW[e], g.ldc = p.in;
+    gemm(g);
+    if (!p.dx) continue;
+    GemmParams q;  // dx = dy W (+ dx)
+    q.M = r1 - r0, q.N = p.in, q.K = p.out, q.beta = p.dx_beta;
+    q.a = dy, q.lda = p.ld_y;
+    q.b = p.W[e], q.ldb = p.in;
+    q.c = static_cast<float*>(p.dx) + r0 * p.ld_dx, q.ldc = p.ld_dx;
+    gemm(q);
   }
 }
 

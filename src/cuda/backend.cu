@@ -23,8 +23,6 @@ class CudaBackend final : public Backend {
   CudaBackend() : Backend(Device::cuda) {}
   const char* name() const override { return "cuda"; }
   DType compute_dtype() const override { return DType::bf16; }
-  // The MoE ops have no CUDA kernels yet: the base's supports() (false) refuses them.
-  using Backend::supports;
   // Every limit of the CUDA kernels, for the real params (traits.h and attn_dense.cuh say why).
   bool supports(const AttnDenseParams& p) const override {
     return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0;
@@ -67,8 +65,23 @@ class CudaBackend final : public Backend {
   bool supports(const StatsParams&) const override { return true; }
   bool supports(const AdamWParams&) const override { return true; }
   bool supports(const MuonParams&) const override { return true; }
-  // MoeRouteParams, MoeDispatchParams, MoeRowsParams: not yet (the Backend default refuses; moe.cu).
   bool supports(const MoeBalanceParams&) const override { return true; }  // moe_balance.cu
+  // The MoE ops (moe.cu): the kept groups in a 64-bit mask; the gather's source and the row dot's
+  // operands may be bf16 activations; the grouped products take linear's dtypes, their experts'
+  // matrices at one stride (one arena) and a grid that fits.
+  bool supports(const MoeRouteParams& p) const override { return p.n_group <= cuda::MoeTraits::kMaxGroups; }
+  bool supports(const MoeDispatchParams&) const override { return true; }
+  bool supports(const MoeRowsParams& p) const override {
+    return f32_or_bf16(p.src_dtype) && f32_or_bf16(p.a_dtype) && f32_or_bf16(p.b_dtype);
+  }
+  bool supports(const MoeGroupedParams& p) const override {
+    using T = cuda::MoeTraits;
+    int64_t stride = 0;
+    return f32_or_bf16(p.x_dtype) && f32_or_bf16(p.w_dtype) && f32_or_bf16(p.y_dtype) && f32_or_bf16(p.dx_dtype) &&
+           cuda::moe_expert_stride(p.W, p.E, int64_t(dtype_size(p.w_dtype)), stride) &&
+           (!p.dW || cuda::moe_expert_stride(reinterpret_cast<const void* const*>(p.dW), p.E, sizeof(float), stride)) &&
+           T::row_tiles(p.rows, p.E) <= T::kMaxGridY && p.E <= T::kMaxGridY;
+  }
 
 #define HMLA_CUDA_ENTRY(ret, name, P) HMLA_FORWARD(cuda, ret, name, P)
   HMLA_OP_LIST(HMLA_CUDA_ENTRY)

@@ -35,4 +35,9 @@ struct SparseInverseIndex {
 };
 SparseInverseIndex sparse_inverse_index(const AttnSparseParams& p, int64_t r0, int64_t nr);
 
+// Whether the E pointers of `table` lie at one stride (the experts' matrices in their arena), and
+// that stride in elements of elem_bytes: the grouped products address expert e's matrix as
+// table[0] + e * stride on the device, so no pointer table is uploaded (moe.cu).
+bool moe_expert_stride(const void* const* table, int64_t E, int64_t elem_bytes, int64_t& stride);
+
 }  // namespace hmla::cuda

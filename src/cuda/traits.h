@@ -68,4 +68,17 @@ struct NnTraits {
   static_assert(kThreads % 32 == 0, "whole warps");
 };
 
+// The MoE ops (moe.cu). The grouped products' SIMT tile: 32 x 32 outputs from 32-deep slices of
+// the operands in shared memory (8.4 KB), 256 threads each owning one column and 4 rows; chosen
+// for correctness first (no GPU measured it yet: docs/cuda.md, what is left for speed). Row tiles
+// are numbered expert after expert: at most ceil(rows / 32) + E of them hold rows.
+struct MoeTraits {
+  static constexpr int kThreads = 256, kTile = 32, kRowGroups = kThreads / kTile;
+  static constexpr int kRowsPerThread = kTile / kRowGroups;
+  static constexpr int64_t kMaxGroups = 64;  // the router keeps its kept groups in a 64-bit mask
+  static constexpr int64_t kMaxGridY = 65535;
+  static constexpr int64_t row_tiles(int64_t rows, int64_t E) { return (rows + kTile - 1) / kTile + E; }
+  static_assert(kThreads % kTile == 0 && kTile % kRowGroups == 0, "whole rows of threads, whole row groups");
+};
+
 }  // namespace hmla::cuda

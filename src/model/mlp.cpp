@@ -84,16 +84,14 @@ class MoeMlp final : public Mlp {
     moe_route_fwd(logits, w_.e_score_correction_bias, m_.n_group, m_.topk_group, m_.norm_topk_prob,
                   float(m_.routed_scaling_factor), r);
     const MoeDispatch d = moe_dispatch(r.idx, E);
-    const std::vector<int32_t> off = d.offsets.to_vector<int32_t>();
     Tensor xs = f32_tmp({N * k, hid_}, dev), ys = f32_tmp({N * k, hid_}, dev);
     moe_gather(x, d, k, Tensor(), true, xs);
     const Tensor G = slots(sv[kG], k), U = slots(sv[kU], k), A = slots(sv[kAct], k);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = off[e], r1 = off[e + 1];
-      if (r0 == r1) continue;  // no token chose it
-      swiglu_mlp_fwd(w_.experts[e], xs.slice(0, r0, r1), G.slice(0, r0, r1), U.slice(0, r0, r1), A.slice(0, r0, r1),
-                     ys.slice(0, r0, r1));
-    }
+    // Each expert's SwiGLU over its rows, as grouped products (the bounds stay on the device).
+    moe_grouped_fwd(xs, each(w_.experts, &SwigluTensors::gate_proj), d, G);
+    moe_grouped_fwd(xs, each(w_.experts, &SwigluTensors::up_proj), d, U);
+    swiglu_fwd(G, U, A);
+    moe_grouped_fwd(A, each(w_.experts, &SwigluTensors::down_proj), d, ys);
     const bool shared = m_.shared_intermediate() > 0;
     if (shared) swiglu_mlp_fwd(w_.shared, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], y);
     moe_combine(ys, d, k, r.weight.view({N * k}), shared, y);  // y = shared + sum_j w_j expert_j(x)
@@ -105,7 +103,6 @@ class MoeMlp final : public Mlp {
     const MoeRouting r = routing(sv);
     const Tensor w = r.weight.view({N * k}), dy = dy_in.view({N, hid_});
     const MoeDispatch d = moe_dispatch(r.idx, E);
-    const std::vector<int32_t> off = d.offsets.to_vector<int32_t>();
     const Tensor G = slots(sv[kG], k), U = slots(sv[kU], k), A = slots(sv[kAct], k);
     // y_t = sum_j w_j down_e(act_j): the down products see act scaled by w (actw), so dW_down gets
     // w dy act^T, and dz = dy W_down is the unweighted gradient of act, from which dw_j = dz_j . act_j
@@ -116,22 +113,15 @@ class MoeMlp final : public Mlp {
     moe_gather(x, d, k, Tensor(), true, xs);
     moe_gather(dy, d, k, Tensor(), true, dys);
     moe_gather(A, d, k, w, false, actw);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = off[e], r1 = off[e + 1];
-      if (r0 == r1) continue;
-      linear_bwd(dys.slice(0, r0, r1), actw.slice(0, r0, r1), w_.experts[e].down_proj, g_->experts[e].down_proj,
-                 dz.slice(0, r0, r1));
-    }
+    moe_grouped_bwd(dys, actw, each(w_.experts, &SwigluTensors::down_proj),
+                    each(g_->experts, &SwigluTensors::down_proj), d, dz);
     moe_rowdot(dz, A, d, k, dw);
     moe_gather(dz, d, k, w, false, dact);
     swiglu_bwd(dact, G, U, dG, dU);
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t r0 = off[e], r1 = off[e + 1];
-      if (r0 == r1) continue;
-      const Tensor xe = xs.slice(0, r0, r1), dxe = dxs.slice(0, r0, r1);
-      linear_bwd(dG.slice(0, r0, r1), xe, w_.experts[e].gate_proj, g_->experts[e].gate_proj, dxe);
-      linear_bwd(dU.slice(0, r0, r1), xe, w_.experts[e].up_proj, g_->experts[e].up_proj, dxe, 1.f);
-    }
+    moe_grouped_bwd(dG, xs, each(w_.experts, &SwigluTensors::gate_proj), each(g_->experts, &SwigluTensors::gate_proj),
+                    d, dxs);
+    moe_grouped_bwd(dU, xs, each(w_.experts, &SwigluTensors::up_proj), each(g_->experts, &SwigluTensors::up_proj), d,
+                    dxs, 1.f);
     moe_combine(dxs, d, k, Tensor(), false, dx);  // each token's slots in slot order
     if (m_.shared_intermediate() > 0)
       swiglu_mlp_bwd(w_.shared, g_->shared, dy, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], dx, 1.f);
@@ -151,6 +141,13 @@ class MoeMlp final : public Mlp {
  private:
   enum { kIdx, kWeight, kScore, kG, kU, kAct, kSharedG, kSharedU, kSharedAct };  // fields()' order
   static MoeRouting routing(const std::vector<Tensor>& sv) { return {sv[kIdx], sv[kWeight], sv[kScore]}; }
+  // One matrix (gate_proj, up_proj or down_proj) of every routed expert, for the grouped products.
+  static std::vector<Tensor> each(const std::vector<SwigluTensors>& ex, Tensor SwigluTensors::*m) {
+    std::vector<Tensor> t;
+    t.reserve(ex.size());
+    for (const SwigluTensors& e : ex) t.push_back(e.*m);
+    return t;
+  }
   // A [N, k * I] field as its N * k dispatch rows.
   static Tensor slots(const Tensor& f, int64_t k) { return f.view({f.size(0) * k, f.size(1) / k}); }
   const MoeConfig& m_;

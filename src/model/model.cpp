@@ -401,7 +401,11 @@ std::vector<MoeAuxInputs> count_expert_load(const Model& m, const StepOptions& o
     if (aux) moe_expert_load(idx, mask, b, false, counts.select(0, jj));
   }
   if (!aux) return {};
-  if (cp.size() > 1) cp.allreduce_sum(counts.data<double>(), counts.numel());  // whole rows' counts
+  if (cp.size() > 1) {  // whole rows' counts; Comm's f64 all-reduce is a host one (a device's counts go round)
+    std::vector<double> h = counts.to_vector<double>();
+    cp.allreduce_sum(h.data(), int64_t(h.size()));
+    counts.copy_from(Tensor::from_vector<double>(counts.shape(), h));
+  }
   std::vector<MoeAuxInputs> in_aux(size_t(c.num_hidden_layers));
   const double scale = opt.moe_aux_coeff * double(E) / (double(k) * double(std::max<int64_t>(opt.aux_sequences, 1)));
   for (size_t j = 0; j < moe.size(); ++j) {

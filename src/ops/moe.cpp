@@ -5,6 +5,7 @@
 #include <cmath>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
@@ -29,7 +30,7 @@ void run(const char* op, void (Backend::*entry)(const P&) const, const P& p, std
                device_name(t->device()), ")");
     first = false;
   }
-  dispatch(dev, entry, p, op, "the MoE ops (the CPU backend does; the CUDA kernels are issue 28's later work)");
+  dispatch(dev, entry, p, op, "these MoE tensors (bf16 is CUDA's, for the activations moe.h names)");
 }
 
 void need(const Tensor& t, DType dt, const Shape& shape, const char* op, const char* name) {
@@ -38,13 +39,22 @@ void need(const Tensor& t, DType dt, const Shape& shape, const char* op, const c
              t.defined() && !t.is_contiguous() ? " (strided)" : "");
 }
 
-// A [rows, D] f32 row matrix (last dimension contiguous, rows at one stride): its row stride.
-int64_t row_stride(const Tensor& t, int64_t rows, int64_t D, const char* op, const char* name) {
-  HMLA_CHECK(t.defined() && t.dtype() == DType::f32 && t.dim() == 2 && t.size(0) == rows && t.size(1) == D &&
-                 (D <= 1 || t.stride(1) == 1),
-             ShapeError, op, ": ", name, " must be f32 [", rows, ", ", D, "] rows with a contiguous last dimension, got ",
-             desc(t));
+bool f32_or_bf16(const Tensor& t) { return t.defined() && (t.dtype() == DType::f32 || t.dtype() == DType::bf16); }
+
+// A [rows, D] row matrix (last dimension contiguous, rows at one stride), f32 (or bf16 where
+// `bf16` allows it): its row stride.
+int64_t row_stride(const Tensor& t, int64_t rows, int64_t D, const char* op, const char* name, bool bf16 = false) {
+  HMLA_CHECK(t.defined() && (t.dtype() == DType::f32 || (bf16 && t.dtype() == DType::bf16)) && t.dim() == 2 &&
+                 t.size(0) == rows && t.size(1) == D && (D <= 1 || t.stride(1) == 1),
+             ShapeError, op, ": ", name, " must be ", bf16 ? "f32 or bf16" : "f32", " [", rows, ", ", D,
+             "] rows with a contiguous last dimension, got ", desc(t));
   return t.stride(0);
+}
+
+// A contiguous [rows, D] f32 or bf16 tensor.
+void need_act(const Tensor& t, const Shape& shape, const char* op, const char* name) {
+  HMLA_CHECK(f32_or_bf16(t) && t.is_contiguous() && t.shape() == shape, ShapeError, op, ": ", name,
+             " must be a contiguous f32 or bf16 ", shape_str(shape), " tensor, got ", desc(t));
 }
 
 void check_dispatch(const MoeDispatch& d, int64_t slots, const char* op) {
@@ -136,8 +146,9 @@ void moe_gather(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor
   if (w.defined()) need(w, DType::f32, {slots}, op, "the slot weights");
   MoeRowsParams p;
   p.N = N, p.k = k, p.D = D, p.from_tokens = from_tokens;
-  p.ld_src = row_stride(src, from_tokens ? N : slots, D, op, "src");
-  p.src = src.data<float>(), p.order = d.order.data<int32_t>(), p.w = w.defined() ? w.data<float>() : nullptr;
+  p.ld_src = row_stride(src, from_tokens ? N : slots, D, op, "src", true);
+  p.src_dtype = src.dtype();
+  p.src = src.raw_data(), p.order = d.order.data<int32_t>(), p.w = w.defined() ? w.data<float>() : nullptr;
   p.out = out.data<float>(), p.ld_out = D;
   run(op, &Backend::moe_gather, p, {&src, &d.order, &w, &out});
 }
@@ -165,12 +176,12 @@ void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t 
              ": a must be [N * k, D], got ", desc(a));
   const int64_t slots = a.size(0), D = a.size(1);
   check_dispatch(d, slots, op);
-  need(a, DType::f32, {slots, D}, op, "a");
-  need(b, DType::f32, {slots, D}, op, "b");
+  need_act(a, {slots, D}, op, "a");
+  need_act(b, {slots, D}, op, "b");
   need(out, DType::f32, {slots}, op, "out");
   MoeRowsParams p;
-  p.N = slots / k, p.k = k, p.D = D;
-  p.a = a.data<float>(), p.b = b.data<float>(), p.order = d.order.data<int32_t>(), p.out = out.data<float>();
+  p.N = slots / k, p.k = k, p.D = D, p.a_dtype = a.dtype(), p.b_dtype = b.dtype();
+  p.a = a.raw_data(), p.b = b.raw_data(), p.order = d.order.data<int32_t>(), p.out = out.data<float>();
   run(op, &Backend::moe_rowdot, p, {&a, &b, &d.order, &out});
 }
 
@@ -220,6 +231,83 @@ void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask
   p.logits = logits.data<float>(), p.counts = counts.data<double>(), p.mask = mask.data<float>();
   p.dlogits = dlogits.data<float>(), p.loss = loss.data<double>();
   run(op, &Backend::moe_aux_loss, p, {&logits, &counts, &mask, &dlogits, &loss});
+}
+
+namespace {
+
+// The experts' weights: E tensors [out, in], contiguous, of one dtype (f32 or bf16); their
+// pointers as the params' host table.
+std::vector<const void*> expert_table(const std::vector<Tensor>& W, int64_t E, const char* op, int64_t& out,
+                                      int64_t& in, DType& dt) {
+  HMLA_CHECK(int64_t(W.size()) == E && E >= 1 && W[0].defined() && W[0].dim() == 2, ShapeError, op, ": ", E,
+             " expert weights [out, in] wanted (the dispatch's offsets), got ", W.size(), " starting ",
+             W.empty() ? "nowhere" : desc(W[0]));
+  out = W[0].size(0), in = W[0].size(1), dt = W[0].dtype();
+  std::vector<const void*> table(size_t(E), nullptr);
+  const Shape shape{out, in};
+  for (int64_t e = 0; e < E; ++e) {
+    HMLA_CHECK(f32_or_bf16(W[e]) && W[e].dtype() == dt && W[e].is_contiguous() && W[e].shape() == shape,
+               ShapeError, op, ": expert ", e, "'s weight must be a contiguous ", dtype_name(dt), shape_str(shape),
+               " tensor like expert 0's, got ", desc(W[e]));
+    table[size_t(e)] = W[e].raw_data();
+  }
+  return table;
+}
+
+// A [rows, D] row matrix of the products (f32 or bf16): its row stride.
+int64_t product_rows(const Tensor& t, int64_t rows, int64_t D, const char* op, const char* name) {
+  return row_stride(t, rows, D, op, name, true);
+}
+
+void check_offsets(const MoeDispatch& d, int64_t E, const char* op) {
+  need(d.offsets, DType::i32, {E + 1}, op, "the dispatch offsets");
+}
+
+}  // namespace
+
+void moe_grouped_fwd(const Tensor& x, const std::vector<Tensor>& W, const MoeDispatch& d, const Tensor& y) {
+  const char* op = "moe_grouped";
+  MoeGroupedParams p;
+  p.E = int64_t(W.size());
+  DType wt = DType::f32;
+  const std::vector<const void*> table = expert_table(W, p.E, op, p.out, p.in, wt);
+  check_offsets(d, p.E, op);
+  HMLA_CHECK(x.defined() && x.dim() == 2, ShapeError, op, ": x must be [rows, in], got ", desc(x));
+  p.rows = x.size(0);
+  p.ld_x = product_rows(x, p.rows, p.in, op, "x");
+  p.ld_y = product_rows(y, p.rows, p.out, op, "y");
+  p.x_dtype = x.dtype(), p.w_dtype = wt, p.y_dtype = y.dtype();
+  p.offsets = d.offsets.data<int32_t>(), p.W = table.data(), p.x = x.raw_data(), p.y = y.raw_data();
+  run(op, &Backend::moe_grouped_fwd, p, {&x, &W[0], &d.offsets, &y});
+}
+
+void moe_grouped_bwd(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& W, const std::vector<Tensor>& dW,
+                     const MoeDispatch& d, const Tensor& dx, float dx_beta) {
+  const char* op = "moe_grouped backward";
+  MoeGroupedParams p;
+  p.E = int64_t(W.size());
+  DType wt = DType::f32;
+  const std::vector<const void*> table = expert_table(W, p.E, op, p.out, p.in, wt);
+  HMLA_CHECK(dW.size() == W.size(), ShapeError, op, ": ", W.size(), " expert weights but ", dW.size(), " gradients");
+  std::vector<float*> grads(W.size(), nullptr);
+  for (size_t e = 0; e < dW.size(); ++e) {
+    need(dW[e], DType::f32, {p.out, p.in}, op, "an expert's weight gradient");  // added into: f32
+    grads[e] = dW[e].data<float>();
+  }
+  check_offsets(d, p.E, op);
+  HMLA_CHECK(x.defined() && x.dim() == 2, ShapeError, op, ": x must be [rows, in], got ", desc(x));
+  HMLA_CHECK(dx_beta == 0.f || dx_beta == 1.f, ShapeError, op, ": dx_beta = ", dx_beta, ": it must be 0 or 1");
+  p.rows = x.size(0);
+  p.ld_x = product_rows(x, p.rows, p.in, op, "x");
+  p.ld_y = product_rows(dy, p.rows, p.out, op, "dy");
+  p.x_dtype = x.dtype(), p.w_dtype = wt, p.y_dtype = dy.dtype();
+  if (dx.defined()) {
+    p.ld_dx = product_rows(dx, p.rows, p.in, op, "dx");
+    p.dx_dtype = dx.dtype(), p.dx = dx.raw_data(), p.dx_beta = dx_beta;
+  }
+  p.offsets = d.offsets.data<int32_t>(), p.W = table.data(), p.dW = grads.data();
+  p.x = x.raw_data(), p.y = dy.raw_data();
+  run(op, &Backend::moe_grouped_bwd, p, {&dy, &x, &W[0], &dW[0], &d.offsets, &dx});
 }
 
 }  // namespace hmla

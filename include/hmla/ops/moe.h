@@ -1,14 +1,16 @@
 // DeepSeekMoE's routing and row movement as ops (DESIGN.md section 9, docs/moe.md): the router's
 // group-limited top-k over sigmoid scores and its backward, the dispatch of (token, slot) pairs
 // grouped by expert, and the gathers, combines and row dots between the per-expert products.
-// Every kernel is deterministic: each output row is written by one thread in a fixed order, no
-// atomics. The CPU runs them all; the CUDA backend does not yet (its supports() refuses).
+// and the routed experts' products over their dispatch rows (grouped: the per-expert bounds stay
+// on the tensors' device). Every kernel is deterministic: each output value is written by one
+// thread in a fixed order, no atomics. The CPU and the CUDA backend (src/cuda/moe.cu) run them all.
 //
 // Letters: N tokens, E routed experts, k = num_experts_per_tok, D a row width. A slot is one
 // (token t, choice j) pair, numbered t * k + j; the dispatch order lists the N * k slots grouped by
 // expert (experts ascending), each expert's slots in token order.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "hmla/core/tensor.h"
 
@@ -53,18 +55,44 @@ struct MoeDispatchParams {
 // - combine: out[t] = (accumulate ? out[t] : 0) + sum over j = 0 .. k-1, in that order, of
 //   (w ? w[t * k + j] : 1) * src[pos[t * k + j]]; the sum is formed first, then added;
 // - rowdot: out[order[i]] = sum_d a[i, d] b[i, d] (d ascending): a value per slot, in slot order.
+// On CUDA the gather's src and the rowdot's a and b may be bf16 (saved activations, widened
+// exactly); everything else, and all of the CPU's, is f32.
 struct MoeRowsParams {
   int64_t N = 0, k = 0, D = 0;
-  const float* src = nullptr;      // gather: [N, D] or [N * k, D]; combine: [N * k, D]; rows at ld_src
+  DType src_dtype = DType::f32, a_dtype = DType::f32, b_dtype = DType::f32;
+  const void* src = nullptr;       // gather: [N, D] or [N * k, D]; combine: [N * k, D]; rows at ld_src
   int64_t ld_src = 0;
-  const float* a = nullptr;        // rowdot: [N * k, D] contiguous
-  const float* b = nullptr;        // rowdot: [N * k, D] contiguous
+  const void* a = nullptr;         // rowdot: [N * k, D] contiguous
+  const void* b = nullptr;         // rowdot: [N * k, D] contiguous
   const int32_t* order = nullptr;  // [N * k] (gather, rowdot)
   const int32_t* pos = nullptr;    // [N * k] (combine)
   const float* w = nullptr;        // [N * k] per slot, or null
   bool from_tokens = true, accumulate = false;
   float* out = nullptr;            // gather: [N * k, D]; combine: [N, D]; rows at ld_out; rowdot: [N * k]
   int64_t ld_out = 0;
+};
+
+// The routed experts' products over the dispatch rows: rows [offsets[e], offsets[e + 1]) of the
+// row matrices belong to expert e, whose weight is W[e] [out, in] (contiguous). Forward (dW null):
+// y[r] = x[r] W_e^T. Backward: dW_e += dy_e^T x_e (f32, added into) and, when dx is set,
+// dx[r] = dy[r] W_e + dx_beta dx[r]. x, y / dy, dx and the weights are each f32 or bf16 (linear_fwd's
+// and linear_bwd's contract: on CUDA inputs rounded to bf16, f32 sums, one rounding to the output's
+// dtype); the CPU runs f32 only, as linear_fwd / linear_bwd expert after expert (empty experts
+// skipped), so its bits are those of a per-expert loop. The offsets are read where they live: the
+// CUDA kernels read them on the device, so no bound crosses to the host.
+struct MoeGroupedParams {
+  int64_t E = 0, rows = 0, in = 0, out = 0;
+  DType x_dtype = DType::f32, w_dtype = DType::f32, y_dtype = DType::f32, dx_dtype = DType::f32;
+  const int32_t* offsets = nullptr;  // [E + 1], on the tensors' device
+  const void* const* W = nullptr;    // [E] host table: expert e's [out, in] weight (on the device)
+  float* const* dW = nullptr;        // backward: [E] host table: expert e's [out, in] f32 gradient
+  const void* x = nullptr;           // [rows, in] rows at ld_x
+  int64_t ld_x = 0;
+  void* y = nullptr;                 // forward: [rows, out] written; backward: dy, read; rows at ld_y
+  int64_t ld_y = 0;
+  void* dx = nullptr;                // backward: [rows, in] rows at ld_dx, or null
+  int64_t ld_dx = 0;
+  float dx_beta = 0.f;
 };
 
 struct MoeRouting {  // the router's outputs over N tokens
@@ -93,6 +121,12 @@ void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tenso
                  const Tensor& out);
 // rowdot: a, b [N * k, D] contiguous; out [N * k] per slot.
 void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t k, const Tensor& out);
+// The experts' products: x [N * k, in] and y [N * k, out] row matrices in dispatch order, W[e] the
+// E experts' [out, in] weights (one dtype), d.offsets the bounds.
+void moe_grouped_fwd(const Tensor& x, const std::vector<Tensor>& W, const MoeDispatch& d, const Tensor& y);
+// dW[e] += dy_e^T x_e; dx = dy W_e + dx_beta dx when dx is defined (dx_beta 0 or 1).
+void moe_grouped_bwd(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& W, const std::vector<Tensor>& dW,
+                     const MoeDispatch& d, const Tensor& dx, float dx_beta = 0.f);
 
 // Load balancing (DeepSeek-V3; docs/moe.md "Load balancing"; CPU and CUDA: moe_balance.cu): the
 // experts' load counted from the router's chosen table, the auxiliary-loss-free bias update, and
@@ -144,7 +178,9 @@ void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask
   X(void, moe_dispatch, MoeDispatchParams)    \
   X(void, moe_gather, MoeRowsParams)          \
   X(void, moe_combine, MoeRowsParams)         \
-  X(void, moe_rowdot, MoeRowsParams)
+  X(void, moe_rowdot, MoeRowsParams)          \
+  X(void, moe_grouped_fwd, MoeGroupedParams)  \
+  X(void, moe_grouped_bwd, MoeGroupedParams)
 
 #define HMLA_MOE_BALANCE_OPS(X)                  \
   X(void, moe_expert_load, MoeBalanceParams)     \

@@ -28,7 +28,7 @@
   X(GemmParams) X(NormParams) X(RopeParams) X(SwigluParams) X(EmbeddingParams) X(CrossEntropyParams) \
   X(AxpyParams) X(ConvertParams) X(SumSquaresParams) X(StatsParams) X(AdamWParams) X(MuonParams) X(AttnDenseParams)  \
   X(AttnSparseParams) X(IndexerTopkParams) X(IndexerKlParams) X(MoeRouteParams) X(MoeDispatchParams) X(MoeRowsParams) \
-  X(MoeBalanceParams)
+  X(MoeBalanceParams) X(MoeGroupedParams)
 
 // The kernel declarations of one backend's namespace: `ret name(const Params& p);` per op
 // (cpu_kernels.h, cuda_kernels.h: HMLA_OP_LIST(HMLA_DECLARE_KERNEL)).

@@ -15,6 +15,7 @@
 
 #include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
+#include "hmla/core/layout.h"
 #include "hmla/model/config.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
@@ -130,6 +131,42 @@ TEST(StepStats, TheOptimizerStepReadsBackOnce) {
       EXPECT_TRUE(std::isfinite(st.grad_norm_backbone) && st.grad_norm_backbone > 0);
     }
   }
+}
+
+// A MoE layer's forward and backward wait for the device no more than a dense layer's: the
+// dispatch's per-expert bounds stay on the device (grouped products), where the per-expert loop
+// before them read them back once per MoE layer and pass. One steady micro-batch step (its LM loss
+// into a device stats buffer, so nothing is read back) of the emulated model with dense MLPs and
+// with layer 1 MoE (emu_model_moe.json): both without a wait or a read-back.
+TEST(StepStats, AMoeStepWaitsNoMoreThanADenseOne) {
+  HMLA_NEED_DEVICE();
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(2 * 16);
+  for (int32_t& v : ids) v = int32_t(1 + rng() % 200);
+  const Batch bt{Tensor::from_vector<int32_t>({2, 16}, ids), layout_from_cu_seqlens(16, {{0, 16}, {0, 7, 16}})};
+  CudaCounters per[2];
+  for (int moe = 0; moe < 2; ++moe) {
+    const ModelConfig c = load_model_config(std::string(HMLA_SOURCE_DIR) + "/tests/cuda/emu/" +
+                                            (moe ? "emu_model_moe.json" : "emu_model.json"));
+    ASSERT_EQ(c.is_moe_layer(1), moe == 1);
+    Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), true), Device::cuda);
+    init_model(m, 3);
+    const Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32, Device::cuda);
+    io::TensorMap grads = arena_views(m.table, garena);
+    StepOptions o;
+    o.stats = Tensor::zeros({kStatCount}, DType::f64, Device::cuda);
+    model_step(m, bt, o, grads);  // the first makes the shape's caches (RoPE tables)
+    const CudaCounters c0 = cuda_counters();
+    model_step(m, bt, o, grads);
+    per[moe] = cuda_counters() - c0;
+    std::printf("%s: %lld syncs, %lld launches, %lld bytes up, %lld back\n", moe ? "moe" : "dense",
+                (long long)per[moe].syncs, (long long)per[moe].launches, (long long)per[moe].h2d_bytes,
+                (long long)per[moe].d2h_bytes);
+  }
+  EXPECT_EQ(per[0].syncs, 0);
+  EXPECT_EQ(per[1].syncs, per[0].syncs);
+  EXPECT_EQ(per[1].d2h_bytes, 0);
+  EXPECT_EQ(per[1].h2d_bytes, per[0].h2d_bytes);  // the micro-batch only
 }
 
 // The clip scale on the device is the host's formula on the read-back norms, bit for bit, and the
