@@ -393,7 +393,7 @@ std::vector<MoeAuxInputs> count_expert_load(const Model& m, const StepOptions& o
   if (moe.empty() || (!opt.expert_load.defined() && !aux)) return {};
   const int64_t b = in.ids.size(0), N = in.ids.numel(), E = c.moe.n_routed_experts, k = c.moe.num_experts_per_tok;
   const Tensor mask = in.row_weight.view({N});  // > 0 exactly on the loss rows (DESIGN.md section 3)
-  const Tensor counts = aux ? Tensor::empty({int64_t(moe.size()), b, E}, DType::f64, m.device()) : Tensor();
+  Tensor counts = aux ? Tensor::empty({int64_t(moe.size()), b, E}, DType::f64, m.device()) : Tensor();
   for (size_t j = 0; j < moe.size(); ++j) {
     const int64_t L = moe[j], jj = int64_t(j);
     const Tensor idx = make_mlp(c, L, m.wc.layers[L])->chosen_experts(f.layers[L].mlp);
