@@ -14,6 +14,7 @@
 #include "hmla/model/losses.h"
 #include "hmla/model/model.h"
 #include "hmla/model/sample.h"
+#include "hmla/text/tokenizer.h"
 #include "hmla/train/data.h"
 #include "inputs.h"
 #include "stdout.h"
@@ -52,11 +53,25 @@ Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
 int64_t check_generation_length(int64_t prompt, int64_t tokens, const ModelConfig& c, const std::string& config) {
   const int64_t max_pos = c.max_position_embeddings;
   HMLA_CHECK(prompt <= max_pos && tokens <= max_pos - prompt, ConfigError, "--prompt is ", prompt,
-             " tokens (its bytes) and --tokens is ", tokens, ": ", prompt, " + ", tokens,
+             " tokens and --tokens is ", tokens, ": ", prompt, " + ", tokens,
              " positions exceed max_position_embeddings = ", max_pos, " (", config, "); ",
              prompt < max_pos ? "pass --tokens " + std::to_string(max_pos - prompt) + " or less, or a shorter prompt"
-                              : "shorten the prompt to at most " + std::to_string(max_pos - 1) + " bytes");
+                              : "shorten the prompt to at most " + std::to_string(max_pos - 1) + " tokens");
   return prompt + tokens;
+}
+
+// The tokenizer of a command's text: --tokenizer when given, else the checkpoint directory's
+// tokenizer.json, else the byte tokenizer; said on stderr (stdout carries the command's output).
+// Its ids must fit the model's vocabulary, checked before any compute.
+std::unique_ptr<text::Tokenizer> command_tokenizer(const std::string& option, const std::string& checkpoint,
+                                                   const ModelConfig& c, const std::string& command) {
+  std::unique_ptr<text::Tokenizer> tok =
+      option.empty() ? text::checkpoint_tokenizer(checkpoint) : text::load_tokenizer(option);
+  HMLA_CHECK(tok->vocab_size() <= c.vocab_size, ConfigError, command, ": the tokenizer (", tok->describe(),
+             ") has ", tok->vocab_size(), " ids but ", checkpoint, "/config.json's vocab_size is ", c.vocab_size,
+             "; pass --tokenizer with the model's own tokenizer");
+  std::cerr << command << ": tokenizer " << tok->describe() << "\n";
+  return tok;
 }
 
 Batch one_document_rows(const Tensor& ids32) {
@@ -68,28 +83,48 @@ Batch one_document_rows(const Tensor& ids32) {
 
 void add_model_commands(CLI::App& app) {
   struct FwdOpts {
-    std::string checkpoint, inputs, out;
+    std::string checkpoint, inputs, out, text, tokenizer;
     double moe_aux_loss_coeff = 0;  // backward: the MoE balance loss's alpha (0: none)
   };
   auto f = std::make_shared<FwdOpts>();
   CLI::App* fwd = app.add_subcommand(
       "forward", "Logits of a checkpoint: reads input_ids [b, s] (i32 or i64; one document per row) from\n"
-                 "INPUTS and writes logits [b, s, vocab] (f32) to OUT, and per MoE layer L experts.<L>\n"
-                 "[b * s, num_experts_per_tok] (i32, the chosen experts by descending choice value).");
+                 "INPUTS (or tokenizes --text: one row, written back as input_ids) and writes logits\n"
+                 "[b, s, vocab] (f32) to OUT, and per MoE layer L experts.<L> [b * s, num_experts_per_tok]\n"
+                 "(i32, the chosen experts by descending choice value).");
   fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
-  fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->required()->check(CLI::ExistingFile);
+  CLI::Option* inputs =
+      fwd->add_option("--inputs", f->inputs, "safetensors with input_ids")->check(CLI::ExistingFile);
+  CLI::Option* text = fwd->add_option("--text", f->text, "text to tokenize instead of --inputs (one row)")
+                          ->check(NonEmpty())
+                          ->excludes(inputs);
+  fwd->add_option("--tokenizer", f->tokenizer,
+                  "--text's tokenizer: a tokenizer.json or its directory (default: the checkpoint's "
+                  "tokenizer.json, else bytes)")
+      ->needs(text);
+  inputs->excludes(text);
   fwd->add_option("--out", f->out, "safetensors to write")->required()->check(NonEmpty());
   fwd->callback([f] {
+    HMLA_CHECK(!f->inputs.empty() || !f->text.empty(), ConfigError, "forward: give --inputs or --text");
     io::check_output_file(f->out, "--out");  // before the work, not only when writing
     const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");
-    io::TensorMap in = io::load_safetensors(f->inputs);
-    check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, f->inputs);
-    const Tensor ids = token_ids(in.at("input_ids"), cfg.vocab_size, f->inputs + ": input_ids");
+    Tensor ids;
+    if (!f->text.empty()) {
+      const std::vector<int32_t> v = command_tokenizer(f->tokenizer, f->checkpoint, cfg, "forward")->encode(f->text);
+      HMLA_CHECK(!v.empty() && int64_t(v.size()) <= cfg.max_position_embeddings, ConfigError, "forward: --text is ",
+                 v.size(), " tokens; the model takes 1 to max_position_embeddings = ", cfg.max_position_embeddings);
+      ids = Tensor::from_vector<int32_t>({1, int64_t(v.size())}, v);
+    } else {
+      io::TensorMap in = io::load_safetensors(f->inputs);
+      check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, f->inputs);
+      ids = token_ids(in.at("input_ids"), cfg.vocab_size, f->inputs + ": input_ids");
+    }
     const Model m = load_checkpoint_model(f->checkpoint, cfg);
     std::vector<Tensor> experts;
     io::TensorMap out{{"logits", model_logits(m, one_document_rows(ids), nullptr, Comm::self(), &experts)}};
+    if (!f->text.empty()) out["input_ids"] = ids;
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       if (experts[L].defined()) out["experts." + std::to_string(L)] = experts[L];
     io::save_safetensors(f->out, out);
@@ -148,22 +183,26 @@ void add_model_commands(CLI::App& app) {
   });
 
   struct GenOpts {
-    std::string checkpoint, prompt;
+    std::string checkpoint, prompt, tokenizer;
     int64_t tokens = 200;
     double temperature = 0.0;
     uint64_t seed = 0;
   };
   auto g = std::make_shared<GenOpts>();
-  CLI::App* gen = app.add_subcommand("generate", "Continue a prompt with a checkpoint (byte-level tokenizer).");
+  CLI::App* gen = app.add_subcommand("generate", "Continue a prompt with a checkpoint (its tokenizer.json, else bytes).");
   gen->add_option("--checkpoint", g->checkpoint, "checkpoint directory")->required()->check(CLI::ExistingDirectory);
   gen->add_option("--prompt", g->prompt, "text to continue")->required()->check(NonEmpty());
+  gen->add_option("--tokenizer", g->tokenizer,
+                  "a tokenizer.json or its directory (default: the checkpoint's tokenizer.json, else bytes)");
   gen->add_option("--tokens", g->tokens, "new tokens at most")->capture_default_str()->check(Int(1));
   gen->add_option("--temperature", g->temperature, "0: greedy; > 0: sampling")->capture_default_str()->check(Real(0, false));
   gen->add_option("--seed", g->seed, "sampling seed")->capture_default_str()->check(Int(0));
   gen->callback([g] {
     const std::string config = g->checkpoint + "/config.json";
     const ModelConfig cfg = load_model_config(config);
-    const std::vector<int32_t> ids = tokenize_bytes(g->prompt);
+    const std::unique_ptr<text::Tokenizer> tok = command_tokenizer(g->tokenizer, g->checkpoint, cfg, "generate");
+    const std::vector<int32_t> ids = tok->encode(g->prompt, true);
+    HMLA_CHECK(!ids.empty(), ConfigError, "generate: --prompt encodes to no tokens");
     const int64_t positions = check_generation_length(int64_t(ids.size()), g->tokens, cfg, config);
     MemoryPlan plan;  // the prefill and the cache, before the weights are read
     plan_parameters(plan, cfg, std::vector<bool>(cfg.num_hidden_layers, false), false, DType::f32);  // on the CPU
@@ -176,13 +215,25 @@ void add_model_commands(CLI::App& app) {
     // The prompt once (prefill), then one token a step against the KV cache (hmla/model/decode.h).
     KvCache cache = kv_cache(m, positions);
     Tensor logits = decode_step(m, cache, ids);
+    // A BPE token may end inside a UTF-8 character, so the text is the decode of all new ids, printed
+    // up to where it is whole: a decode ending in U+FFFD (an unfinished character) waits for more.
+    std::vector<int32_t> generated;
+    size_t printed = 0;
+    auto print = [&](bool last) {
+      const std::string all = tok->decode(generated, true);
+      if (!last && all.ends_with("\xEF\xBF\xBD")) return;
+      std::cout << all.substr(std::min(printed, all.size()));
+      printed = all.size();
+      flush_stdout();  // streamed: a failed write stops the generation
+    };
     for (int64_t k = 0; k < g->tokens; ++k) {
       const int32_t next = sample_token({logits.data<float>(), size_t(m.cfg.vocab_size)}, g->temperature, rng);
-      if (next == kEosId || next == kPadId) break;
-      std::cout << detokenize_bytes({next});
-      flush_stdout();  // streamed: a failed write stops the generation
+      if (tok->is_stop(next)) break;
+      generated.push_back(next);
+      print(false);
       if (k + 1 < g->tokens) logits = decode_step(m, cache, std::span<const int32_t>(&next, 1));
     }
+    print(true);
     std::cout << "\n";
   });
 }

@@ -133,9 +133,9 @@ def main():
     refused(check, "generate: prompt + --tokens over max_position_embeddings",
                   [a.hmla, "generate", "--checkpoint", ck, "--prompt", "y" * 60, "--tokens", "5"],
                   "pass --tokens 4 or less", w)
-    refused(check, "generate: a prompt of max_position_embeddings bytes",
+    refused(check, "generate: a prompt of max_position_embeddings tokens (bytes)",
                   [a.hmla, "generate", "--checkpoint", ck, "--prompt", "z" * 64, "--tokens", "1"],
-                  "shorten the prompt to at most 63 bytes", w)
+                  "shorten the prompt to at most 63 tokens", w)
     r = subprocess.run([a.hmla, "generate", "--checkpoint", ck, "--prompt", "y" * 60, "--tokens", "4"],
                        capture_output=True, timeout=60)
     check("generate: prompt + --tokens = max_position_embeddings runs", r.returncode == 0, r.stderr.decode()[:200])
