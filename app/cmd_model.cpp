@@ -61,8 +61,10 @@ int64_t check_generation_length(int64_t prompt, int64_t tokens, const ModelConfi
 }
 
 // The tokenizer of a command's text: --tokenizer when given, else the checkpoint directory's
-// tokenizer.json, else the byte tokenizer; said on stderr (stdout carries the command's output).
-// Its ids must fit the model's vocabulary, checked before any compute.
+// tokenizer.json, else the byte tokenizer. A tokenizer.json is named on stderr (stdout carries the
+// command's output); the byte tokenizer, what these commands always read, goes unsaid so that an
+// error stays the one line on stderr. Its ids must fit the model's vocabulary, checked before any
+// compute.
 std::unique_ptr<text::Tokenizer> command_tokenizer(const std::string& option, const std::string& checkpoint,
                                                    const ModelConfig& c, const std::string& command) {
   std::unique_ptr<text::Tokenizer> tok =
@@ -70,7 +72,8 @@ std::unique_ptr<text::Tokenizer> command_tokenizer(const std::string& option, co
   HMLA_CHECK(tok->vocab_size() <= c.vocab_size, ConfigError, command, ": the tokenizer (", tok->describe(),
              ") has ", tok->vocab_size(), " ids but ", checkpoint, "/config.json's vocab_size is ", c.vocab_size,
              "; pass --tokenizer with the model's own tokenizer");
-  std::cerr << command << ": tokenizer " << tok->describe() << "\n";
+  if (tok->fingerprint() != text::byte_tokenizer()->fingerprint())
+    std::cerr << command << ": tokenizer " << tok->describe() << "\n";
   return tok;
 }
 
@@ -111,8 +114,11 @@ void add_model_commands(CLI::App& app) {
     io::check_output_file(f->out, "--out");  // before the work, not only when writing
     const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");
     Tensor ids;
+    io::Metadata meta;  // --text: the tokenizer that made input_ids
     if (!f->text.empty()) {
-      const std::vector<int32_t> v = command_tokenizer(f->tokenizer, f->checkpoint, cfg, "forward")->encode(f->text);
+      const std::unique_ptr<text::Tokenizer> tok = command_tokenizer(f->tokenizer, f->checkpoint, cfg, "forward");
+      const std::vector<int32_t> v = tok->encode(f->text);
+      meta["tokenizer"] = tok->describe();
       HMLA_CHECK(!v.empty() && int64_t(v.size()) <= cfg.max_position_embeddings, ConfigError, "forward: --text is ",
                  v.size(), " tokens; the model takes 1 to max_position_embeddings = ", cfg.max_position_embeddings);
       ids = Tensor::from_vector<int32_t>({1, int64_t(v.size())}, v);
@@ -127,7 +133,7 @@ void add_model_commands(CLI::App& app) {
     if (!f->text.empty()) out["input_ids"] = ids;
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       if (experts[L].defined()) out["experts." + std::to_string(L)] = experts[L];
-    io::save_safetensors(f->out, out);
+    io::save_safetensors(f->out, out, meta);
   });
 
   auto b = std::make_shared<FwdOpts>();

@@ -140,6 +140,27 @@ def main():
                        capture_output=True, timeout=60)
     check("generate: prompt + --tokens = max_position_embeddings runs", r.returncode == 0, r.stderr.decode()[:200])
 
+    # forward --text: the checkpoint has no tokenizer.json, so the text is its bytes + 3; the logits
+    # are --inputs' over those ids bit for bit (one computation), and input_ids comes back.
+    text = "the cache keeps c"
+    st.save(p("text_ids.safetensors"), {"input_ids": np.array([[b + 3 for b in text.encode()]], dtype=np.int32)})
+    r1 = subprocess.run([a.hmla, "forward", "--checkpoint", ck, "--text", text, "--out", p("by_text.safetensors")],
+                        capture_output=True, text=True)
+    r2 = subprocess.run([a.hmla, "forward", "--checkpoint", ck, "--inputs", p("text_ids.safetensors"),
+                         "--out", p("by_ids.safetensors")], capture_output=True, text=True)
+    if r1.returncode == 0 and r2.returncode == 0:
+        t, i = st.load(p("by_text.safetensors")), st.load(p("by_ids.safetensors"))
+        check("forward --text = forward --inputs of its bytes + 3",
+              np.array_equal(t["input_ids"], st.load(p("text_ids.safetensors"))["input_ids"]) and
+              np.array_equal(t["logits"], i["logits"]) and r1.stderr == "", r1.stderr[:200])
+    else:
+        check("forward --text", False, (r1.stderr + r2.stderr)[:200])
+    refused(check, "forward: --text and --inputs together",
+            [a.hmla, "forward", "--checkpoint", ck, "--text", "x", "--inputs", p("text_ids.safetensors"),
+             "--out", p("never.safetensors")], "excludes", w)
+    refused(check, "forward: neither --text nor --inputs",
+            [a.hmla, "forward", "--checkpoint", ck, "--out", p("never.safetensors")], "give --inputs or --text", w)
+
     # Issue 24: a write to stdout that fails is an error, not lost text with exit 0.
     with open("/dev/full", "w") as full:
         r = subprocess.run([a.hmla, "generate", "--checkpoint", ck, "--prompt", "hi", "--tokens", "8"],
