@@ -101,15 +101,21 @@ RunState parse_run_state(const std::string& text, const std::string& what, const
   return st;
 }
 
+void FingerprintHasher::add(const void* data, size_t n) { h_ = fnv1a(h_, data, n); }
+
+std::string FingerprintHasher::finish(int64_t train_tokens, int64_t train_docs, int64_t held_tokens,
+                                      int64_t held_docs) const {
+  return std::to_string(train_tokens) + " tokens in " + std::to_string(train_docs) + " documents, " +
+         std::to_string(held_tokens) + " tokens in " + std::to_string(held_docs) + " documents, hash " + hex64(h_);
+}
+
 std::string data_fingerprint(const TokenSet& train, const TokenSet& heldout) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  std::string sizes;
+  FingerprintHasher h;
   for (const TokenSet* t : {&train, &heldout}) {
-    h = fnv1a(h, t->tokens.data(), t->tokens.size() * sizeof(int32_t));
-    h = fnv1a(h, t->doc_offsets.data(), t->doc_offsets.size() * sizeof(int64_t));
-    sizes += std::to_string(t->tokens.size()) + " tokens in " + std::to_string(t->docs()) + " documents, ";
+    h.add(t->tokens.data(), t->tokens.size() * sizeof(int32_t));
+    h.add(t->doc_offsets.data(), t->doc_offsets.size() * sizeof(int64_t));
   }
-  return sizes + "hash " + hex64(h);
+  return h.finish(int64_t(train.tokens.size()), train.docs(), int64_t(heldout.tokens.size()), heldout.docs());
 }
 
 std::string programme_json(const Programme& pr) {

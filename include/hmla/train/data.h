@@ -3,11 +3,13 @@
 // loader that packs whole documents into rows of s tokens, keeping their boundaries, splitting
 // only documents longer than a row, and padding each row's tail.
 #pragma once
+#include <iosfwd>
 #include <string>
 #include <vector>
 
 #include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
+#include "hmla/text/tokenizer.h"
 
 namespace hmla {
 
@@ -22,11 +24,38 @@ struct TokenSet {
   int64_t docs() const { return static_cast<int64_t>(doc_offsets.size()) - 1; }
 };
 
-// Splits each file into documents at lines equal to `separator` (fortune files use "%"); every
-// `heldout_every`-th document goes to the held-out set. Writes out_dir/{train,heldout}.safetensors,
-// each recording the pair's data_fingerprint in its metadata.
+// prepare-data (docs/data.md): the documents of every input, tokenized by `tokenizer` (each
+// document = encode(text, add_special) + eos_id(); whitespace-only documents are dropped) or, for
+// a Megatron dataset, its ids as stored; every `heldout_every`-th document goes to the held-out
+// set. Streams: input read in chunks, documents tokenized in batches on `threads` threads (the
+// output does not depend on their number), tokens written to unnamed temporaries in --out and
+// assembled into out_dir/{train,heldout}.safetensors at the end, each written atomically and
+// recording the pair's data_fingerprint, the tokenizer and (for any but the byte tokenizer,
+// whose files stay as they always were) its vocab_size. An error leaves nothing behind.
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // text::expand_inputs's arguments
+  std::string out_dir;
+  std::string separator = "%";
+  int64_t heldout_every = 20;
+  const text::Tokenizer* tokenizer = nullptr;  // null: the byte tokenizer
+  std::string text_key = "text";
+  bool strict = false;
+  int threads = 2;
+  int64_t vocab_size = 0;  // Megatron input: the vocab_size recorded (0: its largest id + 1)
+  std::ostream* log = nullptr;  // the summary line
+  bool progress = false;  // a progress line on stderr, refreshed in place
+};
+struct PrepareSummary {
+  int64_t train_docs = 0, held_docs = 0, train_tokens = 0, held_tokens = 0;
+  uint64_t bytes = 0;
+  int64_t skipped_lines = 0;
+  std::string line;  // the summary line
+};
+PrepareSummary prepare_data(const PrepareOptions& options);
+// The byte tokenizer over text files (the original form).
 void prepare_data(const std::vector<std::string>& files, const std::string& out_dir, const std::string& separator,
                   int64_t heldout_every);
+// Ids are checked against the file's recorded vocab_size (files without one: kByteVocab).
 TokenSet load_token_set(const std::string& path, io::Metadata* metadata = nullptr);
 
 // A prepare-data directory's two token sets, checked to be one prepare-data output: the
@@ -35,6 +64,8 @@ TokenSet load_token_set(const std::string& path, io::Metadata* metadata = nullpt
 struct TokenData {
   TokenSet train, held;
   std::string fingerprint;  // data_fingerprint(train, held)
+  int64_t vocab_size = kByteVocab;  // recorded by prepare-data (files without it: the byte vocabulary)
+  std::string tokenizer;  // the tokenizer's describe() as recorded
 };
 TokenData load_token_data(const std::string& dir);
 
