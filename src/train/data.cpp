@@ -186,8 +186,12 @@ class Batcher {
   void run() {
     if (docs_.empty()) return;
     const size_t n = docs_.size(), parts = std::min<size_t>(size_t(threads_), n);
-    std::vector<std::vector<int32_t>> ids(parts);
-    std::vector<std::vector<int64_t>> ends(parts);
+    // Buffers kept from batch to batch and sized up front (the byte tokenizer's ids exactly:
+    // one per byte and the eos), so that memory stays what the first batches took.
+    ids_.resize(size_t(threads_));
+    ends_.resize(size_t(threads_));
+    auto& ids = ids_;
+    auto& ends = ends_;
     // Contiguous slices of about equal bytes: slice k gets the documents whose start lies in its share.
     std::vector<size_t> cut(parts + 1, n);
     cut[0] = 0;
@@ -199,6 +203,12 @@ class Batcher {
     }
     for (; k < parts; ++k) cut[k] = n;
     auto work = [&](size_t p) {
+      ids[p].clear();
+      ends[p].clear();
+      uint64_t want = 0;
+      for (size_t i = cut[p]; i < cut[p + 1]; ++i) want += docs_[i].size() + 2;
+      ids[p].reserve(want);
+      ends[p].reserve(cut[p + 1] - cut[p]);
       for (size_t i = cut[p]; i < cut[p + 1]; ++i) {
         tok_.encode(docs_[i], true, ids[p]);
         ids[p].push_back(tok_.eos_id());
@@ -240,6 +250,8 @@ class Batcher {
   std::function<void(const int32_t*, int64_t)> emit_;
   std::vector<std::string> docs_;
   uint64_t bytes_ = 0;
+  std::vector<std::vector<int32_t>> ids_;
+  std::vector<std::vector<int64_t>> ends_;
 };
 
 }  // namespace
@@ -393,7 +405,53 @@ TokenSet load_token_set(const std::string& path, io::Metadata* metadata) {
   return s;
 }
 
+namespace {
+
+class MegatronView final : public TokenView {
+ public:
+  explicit MegatronView(text::MegatronDataset ds) : ds_(std::move(ds)) {}
+  void copy(int64_t begin, int64_t n, int32_t* out) const override { ds_.copy(begin, n, out); }
+  const text::MegatronDataset& dataset() const { return ds_; }
+
+ private:
+  text::MegatronDataset ds_;
+};
+
+bool names_megatron(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return false;
+  const auto in = text::expand_inputs({path});
+  return in.size() == 1 && in[0].kind == text::InputKind::megatron;
+}
+
+TokenData load_megatron_in_place(const std::string& path) {
+  const auto view = std::make_shared<MegatronView>(text::MegatronDataset::open(text::expand_inputs({path})[0].path));
+  const text::MegatronDataset& ds = view->dataset();
+  const int64_t top = ds.max_id();  // every id checked once, here
+  TokenData data;
+  for (TokenSet* s : {&data.train, &data.held}) {
+    s->view = view;
+    s->doc_offsets = {0};
+  }
+  for (int64_t d = 0; d < ds.docs(); ++d) {
+    TokenSet& s = (d + 1) % kInPlaceHeldoutEvery ? data.train : data.held;
+    s.doc_starts.push_back(ds.doc_begin(d));
+    s.doc_offsets.push_back(s.doc_offsets.back() + ds.doc_begin(d + 1) - ds.doc_begin(d));
+  }
+  HMLA_CHECK(data.train.docs() > 0 && data.held.docs() > 0, IoError, ds.prefix(), ".idx: ", ds.docs(),
+             " documents; read in place, every ", kInPlaceHeldoutEvery, "-th is held out, so at least ",
+             kInPlaceHeldoutEvery, " are needed");
+  data.fingerprint = data_fingerprint(data.train, data.held);
+  data.vocab_size = top + 1;
+  data.tokenizer = "Megatron indexed dataset " + ds.prefix() + " (" + ds.dtype_name() + ", largest id " +
+                   std::to_string(top) + "), read in place";
+  return data;
+}
+
+}  // namespace
+
 TokenData load_token_data(const std::string& dir) {
+  if (names_megatron(dir)) return load_megatron_in_place(dir);
   const std::filesystem::path d(dir);
   io::Metadata mt, mh;
   TokenData data;
@@ -456,7 +514,7 @@ Batch PackedLoader::next(int64_t rows) {
       const int64_t len = end - begin;
       if (len > s_ - used && used > 0) break;  // does not fit: pad this row's tail
       const int64_t take = std::min(len, s_ - used);
-      std::copy(data_.tokens.begin() + begin, data_.tokens.begin() + begin + take, ids.begin() + r * s_ + used);
+      data_.copy_doc(d, offset_, take, ids.data() + r * s_ + used);
       used += take;
       cu[r].push_back(used);
       if (take == len) {
@@ -484,8 +542,7 @@ Batch fixed_rows(const TokenSet& data, int64_t seq_len, int64_t rows) {
         ++d;  // longer than a row: not part of the fixed set
         continue;
       }
-      std::copy(data.tokens.begin() + data.doc_offsets[d], data.tokens.begin() + data.doc_offsets[d + 1],
-                ids.begin() + r * seq_len + used);
+      data.copy_doc(d, 0, len, ids.data() + r * seq_len + used);
       used += len;
       cu[r].push_back(used);
       ++d;
