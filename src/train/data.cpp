@@ -267,6 +267,17 @@ PrepareSummary prepare_data(const PrepareOptions& o) {
   const text::Tokenizer& tok = o.tokenizer ? *o.tokenizer : *bytes;
   const std::vector<text::CorpusInput> inputs = text::expand_inputs(o.inputs);
   HMLA_CHECK(!inputs.empty(), ConfigError, "prepare-data: the inputs hold no files");
+  {  // a rerun over a directory that holds --out would read its own token files as text
+    std::error_code e1;
+    const fs::path out_abs = fs::weakly_canonical(fs::absolute(o.out_dir), e1);
+    for (const text::CorpusInput& c : inputs) {
+      std::error_code e2;
+      const fs::path in_abs = fs::weakly_canonical(fs::absolute(c.path), e2);
+      const auto [o_end, i_end] = std::mismatch(out_abs.begin(), out_abs.end(), in_abs.begin(), in_abs.end());
+      HMLA_CHECK(e1 || e2 || o_end != out_abs.end(), ConfigError, "prepare-data: input ", c.path, " lies in --out ",
+                 o.out_dir, "; leave the output directory out of the inputs");
+    }
+  }
   const auto first_megatron = std::find_if(inputs.begin(), inputs.end(), [](const text::CorpusInput& c) {
     return c.kind == text::InputKind::megatron;
   });

@@ -138,6 +138,11 @@ TEST(Corpus, DirectoriesAndGlobsInSortedOrder) {
   for (const auto& in : text::expand_inputs({d / "c/[za]*.txt"})) got.push_back(fs::relative(in.path, d.p).string());
   EXPECT_EQ(got, (std::vector<std::string>{"c/a.txt", "c/z.txt"}));
   EXPECT_THROW(text::expand_inputs({d / "c/*.none"}), ConfigError);
+  PrepareOptions o;  // --out inside an input directory: its token files would be read back as text
+  o.inputs = {d / "c"};
+  o.out_dir = d / "c/sub/out";
+  write(d / "c/sub/out/train.safetensors", "an earlier run's");
+  EXPECT_NE(message([&] { prepare_data(o); }).find("lies in --out"), std::string::npos);
   EXPECT_THROW(text::expand_inputs({d / "missing.txt"}), ConfigError);
 }
 
@@ -177,12 +182,12 @@ std::pair<std::string, std::string> old_prepare(const std::vector<std::string>& 
   return {ser(train), ser(held)};
 }
 
-// Files without a final newline, "%\r" (not a separator), blank documents, several files: the
-// streamed files equal the old ones byte for byte, at 1 and 3 threads.
+// Files without a final newline, "%\r" (not a separator), blank documents, several files, several
+// batches: the streamed files equal the old ones byte for byte, at 1 and 3 threads.
 TEST(Corpus, ByteTokenizerFilesBitIdenticalToTheOldPrepareData) {
   TempDir d;
-  std::string big;
-  for (int i = 0; i < 3000; ++i)
+  std::string big;  // ~9 MB in ~330,000 documents: several batches (4 MiB or 65,536 documents each)
+  for (int i = 0; big.size() < (9 << 20); ++i)
     big += "fortune " + std::to_string(i) + (i % 7 ? "\nline two\n%\n" : "\n%\r\n%\n\n%\n");
   write(d / "a.txt", big);
   write(d / "b.txt", "no newline at the end\n%\nlast");
