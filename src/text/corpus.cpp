@@ -23,6 +23,8 @@ namespace hmla::text {
 
 namespace fs = std::filesystem;
 
+bool megatron_prefix(const std::string& arg, std::string& prefix);
+
 namespace {
 
 bool ends_with(const std::string& s, const std::string& tail) {
@@ -37,15 +39,6 @@ bool is_regular(const std::string& p) {
 uint64_t file_size(const std::string& p) {
   struct stat sb {};
   return ::stat(p.c_str(), &sb) == 0 ? uint64_t(sb.st_size) : 0;
-}
-
-// A file named as a Megatron dataset: "PREFIX", "PREFIX.idx" or "PREFIX.bin" with both files present.
-bool megatron_prefix(const std::string& arg, std::string& prefix) {
-  std::string p = arg;
-  if (ends_with(p, ".idx") || ends_with(p, ".bin")) p.resize(p.size() - 4);
-  if (!is_regular(p + ".idx") || !is_regular(p + ".bin")) return false;
-  prefix = p;
-  return true;
 }
 
 void add_file(const std::string& path, std::vector<CorpusInput>& out) {
@@ -179,6 +172,14 @@ void for_each_line(ByteSource& src, const std::function<void(std::string_view)>&
 }
 
 }  // namespace
+
+bool megatron_prefix(const std::string& arg, std::string& prefix) {
+  std::string p = arg;
+  if (ends_with(p, ".idx") || ends_with(p, ".bin")) p.resize(p.size() - 4);
+  if (!is_regular(p + ".idx") || !is_regular(p + ".bin")) return false;
+  prefix = p;
+  return true;
+}
 
 std::vector<CorpusInput> expand_inputs(const std::vector<std::string>& args) {
   std::vector<CorpusInput> out;

@@ -428,15 +428,8 @@ class MegatronView final : public TokenView {
   text::MegatronDataset ds_;
 };
 
-bool names_megatron(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return false;
-  const auto in = text::expand_inputs({path});
-  return in.size() == 1 && in[0].kind == text::InputKind::megatron;
-}
-
-TokenData load_megatron_in_place(const std::string& path) {
-  const auto view = std::make_shared<MegatronView>(text::MegatronDataset::open(text::expand_inputs({path})[0].path));
+TokenData load_megatron_in_place(const std::string& prefix) {
+  const auto view = std::make_shared<MegatronView>(text::MegatronDataset::open(prefix));
   const text::MegatronDataset& ds = view->dataset();
   const int64_t top = ds.max_id();  // every id checked once, here
   TokenData data;
@@ -462,7 +455,10 @@ TokenData load_megatron_in_place(const std::string& path) {
 }  // namespace
 
 TokenData load_token_data(const std::string& dir) {
-  if (names_megatron(dir)) return load_megatron_in_place(dir);
+  std::error_code ec;
+  std::string prefix;
+  if (!std::filesystem::is_directory(dir, ec) && text::megatron_prefix(dir, prefix))
+    return load_megatron_in_place(prefix);
   const std::filesystem::path d(dir);
   io::Metadata mt, mh;
   TokenData data;

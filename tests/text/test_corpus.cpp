@@ -85,6 +85,20 @@ TEST(Corpus, JsonLinesKeyMissingKeyInvalidLinesAndEscapes) {
   text::CorpusCounts c2;
   const std::string m = message([&] { docs_of({d / "a.jsonl", text::InputKind::jsonl}, c2, true); });
   EXPECT_NE(m.find("a.jsonl:3: no \"text\" member"), std::string::npos) << m;
+  // Through prepare-data: skipped lines are counted in the summary; --strict writes nothing.
+  std::string many;
+  for (int i = 0; i < 40; ++i) many += "{\"text\": \"doc " + std::to_string(i) + "\"}\n";
+  write(d / "b.jsonl", many + "{\"text\": 1}\n{\"id\": 2}\nnot json\n");
+  PrepareOptions o;
+  o.inputs = {d / "b.jsonl"};
+  o.out_dir = d / "out";
+  const PrepareSummary sum = prepare_data(o);
+  EXPECT_EQ(sum.skipped_lines, 3);
+  EXPECT_NE(sum.line.find("1 invalid JSON, 1 without \"text\", 1 not a string"), std::string::npos) << sum.line;
+  o.strict = true;
+  o.out_dir = d / "strict";
+  EXPECT_NE(message([&] { prepare_data(o); }).find("b.jsonl:41: \"text\" is not a string"), std::string::npos);
+  EXPECT_FALSE(fs::exists(d / "strict"));
 }
 
 std::string zstd_frame(const std::string& s) {  // one frame with its content checksum

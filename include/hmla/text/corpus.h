@@ -27,6 +27,10 @@ struct CorpusInput {
 // argument naming nothing, or a glob matching nothing, is a ConfigError naming it.
 std::vector<CorpusInput> expand_inputs(const std::vector<std::string>& args);
 
+// True when `arg` names a Megatron dataset (PREFIX, PREFIX.idx or PREFIX.bin with both files
+// present); sets `prefix`.
+bool megatron_prefix(const std::string& arg, std::string& prefix);
+
 // JSON Lines, one document per line: the line must be a JSON object whose `text_key` member is
 // a string. Blank lines are ignored. A line that is not valid JSON (or not an object), lacks the
 // key, or holds a non-string there is skipped and counted (prepare-data's summary reports the
