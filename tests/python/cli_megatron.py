@@ -72,6 +72,12 @@ def main():
         if label != "text":
             check(f"{label} trains bit for bit as the text", m == ref and len(m) >= 5,
                   "" if m == ref else f"{m[:1]} vs {ref[:1]}")
+    # The data fingerprint a checkpoint records (what --resume compares) is the same for all five.
+    prints = {label: json.load(open(f"{w}/run_{label.replace(' ', '_')}/checkpoints/0-pre-end/state.json"))
+              ["data_fingerprint"] for label in metrics}
+    check("every run records the same data fingerprint", len(set(prints.values())) == 1 and len(prints) == 5, prints)
+    ok, err = run([a.hmla, "train", f"{w}/m16_in_place.yaml", "--out", f"{w}/run_m16_in_place", "--resume"])
+    check("--resume of a run on in-place data accepts its data", ok, err)
     # In place, nothing is written beside the dataset.
     check("in-place training writes nothing beside the dataset",
           sorted(n for n in os.listdir(w) if n.startswith(("m16", "m32")) and "." in n and
