@@ -289,6 +289,8 @@ PrepareSummary prepare_data(const PrepareOptions& o) {
   std::optional<text::MegatronDataset> mds;
   int64_t vocab = tok.vocab_size();
   if (megatron) {
+    HMLA_CHECK(!o.tokenizer, ConfigError, "prepare-data: ", inputs[0].path,
+               " is a Megatron dataset: its ids are taken as stored, so --tokenizer does not apply");
     mds = text::MegatronDataset::open(inputs[0].path);
     const int64_t top = mds->max_id();
     HMLA_CHECK(o.vocab_size == 0 || top < o.vocab_size, IoError, inputs[0].path, ".bin: id ", top,
