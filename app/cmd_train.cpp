@@ -1,6 +1,7 @@
-// `hmla train` (the four-phase programme) and `hmla prepare-data` (byte-level token files).
+// `hmla train` (the four-phase programme) and `hmla prepare-data` (token files).
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "commands.h"
 #include "hmla/dist/cp.h"
@@ -59,23 +60,47 @@ void add_train_commands(CLI::App& app) {
   });
 
   struct PrepOpts {
-    std::vector<std::string> files;
-    std::string out, separator = "%";
-    int64_t heldout_every = 20;
+    PrepareOptions o;
+    std::string tokenizer;
+    std::optional<std::string> eos;
+    bool quiet = false;
   };
   auto p = std::make_shared<PrepOpts>();
   CLI::App* prep = app.add_subcommand(
       "prepare-data",
-      "Tokenize text files byte by byte (pad 0, bos 1, eos 2, byte b -> b + 3) into\n"
-      "OUT/train.safetensors and OUT/heldout.safetensors (tokens + document offsets).");
-  prep->add_option("files", p->files, "text files")->required()->check(CLI::ExistingFile);
-  prep->add_option("--out", p->out, "output directory")->required()->check(NonEmpty());
-  prep->add_option("--separator", p->separator, "a line equal to this ends a document (empty: a blank line)")
+      "Tokenize text, JSON Lines (*.jsonl, *.jsonl.zst), zstd-compressed text (*.zst) or convert a\n"
+      "Megatron-LM indexed dataset (PREFIX.bin + PREFIX.idx) into OUT/train.safetensors and\n"
+      "OUT/heldout.safetensors (tokens + document offsets); docs/data.md. The byte tokenizer\n"
+      "(pad 0, bos 1, eos 2, byte b -> b + 3) by default.");
+  prep->add_option("inputs", p->o.inputs, "text or jsonl files, directories (recursive, sorted), globs (sorted),\n"
+                                          "or one Megatron PREFIX")->required();
+  prep->add_option("--out", p->o.out_dir, "output directory")->required()->check(NonEmpty());
+  prep->add_option("--separator", p->o.separator,
+                   "text files: a line equal to this ends a document (empty: a blank line)")
       ->capture_default_str();
-  prep->add_option("--heldout-every", p->heldout_every, "every N-th document is held out")
+  prep->add_option("--heldout-every", p->o.heldout_every, "every N-th document is held out")
       ->capture_default_str()
       ->check(Int(2));
-  prep->callback([p] { prepare_data(p->files, p->out, p->separator, p->heldout_every); });
+  prep->add_option("--tokenizer", p->tokenizer, "a Hugging Face tokenizer.json or a directory holding one\n"
+                                                "(default: the byte tokenizer)")->check(NonEmpty());
+  prep->add_option("--eos-token", p->eos, "with --tokenizer: the token every document ends with");
+  prep->add_option("--text-key", p->o.text_key, "jsonl: the member holding a line's text")
+      ->capture_default_str()->check(NonEmpty());
+  prep->add_flag("--strict", p->o.strict, "jsonl: a line without the text (invalid JSON, no key, not a string)\n"
+                                          "is an error (default: skipped and counted in the summary)");
+  prep->add_option("--threads", p->o.threads, "tokenizer threads")->capture_default_str()->check(Int(1, 1024));
+  prep->add_option("--vocab-size", p->o.vocab_size, "Megatron input: the vocab_size recorded (default: the\n"
+                                                    "largest id + 1); ids must lie below it")->check(Int(1));
+  prep->add_flag("--quiet", p->quiet, "no progress line");
+  prep->callback([p] {
+    HMLA_CHECK(!p->eos || !p->tokenizer.empty(), ConfigError, "prepare-data: --eos-token needs --tokenizer");
+    std::unique_ptr<text::Tokenizer> tok;
+    if (!p->tokenizer.empty()) tok = text::load_tokenizer(p->tokenizer, p->eos);
+    p->o.tokenizer = tok.get();
+    p->o.log = &std::cout;
+    p->o.progress = !p->quiet;
+    prepare_data(p->o);
+  });
 }
 
 }  // namespace hmla::app

@@ -366,6 +366,74 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   sync_directory(dir, path);
 }
 
+std::string safetensors_header(const std::map<std::string, TensorEntry>& entries, const Metadata& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, e] : entries) {
+    header[name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.nbytes}}};
+    offset += e.nbytes;
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data block to 8 bytes, as serialize_safetensors does
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((uint64_t(h.size()) >> (8 * i)) & 0xff);
+  return out + h;
+}
+
+AtomicFile::AtomicFile(const std::string& path) : path_(path) {
+  check_output_file(path, "");
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  remove_stale_temporaries(dir, target.filename().string());
+  std::string name = target.filename().string();
+  name.insert(0, 1, '.');
+  name.append(".tmp.").append(std::to_string(::getpid()));
+  tmp_ = (dir / name).string();
+  fd_ = create_temporary(tmp_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+}
+
+void AtomicFile::write(const void* data, size_t n) {
+  HMLA_CHECK(fd_ >= 0, IoError, path_, ": written after it was committed");
+  const auto* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < n;) {
+    const ssize_t k = ::write(fd_, p + done, n - done);
+    if (k < 0 && errno == EINTR) continue;
+    HMLA_CHECK(k > 0, IoError, tmp_, ": write failed (", std::strerror(errno), "); ", path_, " is unchanged");
+    done += size_t(k);
+  }
+}
+
+void AtomicFile::commit() {
+  HMLA_CHECK(fd_ >= 0, IoError, path_, ": committed twice");
+  const bool synced = ::fsync(fd_) == 0;
+  const int err = errno;
+  const int lock = ::dup(fd_);  // holds the temporary's lock through the rename
+  const bool closed = ::close(fd_) == 0;
+  fd_ = -1;
+  std::error_code ec;
+  if (!synced || !closed) {
+    fs::remove(tmp_, ec);
+    if (lock >= 0) ::close(lock);
+    throw IoError(tmp_ + ": write failed (" + std::strerror(synced ? errno : err) + "); " + path_ + " is unchanged");
+  }
+  fs::rename(tmp_, path_, ec);
+  if (lock >= 0) ::close(lock);
+  if (ec) {
+    fs::remove(tmp_, ec);
+    throw IoError(path_ + ": cannot rename the temporary file into place; the old file is unchanged");
+  }
+  const fs::path target(path_);
+  sync_directory(target.has_parent_path() ? target.parent_path() : fs::path("."), path_);
+}
+
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata, const StoredMap& stored) {
   write_file_atomic(path, serialize_safetensors(tensors, metadata, stored));

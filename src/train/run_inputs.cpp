@@ -65,6 +65,10 @@ RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
   TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs
+  // The data's ids were checked against the vocab_size its files record; that must fit the model.
+  HMLA_CHECK(data.vocab_size <= in.cfg.vocab_size, ConfigError, pr.data_dir, ": the data's tokenizer (",
+             data.tokenizer, ") has vocab_size ", data.vocab_size, ", more than the model's ", in.cfg.vocab_size,
+             " (", pr.model_config, "); prepare the data with the model's tokenizer");
   in.train = std::move(data.train);
   in.held = std::move(data.held);
   in.fingerprint = std::move(data.fingerprint);

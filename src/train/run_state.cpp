@@ -1,5 +1,6 @@
 #include "hmla/train/run_state.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -101,15 +102,35 @@ RunState parse_run_state(const std::string& text, const std::string& what, const
   return st;
 }
 
+void FingerprintHasher::add(const void* data, size_t n) { h_ = fnv1a(h_, data, n); }
+
+std::string FingerprintHasher::finish(int64_t train_tokens, int64_t train_docs, int64_t held_tokens,
+                                      int64_t held_docs) const {
+  return std::to_string(train_tokens) + " tokens in " + std::to_string(train_docs) + " documents, " +
+         std::to_string(held_tokens) + " tokens in " + std::to_string(held_docs) + " documents, hash " + hex64(h_);
+}
+
 std::string data_fingerprint(const TokenSet& train, const TokenSet& heldout) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  std::string sizes;
+  FingerprintHasher h;
+  std::vector<int32_t> buf;
   for (const TokenSet* t : {&train, &heldout}) {
-    h = fnv1a(h, t->tokens.data(), t->tokens.size() * sizeof(int32_t));
-    h = fnv1a(h, t->doc_offsets.data(), t->doc_offsets.size() * sizeof(int64_t));
-    sizes += std::to_string(t->tokens.size()) + " tokens in " + std::to_string(t->docs()) + " documents, ";
+    if (t->view) {  // the ids as the concatenation of the documents would hold them
+      for (int64_t d = 0; d < t->docs(); ++d) {
+        const int64_t len = t->doc_offsets[d + 1] - t->doc_offsets[d];
+        for (int64_t at = 0; at < len; at += 1 << 20) {
+          const int64_t n = std::min<int64_t>(1 << 20, len - at);
+          buf.resize(size_t(n));
+          t->copy_doc(d, at, n, buf.data());
+          h.add(buf.data(), size_t(n) * sizeof(int32_t));
+        }
+      }
+    } else {
+      h.add(t->tokens.data(), t->tokens.size() * sizeof(int32_t));
+    }
+    h.add(t->doc_offsets.data(), t->doc_offsets.size() * sizeof(int64_t));
   }
-  return sizes + "hash " + hex64(h);
+  auto count = [](const TokenSet& t) { return t.view ? t.size() : int64_t(t.tokens.size()); };
+  return h.finish(count(train), train.docs(), count(heldout), heldout.docs());
 }
 
 std::string programme_json(const Programme& pr) {

@@ -45,6 +45,33 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 std::string serialize_safetensors(const TensorMap& tensors, const std::map<std::string, std::string>& metadata = {},
                                   const StoredMap& stored = {});
 
+// The 8-byte length and the padded JSON header of a file holding `entries` (safetensors dtype name,
+// shape and byte count, laid out in name order), exactly as serialize_safetensors writes them: a
+// writer that streams the data block after it produces the same file.
+struct TensorEntry {
+  std::string dtype;
+  Shape shape;
+  uint64_t nbytes = 0;
+};
+std::string safetensors_header(const std::map<std::string, TensorEntry>& entries, const Metadata& metadata = {});
+
+// A file written piece by piece, atomically and durably as write_file_atomic writes it: a
+// temporary in the target's directory that commit() fsyncs and renames into place (then the
+// directory is fsynced). Destroyed uncommitted (an error on the way), it removes the temporary.
+class AtomicFile {
+ public:
+  explicit AtomicFile(const std::string& path);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();
+  void write(const void* data, size_t n);
+  void commit();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
 // Writes bytes to path atomically and durably: a temporary file in the same directory, fsynced,
 // renamed into place, then the directory fsynced (a power loss leaves the old file or the new one).
 // The target must be a regular file or a new path (io::check_output_file): anything else is

@@ -27,6 +27,16 @@ RunState parse_run_state(const std::string& text, const std::string& what, const
 
 // Sizes and a 64-bit FNV-1a hash of the training and held-out token files' contents.
 std::string data_fingerprint(const TokenSet& train, const TokenSet& heldout);
+// The same fingerprint for a writer that streams the four arrays (train tokens, train doc_offsets,
+// held-out tokens, held-out doc_offsets, in that order, as their bytes) through add().
+class FingerprintHasher {
+ public:
+  void add(const void* data, size_t n);
+  std::string finish(int64_t train_tokens, int64_t train_docs, int64_t held_tokens, int64_t held_docs) const;
+
+ private:
+  uint64_t h_ = 0xcbf29ce484222325ull;
+};
 
 // The programme as resolved (every phase key with its default applied; the model config's text
 // hashed), as canonical JSON text.
