@@ -328,6 +328,10 @@ std::string config_summary(const fs::path& dir, const json& programme, const jso
        << row("BLAS", str(env, "blas") + "; kernels: " + str(env, "blas_core"));
   else
     os << row("environment", "not recorded (a run from before hmla recorded it in hmla-run.json)");
+  const json tok = marker.is_object() ? marker.value("tokenizer", json()) : json();
+  if (tok.is_object())
+    os << row("tokenizer", str(tok, "describe") + "; vocab_size " + tok.value("vocab_size", json()).dump() + " (" +
+                               str(tok, "fingerprint") + ")");
   return os.str() + "</table>\n";
 }
 

@@ -451,6 +451,7 @@ TokenData load_megatron_in_place(const std::string& prefix) {
   data.vocab_size = top + 1;
   data.tokenizer = "Megatron indexed dataset " + ds.prefix() + " (" + ds.dtype_name() + ", largest id " +
                    std::to_string(top) + "), read in place";
+  data.tokenizer_fingerprint = "megatron";
   return data;
 }
 
@@ -477,6 +478,7 @@ TokenData load_token_data(const std::string& dir) {
       std::max(recorded_vocab(mt, dir + "/train.safetensors"), recorded_vocab(mh, dir + "/heldout.safetensors"));
   const auto tk = mt.find("tokenizer");
   data.tokenizer = tk == mt.end() ? "bytes+3; pad 0, bos 1, eos 2" : tk->second;
+  if (const auto f = mt.find("tokenizer_fingerprint"); f != mt.end()) data.tokenizer_fingerprint = f->second;
   return data;
 }
 

@@ -27,8 +27,8 @@ RunDir claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm) {
   return d;
 }
 
-void begin_on_root(RunDir& d, Comm& comm, Device dev) {
-  if (comm.is_root()) d.begin(dev);
+void begin_on_root(RunDir& d, Comm& comm, Device dev, const text::TokenizerRecord& tokenizer) {
+  if (comm.is_root()) d.begin(dev, tokenizer);
   comm.barrier();
 }
 

@@ -24,6 +24,6 @@ RankGrid set_up_rank_grid(const Programme& pr, int cp_ranks);
 // a refusal ends the job with rank 0's message (main's Comm::abort reaches them there), so no
 // rank trains on a directory nobody holds.
 RunDir claim_on_root(const Programme& pr, const TrainOptions& opt, Comm& comm);
-void begin_on_root(RunDir& d, Comm& comm, Device dev);
+void begin_on_root(RunDir& d, Comm& comm, Device dev, const text::TokenizerRecord& tokenizer);
 
 }  // namespace hmla::train

@@ -207,7 +207,7 @@ RunDir RunDir::claim(const Programme& pr, const std::string& out_dir, bool resum
   return d;
 }
 
-void RunDir::begin(Device device) {
+void RunDir::begin(Device device, const text::TokenizerRecord& tokenizer) {
   const fs::path out(out_);
   if (!lock_.held()) {
     std::error_code ec;
@@ -230,7 +230,10 @@ void RunDir::begin(Device device) {
     const nlohmann::ordered_json j{{"hmla_run", 1},
                                    {"created_by", io::process_identity()},
                                    {"programme", programme_},
-                                   {"environment", env}};  // where the run started (hmla report)
+                                   {"environment", env},  // where the run started (hmla report)
+                                   {"tokenizer", {{"describe", tokenizer.describe},
+                                                  {"fingerprint", tokenizer.fingerprint},
+                                                  {"vocab_size", tokenizer.vocab_size}}}};
     io::write_file_atomic((out / kRunMarker).string(), j.dump(2) + "\n");
   }
   remove_stale_temporaries(out / "checkpoints");

@@ -60,8 +60,6 @@ void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) 
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
-  HMLA_CHECK(in.cfg.vocab_size >= kByteVocab, ConfigError, pr.model_config, ": vocab_size ", in.cfg.vocab_size,
-             " is smaller than the byte tokenizer's ", kByteVocab);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
   TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs
@@ -72,6 +70,7 @@ RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   in.train = std::move(data.train);
   in.held = std::move(data.held);
   in.fingerprint = std::move(data.fingerprint);
+  in.tokenizer = {data.tokenizer, data.tokenizer_fingerprint, data.vocab_size};
   return in;
 }
 

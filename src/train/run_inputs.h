@@ -15,10 +15,11 @@ struct RunInputs {
   std::vector<bool> hybrid;  // the layers that move through the modes
   TokenSet train, held;
   std::string fingerprint;   // data_fingerprint(train, held)
+  text::TokenizerRecord tokenizer;  // what made the data's ids (hmla-run.json, hmla report)
   std::string memory_plan;   // one console line per phase
 };
 
-// Reads and checks what the run needs: the config fits the byte tokenizer, the hybrid layers
+// Reads and checks what the run needs: the data's vocabulary fits the model's, the hybrid layers
 // exist, every phase's training step and held-out evaluation fit in memory (MemoryPlan; a rank
 // under --cp holds seq_len / cp rows); then the data.
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev);

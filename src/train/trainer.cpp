@@ -217,7 +217,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root
   RunStart start = opt.resume ? resume_from_latest(pr, opt, in, dev, log) : start_fresh(pr, in.cfg, dev);
 
-  begin_on_root(run_dir, grid.world, dev);  // every check passed: create, lock (until the run ends), mark
+  begin_on_root(run_dir, grid.world, dev, in.tokenizer);  // every check passed: create, lock (until the run ends), mark
   std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
   if (root && opt.resume) {
     truncate_metrics(out / "metrics.jsonl", start.st.metrics_bytes);

@@ -76,6 +76,15 @@ def main():
     prints = {label: json.load(open(f"{w}/run_{label.replace(' ', '_')}/checkpoints/0-pre-end/state.json"))
               ["data_fingerprint"] for label in metrics}
     check("every run records the same data fingerprint", len(set(prints.values())) == 1 and len(prints) == 5, prints)
+    # hmla-run.json records what made the ids: the byte tokenizer for the text and the converted
+    # sets (prepare-data of a Megatron dataset records it as ids as stored), the dataset read in place.
+    toks = {label: json.load(open(f"{w}/run_{label.replace(' ', '_')}/hmla-run.json")).get("tokenizer", {})
+            for label in metrics}
+    check("hmla-run.json: the text's tokenizer is the byte tokenizer",
+          toks.get("text", {}).get("fingerprint") == "bytes" and toks["text"].get("vocab_size") == 259, toks)
+    check("hmla-run.json: in place, the Megatron dataset",
+          toks.get("m16 in place", {}).get("fingerprint") == "megatron" and
+          "m16" in toks["m16 in place"].get("describe", ""), toks)
     ok, err = run([a.hmla, "train", f"{w}/m16_in_place.yaml", "--out", f"{w}/run_m16_in_place", "--resume"])
     check("--resume of a run on in-place data accepts its data", ok, err)
     # In place, nothing is written beside the dataset.

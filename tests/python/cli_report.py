@@ -155,7 +155,8 @@ phases:
         check_chart(check, "real run lr", charts[2], w, bounds)
         check_chart(check, "real run grad norms", charts[3], w, bounds)
     check("real run: equivalence numbers", "Equivalence check" in html, "")
-    for needle in ["parameters", "commit", "threads", "BLAS", "kernels:", "tokens/s", "peak MiB", "EMA"]:
+    for needle in ["parameters", "commit", "threads", "BLAS", "kernels:", "tokens/s", "peak MiB", "EMA",
+                   "<th>tokenizer</th><td>bytes+3; pad 0, bos 1, eos 2; vocab_size 259 (bytes)"]:
         check(f"real run: the page shows {needle}", needle in html)
 
 

@@ -44,6 +44,13 @@ class Tokenizer {
 
 std::unique_ptr<Tokenizer> byte_tokenizer();
 
+// What a run records of the tokenizer that made its data (hmla-run.json, hmla report): its
+// describe(), fingerprint() and the vocabulary size its token files record.
+struct TokenizerRecord {
+  std::string describe = "bytes+3; pad 0, bos 1, eos 2", fingerprint = "bytes";
+  int64_t vocab_size = 259;
+};
+
 // A Hugging Face tokenizer: `path` is a tokenizer.json or a directory holding one (a checkpoint
 // directory, with its tokenizer_config.json and config.json beside it). The eos is `eos_token`
 // when given, else tokenizer_config.json's eos_token, else config.json's eos_token_id; none of

@@ -95,6 +95,7 @@ struct TokenData {
   std::string fingerprint;  // data_fingerprint(train, held)
   int64_t vocab_size = kByteVocab;  // recorded by prepare-data (files without it: the byte vocabulary)
   std::string tokenizer;  // the tokenizer's describe() as recorded
+  std::string tokenizer_fingerprint = "bytes";  // its fingerprint() as recorded ("megatron": ids as stored)
 };
 // `dir` may instead name a Megatron dataset, read in place (above).
 TokenData load_token_data(const std::string& dir);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "hmla/io/paths.h"
+#include "hmla/text/tokenizer.h"
 #include "hmla/train/programme.h"
 
 namespace hmla {
@@ -29,7 +30,8 @@ class RunDir {
   // takes the lock if not yet held (checking again under it: another run may have got there
   // first), writes this process into the lock file, marks the directory (kRunMarker) and removes
   // the temporary checkpoint directories a killed run left. The lock lasts until destruction.
-  void begin(Device device = Device::cpu);
+  // The marker records where the run started (`device`, the build, BLAS) and what made its data.
+  void begin(Device device = Device::cpu, const text::TokenizerRecord& tokenizer = {});
 
  private:
   std::string out_, programme_;
