@@ -386,7 +386,8 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::strin
   try {
     for (const char* k : {"truncation", "padding"})
       if (auto it = spec.find(k); it != spec.end())
-        HMLA_CHECK(it->is_null(), ConfigError, file_, ": ", k, " is set; hmla supports tokenizer.json files without it");
+        HMLA_CHECK(it->is_null(), ConfigError, file_, ": ", k,
+                   " is set; hmla supports tokenizer.json files without it");
     load_model(r.at(spec, "model", "the file"), r);
     if (auto it = spec.find("added_tokens"); it != spec.end() && !it->is_null()) {
       HMLA_CHECK(it->is_array(), IoError, file_, ": added_tokens is not a list");
