@@ -410,6 +410,10 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::strin
         added_.push_back(std::move(a));
       }
     }
+    // A hostile file's few huge ids must not cost a table of 2^24 entries.
+    const int64_t tokens = int64_t(vocab_.size() + added_.size());
+    HMLA_CHECK(vocab_size_ <= 4 * tokens + 1024, IoError, file_, ": ids reach ", vocab_size_ - 1, " for ", tokens,
+               " tokens (ids must be about dense)");
     load_normalizer(spec.value("normalizer", json()), r);
     for (size_t i = 0; i < added_.size(); ++i) {
       AddedToken& a = added_[i];
@@ -527,9 +531,14 @@ void HfTokenizer::load_model(const json& m, const Reader& r) {
   const json& vocab = r.at(m, "vocab", "model");
   HMLA_CHECK(vocab.is_object(), IoError, file_, ": model.vocab is not an object");
   vocab_.reserve(vocab.size());
+  int64_t top = -1;
+  for (auto it = vocab.begin(); it != vocab.end(); ++it)
+    top = std::max<int64_t>(top, r.id(it.value(), "model.vocab token " + json(it.key()).dump()));
+  HMLA_CHECK(top < 4 * int64_t(vocab.size()) + 1024, IoError, file_, ": model.vocab ids reach ", top, " for ",
+             vocab.size(), " tokens (ids must be about dense)");
+  id_to_token_.resize(size_t(top + 1));
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const int32_t id = r.id(it.value(), "model.vocab token " + json(it.key()).dump());
-    if (size_t(id) >= id_to_token_.size()) id_to_token_.resize(size_t(id) + 1);
     HMLA_CHECK(id_to_token_[id].empty(), IoError, file_, ": model.vocab id ", id, " appears twice (",
                json(id_to_token_[id]).dump(), " and ", json(it.key()).dump(), ")");
     HMLA_CHECK(!it.key().empty(), IoError, file_, ": model.vocab has an empty token");

@@ -3,6 +3,7 @@
 // that only merge-by-rank BPE and UCP regexes pass; bad files as one-line errors.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -151,6 +152,17 @@ TEST(HfTokenizer, RegexesAreUnicodeAware) {
   EXPECT_EQ(tok->encode("a\u00a0b ab"), (std::vector<int32_t>{'a', 'b', 256}));
 }
 
+TEST(HfTokenizer, LongRunsStayFast) {
+  // One 1 MB piece (a letter run, a space run): the heap BPE is O(n log n), the regexes linear.
+  const auto tok = load_tokenizer((kFixtures / "glm").string());
+  for (const std::string& text : {std::string(1 << 20, 'a'), std::string(1 << 20, ' '), std::string(1 << 19, '7')}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> ids = tok->encode(text);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+    EXPECT_EQ(tok->decode(ids, false), text);
+  }
+}
+
 TEST(Utf8, MaximalSubpartsAsPython) {
   using hmla::text::replace_invalid_utf8;
   const std::string r = "\xEF\xBF\xBD";
@@ -219,6 +231,8 @@ TEST(HfTokenizer, BadFilesAreOneLineErrors) {
   expect_one_line<IoError>(mutate("dup_id", [](json& s) { s["model"]["vocab"]["a"] = 40; }), "appears twice");
   expect_one_line<IoError>(mutate("neg_id", [](json& s) { s["model"]["vocab"]["a"] = -5; }), "outside");
   expect_one_line<IoError>(mutate("huge_id", [](json& s) { s["model"]["vocab"]["a"] = 1ull << 62; }), "outside");
+  expect_one_line<IoError>(mutate("sparse_id", [](json& s) { s["model"]["vocab"]["a"] = 1 << 23; }), "dense");
+  expect_one_line<IoError>(mutate("sparse_added", [](json& s) { s["added_tokens"][1]["id"] = 1 << 23; }), "dense");
   expect_one_line<IoError>(mutate("str_id", [](json& s) { s["model"]["vocab"]["a"] = "7"; }), "not an integer");
   expect_one_line<IoError>(mutate("added_dup", [](json& s) { s["added_tokens"][1]["id"] = 0; }), "appears twice");
   expect_one_line<IoError>(
