@@ -911,7 +911,9 @@ void HfTokenizer::bpe_uncached(std::string_view word, std::vector<int32_t>& out)
   }
   if (!simple && ignore_merges_)
     if (auto it = vocab_.find(mapped); it != vocab_.end()) return out.push_back(it->second);
-  bool last_unk = false;
+  // An unknown symbol is held back until the next vocabulary symbol (or the word's end) and fused
+  // with the unknowns that follow it under fuse_unk; byte-fallback ids do not release it (tokenizers' order).
+  bool unk_held = false;
   std::string sym;
   for (size_t i = 0; i < mapped.size();) {
     size_t cl = 0;
@@ -920,28 +922,24 @@ void HfTokenizer::bpe_uncached(std::string_view word, std::vector<int32_t>& out)
     if (i > 0) sym += prefix_;
     sym.append(mapped, i, cl);
     if (i + cl == mapped.size()) sym += suffix_;
-    auto it = vocab_.find(sym);
-    if (it != vocab_.end()) {
-      ids.push_back(it->second);
-      last_unk = false;
-    } else {
-      bool fell_back = false;
-      if (byte_fallback_) {
-        const std::string_view chunk = std::string_view(mapped).substr(i, cl);
-        fell_back = std::all_of(chunk.begin(), chunk.end(),
-                                [&](char c) { return fallback_ids_[static_cast<unsigned char>(c)] >= 0; });
-        if (fell_back)
-          for (char c : chunk) ids.push_back(fallback_ids_[static_cast<unsigned char>(c)]);
-      }
-      if (!fell_back && unk_ >= 0) {
-        if (!(fuse_unk_ && last_unk)) ids.push_back(unk_);
-        last_unk = true;
-      } else {
-        last_unk = false;
-      }
-    }
     i += cl;
+    if (auto it = vocab_.find(sym); it != vocab_.end()) {
+      if (unk_held) ids.push_back(unk_);
+      unk_held = false;
+      ids.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback_ && std::all_of(sym.begin(), sym.end(), [&](char c) {
+          return fallback_ids_[static_cast<unsigned char>(c)] >= 0;
+        })) {  // the bytes of the whole symbol, prefix and suffix included (as tokenizers)
+      for (char c : sym) ids.push_back(fallback_ids_[static_cast<unsigned char>(c)]);
+      continue;
+    }
+    if (unk_ < 0) continue;  // no unk token: the symbol is dropped
+    if (unk_held && !fuse_unk_) ids.push_back(unk_);
+    unk_held = true;
   }
+  if (unk_held) ids.push_back(unk_);
   // Merges by rank (leftmost on ties), over a linked list of symbols.
   const auto n = int32_t(ids.size());
   auto& syms = sc.syms;

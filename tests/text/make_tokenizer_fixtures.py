@@ -8,7 +8,8 @@ Needs tokenizers==0.23.3 (the version the committed fixtures record; another ver
 Trains small byte-level BPE tokenizers on the demo corpus (data/demo/train.safetensors, the fortunes
 as byte ids + 3) plus tests/text/fixtures/multilingual.txt, with the layouts DeepSeek-V3/V3.2 and
 GLM-4.5/GLM-5 ship (their pre-tokenizer regexes, special tokens and post-processors), a variant that
-covers NFKC, ignore_merges, "a b" merges and added-token flags, and one with every Split behaviour.
+covers NFKC, ignore_merges, "a b" merges and added-token flags, one with every Split behaviour and a
+BPE that is not byte-level (subword prefix and suffix, unk, byte_fallback).
 Each case is a directory tests/text/fixtures/<case>/ with tokenizer.json, the eos beside it and
 expected.json: for every text (given as hex bytes; invalid UTF-8 is encoded as its
 bytes.decode("utf-8", errors="replace")) the ids with and without add_special, the decodes and
@@ -193,6 +194,25 @@ def main():
         spec["model"]["ignore_merges"] = False
         spec["post_processor"] = None
     write_case("split_behaviours", tok.to_str(), TEXTS + ml[:4] + INVALID[:3], edit=edit_d)
+
+    # (e) a BPE that is not byte-level: continuing_subword_prefix, end_of_word_suffix, unk_token with
+    # fuse_unk, byte_fallback (byte tokens for 0x00-0xDF only: three- and four-byte characters are unk),
+    # no decoder (tokens joined by spaces).
+    tok = Tokenizer(models.BPE(unk_token="<unk>", continuing_subword_prefix="##", end_of_word_suffix="</w>",
+                               fuse_unk=True, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\s+"), "removed")
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", "</s>"], limit_alphabet=60,
+                                  continuing_subword_prefix="##", end_of_word_suffix="</w>", show_progress=False)
+    tok.train_from_iterator(demo_texts()[:800] + [multilingual()] * 5, trainer=trainer)
+
+    def edit_e(spec):
+        vocab = spec["model"]["vocab"]
+        top = max(vocab.values())
+        for b in range(0xE0):
+            vocab.setdefault(f"<0x{b:02X}>", top + 1 + b)
+        spec["decoder"] = None
+    write_case("bpe_prefix_fallback", tok.to_str(), TEXTS + ml + INVALID[:3], tokenizer_config={"eos_token": "</s>"},
+               edit=edit_e)
 
 
 if __name__ == "__main__":

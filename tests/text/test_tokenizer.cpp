@@ -66,7 +66,8 @@ TEST_P(Fixture, IdsAndDecodesEqualTokenizers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Fixture,
-                         testing::Values("deepseek_v3", "glm", "nfkc_ignore_merges", "split_behaviours"));
+                         testing::Values("deepseek_v3", "glm", "nfkc_ignore_merges", "split_behaviours",
+                                         "bpe_prefix_fallback"));
 
 TEST(HfTokenizer, EosVocabAndFingerprint) {
   const auto ds = load_tokenizer((kFixtures / "deepseek_v3").string());  // tokenizer_config {"content": ...}
