@@ -5,6 +5,7 @@
 #include "dsa_bench.h"
 #include "indexer_bench.h"
 #include "train_bench.h"
+#include "tokenizer_bench.h"
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
@@ -125,6 +126,21 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str()
       ->check(OneOf({"cpu", "cuda"}, "device"));
   tr->callback([to] { bench::run_train_bench(*to, std::cout); });
+
+  auto tk = std::make_shared<TokenizerBenchOptions>();
+  CLI::App* tb = bench->add_subcommand(
+      "tokenizer",
+      "hmla's tokenizer.json encoder (the input's lines on N threads) next to Hugging Face tokenizers'\n"
+      "encode_batch at RAYON_NUM_THREADS=N (tests/text/tokenizers_bench.py), ids checked equal. JSON lines.");
+  tb->add_option("--tokenizer", tk->tokenizer, "a tokenizer.json or a directory holding one")->required();
+  tb->add_option("--input", tk->input, "a text file (its lines are the texts)")->required();
+  tb->add_option("--threads", tk->threads, "thread counts")->delimiter(',')->capture_default_str()
+      ->check(Int(1, 1024));
+  tb->add_option("--python", tk->python, "python with tokenizers==0.23.3 (\"\": hmla only)")->capture_default_str();
+  tb->add_option("--script", tk->script, "tokenizers_bench.py (default: the source tree's)");
+  tb->add_option("--reps", tk->reps, "timed passes (best of), after one warm-up")->capture_default_str()
+      ->check(Int(1, 1000));
+  tb->callback([tk] { run_tokenizer_bench(*tk, std::cout); });
 
   struct CpOpts {
     std::string config = "configs/deepseek_v32.json";

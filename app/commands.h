@@ -10,4 +10,5 @@ void add_layer_command(CLI::App& app);
 void add_train_commands(CLI::App& app);
 void add_model_commands(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_text_commands(CLI::App& app);  // tokenize
 }  // namespace hmla::app

@@ -13,6 +13,7 @@ packages=(
   python3 python3-numpy python3-torch
   libtorch-dev python3-dev pybind11-dev  # hmla.torch (python/): built and tested by make build / make test
   librsvg2-bin  # rsvg-convert: the report test rasterises its SVGs
+  libicu-dev libpcre2-dev  # hmla_text: the NF* normalizers (ICU unorm2) and the pre-tokenizer regexes (PCRE2)
 )
 
 missing=()
