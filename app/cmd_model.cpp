@@ -117,7 +117,7 @@ void add_model_commands(CLI::App& app) {
     io::Metadata meta;  // --text: the tokenizer that made input_ids
     if (!f->text.empty()) {
       const std::unique_ptr<text::Tokenizer> tok = command_tokenizer(f->tokenizer, f->checkpoint, cfg, "forward");
-      const std::vector<int32_t> v = tok->encode(f->text);
+      const std::vector<int32_t> v = tok->encode(f->text, true);  // as a training document begins
       meta["tokenizer"] = tok->describe();
       HMLA_CHECK(!v.empty() && int64_t(v.size()) <= cfg.max_position_embeddings, ConfigError, "forward: --text is ",
                  v.size(), " tokens; the model takes 1 to max_position_embeddings = ", cfg.max_position_embeddings);

@@ -7,7 +7,7 @@ packages=(
   cmake ninja-build g++ make pkg-config
   googletest libgtest-dev libgmock-dev
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev
-  libsimdjson-dev libzstd-dev  # prepare-data: JSON Lines and zstd-compressed inputs
+  libsimdjson-dev libzstd-dev zstd  # prepare-data: JSON Lines and zstd-compressed inputs (zstd: cli.corpus makes one)
   libopenblas-openmp-dev
   openmpi-bin libopenmpi-dev
   python3 python3-numpy python3-torch
