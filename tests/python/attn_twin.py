@@ -149,16 +149,25 @@ def run_case(case, hmla, workdir, rng):
     return check_by_rule(name, got, ref64, ref32)
 
 
-def check_by_rule(name, got, ref64, ref32, factor=2.0):
+def check_by_rule(name, got, ref64, ref32, factor=2.0, group=None):
     """Every tensor hmla wrote, and nothing else, within `factor` (twice) the float32 twin's error
-    (against the float64 twin) plus 8 f32 ulps of the largest reference value."""
+    (against the float64 twin) plus 8 f32 ulps of the largest reference value. `group` maps a name
+    to its group: tensors computed from the same inputs (one layer's routed experts, fed one x and
+    one output gradient) share the group's largest twin error and reference value as their rounding
+    scale, since a single small tensor's twin error is one draw that can fall near zero."""
     if set(got) != set(ref64):
         print(f"FAIL {name}: hmla wrote {sorted(got)}, expected {sorted(ref64)}")
         return False
+    group = group or (lambda key: key)
+    scale = {}  # group -> (largest twin error, largest reference value)
+    for key in ref64:
+        e_t, mref = max_err(ref32[key], ref64[key])
+        old = scale.get(group(key), (0.0, 0.0))
+        scale[group(key)] = (max(old[0], e_t), max(old[1], mref))
     ok = True
     for key in sorted(ref64):
-        e_h, mref = max_err(got[key], ref64[key])
-        e_t, _ = max_err(ref32[key], ref64[key])
+        e_h, _ = max_err(got[key], ref64[key])
+        e_t, mref = scale[group(key)]
         bound = factor * e_t + 8 * F32_EPS * mref
         good = e_h <= bound
         ok &= good

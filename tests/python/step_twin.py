@@ -13,6 +13,7 @@ the gates and x into every earlier tensor, against float64 autograd of train_twi
 Exit status 1 on any failure."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -126,10 +127,14 @@ def run_case(check, hmla, root, name, over, alpha, rng):
     # the totals is about 2 sqrt(L'): measured on this model, hmla's whole-step error is 2-3 times
     # the twin's on dense models as on MoE ones (its attention's exp and online softmax), 1-2 times
     # on one layer. A wrong term (a missing gradient path, a mis-weighted expert) is an O(1)
-    # relative error, orders above this bound.
+    # relative error, orders above this bound. One layer's routed experts form one group of the
+    # rule (attn_twin.check_by_rule): their gradients are computed from the same x and the same
+    # output gradient, whose errors hmla carries into every expert, so their rounding scale is the
+    # group's; an expert given few tokens can draw a twin error far below it (under the built-in
+    # sgemm, one expert's gate_proj measured 9x its own twin error and 0.7x the group's).
     factor = 2 * (2 * cfg["num_hidden_layers"]) ** 0.5
     check(f"{name}: every gradient by the STYLE.md rule composed over the step",
-          check_by_rule(name, got, ref64, ref32, factor))
+          check_by_rule(name, got, ref64, ref32, factor, group=lambda key: re.sub(r"experts\.\d+\.", "experts.*.", key)))
     check(f"{name}: the gate's gradient is not zero (it flows through the weights)",
           all(np.abs(got[f"grad.model.layers.{L}.mlp.gate.weight"]).max() > 0 for L in tr64))
     if alpha:
