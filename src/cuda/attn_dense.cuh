@@ -20,13 +20,48 @@ struct AttnCudaTraits {
   static constexpr int kWarps = kWide ? 2 : 4;
   static constexpr int kRows = 16 * kWarps;   // query rows (forward, dQ) or keys (dK/dV) per block
   static constexpr int kBk = kWide ? 32 : 64;  // keys (forward, dQ) or queries (dK/dV) per tile
-  static constexpr int kDvChunk = 128;         // forward output columns per block
-  static constexpr int kChunk = 64;            // backward gradient columns per block
+  // Forward output columns per block: kDvChunk, or kDvChunkMax for value heads wider than it
+  // (attn_fwd_dv_chunk): each chunk recomputes the scores, so the widest chunk whose accumulators
+  // fit the registers without spilling (218 / 206 at sm_90a) won; 512 would need 256 per thread.
+  static constexpr int kDvChunk = 128, kDvChunkMax = 256;
+  // Backward gradient columns per block (each chunk recomputes S and dP): the widest without
+  // spills (248 / 250 registers) whose tiles fit 163 KB (the wide heads' 4-n-tile scores leave
+  // room for 256 columns of accumulators).
+  static constexpr int kChunk = kWide ? 256 : 128;
   static constexpr int kPad = 8;               // bf16 padding per shared row: 16 bytes, no bank conflicts
   static_assert(kBk % 16 == 0 && kDvChunk % 8 == 0 && kChunk % 8 == 0, "mma tiles are 16 x 8 x 16");
 };
 
 inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv > 256; }
+
+// Dynamic shared memory in bytes: the forward's Q, K and V^T tiles for value chunks of kDvChunk,
+// the backward's Q, dO, K, V and one transposed chunk of kChunk columns (the same in both of its
+// kernels). CudaBackend::supports holds both under the smallest target's opt-in limit (an
+// A100's 163 KB; Hopper has 227 KB).
+template <bool kWide>
+constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk) {
+  using T = AttnCudaTraits<kWide>;
+  return 2 * ((T::kRows + T::kBk) * (Dqk + T::kPad) + dv_chunk * (T::kBk + T::kPad));
+}
+template <bool kWide>
+constexpr int64_t attn_bwd_smem(int64_t Dqk, int64_t Dv) {
+  using T = AttnCudaTraits<kWide>;
+  return 2 * ((T::kRows + T::kBk) * (Dqk + Dv + 2 * T::kPad) + T::kChunk * (T::kBk + T::kPad));
+}
+// The forward's value chunk: heads up to 256 wide in one (one score pass), wider ones in 256s.
+inline int attn_fwd_dv_chunk(const AttnDenseParams& p) {
+  return p.Dv > AttnCudaTraits<false>::kDvChunk ? AttnCudaTraits<false>::kDvChunkMax : AttnCudaTraits<false>::kDvChunk;
+}
+inline constexpr int64_t kAttnMaxSmemBytes = 163 * 1024;
+inline int64_t attn_dense_smem_bytes(const AttnDenseParams& p) {
+  const int c = attn_fwd_dv_chunk(p);
+  const int64_t f = attn_is_wide(p) ? attn_fwd_smem<true>(p.Dqk, c) : attn_fwd_smem<false>(p.Dqk, c);
+  const int64_t b = attn_is_wide(p) ? attn_bwd_smem<true>(p.Dqk, p.Dv) : attn_bwd_smem<false>(p.Dqk, p.Dv);
+  return f > b ? f : b;
+}
+static_assert(attn_bwd_smem<true>(576, 512) <= kAttnMaxSmemBytes && attn_fwd_smem<true>(576, 256) <= kAttnMaxSmemBytes &&
+                  attn_bwd_smem<false>(256, 256) <= kAttnMaxSmemBytes,
+              "the latent 576/512 form and heads of 256 fit an A100");
 
 // Allowed: doc_start[t] <= j <= t (padding rows have doc_start = t + 1, so nothing).
 __device__ __forceinline__ bool allowed(int ds_t, int64_t t, int64_t j) { return ds_t <= j && j <= t; }

@@ -5,7 +5,7 @@
 //   dk = scale dS^T Q, dv = P^T dO  (kernel dkdv: blocks own keys of one kv head, walk every
 //        query of its head group that sees them, heads in order)
 // Both recompute P from q, k and the saved lse (flash style; nothing of size s*s). Gradient
-// columns come in chunks of 64 per block so accumulators stay in registers at any head width;
+// columns come in chunks of kChunk (128; 256 for wide heads) per block so accumulators stay in registers at any head width;
 // each chunk recomputes its scores, a price a Hopper (wgmma) kernel would not pay (none yet). dsink[h] =
 // -sum_t exp(sink_h - lse[t]) D[t] by a fixed-order block reduction.
 #include <cuda_bf16.h>
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   __nv_bfloat16* Ks = dOs + T::kRows * ldv;                      // [kBk, Dqk]
   __nv_bfloat16* Vs = Ks + T::kBk * ldq;                         // [kBk, Dv]
   __nv_bfloat16* Kt = Vs + T::kBk * ldv;                         // [kChunk, kBk]: K's chunk, transposed
-  __shared__ int range[2];
+  __shared__ int range[2], wrange[T::kWarps][2];
 
   const int tiles = (p.sq + T::kRows - 1) / T::kRows;
   const int tile = tiles - 1 - blockIdx.x;
@@ -77,13 +77,19 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const int lr0 = tile * T::kRows, nrows = min(T::kRows, int(p.sq) - lr0);
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
 
-  if (threadIdx.x == 0) range[0] = INT32_MAX, range[1] = -1;
+  // The block's key range and each warp's (the forward's mask policy, attn_dense_fwd.cu).
+  if (threadIdx.x <= T::kWarps) {
+    int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
+    r[0] = INT32_MAX, r[1] = -1;
+  }
   __syncthreads();
   if (threadIdx.x < nrows) {
     const int64_t t = p.q_row0 + lr0 + threadIdx.x;
     if (ds[t] <= t) {
       atomicMin(&range[0], ds[t]);
       atomicMax(&range[1], int(t));
+      atomicMin(&wrange[threadIdx.x / 16][0], ds[t]);
+      atomicMax(&wrange[threadIdx.x / 16][1], int(t));
     }
   }
   load_tile(Qs, ldq, bf(p.q) + b * p.q_bstride + int64_t(lr0) * p.q_rstride + h * p.q_hstride, p.q_rstride,
@@ -95,6 +101,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int rA = warp * 16 + g, rB = rA + 8;
+  const int wlo = wrange[warp][0], whi = wrange[warp][1];
   const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
   const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
   const int64_t lrow = (int64_t(b) * p.H + h) * p.sq + lr0;
@@ -115,11 +122,15 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     load_tile_t(Kt, ldt, kbase + int64_t(j0) * p.k_rstride + c0, p.k_rstride, T::kBk, nk, cn);
     __syncthreads();
 
+    // Column tiles outside the warp's key range are masked for all its rows: no products (their
+    // dS is +-0, which adds nothing to dq).
+    const uint32_t live = live_columns<kNt>(j0, wlo, whi);
+    if (!live) continue;
     float s[kNt][4], dp[kNt][4];
     zero_acc(s);
     zero_acc(dp);
-    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
-    mma_abt(dp, dOs, ldv, warp * 16, Vs, ldv, int(p.Dv), lane);
+    mma_abt_live(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane, live);
+    mma_abt_live(dp, dOs, ldv, warp * 16, Vs, ldv, int(p.Dv), lane, live);
     // dS = P (dP - D) * scale, in place of s.
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
         const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
         s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
       }
-    mma_acc_x(dq, s, Kt, ldt, cn, lane);
+    mma_acc_x(dq, s, Kt, ldt, cn, lane, live);
   }
   __nv_bfloat16* dQ = bf(p.dq);
 #pragma unroll
@@ -161,7 +172,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   __nv_bfloat16* Qs = Vs + T::kRows * ldv;                       // [kBk, Dqk] a query tile
   __nv_bfloat16* dOs = Qs + T::kBk * ldq;                        // [kBk, Dv]
   __nv_bfloat16* Xt = dOs + T::kBk * ldv;                        // [kChunk, kBk]: Q's or dO's chunk, transposed
-  __shared__ int range[2];
+  __shared__ int range[2], wrange[T::kWarps][2];
 
   const int ktiles = (p.s + T::kRows - 1) / T::kRows;
   const int ktile = ktiles - 1 - blockIdx.x;  // early keys have the most queries
@@ -174,13 +185,19 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const int32_t* de = p.doc_end + int64_t(b) * p.s;
 
   // Queries that see these keys: t in [j, doc_end[j] - 1], intersected with the local rows.
-  if (threadIdx.x == 0) range[0] = INT32_MAX, range[1] = -1;
+  // Each warp's (its 16 keys') query range too: the mask policy of the other kernels, transposed.
+  if (threadIdx.x <= T::kWarps) {
+    int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
+    r[0] = INT32_MAX, r[1] = -1;
+  }
   __syncthreads();
   if (threadIdx.x < nkeys) {
     const int j = j0 + threadIdx.x;
     if (ds[j] <= j) {
       atomicMin(&range[0], j);
       atomicMax(&range[1], de[j] - 1);
+      atomicMin(&wrange[threadIdx.x / 16][0], j);
+      atomicMax(&wrange[threadIdx.x / 16][1], de[j] - 1);
     }
   }
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
@@ -193,6 +210,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t jA = j0 + warp * 16 + g, jB = jA + 8;  // this thread's two keys
+  const int wlo = wrange[warp][0], whi = wrange[warp][1];
   const float c2 = p.scale * kLog2e;
   float acc[kCt][4];
   zero_acc(acc);
@@ -212,10 +230,13 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
       else load_tile_t(Xt, ldt, obase + lt0 * p.H * p.Dv + c0, p.H * p.Dv, T::kBk, nq, cn);
       __syncthreads();
 
-      // S^T = K Q^T (rows: keys, columns: queries), then P^T.
+      // S^T = K Q^T (rows: keys, columns: queries), then P^T; query tiles outside the warp's
+      // range are masked for all its keys: no products.
+      const uint32_t live = live_columns<kNt>(t0, wlo, whi);
+      if (!live) continue;
       float s[kNt][4];
       zero_acc(s);
-      mma_abt<kNt, true>(s, Ks, ldq, warp * 16, Qs, ldq, int(p.Dqk), lane);  // unrolled, it spills
+      mma_abt_live<kNt, true>(s, Ks, ldq, warp * 16, Qs, ldq, int(p.Dqk), lane, live);  // unrolled, it spills
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -228,7 +249,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
       if (is_dk) {  // dS^T = P^T (dP^T - D) scale with dP^T = V dO^T
         float dp[kNt][4];
         zero_acc(dp);
-        mma_abt<kNt, true>(dp, Vs, ldv, warp * 16, dOs, ldv, int(p.Dv), lane);
+        mma_abt_live<kNt, true>(dp, Vs, ldv, warp * 16, dOs, ldv, int(p.Dv), lane, live);
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
@@ -238,7 +259,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
             s[nt][e] = s[nt][e] * (dp[nt][e] - Dq) * p.scale;
           }
       }
-      mma_acc_x(acc, s, Xt, ldt, cn, lane);  // acc += (dS^T or P^T) X, X = Q or dO (Xt holds X^T)
+      mma_acc_x(acc, s, Xt, ldt, cn, lane, live);  // acc += (dS^T or P^T) X, X = Q or dO (Xt holds X^T)
     }
   }
   // Keys no local query sees (and padding keys) get zeros, written like the rest.
@@ -261,8 +282,7 @@ template <bool kWide>
 void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   cudaStream_t st = current_stream().get();
-  const int ldq = int(p.Dqk) + T::kPad, ldv = int(p.Dv) + T::kPad, ldt = T::kBk + T::kPad;
-  const size_t smem = sizeof(__nv_bfloat16) * ((T::kRows + T::kBk) * (ldq + ldv) + T::kChunk * ldt);
+  const size_t smem = size_t(attn_bwd_smem<kWide>(p.Dqk, p.Dv));
   if (p.sq > 0) {  // without query rows dq is empty, and dk/dv below come out zero
     const int nchunks = int((p.Dqk + T::kChunk - 1) / T::kChunk);
     check(cudaFuncSetAttribute(attn_bwd_dq_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),

@@ -1,6 +1,6 @@
 // Dense per-document causal attention forward on the GPU, bf16 in and out, f32 accumulation and
 // lse: FlashAttention-2's scheme on mma.sync (portable to sm_80+; Hopper runs it too). A block
-// owns kRows query rows of one (batch row, head) and one chunk of <= 128 output columns; it walks
+// owns kRows query rows of one (batch row, head) and one chunk of <= 256 output columns; it walks
 // only the key range of its rows' documents (tile skipping), masking per element. Each warp keeps
 // 16 rows' running max / sum and output in registers; P never leaves them. Wide heads (576/512)
 // split the output columns over blocks, each recomputing the scores: simple, and a cost a
@@ -17,35 +17,40 @@ namespace hmla::cuda {
 
 namespace {
 
-template <bool kWide>
+template <bool kWide, int kDvChunk>
 __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     attn_dense_fwd_kernel(const AttnDenseParams p, int nchunks, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
-  constexpr int kNt = T::kBk / 8, kDt = T::kDvChunk / 8;
+  constexpr int kNt = T::kBk / 8, kDt = kDvChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = p.Dqk + T::kPad, ldvt = T::kBk + T::kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
   __nv_bfloat16* Ks = Qs + T::kRows * ldq;                       // [kBk, Dqk]
   __nv_bfloat16* Vt = Ks + T::kBk * ldq;                         // [kDvChunk, kBk] (V transposed)
-  __shared__ int range[2];
+  __shared__ int range[2], wrange[T::kWarps][2];
 
   const int tiles = (p.sq + T::kRows - 1) / T::kRows;
   const int tile = tiles - 1 - blockIdx.x;  // longest key ranges first
   const int h = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks, b = blockIdx.z;
   const int hk = h / (p.H / p.Hkv);
-  const int dv0 = chunk * T::kDvChunk, dvn = min(T::kDvChunk, int(p.Dv) - dv0);
+  const int dv0 = chunk * kDvChunk, dvn = min(kDvChunk, int(p.Dv) - dv0);
   const int lr0 = tile * T::kRows;                        // first local row of the block
   const int nrows = min(T::kRows, int(p.sq) - lr0);
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
 
-  // The block's key range: the union of its rows' [doc_start, t].
-  if (threadIdx.x == 0) range[0] = INT32_MAX, range[1] = -1;
+  // The block's key range, the union of its rows' [doc_start, t], and each warp's (its 16 rows').
+  if (threadIdx.x <= T::kWarps) {
+    int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
+    r[0] = INT32_MAX, r[1] = -1;
+  }
   __syncthreads();
   if (threadIdx.x < nrows) {
     const int64_t t = p.q_row0 + lr0 + threadIdx.x;
     if (ds[t] <= t) {
       atomicMin(&range[0], ds[t]);
       atomicMax(&range[1], int(t));
+      atomicMin(&wrange[threadIdx.x / 16][0], ds[t]);
+      atomicMax(&wrange[threadIdx.x / 16][1], int(t));
     }
   }
   const __nv_bfloat16* q = bf(p.q) + b * p.q_bstride + int64_t(lr0) * p.q_rstride + h * p.q_hstride;
@@ -54,6 +59,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const int jmin = range[0], jmax = range[1];
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int wlo = wrange[warp][0], whi = wrange[warp][1];  // the warp's keys: the mask policy below
   const int rA = warp * 16 + g, rB = rA + 8;  // this thread's two rows (block-local)
   const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
   const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
@@ -71,9 +77,15 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     load_tile_t(Vt, ldvt, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, dvn);
     __syncthreads();
 
+    // The mask as a policy: an 8-key column tile of the scores outside the warp's key range is
+    // masked for all 16 of its rows, so the warp issues no product for it (nor, below, for a
+    // 16-key step of P V whose two column tiles are both out), and a tile with no live column
+    // costs it nothing: its softmax step would rescale by exactly 1 and add exact zeros.
+    const uint32_t live = live_columns<kNt>(j0, wlo, whi);
+    if (!live) continue;
     float s[kNt][4];
     zero_acc(s);
-    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
+    mma_abt_live(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane, live);
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)  // mask; log2 units
 #pragma unroll
@@ -83,7 +95,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
         s[nt][e] = ok ? s[nt][e] * c2 : -INFINITY;
       }
     online_softmax_step(s, mA, mB, lA, lB, o);
-    mma_acc_x(o, s, Vt, ldvt, dvn, lane);  // O += P V: P stays in registers as the A operand
+    mma_acc_x(o, s, Vt, ldvt, dvn, lane, live);  // O += P V: P stays in registers as the A operand
   }
 
   // Finish: out = O / (l + exp(sink - m)), lse = ln(l + ...) + m; empty rows 0 and +inf.
@@ -110,16 +122,17 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   }
 }
 
-template <bool kWide>
+template <bool kWide, int kDvChunk>
 void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
-  const int nchunks = int((p.Dv + T::kDvChunk - 1) / T::kDvChunk);
-  const size_t smem = sizeof(__nv_bfloat16) * ((T::kRows + T::kBk) * (p.Dqk + T::kPad) +
-                                               T::kDvChunk * (T::kBk + T::kPad));
-  check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+  const int nchunks = int((p.Dv + kDvChunk - 1) / kDvChunk);
+  const size_t smem = size_t(attn_fwd_smem<kWide>(p.Dqk, kDvChunk));
+  check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide, kDvChunk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(smem)),
         "attn_dense_fwd: shared memory");
   dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
-  HMLA_LAUNCH(attn_dense_fwd_kernel<kWide>, grid, 32 * T::kWarps, smem, current_stream().get(), p, nchunks, vec);
+  HMLA_LAUNCH((attn_dense_fwd_kernel<kWide, kDvChunk>), grid, 32 * T::kWarps, smem, current_stream().get(), p,
+              nchunks, vec);
   check_launch("attn_dense_fwd");
 }
 
@@ -127,8 +140,12 @@ void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
 
 void attn_dense_fwd(const AttnDenseParams& p) {
   if (p.b == 0 || p.sq == 0) return;
-  if (attn_is_wide(p)) launch_fwd<true>(p, vec_flags(p));
-  else launch_fwd<false>(p, vec_flags(p));
+  // Value heads up to 256 wide keep their whole output in registers (one score pass); wider ones
+  // (the 512 of the latent form) split it over blocks of 256 columns, each recomputing the scores.
+  constexpr int kOne = AttnCudaTraits<false>::kDvChunk, kMax = AttnCudaTraits<false>::kDvChunkMax;
+  const bool one = attn_fwd_dv_chunk(p) == kOne;
+  if (attn_is_wide(p)) one ? launch_fwd<true, kOne>(p, vec_flags(p)) : launch_fwd<true, kMax>(p, vec_flags(p));
+  else one ? launch_fwd<false, kOne>(p, vec_flags(p)) : launch_fwd<false, kMax>(p, vec_flags(p));
 }
 
 }  // namespace hmla::cuda

@@ -6,12 +6,15 @@
 #include "hmla/ops/backend.h"
 #include "cuda_kernels.h"
 #include "traits.h"
+#include "attn_dense.cuh"
 
 namespace hmla {
 
 namespace {
 
+using cuda::attn_dense_smem_bytes;
 using cuda::IndexerKlTraits;
+using cuda::kAttnMaxSmemBytes;
 using cuda::kMmaK;
 using cuda::SparseTraits;
 using cuda::TopkTraits;
@@ -25,7 +28,8 @@ class CudaBackend final : public Backend {
   DType compute_dtype() const override { return DType::bf16; }
   // Every limit of the CUDA kernels, for the real params (traits.h and attn_dense.cuh say why).
   bool supports(const AttnDenseParams& p) const override {
-    return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0;
+    return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0 &&
+           attn_dense_smem_bytes(p) <= kAttnMaxSmemBytes;
   }
   bool supports(const AttnSparseParams& p) const override {
     using T = SparseTraits;

@@ -18,6 +18,14 @@
 #define HMLA_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
 #endif
 
+// The emulator's work counter (tests/cuda/emu/emulate.h) sees the global bytes the tile loaders
+// read; on a GPU the hook is nothing.
+#ifdef HMLA_CUDA_EMULATE
+#define HMLA_COUNT_LOAD(bytes) ::hmla::emu::count_load_bytes(bytes)
+#else
+#define HMLA_COUNT_LOAD(bytes) ((void)0)
+#endif
+
 namespace hmla::cuda {
 
 __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -78,13 +86,13 @@ __device__ inline void load_tile(__nv_bfloat16* s, int ld, const __nv_bfloat16* 
     for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
       const int r = i / per_row, c = (i % per_row) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < valid) v = *reinterpret_cast<const uint4*>(src(r) + c);
+      if (r < valid) v = *reinterpret_cast<const uint4*>(src(r) + c), HMLA_COUNT_LOAD(16);
       *reinterpret_cast<uint4*>(s + r * ld + c) = v;
     }
   } else {
     for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
       const int r = i / ncols, c = i % ncols;
-      s[r * ld + c] = r < valid ? src(r)[c] : zero;
+      s[r * ld + c] = r < valid ? (HMLA_COUNT_LOAD(2), src(r)[c]) : zero;
     }
   }
 }
@@ -95,7 +103,7 @@ __device__ inline void load_tile_t(__nv_bfloat16* s, int ld, const __nv_bfloat16
   const __nv_bfloat16 zero = __float2bfloat16(0.f);
   for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
     const int r = i % nrows, c = i / nrows;  // consecutive threads walk rows: conflict-free stores
-    s[c * ld + r] = r < valid ? g[int64_t(rows ? rows[r] : r) * rstride + c] : zero;
+    s[c * ld + r] = r < valid ? (HMLA_COUNT_LOAD(2), g[int64_t(rows ? rows[r] : r) * rstride + c]) : zero;
   }
 }
 
@@ -135,14 +143,54 @@ __device__ __forceinline__ void mma_abt(float (&acc)[kNt][4], const __nv_bfloat1
   }
 }
 
+// The 8-key column tiles of a kNt-tile score block starting at key j0 that meet the key range
+// [lo, hi] (bit nt set): a warp-uniform mask, since a warp's range is its 16 rows' union.
+template <int kNt>
+__device__ __forceinline__ uint32_t live_columns(int64_t j0, int64_t lo, int64_t hi) {
+  uint32_t live = 0;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+    if (j0 + nt * 8 <= hi && j0 + nt * 8 + 7 >= lo) live |= 1u << nt;
+  return live;
+}
+
+// mma_abt over the live n-tiles only (`live` warp-uniform, bit nt for n-tile nt); the others keep
+// what they held.
+template <int kNt>
+__device__ __forceinline__ void mma_abt_live_step(float (&acc)[kNt][4], const __nv_bfloat16* A, int lda, int r0,
+                                                  const __nv_bfloat16* Bt, int ldb, int k0, int lane, uint32_t live) {
+  uint32_t a[4];
+  load_a(a, A, lda, r0, k0, lane);
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt) {
+    if (!((live >> nt) & 1u)) continue;
+    uint32_t b[2];
+    load_b(b, Bt, ldb, nt * 8, k0, lane);
+    mma_bf16_16816(acc[nt], a, b);
+  }
+}
+template <int kNt, bool kRolled = false>
+__device__ __forceinline__ void mma_abt_live(float (&acc)[kNt][4], const __nv_bfloat16* A, int lda, int r0,
+                                             const __nv_bfloat16* Bt, int ldb, int K, int lane, uint32_t live) {
+  if constexpr (kRolled) {
+#pragma unroll 1
+    for (int k0 = 0; k0 < K; k0 += 16) mma_abt_live_step(acc, A, lda, r0, Bt, ldb, k0, lane, live);
+  } else {
+    for (int k0 = 0; k0 < K; k0 += 16) mma_abt_live_step(acc, A, lda, r0, Bt, ldb, k0, lane, live);
+  }
+}
+
 // out[ct] += P X for the first `width` columns: P is a 16 x (8 kNt) accumulator tile (scores,
 // probabilities or their gradients) turned into A operands in registers, X^T a row-major shared
 // tile (its row n is output column n, along the k of P's columns).
+// A k-step whose two column tiles of P are both dead in `live` (P exactly 0 there: products
+// of +0 that would change nothing) is skipped.
 template <int kNt, int kCt>
 __device__ __forceinline__ void mma_acc_x(float (&out)[kCt][4], const float (&p)[kNt][4], const __nv_bfloat16* Xt,
-                                          int ldx, int width, int lane) {
+                                          int ldx, int width, int lane, uint32_t live = ~0u) {
 #pragma unroll
   for (int kt = 0; kt < kNt / 2; ++kt) {
+    if (!((live >> (2 * kt)) & 3u)) continue;
     uint32_t a[4];
     acc_to_a(a, p[2 * kt], p[2 * kt + 1]);
 #pragma unroll

@@ -111,9 +111,49 @@ struct Launch {
   unsigned cur = 0;
   const std::function<void()>* body = nullptr;
   bool racecheck = false;
+  bool count = false;  // this run's work goes to the launch's counts (the first schedule's run only)
   Shadow shadow;
 };
 inline Launch* g_launch = nullptr;
+
+// The work counter: per launch, the tensor-core FLOPs its mma.sync instructions issued (2 m n k
+// per warp-wide m16n8k16, counted once per warp) and the bytes its threads read from global memory
+// through mma.cuh's tile loaders (load_tile, load_tile_t). Counted under the first schedule only,
+// so a launch's figures do not depend on how many schedules replay it. A ScopedWorkLog collects
+// every launch made during its lifetime, in order; it says what a kernel does, not how fast.
+struct LaunchWork {
+  std::string kernel;
+  uint64_t mma_flops = 0, load_bytes = 0;
+};
+inline std::vector<LaunchWork>*& work_log() {
+  static std::vector<LaunchWork>* log = nullptr;
+  return log;
+}
+inline LaunchWork& work_now() {  // the current launch's counts (a scratch slot outside a log)
+  static LaunchWork scratch;
+  return work_log() && !work_log()->empty() ? work_log()->back() : scratch;
+}
+struct ScopedWorkLog {
+  std::vector<LaunchWork> launches;
+  std::vector<LaunchWork>* saved;
+  ScopedWorkLog() : saved(work_log()) { work_log() = &launches; }
+  ~ScopedWorkLog() { work_log() = saved; }
+  ScopedWorkLog(const ScopedWorkLog&) = delete;
+  ScopedWorkLog& operator=(const ScopedWorkLog&) = delete;
+  uint64_t mma_flops() const {
+    uint64_t n = 0;
+    for (const LaunchWork& w : launches) n += w.mma_flops;
+    return n;
+  }
+  uint64_t load_bytes() const {
+    uint64_t n = 0;
+    for (const LaunchWork& w : launches) n += w.load_bytes;
+    return n;
+  }
+};
+inline void count_load_bytes(uint64_t n) {
+  if (g_launch && g_launch->count) work_now().load_bytes += n;
+}
 
 inline Fiber& self() { return g_launch->fibers[g_launch->cur]; }
 inline unsigned char* dynamic_shared() { return g_launch->smem.data(); }
@@ -242,10 +282,12 @@ inline void run_block(Launch& L, dim3 b, size_t smem, const Schedule& sched) {
 
 // The whole grid under one schedule: blocks in its order.
 inline void run_grid(const char* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body,
-                     const Schedule& sched) {
+                     const Schedule& sched, bool count) {
   const unsigned n = block.x * block.y * block.z;
   Launch L;
   L.kernel = kernel;
+  L.count = count;
+  if (count && work_log()) work_log()->push_back({kernel, 0, 0});
   L.grid = grid;
   L.block_dim = block;
   L.body = &body;
@@ -276,13 +318,13 @@ inline uint64_t& launches() {  // launches so far in this process (named in find
 inline void launch(const char* kernel, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   const std::vector<Schedule>& S = schedules();
   const uint64_t id = ++launches();
-  if (S.size() == 1) return run_grid(kernel, grid, block, smem, body, S[0]);
+  if (S.size() == 1) return run_grid(kernel, grid, block, smem, body, S[0], true);
   const Image before = save_device();
-  run_grid(kernel, grid, block, smem, body, S[0]);
+  run_grid(kernel, grid, block, smem, body, S[0], true);
   const Image first = save_device();
   for (size_t i = 1; i < S.size(); ++i) {
     restore_device(before);
-    run_grid(kernel, grid, block, smem, body, S[i]);
+    run_grid(kernel, grid, block, smem, body, S[i], false);
     const std::string diff = device_difference(first);
     if (diff.empty()) continue;
     report("kernel " + std::string(kernel) + " (launch " + std::to_string(id) + ") leaves different bytes under schedule " +
@@ -376,6 +418,7 @@ inline float half_of(uint32_t reg, int hi) { return __bfloat162float(__nv_bfloat
 inline void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
   Warp& w = warp();
   const int l = lane(), gen = next_collective();
+  if (l == 0 && g_launch->count) work_now().mma_flops += 2 * 16 * 8 * 16;
   auto& dep = w.u32[gen];
   for (int i = 0; i < 4; ++i) dep[l][i] = a[i];
   dep[l][4] = b[0];
