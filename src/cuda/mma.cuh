@@ -107,6 +107,44 @@ __device__ inline void load_tile_t(__nv_bfloat16* s, int ld, const __nv_bfloat16
   }
 }
 
+// Two bf16 of shared memory (bits, no conversion) as one operand register, `lo` in the low half.
+__device__ __forceinline__ uint32_t ld16x2(const __nv_bfloat16* lo, const __nv_bfloat16* hi) {
+  return uint32_t(*reinterpret_cast<const uint16_t*>(lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(hi)) << 16);
+}
+
+// B fragment (k in [k0, k0 + 16), n in [n0, n0 + 8)) from a shared tile holding B itself row major
+// (row k, column n: kI rows for dS kI, qI rows for dS^T qI): each register pairs two rows, so it
+// takes two 16-bit loads (ldmatrix.trans would take one instruction for four such registers).
+__device__ __forceinline__ void load_b_kn(uint32_t b[2], const __nv_bfloat16* s, int ld, int k0, int n0, int lane) {
+  const int g = lane >> 2, c = lane & 3;
+  const __nv_bfloat16* col = s + n0 + g;
+  b[0] = ld16x2(col + (k0 + 2 * c) * ld, col + (k0 + 2 * c + 1) * ld);
+  b[1] = ld16x2(col + (k0 + 2 * c + 8) * ld, col + (k0 + 2 * c + 9) * ld);
+}
+
+// Rows [0, nrows) of a [rows, ncols] bf16 tile into shared memory (row stride ld), zero-padded to
+// ncols_pad columns (an operand width that is not a multiple of 16) and past `valid` rows. 16-byte
+// accesses when ncols, rstride and g are 8-element aligned, else element by element. All threads
+// of the block take part.
+__device__ inline void load_tile_padded(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
+                                        int valid, int ncols, int ncols_pad) {
+  const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  if (ncols % 8 == 0 && rstride % 8 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
+    const int per_row = ncols_pad / 8;
+    for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
+      const int r = i / per_row, c = (i % per_row) * 8;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < valid && c < ncols) v = *reinterpret_cast<const uint4*>(g + int64_t(r) * rstride + c);
+      *reinterpret_cast<uint4*>(s + r * ld + c) = v;
+    }
+  } else {
+    for (int i = threadIdx.x; i < nrows * ncols_pad; i += blockDim.x) {
+      const int r = i / ncols_pad, c = i % ncols_pad;
+      s[r * ld + c] = r < valid && c < ncols ? g[int64_t(r) * rstride + c] : zero;
+    }
+  }
+}
+
 // ---- warp-level products: one warp, 16 rows of A ------------------------------------------------
 
 template <int N>

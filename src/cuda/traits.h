@@ -39,14 +39,26 @@ struct TopkTraits {
   static_assert(kKeyTile % kMmaK == 0, "mma tiles are 16 x 8 x 16");
 };
 
-// The fused indexer KLs (indexer_kl.cu): kTile threads per block, one per key (rows pass) or row
-// (keys pass); shared memory holds S [HI, kTile], dI [kTile], lC [H] (f32) and, in the sparse rows
-// pass, the row's candidates (i32, K rounded up to a power of two): smem_bytes, which must fit the
-// opt-in shared memory of the smallest target, an A100's 163 KB (Hopper has 227 KB).
+// The fused indexer KLs (indexer_kl.cu), two paths.
+// SIMT (f32 math; every input combination but bf16 qI/kI with bf16 q/k on the dense KL, and every
+// sparse KL): kTile threads per block, one per key (rows pass) or row (keys pass); shared memory
+// holds S [HI, kTile], dI [kTile], lC [H] (f32) and, in the sparse rows pass, the row's candidates
+// (i32, K rounded up to a power of two): smem_bytes.
+// Tensor cores (the dense KL on bf16 qI, kI, q, k: what the CUDA training step passes): tiles of
+// kMmaRows query rows by kMmaKeys keys, one warp per 16 keys of a tile (kMmaWarps); a block owns a
+// row tile (rows kernel) or a key tile (keys kernel). 16 rows is the smallest M of mma.sync: the
+// attention's per-head keys (MHA) make query rows the only M the scores q . k can share. 64 keys
+// give the keys kernel's dkI accumulator [64, DI] one warp of 16 keys each in registers, which is
+// what bounds DI: kMmaMaxDI / 8 n-tiles of 4 f32 (64 registers at DI 128, DeepSeek-V3.2's and
+// GLM-5's width). Widths that are not multiples of 16 are zero-padded in the shared tiles (exact:
+// a zero channel adds 0 to every dot product). Shared memory: mma_smem_bytes.
+// Both must fit the opt-in shared memory of the smallest target, an A100's 163 KB (Hopper has 227 KB).
 struct IndexerKlTraits {
   static constexpr int kTile = 128;
   static constexpr int64_t kMaxHI = 256, kMaxH = 1024, kMaxK = 8192;
   static constexpr int64_t kMaxSmemBytes = 163 * 1024;
+  static constexpr int kMmaRows = 16, kMmaKeys = 64, kMmaWarps = kMmaKeys / 16, kMmaThreads = 32 * kMmaWarps;
+  static constexpr int64_t kMmaMaxDI = 128, kMmaPad = 8;
   static constexpr int64_t pow2_at_least(int64_t n) {
     int64_t r = 1;
     while (r < n) r *= 2;
@@ -55,10 +67,29 @@ struct IndexerKlTraits {
   static constexpr int64_t smem_bytes(int64_t HI, int64_t H, int64_t cand) {
     return (HI * kTile + kTile + H) * 4 + cand * 4;
   }
+  static constexpr int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
+  static constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+  // q, k tiles [kMmaRows + kMmaKeys, pad16(Dqk) + kMmaPad] and qI, kI tiles [.., pad16(DI) + kMmaPad]
+  // (bf16); dI [kMmaRows, kMmaKeys] (bf16); lseC [H, kMmaRows], w [kMmaRows, HI], a reduction
+  // scratch [kMmaRows, 4 kMmaWarps, 2] and four per-row values (f32); the relu masks, one ballot word
+  // per (index head, warp, n-tile, accumulator register).
+  static constexpr int64_t mma_smem_bytes(int64_t H, int64_t HI, int64_t Dqk, int64_t DI) {
+    return align16((kMmaRows + kMmaKeys) * (pad16(Dqk) + kMmaPad) * 2) +
+           align16((kMmaRows + kMmaKeys) * (pad16(DI) + kMmaPad) * 2) + align16(kMmaRows * kMmaKeys * 2) +
+           align16(H * kMmaRows * 4) + align16(kMmaRows * HI * 4) + align16(kMmaRows * 4 * kMmaWarps * 2 * 4) +
+           align16(kMmaRows * 4 * 4) + align16(HI * kMmaWarps * 8 * 4);
+  }
+  // Whether the dense KL runs on the tensor cores (else on the SIMT kernels).
+  static constexpr bool mma_dense(bool bf16_inputs, int64_t H, int64_t HI, int64_t Dqk, int64_t DI) {
+    return bf16_inputs && DI <= kMmaMaxDI && H <= kMaxH && HI <= kMaxHI &&
+           mma_smem_bytes(H, HI, Dqk, DI) <= kMaxSmemBytes;
+  }
 };
 // DeepSeek-V3.2's and GLM-5's indexer (HI 64 / 32, H 128 / 64, K 2048) fits with room.
 static_assert(IndexerKlTraits::smem_bytes(64, 128, 2048) <= IndexerKlTraits::kMaxSmemBytes,
               "the reference geometries fit");
+static_assert(IndexerKlTraits::mma_dense(true, 128, 64, 192, 128) && IndexerKlTraits::mma_dense(true, 64, 32, 256, 128),
+              "the reference geometries run on the tensor cores");
 
 // The dense ops (nn.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
 // and sums of squares in partials of kSumChunk values, summed in a fixed order (deterministic).

@@ -52,7 +52,8 @@ KlRefResult<T> indexer_kl_ref(const IndexerDims& d, const KlAttn& a, const std::
                               const std::vector<T>& k, const std::vector<T>& qI, const std::vector<T>& kI,
                               const std::vector<T>& w, const std::vector<int32_t>& doc_start,
                               const std::vector<T>& row_weight, T coeff, const std::vector<int32_t>& topk,
-                              int64_t K) {
+                              int64_t K, T (*stored)(T)) {
+  auto st = [&](T x) { return stored ? stored(x) : x; };
   KlRefResult<T> r;
   r.dqI.assign(qI.size(), T(0));
   r.dkI.assign(kI.size(), T(0));
@@ -108,15 +109,15 @@ KlRefResult<T> indexer_kl_ref(const IndexerDims& d, const KlAttn& a, const std::
       const T g = coeff * row_weight[row];
       if (g == T(0)) continue;
       for (size_t i = 0; i < n; ++i) {
-        const T dI = g * (std::exp(I[i] - lseI) - P[i]);
+        const T dI = st(g * (std::exp(I[i] - lseI) - P[i]));
         for (int64_t h = 0; h < d.HI; ++h) {
           const T x = dot[i * d.HI + h];
           r.dw[row * d.HI + h] += dI * std::max(x, T(0));
           if (x <= 0) continue;
-          const T ds = dI * w[row * d.HI + h];
+          const T ds = dI * w[row * d.HI + h], dsk = stored ? st(ds) : ds;
           for (int64_t c = 0; c < d.DI; ++c) {
             r.dqI[(row * d.HI + h) * d.DI + c] += ds * kI[(b * d.s + C[i]) * d.DI + c];
-            r.dkI[(b * d.s + C[i]) * d.DI + c] += ds * qI[(row * d.HI + h) * d.DI + c];
+            r.dkI[(b * d.s + C[i]) * d.DI + c] += dsk * qI[(row * d.HI + h) * d.DI + c];
           }
         }
       }
@@ -133,7 +134,7 @@ KlRefResult<T> indexer_kl_ref(const IndexerDims& d, const KlAttn& a, const std::
                                             const std::vector<T>&, const std::vector<T>&,                \
                                             const std::vector<T>&, const std::vector<T>&,                \
                                             const std::vector<int32_t>&, const std::vector<T>&, T,       \
-                                            const std::vector<int32_t>&, int64_t);
+                                            const std::vector<int32_t>&, int64_t, T (*)(T));
 HMLA_INSTANTIATE(double)
 HMLA_INSTANTIATE(float)
 #undef HMLA_INSTANTIATE

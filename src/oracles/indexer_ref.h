@@ -33,11 +33,15 @@ struct KlRefResult {
 };
 
 // topk empty: dense KL over A(t); else the sparse KL over slots < K of topk [b, s, K + W].
+// stored (null: exact) rounds what a low-precision kernel feeds its gradient products: dI before
+// dw and dqI (dqI_h += stored(dI) w_h kI), and dS = stored(stored(dI) w_h) before dkI. With
+// T = float and bf16 rounding it is the naive bf16 implementation of the STYLE.md rule for the
+// tensor-core KL (tests/cuda/emu/test_mixed_dtype_emu.cpp).
 template <class T>
 KlRefResult<T> indexer_kl_ref(const IndexerDims& d, const KlAttn& a, const std::vector<T>& q,
                               const std::vector<T>& k, const std::vector<T>& qI, const std::vector<T>& kI,
                               const std::vector<T>& w, const std::vector<int32_t>& doc_start,
                               const std::vector<T>& row_weight, T coeff, const std::vector<int32_t>& topk,
-                              int64_t K);
+                              int64_t K, T (*stored)(T) = nullptr);
 
 }  // namespace hmla::ref

@@ -77,9 +77,11 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
 // same scores (ties to the smaller j; -0 equals +0).
 Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_row0, int64_t K, int64_t W);
 
-// The KLs' qI, kI (one dtype) and q, k (one dtype) are f32 or bf16 (the CPU: f32; CUDA reads
-// either, widening bf16 exactly: the same bits as f32 tensors holding the same values); every
-// other input and the gradients are f32.
+// The KLs' qI, kI (one dtype) and q, k (one dtype) are f32 or bf16 (the CPU: f32). CUDA runs the
+// dense KL on all-bf16 inputs on the tensor cores (f32 scores from the bf16 values; the gradient
+// products read dI rounded to bf16: docs/indexer.md); every other mix in f32 math, widening bf16
+// exactly (the same bits as f32 tensors holding the same values). Every other input and the
+// gradients are f32.
 struct IndexerKlInputs {
   IndexerScores sc;
   Tensor q;          // [b, sq, H, Dqk] attention queries (detached; last dim contiguous)

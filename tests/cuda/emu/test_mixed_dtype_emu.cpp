@@ -316,8 +316,11 @@ IndexerKlResult run_kl(const KlProblem& p, DType it, DType at, Device dev) {
 
 class MixedKl : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
 
-// bf16 qI/kI, q/k or both: the bits of the f32 KL on the same values (gradients, kl_sum, loss),
-// and that f32 KL within the STYLE.md rule of the f64 oracle on those values.
+// One bf16 input pair (qI/kI or q/k) with the other f32: the SIMT kernels in f32, so the bits of
+// the f32 KL on the same values (gradients, kl_sum, loss), and that f32 KL within the STYLE.md
+// rule of the f64 oracle on those values. Both pairs bf16 (what the training step passes): the
+// dense KL runs on the tensor cores (indexer_kl.cu) and is held to the rule below instead; the
+// sparse KL stays on the SIMT kernels and keeps the bits.
 TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const KlProblem p = kl_problem(GetParam());
@@ -325,6 +328,7 @@ TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
   for (auto [it, at] : {std::pair{DType::bf16, DType::f32}, std::pair{DType::f32, DType::bf16},
                         std::pair{DType::bf16, DType::bf16}}) {
     const std::string what = std::string("qI, kI ") + dtype_name(it) + ", q, k " + dtype_name(at);
+    if (!p.c.sparse && it == DType::bf16 && at == DType::bf16) continue;  // MixedKlDense, below
     const IndexerKlResult r = run_kl(p, it, at, Device::cuda);
     expect_same_bits(values(r.dqI), values(f32.dqI), what + ": dqI");
     expect_same_bits(values(r.dkI), values(f32.dkI), what + ": dkI");
@@ -346,7 +350,91 @@ TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
   testing::expect_within_rule("dw", values(f32.dw), o32.dw, o64.dw);
   EXPECT_GT(o64.kl_sum, 0.0);
 }
+
+// The dense KL on bf16 qI, kI, q, k runs on the tensor cores: the scores qI . kI and q . k are
+// f32 sums of exact bf16 products (as the SIMT kernel's, in another order), so lseI, lseC, P, Q,
+// dI and kl carry f32 rounding only; the one bf16 rounding is the products' A operand: dI before
+// dqI = w_h sum_j dI [s > 0] kI and dw = qI . (that sum), dS = bf16(bf16(dI) w_h) before dkI. The
+// naive implementation in that precision is the oracle with exactly those roundings
+// (ref::indexer_kl_ref's `stored`), sums in f32; the rule: twice its error against the f64 oracle
+// plus the f32 rounding term of outputs that stay f32 (expect_within_rule). kl_sum has no bf16
+// rounding: the f32 rule against the f32 oracle.
+class MixedKlDense : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
+TEST_P(MixedKlDense, TensorCoresOnBf16InputsKeepTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const KlProblem p = kl_problem(GetParam());
+  const op_cases::IndexerKlCase& c = p.c;
+  const IndexerKlResult r = run_kl(p, DType::bf16, DType::bf16, Device::cuda);
+  const std::vector<int32_t> ds = p.layout.doc_start.to_vector<int32_t>();
+  const ref::IndexerDims dims{c.b, c.s, c.HI, c.DI};
+  const ref::KlAttn att{c.H, c.Hkv, c.Dqk, 0.3};
+  auto o64 = ref::indexer_kl_ref<double>(dims, att, to_f64(p.q), to_f64(p.k), to_f64(p.qI), to_f64(p.kI), to_f64(p.w),
+                                         ds, to_f64(p.rw), 0.5, {}, 0);
+  auto o32 = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, p.rw, 0.5f, {}, 0);
+  auto nb = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, p.rw, 0.5f, {}, 0, rb);
+  testing::expect_within_rule("dqI", values(r.dqI), nb.dqI, o64.dqI);
+  testing::expect_within_rule("dkI", values(r.dkI), nb.dkI, o64.dkI);
+  testing::expect_within_rule("dw", values(r.dw), nb.dw, o64.dw);
+  testing::expect_within_rule("kl_sum", {float(r.kl_sum)}, {float(o32.kl_sum)}, {o64.kl_sum});
+  EXPECT_NEAR(r.loss, 0.5 * r.kl_sum, 1e-12);
+  // The rule is not vacuous here: the bf16 rounding moved the naive gradients off the f32 ones.
+  EXPECT_GT(testing::max_abs_err(nb.dkI, o64.dkI).max_err, 4 * testing::max_abs_err(o32.dkI, o64.dkI).max_err);
+  // Deterministic: a second run gives the same bits.
+  const IndexerKlResult again = run_kl(p, DType::bf16, DType::bf16, Device::cuda);
+  expect_same_bits(values(again.dqI), values(r.dqI), "dqI");
+  expect_same_bits(values(again.dkI), values(r.dkI), "dkI");
+  expect_same_bits(values(again.dw), values(r.dw), "dw");
+  EXPECT_EQ(again.kl_sum, r.kl_sum);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, MixedKl, ::testing::ValuesIn(op_cases::indexer_kl()), op_cases::RowName());
+// A context-parallel query slice (rows [37, 137) of 150: across documents and into row 0's tail
+// padding) on the tensor cores: the oracle over every row with the rows outside the slice
+// weighted 0 gives the slice's dqI and dw rows and its share of dkI and kl_sum.
+TEST(MixedKlDenseSlice, AQuerySliceKeepsTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const op_cases::IndexerKlCase c = op_cases::indexer_kl()[0];  // dense, lse given
+  const KlProblem p = kl_problem(c);
+  const int64_t r0 = 37, n = 100, b = c.b, s = c.s;
+  using testing::rows_of;
+  IndexerKlInputs in;
+  in.sc = {host(rows_of(p.qI, b, s, c.HI * c.DI, r0, n), {b, n, c.HI, c.DI}, DType::bf16).to(Device::cuda),
+           host(p.kI, {b, s, c.DI}, DType::bf16).to(Device::cuda),
+           host(rows_of(p.w, b, s, c.HI, r0, n), {b, n, c.HI}, DType::f32).to(Device::cuda), &p.layout, r0};
+  in.q = host(rows_of(p.q, b, s, c.H * c.Dqk, r0, n), {b, n, c.H, c.Dqk}, DType::bf16).to(Device::cuda);
+  in.k = host(p.k, {b, s, c.Hkv, c.Dqk}, DType::bf16).to(Device::cuda);
+  in.scale = 0.3f;
+  in.coeff = 0.5f;
+  in.row_weight = host(rows_of(p.rw, b, s, 1, r0, n), {b, n}, DType::f32).to(Device::cuda);
+  in.lse_c = host(rows_of(p.lse_c.to_vector<float>(), b * c.H, s, 1, r0, n), {b, c.H, n}, DType::f32).to(Device::cuda);
+  const IndexerKlResult r = indexer_kl_dense(in);
+  std::vector<float> rw = p.rw;
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t t = 0; t < s; ++t)
+      if (t < r0 || t >= r0 + n) rw[bb * s + t] = 0.f;
+  const std::vector<int32_t> ds = p.layout.doc_start.to_vector<int32_t>();
+  const ref::IndexerDims dims{b, s, c.HI, c.DI};
+  const ref::KlAttn att{c.H, c.Hkv, c.Dqk, 0.3};
+  auto o64 = ref::indexer_kl_ref<double>(dims, att, to_f64(p.q), to_f64(p.k), to_f64(p.qI), to_f64(p.kI), to_f64(p.w),
+                                         ds, to_f64(rw), 0.5, {}, 0);
+  auto o32 = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, rw, 0.5f, {}, 0);
+  auto nb = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, rw, 0.5f, {}, 0, rb);
+  testing::expect_within_rule("dqI", values(r.dqI), rows_of(nb.dqI, b, s, c.HI * c.DI, r0, n),
+                              rows_of(o64.dqI, b, s, c.HI * c.DI, r0, n));
+  testing::expect_within_rule("dw", values(r.dw), rows_of(nb.dw, b, s, c.HI, r0, n), rows_of(o64.dw, b, s, c.HI, r0, n));
+  testing::expect_within_rule("dkI", values(r.dkI), nb.dkI, o64.dkI);
+  testing::expect_within_rule("kl_sum", {float(r.kl_sum)}, {float(o32.kl_sum)}, {o64.kl_sum});
+  EXPECT_GT(o64.kl_sum, 0.0);
+}
+
+// The dense rows (the sparse KL runs on the SIMT kernels: its bits are the test above's).
+std::vector<op_cases::IndexerKlCase> dense_kl_cases() {
+  std::vector<op_cases::IndexerKlCase> out;
+  for (const auto& c : op_cases::indexer_kl())
+    if (!c.sparse) out.push_back(c);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Cases, MixedKlDense, ::testing::ValuesIn(dense_kl_cases()), op_cases::RowName());
 
 // The CPU's KL reads f32 only: bf16 q, k (or qI, kI) is its supports() refusal, a clear error.
 TEST(MixedKlOnCpu, Bf16InputsAreRefused) {
