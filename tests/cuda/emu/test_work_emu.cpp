@@ -140,5 +140,45 @@ TEST(WorkCounter, SparseAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
   bwd.finish();
 }
 
+// The dense KL on bf16 inputs (the training step's) runs on the tensor cores; the sparse KL is
+// still SIMT f32 (no tensor-core work to count: docs/cuda.md), so only the dense rows are here.
+TEST(WorkCounter, TheDenseIndexerKlIssuesAtMostTwiceItsMinimalTensorCoreWork) {
+  Tally dense{"dense indexer KL", 2.0, 2.13};
+  // The table's rows (Dqk 12 padded to 16, HI 4) and one of the real models' proportions on one
+  // document of a length the emulator runs in seconds (DeepSeek-V3.2: H 128 x 192 against HI 64 x 128; here a
+  // sixteenth of the heads, a third of the widths), where tile padding no longer dominates.
+  std::vector<op_cases::IndexerKlCase> rows = op_cases::indexer_kl();
+  rows.push_back({"model_proportions", op_cases::Oracle::indexer_kl_ref, 1, 512, 4, 48, 8, 8, 64, false, true});
+  for (const op_cases::IndexerKlCase& c : rows) {
+    if (c.sparse) continue;
+    // The layout of the KL's emulated table (test_mixed_dtype_emu.cpp): documents, a one-token
+    // one, a second batch row of one document; the model-proportions row is one document.
+    const DocLayout layout = c.b == 1 ? layout_causal(1, c.s) : layout_from_cu_seqlens(c.s, {{0, 40, 41, 42, 130}, {0, c.s}});
+    const int64_t b = c.b, s = c.s;
+    IndexerKlInputs in;
+    in.sc = {put({b, s, c.HI, c.DI}, randn_bf16(b * s * c.HI * c.DI, 1)), put({b, s, c.DI}, randn_bf16(b * s * c.DI, 2)),
+             Tensor::from_vector<float>({b, s, c.HI}, randn_bf16(b * s * c.HI, 3)).to(Device::cuda), &layout};
+    in.q = put({b, s, c.H, c.Dqk}, randn_bf16(b * s * c.H * c.Dqk, 4));
+    in.k = put({b, s, c.Hkv, c.Dqk}, randn_bf16(b * s * c.Hkv * c.Dqk, 5));
+    in.scale = 0.3f;
+    in.coeff = 0.5f;
+    std::vector<float> rw(b * s);
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t t = 0; t < s; ++t) rw[r * s + t] = layout.is_padding(r, t) ? 0.f : 1.f;
+    in.row_weight = Tensor::from_vector<float>({b, s}, rw).to(Device::cuda);
+    if (c.give_lse) {  // the attention's lse, from the CPU kernel on the same values (Dqk 12: CPU only)
+      const Tensor q = Tensor::from_vector<float>({b, s, c.H, c.Dqk}, cuda_check::host(in.q));
+      const Tensor k = Tensor::from_vector<float>({b, s, c.Hkv, c.Dqk}, cuda_check::host(in.k));
+      in.lse_c = attn_dense_fwd(AttnDenseInputs{q, k, k, &layout, {}, 0.3f}).lse.to(Device::cuda);
+    }
+    const int64_t pairs = dense_pairs(layout, b, s, 0);
+    const double f = double(pairs) * (2.0 * c.H * c.Dqk + 6.0 * c.HI * c.DI);
+    emu::ScopedWorkLog log;
+    indexer_kl_dense(in);
+    dense.add(c.name, log, f);
+  }
+  dense.finish();
+}
+
 }  // namespace
 }  // namespace hmla
