@@ -25,7 +25,8 @@ struct SparseTraits {
   // (dS^T Q + P^T dO over the group's heads). 32 heads: Q, dO and the key tile at 576/512 plus a
   // 4096-slot list take 147 KB (bwd_smem_bytes), under an A100's 163 KB; 64 would not fit. One
   // chunk at every width up to 576, so S and dP are computed once per (row, head group, key tile).
-  // H must be a multiple of kHeadStep (the case tables' smaller H run the CPU backward).
+  // supports() asks H to be a multiple of kHeadStep (the kernel masks a partial head tile, but no
+  // case table row runs one on the device yet).
   static constexpr int kBwdWarps = 8;
   static constexpr int kBwdKeys = 32;
   static constexpr int kBwdHeads = 32;
