@@ -173,162 +173,195 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
 
 // ---- backward -----------------------------------------------------------------------------
 //   D[h] = rowsum(dO_h * O_h);  P = exp(l - lse);  dS = P (dP - D) scale with dP = dO_h . v_j
-//   dq_h = sum_j dS[h, j] kv_j                      (kernel dq: per row, heads, column chunk)
+//   dq_h = sum_j dS[h, j] kv_j
 //   dkv_j = sum over (row, h) listing j of dS[h, j] q_h + P[h, j] dO_h (value channels)
-// dkv is deterministic without float atomics: kernel dkg writes each (row, listed key)'s
-// contribution, summed over heads in order, to a workspace for a chunk of rows; kernel reduce
-// adds, per key, the contributions of the chunk in (row, position) order through an inverse index
-// built on the device (InverseIndex below), into an f32 accumulator; chunks go in row order.
-// Column chunks of 128 keep accumulators in registers.
+// Kernel bwd computes S and dP once per (row, head group, tile of listed keys) over the full
+// Dqk / Dv and takes dq and dkv's contributions from the same P and dS (docs/sparse_attention.md,
+// "The CUDA backward"). dkv is deterministic without float atomics: bwd writes each (row, head
+// group, listed key)'s contribution, summed over the group's heads in order, to a workspace for a
+// chunk of rows; kernel reduce adds, per key, the chunk's contributions in (row, position, head
+// group) order through an inverse index built on the device (InverseIndex below), into an f32
+// accumulator; chunks go in row order.
 
-constexpr int kBwdWarps = SparseTraits::kBwdWarps, kBwdHeads = SparseTraits::kBwdHeads;
-constexpr int kHeadStep = SparseTraits::kHeadStep;
+constexpr int kBwdWarps = SparseTraits::kBwdWarps, kBwdHeads = SparseTraits::kBwdHeads, kBwdKeys = SparseTraits::kBwdKeys;
+constexpr int kBwdSplit = SparseTraits::kBwdSplit, kBwdDqChunk = SparseTraits::kBwdDqChunk;
+constexpr int kBwdPartLd = SparseTraits::kBwdPartLd;
 
 struct SparseBwdParams {
   AttnSparseParams f;  // with the saved out and lse, dout, dq
   const float* D;      // [b, H, sq]
 };
 
-__global__ void __launch_bounds__(32 * kBwdWarps) sparse_dq_kernel(const SparseBwdParams bp, int nchunks, bool vec) {
+// Row `row0 + blockIdx.x`, heads [32 by, +32), columns [c0, c0 + 576) of Dqk (c0 = 576 bz: one
+// chunk at every width up to 576). Warp w: head tile ht = w / 4 (16 heads), part q = w % 4.
+// Per tile of 32 listed keys:
+//   1. partial S (q 0, 1: the two halves of Dqk) and dP (q 2, 3: of Dv) of the warp's heads;
+//   2. the block sums them: P = exp(S scale - lse), dS = P (dP - D) scale, kept as bf16 dS
+//      [head][key] (dq's A operand) and dS^T, P^T [key][head] (dkv's);
+//   3. dq[heads, q's quarter of the column pairs] += dS K, K read from the shared key tile
+//      (ldmatrix.trans); the accumulators stay in registers over the whole list;
+//   4. key m-tile w / 4, q's quarter of the column pairs: dS^T Q + P^T dO over the block's
+//      heads, written to ws[((local row * groups + group) * KW + position) * Dqk + col].
+__global__ void __launch_bounds__(32 * kBwdWarps)
+    sparse_bwd_kernel(const SparseBwdParams bp, int64_t row0, bool vec, float* ws) {
   const AttnSparseParams& p = bp.f;
-  constexpr int kNt = kBk / 8, kCt = kChunk / 8;
+  constexpr int kNt = kBwdKeys / 8, kPairs = kBwdDqChunk / 16 / kBwdSplit;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldt = kBk + kPad;
+  const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldt = kBwdHeads + kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kBwdHeads, Dqk]
-  __nv_bfloat16* dOs = Qs + kBwdHeads * ldq;                     // [kBwdHeads, Dv]
-  __nv_bfloat16* Ks = dOs + kBwdHeads * ldv;                     // [kBk, Dqk] gathered keys
-  __nv_bfloat16* Kt = Ks + kBk * ldq;                            // [kChunk, kBk] their chunk, transposed
-  int32_t* list = reinterpret_cast<int32_t*>(Kt + kChunk * ldt);
+  __nv_bfloat16* Ks = Qs + kBwdHeads * ldq;                      // [kBwdKeys, Dqk] gathered keys
+  __nv_bfloat16* dOs = Ks + kBwdKeys * ldq;                      // [kBwdHeads, Dv]
+  __nv_bfloat16* dSs = dOs + kBwdHeads * ldv;                    // [kBwdHeads, kBwdKeys] (row stride ldt)
+  __nv_bfloat16* dSt = dSs + kBwdKeys * ldt;                     // [kBwdKeys, kBwdHeads]
+  __nv_bfloat16* Pt = dSt + kBwdKeys * ldt;                      // [kBwdKeys, kBwdHeads]
+  float* part = reinterpret_cast<float*>(Pt + kBwdKeys * ldt);   // [kBwdSplit, kBwdHeads, kBwdPartLd]
+  int32_t* list = reinterpret_cast<int32_t*>(part + kBwdSplit * kBwdHeads * kBwdPartLd);  // [KW]
+  __shared__ float s_lse[kBwdHeads], s_D[kBwdHeads];
   __shared__ int s_nc;
 
-  const int64_t row = blockIdx.x, bb = row / p.sq, t = row % p.sq;
-  const int hg = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks;
+  const int64_t local = blockIdx.x, row = row0 + local, bb = row / p.sq, t = row % p.sq;
+  const int hg = blockIdx.y, groups = int(gridDim.y);
   const int h0 = hg * kBwdHeads, nh = int(p.H - h0 < kBwdHeads ? p.H - h0 : kBwdHeads);
-  const int c0 = chunk * kChunk, cn = int(p.Dqk - c0 < kChunk ? p.Dqk - c0 : kChunk);
+  const int c0 = int(blockIdx.z) * kBwdDqChunk, cn = int(p.Dqk - c0 < kBwdDqChunk ? p.Dqk - c0 : kBwdDqChunk);
   const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
   load_tile(Qs, ldq, bf(p.q) + bb * p.q_bstride + t * p.q_rstride + h0 * p.q_hstride, p.q_hstride, kBwdHeads, nh, int(p.Dqk), vec);
   load_tile(dOs, ldv, bf(p.dout) + (row * p.H + h0) * p.Dv, p.Dv, kBwdHeads, nh, int(p.Dv), vec && p.Dv % 8 == 0);
+  if (threadIdx.x < kBwdHeads) {
+    const int h = h0 + int(threadIdx.x);
+    s_lse[threadIdx.x] = h < p.H ? p.lse[(bb * p.H + h) * p.sq + t] * kLog2e : INFINITY;
+    s_D[threadIdx.x] = h < p.H ? bp.D[(bb * p.H + h) * p.sq + t] : 0.f;
+  }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int hA = h0 + warp * 16 + g, hB = hA + 8;
+  const int ht = warp / kBwdSplit, q = warp % kBwdSplit;
+  const bool heads_live = ht * 16 < nh;  // warp-uniform: a head tile past H does nothing
   const float c2 = p.scale * kLog2e;
-  const float lseA = hA < p.H ? p.lse[(bb * p.H + hA) * p.sq + t] * kLog2e : INFINITY;
-  const float lseB = hB < p.H ? p.lse[(bb * p.H + hB) * p.sq + t] * kLog2e : INFINITY;
-  const float DA = hA < p.H ? bp.D[(bb * p.H + hA) * p.sq + t] : 0.f, DB = hB < p.H ? bp.D[(bb * p.H + hB) * p.sq + t] : 0.f;
-  float dq[kCt][4];
+  // The warp's column pairs (16 columns each) of the chunk, for dq and for dkv.
+  const int npairs = cn / 16, per = (npairs + kBwdSplit - 1) / kBwdSplit;
+  const int pair0 = q * per, mine = npairs - pair0 < per ? (npairs - pair0 > 0 ? npairs - pair0 : 0) : per;
+  // The halves of S's and dP's k-steps (multiples of 16 columns).
+  const int sk = ((int(p.Dqk) / 16 + 1) / 2) * 16, pk = ((int(p.Dv) / 16 + 1) / 2) * 16;
+  const int klo = q == 0 ? 0 : q == 1 ? sk : q == 2 ? 0 : pk;
+  const int khi = q == 0 ? sk : q == 1 ? int(p.Dqk) : q == 2 ? pk : int(p.Dv);
+  const __nv_bfloat16* A = q < 2 ? Qs : dOs;
+  const int lda = q < 2 ? ldq : ldv;
+
+  float dq[2 * kPairs][4];
   zero_acc(dq);
   const __nv_bfloat16* kv = bf(p.kv) + bb * p.skv * p.Dqk;
-  for (int j0 = 0; j0 < n; j0 += kBk) {
-    const int nk = n - j0 < kBk ? n - j0 : kBk;
+  const int64_t wbase = (local * groups + hg) * p.KW;
+  for (int j0 = 0; j0 < n; j0 += kBwdKeys) {
+    const int nk = n - j0 < kBwdKeys ? n - j0 : kBwdKeys;
     __syncthreads();
-    load_tile(Ks, ldq, kv, p.Dqk, kBk, nk, int(p.Dqk), vec, list + j0);  // gathered keys
-    load_tile_t(Kt, ldt, kv + c0, p.Dqk, kBk, nk, cn, list + j0);        // their chunk, transposed
+    load_tile(Ks, ldq, kv, p.Dqk, kBwdKeys, nk, int(p.Dqk), vec, list + j0);  // gathered keys (v: their first Dv)
     __syncthreads();
-    float s[kNt][4], dp[kNt][4];
-    zero_acc(s);
-    zero_acc(dp);
-    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
-    mma_abt(dp, dOs, ldv, warp * 16, Ks, ldq, int(p.Dv), lane);  // dP = dO v^T: v = the key's first Dv
+    // 1. The warp's part of S = Q K^T or dP = dO V^T, over the live 8-key n-tiles.
+    if (heads_live) {
+      const uint32_t live = live_columns<kNt>(j0, 0, n - 1);
+      float s[kNt][4];
+      zero_acc(s);
+      mma_abt_live(s, A + klo, lda, ht * 16, Ks + klo, ldq, khi - klo, lane, live);
+      float* out = part + (q * kBwdHeads + ht * 16) * kBwdPartLd;
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const bool lo = e < 2, ok = j0 + nt * 8 + 2 * c + (e & 1) < n;
-        const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
-        s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
+      for (int nt = 0; nt < kNt; ++nt) {
+        out[g * kBwdPartLd + nt * 8 + 2 * c] = s[nt][0], out[g * kBwdPartLd + nt * 8 + 2 * c + 1] = s[nt][1];
+        out[(g + 8) * kBwdPartLd + nt * 8 + 2 * c] = s[nt][2], out[(g + 8) * kBwdPartLd + nt * 8 + 2 * c + 1] = s[nt][3];
       }
-    mma_acc_x(dq, s, Kt, ldt, cn, lane);
-  }
+    }
+    __syncthreads();
+    // 2. P and dS, once per (head, key); 0 past the list and past H.
+    for (int i = threadIdx.x; i < kBwdHeads * kBwdKeys; i += blockDim.x) {
+      const int h = i / kBwdKeys, k = i % kBwdKeys;
+      float pr = 0.f, ds = 0.f;
+      if (h < nh && j0 + k < n) {
+        const float sv = part[h * kBwdPartLd + k] + part[(kBwdHeads + h) * kBwdPartLd + k];
+        const float dp = part[(2 * kBwdHeads + h) * kBwdPartLd + k] + part[(3 * kBwdHeads + h) * kBwdPartLd + k];
+        pr = exp2f(sv * c2 - s_lse[h]);
+        ds = pr * (dp - s_D[h]) * p.scale;
+      }
+      const __nv_bfloat16 dsb = __float2bfloat16(ds);
+      dSs[h * ldt + k] = dsb, dSt[k * ldt + h] = dsb, Pt[k * ldt + h] = __float2bfloat16(pr);
+    }
+    __syncthreads();
+    // 3. dq += dS K over the tile's live 16-key k-steps.
+    if (heads_live) {
 #pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) {
-    if (ct * 8 >= cn) break;
-    const int col = c0 + ct * 8 + 2 * c;
-    if (hA < p.H)
-      *reinterpret_cast<uint32_t*>(bf(p.dq) + (row * p.H + hA) * p.Dqk + col) = pack_bf16(dq[ct][0], dq[ct][1]);
-    if (hB < p.H)
-      *reinterpret_cast<uint32_t*>(bf(p.dq) + (row * p.H + hB) * p.Dqk + col) = pack_bf16(dq[ct][2], dq[ct][3]);
+      for (int kt = 0; kt < kBwdKeys / 16; ++kt) {
+        if (j0 + kt * 16 >= n) break;
+        uint32_t a[4];
+        load_a(a, dSs, ldt, ht * 16, kt * 16, lane);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          if (i >= mine) break;
+          uint32_t b0[2], b1[2];
+          load_b_kn_x2(b0, b1, Ks, ldq, kt * 16, c0 + (pair0 + i) * 16, lane);
+          mma_bf16_16816(dq[2 * i], a, b0);
+          mma_bf16_16816(dq[2 * i + 1], a, b1);
+        }
+      }
+    }
+    // 4. dkv's contributions of the warp's 16 keys: dS^T Q + P^T dO over the block's live heads.
+    const int mt = warp / kBwdSplit;
+    if (mt * 16 < nk) {
+      const int nht = (nh + 15) / 16;
+      uint32_t as[kBwdHeads / 16][4], ap[kBwdHeads / 16][4];
+#pragma unroll
+      for (int hs = 0; hs < kBwdHeads / 16; ++hs)
+        if (hs < nht) load_a(as[hs], dSt, ldt, mt * 16, hs * 16, lane), load_a(ap[hs], Pt, ldt, mt * 16, hs * 16, lane);
+      const int pA = j0 + mt * 16 + g, pB = pA + 8;
+      for (int i = 0; i < mine; ++i) {
+        const int col = c0 + (pair0 + i) * 16;
+        float acc[2][4];
+        zero_acc(acc);
+#pragma unroll
+        for (int hs = 0; hs < kBwdHeads / 16; ++hs) {
+          if (hs >= nht) break;
+          uint32_t b0[2], b1[2];
+          load_b_kn_x2(b0, b1, Qs, ldq, hs * 16, col, lane);
+          mma_bf16_16816(acc[0], as[hs], b0);
+          mma_bf16_16816(acc[1], as[hs], b1);
+          if (col < p.Dv) {  // value columns: Dv is a multiple of 16
+            load_b_kn_x2(b0, b1, dOs, ldv, hs * 16, col, lane);
+            mma_bf16_16816(acc[0], ap[hs], b0);
+            mma_bf16_16816(acc[1], ap[hs], b1);
+          }
+        }
+#pragma unroll
+        for (int h8 = 0; h8 < 2; ++h8) {
+          const int cc = col + h8 * 8 + 2 * c;
+          if (pA < n) ws[(wbase + pA) * p.Dqk + cc] = acc[h8][0], ws[(wbase + pA) * p.Dqk + cc + 1] = acc[h8][1];
+          if (pB < n) ws[(wbase + pB) * p.Dqk + cc] = acc[h8][2], ws[(wbase + pB) * p.Dqk + cc + 1] = acc[h8][3];
+        }
+      }
+    }
+  }
+  if (!heads_live) return;
+  const int hA = h0 + ht * 16 + g, hB = hA + 8;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) {
+    if (i >= mine) break;
+#pragma unroll
+    for (int h8 = 0; h8 < 2; ++h8) {
+      const int col = c0 + (pair0 + i) * 16 + h8 * 8 + 2 * c;
+      const float* d = dq[2 * i + h8];
+      if (hA < p.H) *reinterpret_cast<uint32_t*>(bf(p.dq) + (row * p.H + hA) * p.Dqk + col) = pack_bf16(d[0], d[1]);
+      if (hB < p.H) *reinterpret_cast<uint32_t*>(bf(p.dq) + (row * p.H + hB) * p.Dqk + col) = pack_bf16(d[2], d[3]);
+    }
   }
 }
 
-// Contributions of row `row0 + blockIdx.x`'s listed keys [32 by, +32) to dkv, columns
-// [c0, c0 + 128): ws[(local row * KW + position) * Dqk + col] = sum_h dS[h, j] q_h + P[h, j] dO_h.
-__global__ void __launch_bounds__(32 * kBwdWarps)
-    sparse_dkg_kernel(const SparseBwdParams bp, int64_t row0, bool vec, float* ws) {
-  const AttnSparseParams& p = bp.f;
-  constexpr int kCt = kChunk / 8;
-  HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  const int ldq = int(p.Dqk) + kPad, ldv = int(p.Dv) + kPad, ldh = kHeadStep + kPad;
-  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kBwdHeads keys, Dqk]
-  __nv_bfloat16* Qh = Ks + kBwdHeads * ldq;                      // [kHeadStep, Dqk]
-  __nv_bfloat16* dOh = Qh + kHeadStep * ldq;                     // [kHeadStep, Dv]
-  __nv_bfloat16* Qt = dOh + kHeadStep * ldv;                     // [kChunk, kHeadStep] q chunk, transposed
-  __nv_bfloat16* dOt = Qt + kChunk * ldh;                        // [kChunk, kHeadStep] dO chunk, transposed
-  int32_t* list = reinterpret_cast<int32_t*>(dOt + kChunk * ldh);
-  __shared__ int s_nc;
-
-  const int64_t row = row0 + blockIdx.x, bb = row / p.sq, t = row % p.sq;
-  const int j0 = blockIdx.y * kBwdHeads;  // first listed position of this block's keys
-  const int c0 = blockIdx.z * kChunk, cn = int(p.Dqk - c0 < kChunk ? p.Dqk - c0 : kChunk);
-  const int vn = int(p.Dv - c0 < cn ? (p.Dv - c0 > 0 ? p.Dv - c0 : 0) : cn);  // value columns in the chunk
-  const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
-  if (j0 >= n) return;  // uniform: every thread computed the same n
-  const int nk = n - j0 < kBwdHeads ? n - j0 : kBwdHeads;
-  const __nv_bfloat16* kv = bf(p.kv) + bb * p.skv * p.Dqk;
-  load_tile(Ks, ldq, kv, p.Dqk, kBwdHeads, nk, int(p.Dqk), vec, list + j0);  // the block's gathered keys
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const float c2 = p.scale * kLog2e;
-  float acc[kCt][4];
-  zero_acc(acc);
-  for (int h0 = 0; h0 < p.H; h0 += kHeadStep) {
-    __syncthreads();
-    const __nv_bfloat16* qrow = bf(p.q) + bb * p.q_bstride + t * p.q_rstride + h0 * p.q_hstride;
-    const __nv_bfloat16* orow = bf(p.dout) + (row * p.H + h0) * p.Dv;
-    load_tile(Qh, ldq, qrow, p.q_hstride, kHeadStep, kHeadStep, int(p.Dqk), vec);
-    load_tile(dOh, ldv, orow, p.Dv, kHeadStep, kHeadStep, int(p.Dv), vec && p.Dv % 8 == 0);
-    load_tile_t(Qt, ldh, qrow + c0, p.q_hstride, kHeadStep, kHeadStep, cn);
-    if (vn > 0) load_tile_t(dOt, ldh, orow + c0, p.Dv, kHeadStep, kHeadStep, vn);
-    __syncthreads();
-    // S^T and dP^T: rows = the warp's 16 keys, columns = 16 heads (2 n-tiles).
-    float s[2][4], dp[2][4];
-    zero_acc(s);
-    zero_acc(dp);
-    mma_abt(s, Ks, ldq, warp * 16, Qh, ldq, int(p.Dqk), lane);
-    mma_abt(dp, Ks, ldq, warp * 16, dOh, ldv, int(p.Dv), lane);
-    float ds[2][4];
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = h0 + nt * 8 + 2 * c + (e & 1);
-        const int pos = j0 + warp * 16 + g + (e < 2 ? 0 : 8);
-        const int64_t k = (bb * p.H + h) * p.sq + t;
-        const float pr = pos < n ? exp2f(s[nt][e] * c2 - p.lse[k] * kLog2e) : 0.f;
-        ds[nt][e] = pr * (dp[nt][e] - bp.D[k]) * p.scale;
-        s[nt][e] = pr;
-      }
-    mma_acc_x(acc, ds, Qt, ldh, cn, lane);  // dS^T (keys x 16 heads) q
-    mma_acc_x(acc, s, dOt, ldh, vn, lane);   // P^T dO, into the value columns
-  }
-  const int64_t base = (row - row0) * p.KW;
-  const int pA = j0 + warp * 16 + g, pB = pA + 8;
-#pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) {
-    if (ct * 8 >= cn) break;
-    const int col = c0 + ct * 8 + 2 * c;
-    if (pA < n) ws[(base + pA) * p.Dqk + col] = acc[ct][0], ws[(base + pA) * p.Dqk + col + 1] = acc[ct][1];
-    if (pB < n) ws[(base + pB) * p.Dqk + col] = acc[ct][2], ws[(base + pB) * p.Dqk + col + 1] = acc[ct][3];
-  }
-}
-
-// dkv_acc[key] += the chunk's contributions to it, in the inverse index's (row, position) order.
+// dkv_acc[key] += the chunk's contributions to it, in the inverse index's (row, position) order,
+// each summed over the row's head groups in order.
 __global__ void sparse_dkv_reduce_kernel(const int64_t* offsets, const int64_t* entries, const float* ws, int64_t Dqk,
-                                         float* dkv_acc) {
+                                         int64_t KW, int groups, float* dkv_acc) {
   const int64_t key = blockIdx.x, e0 = offsets[key], e1 = offsets[key + 1];
   if (e0 == e1) return;
   for (int64_t col = threadIdx.x; col < Dqk; col += blockDim.x) {
     float acc = dkv_acc[key * Dqk + col];
-    for (int64_t e = e0; e < e1; ++e) acc += ws[entries[e] * Dqk + col];
+    for (int64_t e = e0; e < e1; ++e) {
+      const int64_t local = entries[e] / KW, pos = entries[e] % KW;
+      for (int hg = 0; hg < groups; ++hg) acc += ws[((local * groups + hg) * KW + pos) * Dqk + col];
+    }
     dkv_acc[key * Dqk + col] = acc;
   }
 }
@@ -510,36 +543,25 @@ void attn_sparse_bwd(const AttnSparseParams& f) {
     launch_rowdot(bf(f.out), bf(f.dout), f.b, f.sq, f.H, f.Dv, D.data<float>());
     const bool vec = rows_aligned(f.q, f.q_rstride, f.q_bstride, f.q_hstride, f.Dqk) &&
                      rows_aligned(f.kv, f.Dqk, f.skv * f.Dqk, 0, f.Dqk) && reinterpret_cast<uintptr_t>(f.dout) % 16 == 0;
-    const int nchunks = int((f.Dqk + kChunk - 1) / kChunk);
-    // dq
-    const size_t smem_dq = sizeof(__nv_bfloat16) * (kBwdHeads * (f.Dqk + kPad) + kBwdHeads * (f.Dv + kPad) +
-                                                    kBk * (f.Dqk + kPad) + kChunk * (kBk + kPad)) +
-                           sizeof(int32_t) * f.KW;
-    check(cudaFuncSetAttribute(sparse_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dq)),
-          "attn_sparse_bwd dq: shared memory");
-    HMLA_LAUNCH(sparse_dq_kernel, dim3(unsigned(rows), unsigned(((f.H + kBwdHeads - 1) / kBwdHeads) * nchunks)),
-                32 * kBwdWarps, smem_dq, st, bp, nchunks, vec);
-    check_launch("attn_sparse_bwd dq");
-    // dkv, a chunk of rows at a time.
-    const size_t smem_dkg = sizeof(__nv_bfloat16) * (kBwdHeads * (f.Dqk + kPad) + kHeadStep * (f.Dqk + kPad) +
-                                                     kHeadStep * (f.Dv + kPad) + 2 * kChunk * (kHeadStep + kPad)) +
-                            sizeof(int32_t) * f.KW;
-    check(cudaFuncSetAttribute(sparse_dkg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_dkg)),
-          "attn_sparse_bwd dkg: shared memory");
+    // One kernel for dq and dkv's contributions, a chunk of rows at a time (the workspace).
+    const int groups = int((f.H + kBwdHeads - 1) / kBwdHeads), nz = int((f.Dqk + kBwdDqChunk - 1) / kBwdDqChunk);
+    const size_t smem = size_t(SparseTraits::bwd_smem_bytes(f.Dqk, f.Dv, f.KW));
+    check(cudaFuncSetAttribute(sparse_bwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+          "attn_sparse_bwd: shared memory");
     // Workspace: SparseTraits::kBwdWorkspaceBytes of rows (set_sparse_bwd_workspace_bytes).
     const int64_t budget = g_bwd_workspace_bytes.load();
-    const int64_t per_row = f.KW * f.Dqk * int64_t(sizeof(float));
+    const int64_t per_row = groups * f.KW * f.Dqk * int64_t(sizeof(float));
     const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, budget / per_row));
-    Tensor ws = Tensor::empty({chunk_rows * f.KW, f.Dqk}, DType::f32, Device::cuda);
+    Tensor ws = Tensor::empty({chunk_rows * groups * f.KW, f.Dqk}, DType::f32, Device::cuda);
     InverseIndex index(f, chunk_rows);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t nr = std::min(chunk_rows, rows - r0);
       index.build(f, r0, nr);
-      HMLA_LAUNCH(sparse_dkg_kernel, dim3(unsigned(nr), unsigned((f.KW + kBwdHeads - 1) / kBwdHeads), unsigned(nchunks)),
-                  32 * kBwdWarps, smem_dkg, st, bp, r0, vec, ws.data<float>());
-      check_launch("attn_sparse_bwd dkg");
+      HMLA_LAUNCH(sparse_bwd_kernel, dim3(unsigned(nr), unsigned(groups), unsigned(nz)), 32 * kBwdWarps, smem, st, bp,
+                  r0, vec, ws.data<float>());
+      check_launch("attn_sparse_bwd dq and dkv contributions");
       HMLA_LAUNCH(sparse_dkv_reduce_kernel, unsigned(f.b * f.skv), 128, 0, st, index.offsets.data<int64_t>(),
-                  index.entries.data<int64_t>(), ws.data<float>(), f.Dqk, acc.data<float>());
+                  index.entries.data<int64_t>(), ws.data<float>(), f.Dqk, f.KW, groups, acc.data<float>());
       check_launch("attn_sparse_bwd dkv reduce");
     }
     if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, f.dsink);

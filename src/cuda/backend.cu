@@ -35,7 +35,7 @@ class CudaBackend final : public Backend {
     using T = SparseTraits;
     const bool backward = p.dq != nullptr;
     return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0 && p.KW <= T::kMaxKW &&
-           (!backward || p.H % T::kHeadStep == 0);
+           (!backward || (p.H % T::kHeadStep == 0 && T::bwd_smem_bytes(p.Dqk, p.Dv, p.KW) + 1024 <= T::kBwdMaxSmemBytes));
   }
   bool supports(const IndexerTopkParams& p) const override {
     const bool select = p.scores != nullptr;  // from given scores: f32, any widths

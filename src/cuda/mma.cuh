@@ -122,6 +122,34 @@ __device__ __forceinline__ void load_b_kn(uint32_t b[2], const __nv_bfloat16* s,
   b[1] = ld16x2(col + (k0 + 2 * c + 8) * ld, col + (k0 + 2 * c + 9) * ld);
 }
 
+// ---- ldmatrix (the sparse backward, issue 30) ---------------------------------------------------
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16, warp-collective: four 8 x 8 bf16 matrices M_m
+// of shared memory, lane l giving the address of row l % 8 of M_(l / 8) (16-byte aligned); lane
+// (g, c) receives r[m] = {M_m[2c][g], M_m[2c + 1][g]}, the transpose's fragment.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const __nv_bfloat16* row) {
+#ifdef HMLA_CUDA_EMULATE
+  emu::ldsm_x4_trans(r, row);
+#else
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+#endif
+}
+
+// The B fragments of n-tiles [n0, n0 + 8) (b0) and [n0 + 8, n0 + 16) (b1), k in [k0, k0 + 16),
+// from a shared tile holding B itself row major (row k, column n), in one ldmatrix.trans: what
+// load_b_kn takes eight 16-bit loads for. Row addresses (s + k * ld + n0) 16-byte aligned: s
+// aligned, ld and n0 multiples of 8.
+__device__ __forceinline__ void load_b_kn_x2(uint32_t b0[2], uint32_t b1[2], const __nv_bfloat16* s, int ld, int k0,
+                                             int n0, int lane) {
+  const int m = lane >> 3, i = lane & 7;
+  uint32_t r[4];
+  ldsm_x4_trans(r, s + (k0 + i + (m & 1) * 8) * ld + n0 + (m >> 1) * 8);
+  b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+// ---- end ldmatrix ----------------------------------------------------------------------------
+
 // Rows [0, nrows) of a [rows, ncols] bf16 tile into shared memory (row stride ld), zero-padded to
 // ncols_pad columns (an operand width that is not a multiple of 16) and past `valid` rows. 16-byte
 // accesses when ncols, rstride and g are 8-element aligned, else element by element. All threads

@@ -13,19 +13,42 @@ inline constexpr int kMmaK = 16;
 
 // Sparse latent MQA (attn_sparse.cu). Forward: a block is kWarps warps of 16 heads against key
 // tiles of kBk listed keys, output columns in chunks of kChunk (accumulators in registers at the
-// 576/512 width); the row's list is compacted into shared memory, hence kMaxKW. Backward: kBwdWarps
-// warps (32 heads or keys per block: its dq and dkg tiles fit 163 KB of shared memory at
-// 576/512), dkg walking heads in steps of kHeadStep, so H must be a multiple of it.
+// 576/512 width); the row's list is compacted into shared memory, hence kMaxKW. Backward: below.
 struct SparseTraits {
   static constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8;
   static constexpr int kMaxKW = 4096;  // listed slots per row: the shared list of compact()
-  static constexpr int kBwdWarps = 2, kBwdHeads = 16 * kBwdWarps, kHeadStep = 16;
-  // The backward's dkv workspace: f32 [rows, K + W, Dqk] for a chunk of rows; 512 MB keeps a
-  // chunk of 2048-key rows at 576 wide (4.7 MB a row) above a hundred rows.
+  // Backward: one kernel per (row, group of kBwdHeads heads, chunk of kBwdDqChunk columns of Dqk)
+  // walks the row's listed keys in tiles of kBwdKeys and computes S and dP once per tile over the full
+  // Dqk / Dv: kBwdSplit warps per 16-head tile split that reduction (two halves of S, two of dP,
+  // combined through shared memory); the same warps then split dq's columns (kBwdDqChunk / 8 /
+  // kBwdSplit n-tiles of f32 accumulators each: 72 registers at 576) and the tile's dkv rows
+  // (dS^T Q + P^T dO over the group's heads). 32 heads: Q, dO and the key tile at 576/512 plus a
+  // 4096-slot list take 147 KB (bwd_smem_bytes), under an A100's 163 KB; 64 would not fit. One
+  // chunk at every width up to 576, so S and dP are computed once per (row, head group, key tile).
+  // supports() asks H to be a multiple of kHeadStep (the kernel masks a partial head tile, but no
+  // case table row runs one on the device yet).
+  static constexpr int kBwdWarps = 8;
+  static constexpr int kBwdKeys = 32;
+  static constexpr int kBwdHeads = 32;
+  static constexpr int kBwdSplit = kBwdWarps / (kBwdHeads / 16);
+  static constexpr int kBwdDqChunk = 576;
+  static constexpr int kBwdPartLd = kBwdKeys + 4;  // f32 row stride of the partial S / dP tiles
+  static constexpr int64_t kBwdMaxSmemBytes = 163 * 1024;
+  static constexpr int kHeadStep = 16;
+  static constexpr int64_t bwd_smem_bytes(int64_t Dqk, int64_t Dv, int64_t KW) {
+    return 2 * ((kBwdHeads + kBwdKeys) * (Dqk + kPad) + kBwdHeads * (Dv + kPad) + 3 * kBwdKeys * (kBwdHeads + kPad)) +
+           4 * (kBwdSplit * kBwdHeads * kBwdPartLd + KW);
+  }
+  // The backward's dkv workspace: f32 [rows, head groups, K + W, Dqk] for a chunk of rows; 512 MB
+  // keeps a chunk of 2048-key rows at 576 wide (4.7 MB a row and head group) above a hundred rows
+  // per head group (H / kBwdHeads groups: 4 at 128 heads, so 27 rows a chunk).
   static constexpr int64_t kBwdWorkspaceBytes = int64_t(512) << 20;
   static_assert(kBk % kMmaK == 0 && kChunk % 8 == 0 && kHeadStep % kMmaK == 0, "mma tiles are 16 x 8 x 16");
-  static_assert(kBwdHeads % kHeadStep == 0, "dkg's head steps tile a block's heads");
+  static_assert(kBwdHeads % 16 == 0 && kBwdSplit == 4, "4 warps per 16-head tile: two halves of S, two of dP");
+  static_assert(kBwdDqChunk % (16 * kBwdSplit) == 0 && kBwdKeys == 32, "dq's column pairs split evenly; 2 key k-steps");
 };
+static_assert(SparseTraits::bwd_smem_bytes(576, 512, SparseTraits::kMaxKW) + 1024 <= SparseTraits::kBwdMaxSmemBytes,
+              "the sparse backward's tiles fit an A100 at 576/512");
 
 // The indexer's scores and selection (indexer_topk.cu): blocks of kSelThreads sort a row's
 // candidates in a shared buffer of kMaxK; the scores of a chunk of rows live in a workspace of

@@ -438,6 +438,23 @@ inline void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2])
     c[e] = acc;
   }
 }
+// ---- ldmatrix (the sparse backward, issue 30) ---------------------------------------------------
+// ldmatrix.m8n8.x4.trans.b16, warp-collective: every lane deposits its row address, then reads
+// its four registers from the rows the PTX layout names (mma.cuh, ldsm_x4_trans).
+inline void ldsm_x4_trans(uint32_t r[4], const __nv_bfloat16* row) {
+  Warp& w = warp();
+  const int l = lane(), gen = next_collective();
+  const uint64_t a = uint64_t(reinterpret_cast<uintptr_t>(row));
+  w.u32[gen][l][0] = uint32_t(a), w.u32[gen][l][1] = uint32_t(a >> 32);
+  warp_barrier();
+  auto at = [&](int src, int col) {  // element col of the row lane src named
+    const uint64_t p = uint64_t(w.u32[gen][src][0]) | (uint64_t(w.u32[gen][src][1]) << 32);
+    return uint32_t(reinterpret_cast<const __nv_bfloat16*>(uintptr_t(p))[col].x);
+  };
+  const int g = l / 4, c = l % 4;
+  for (int m = 0; m < 4; ++m) r[m] = at(m * 8 + 2 * c, g) | (at(m * 8 + 2 * c + 1, g) << 16);
+}
+// ---- end ldmatrix ----------------------------------------------------------------------------
 }  // namespace hmla::emu
 
 // ---- streams and events ----------------------------------------------------------------------
