@@ -1,11 +1,13 @@
 // Sparse latent MQA attention forward on the GPU (bf16 in and out, f32 accumulation, f32 lse and
 // lse_c), the same contract as the CPU op (hmla/ops/sparse_attention.h). A block owns one query
-// row, 64 of its heads (4 warps of 16) and one chunk of <= 128 value columns. It compacts the
-// row's index list (candidates first, then window keys; -1 slots dropped, so they cost nothing),
-// then walks it in tiles of 32 gathered keys: S = Q K^T for the warp's heads, the online softmax
-// over every listed key and, for lse_c, a second running (max, sum) over the candidates alone,
-// O += P V with P kept in registers. Wide values (512) split their columns over 4 blocks, each
-// recomputing the scores (a Hopper wgmma kernel would not; none yet). No atomics: deterministic.
+// row, up to 64 of its heads and all of its value columns (up to 512; wider ones in groups of 512),
+// one warp per (16 heads, 128 value columns). It compacts the row's index list (candidates first,
+// then window keys; -1 slots dropped, so they cost nothing), then walks it in tiles of 32 gathered
+// keys: S = Q K^T once per tile, split between the warps of a head subgroup by 8-key column tiles
+// into shared memory; then each warp's online softmax over every listed key and, for lse_c, a
+// second running (max, sum) over the candidates alone, and O += P V for its columns with P in
+// registers and V read from the gathered keys. Column tiles past the last listed key issue nothing.
+// No atomics: deterministic.
 // Also here: the device-side check of the index table's contract (entries in [-1, skv), no
 // duplicate in a row), one block per row sorting its entries in shared memory.
 #include <cuda_bf16.h>
@@ -64,58 +66,132 @@ __device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc
   return total;
 }
 
-__global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const AttnSparseParams p, int nchunks, bool vec) {
-  constexpr int kNt = kBk / 8, kDt = kChunk / 8;
+constexpr int kFwdHeadWarps = SparseTraits::kFwdHeadWarps, kFwdBk = SparseTraits::kFwdBk,
+              kFwdChunk = SparseTraits::kFwdChunk, kFwdWarps = SparseTraits::kFwdWarps;
+
+// out[dt] += P V for the first `width` columns of V, V being rows [0, 8 kNt) of a row-major shared
+// tile (the gathered keys: a value is its key's first Dv channels, so no transposed copy); P a
+// 16 x (8 kNt) accumulator tile turned into A operands in registers. `live` (warp-uniform, a
+// prefix of the column tiles) says which 8-key tiles hold listed keys: a 16-key step with both
+// live is one m16n8k16 per 8 columns, one with only its first an m16n8k8 (the last step of a row
+// whose length is 8 mod 16), one with neither nothing (P is exactly 0 there).
+template <int kNt, int kDt>
+__device__ __forceinline__ void mma_acc_pv(float (&out)[kDt][4], const float (&p)[kNt][4], const __nv_bfloat16* Vs,
+                                           int ldv, int width, int lane, uint32_t live) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int kt = 0; kt < kNt / 2; ++kt) {
+    const uint32_t both = (live >> (2 * kt)) & 3u;
+    if (!both) continue;
+    if (both == 3u) {
+      uint32_t a[4];
+      acc_to_a(a, p[2 * kt], p[2 * kt + 1]);
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        if (dt * 8 >= width) break;
+        uint32_t b[2];
+        load_b_kn(b, Vs, ldv, kt * 16, dt * 8, lane);
+        mma_bf16_16816(out[dt], a, b);
+      }
+    } else {  // keys [16 kt, 16 kt + 8) only
+      const uint32_t a[2] = {pack_bf16(p[2 * kt][0], p[2 * kt][1]), pack_bf16(p[2 * kt][2], p[2 * kt][3])};
+      const __nv_bfloat16* col = Vs + (kt * 16 + 2 * c) * ldv + g;
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        if (dt * 8 >= width) break;
+        mma_bf16_1688(out[dt], a, ld16x2(col + dt * 8, col + ldv + dt * 8));
+      }
+    }
+  }
+}
+
+// The warp's 16 rows (r0 + g, r0 + g + 8) of a shared f32 score tile [., ld] in accumulator layout,
+// times c2 (log2 units), -inf at positions j0 + column >= limit and in n-tiles not in `live`.
+template <int kNt>
+__device__ __forceinline__ void read_scores(float (&s)[kNt][4], const float* Ss, int ld, int r0, int j0, int limit,
+                                            float c2, uint32_t live, int lane) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = nt * 8 + 2 * c + (e & 1);
+      const bool ok = ((live >> nt) & 1u) && j0 + col < limit;
+      s[nt][e] = ok ? Ss[(r0 + g + (e < 2 ? 0 : 8)) * ld + col] * c2 : -INFINITY;
+    }
+}
+
+// A block: one query row, 16 head_warps heads (h0 on), value chunks [vg chunks, +chunks) of
+// kFwdChunk columns; warp = (head subgroup hw, chunk vc), hw fastest. Per key tile of kFwdBk
+// gathered keys the warp computes the scores of its 16 heads over the tile's 8-key column tiles
+// nt with nt % chunks == vc (each product issued once per block) into the shared tile Ss; after a
+// barrier every warp of the subgroup reads the whole tile's 16 rows for its softmax and O += P V.
+// Column tiles past the row's last listed key issue nothing.
+__global__ void __launch_bounds__(32 * kFwdWarps)
+    sparse_fwd_kernel(const AttnSparseParams p, int head_warps, int chunks, int vgroups, bool vec) {
+  constexpr int kNt = kFwdBk / 8, kDt = kFwdChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  const int ldq = int(p.Dqk) + kPad, ldvt = kBk + kPad;
-  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kHeads, Dqk]
-  __nv_bfloat16* Ks = Qs + kHeads * ldq;                         // [kBk, Dqk] gathered keys
-  __nv_bfloat16* Vt = Ks + kBk * ldq;                            // [kChunk, kBk] their values, transposed
-  int32_t* list = reinterpret_cast<int32_t*>(Vt + kChunk * ldvt);  // [KW]
+  const int heads = 16 * head_warps, ldq = int(p.Dqk) + kPad, lds = kFwdBk + kPad;
+  __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [heads, Dqk]
+  __nv_bfloat16* Ks = Qs + heads * ldq;                          // [kFwdBk, Dqk] gathered keys (and values)
+  float* Ss = reinterpret_cast<float*>(Ks + kFwdBk * ldq);      // [heads, kFwdBk] the tile's raw scores
+  int32_t* list = reinterpret_cast<int32_t*>(Ss + heads * lds);  // [KW]
   __shared__ int s_nc;
 
   const int64_t row = blockIdx.x;  // b * sq + t
   const int64_t bb = row / p.sq;
-  const int hg = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks;
-  const int h0 = hg * kHeads, nh = int(p.H - h0 < kHeads ? p.H - h0 : kHeads);
-  const int dv0 = chunk * kChunk, dvn = int(p.Dv - dv0 < kChunk ? p.Dv - dv0 : kChunk);
+  const int hg = blockIdx.y / vgroups, vg = blockIdx.y % vgroups;
+  const int h0 = hg * heads, nh = int(p.H - h0 < heads ? p.H - h0 : heads);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int hw = warp % head_warps, vc = warp / head_warps, r0 = hw * 16;
+  const int dv0 = (vg * chunks + vc) * kFwdChunk;
+  const int dvn = int(p.Dv - dv0 < kFwdChunk ? (p.Dv - dv0 > 0 ? p.Dv - dv0 : 0) : kFwdChunk);
   const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
   const int nc = s_nc;  // compact ends with a barrier after writing it
-  load_tile(Qs, ldq, bf(p.q) + bb * p.q_bstride + (row % p.sq) * p.q_rstride + h0 * p.q_hstride, p.q_hstride, kHeads, nh, int(p.Dqk), vec);
+  load_tile(Qs, ldq, bf(p.q) + bb * p.q_bstride + (row % p.sq) * p.q_rstride + h0 * p.q_hstride, p.q_hstride, heads, nh, int(p.Dqk), vec);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  uint32_t mine = 0;  // the column tiles whose scores this warp computes
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+    if (nt % chunks == vc) mine |= 1u << nt;
   const float c2 = p.scale * kLog2e;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;     // all listed keys
   float cmA = -INFINITY, cmB = -INFINITY, clA = 0.f, clB = 0.f;  // candidates only (lse_c)
   float o[kDt][4];
   zero_acc(o);
   const __nv_bfloat16* kv = bf(p.kv) + bb * p.skv * p.Dqk;
-  for (int j0 = 0; j0 < n; j0 += kBk) {
-    const int nk = n - j0 < kBk ? n - j0 : kBk;
+  for (int j0 = 0; j0 < n; j0 += kFwdBk) {
+    const int nk = n - j0 < kFwdBk ? n - j0 : kFwdBk;
+    const uint32_t live = (1u << ((nk + 7) / 8)) - 1u;  // column tiles holding listed keys
     __syncthreads();
-    load_tile(Ks, ldq, kv, p.Dqk, kBk, nk, int(p.Dqk), vec, list + j0);   // gathered keys
-    load_tile_t(Vt, ldvt, kv + dv0, p.Dqk, kBk, nk, dvn, list + j0);       // their values, transposed
+    load_tile(Ks, ldq, kv, p.Dqk, kFwdBk, nk, int(p.Dqk), vec, list + j0);  // gathered keys
     __syncthreads();
-    float s[kNt][4], sc[kNt][4];
-    zero_acc(s);
-    mma_abt(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane);
+    if (live & mine) {
+      float s[kNt][4];
+      zero_acc(s);
+      mma_abt_live<kNt, true>(s, Qs, ldq, r0, Ks, ldq, int(p.Dqk), lane, live & mine);
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)  // mask (log2 units); the candidates' copy for lse_c
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int pos = j0 + nt * 8 + 2 * c + (e & 1);
-        s[nt][e] = pos < n ? s[nt][e] * c2 : -INFINITY;
-        sc[nt][e] = pos < nc ? s[nt][e] : -INFINITY;
+      for (int nt = 0; nt < kNt; ++nt) {
+        if (!(((live & mine) >> nt) & 1u)) continue;
+        float* top = Ss + (r0 + g) * lds + nt * 8 + 2 * c;
+        top[0] = s[nt][0], top[1] = s[nt][1], top[8 * lds] = s[nt][2], top[8 * lds + 1] = s[nt][3];
       }
-    float alA, alB;
-    online_max_sum(sc, cmA, cmB, clA, clB, alA, alB);  // lse_c: no output, no sink
+    }
+    __syncthreads();
+    if (j0 < nc) {  // lse_c: no output, no sink (a tile past the candidates would change nothing)
+      float sc[kNt][4], alA, alB;
+      read_scores(sc, Ss, lds, r0, j0, nc, c2, live, lane);
+      online_max_sum(sc, cmA, cmB, clA, clB, alA, alB);
+    }
+    float s[kNt][4];
+    read_scores(s, Ss, lds, r0, j0, n, c2, live, lane);
     online_softmax_step(s, mA, mB, lA, lB, o);
-    mma_acc_x(o, s, Vt, ldvt, dvn, lane);
+    mma_acc_pv(o, s, Ks + dv0, ldq, dvn, lane, live);  // the chunk's values: its key columns [dv0, dv0 + dvn)
   }
 
   lA = quad_sum(lA), lB = quad_sum(lB), clA = quad_sum(clA), clB = quad_sum(clB);
   // out = O / (l + exp(sink - m)); lse = ln(that); lse_c over the candidates; empty rows 0, +inf.
-  const int hA = h0 + warp * 16 + g, hB = hA + 8;
+  const int hA = h0 + r0 + g, hB = hA + 8;
   float invA = 0.f, invB = 0.f, lseA = INFINITY, lseB = INFINITY, lsecA = INFINITY, lsecB = INFINITY, unused;
   if (hA < p.H) softmax_finish(mA, lA, p.sink != nullptr, p.sink ? p.sink[hA] * kLog2e : 0.f, invA, lseA);
   if (hB < p.H) softmax_finish(mB, lB, p.sink != nullptr, p.sink ? p.sink[hB] * kLog2e : 0.f, invB, lseB);
@@ -130,7 +206,7 @@ __global__ void __launch_bounds__(32 * kWarps) sparse_fwd_kernel(const AttnSpars
     if (hB < p.H)
       *reinterpret_cast<uint32_t*>(bf(p.out) + (row * p.H + hB) * p.Dv + col) = pack_bf16(o[dt][2] * invB, o[dt][3] * invB);
   }
-  if (chunk == 0 && c == 0) {
+  if (vg == 0 && vc == 0 && c == 0) {
     const int64_t t = row % p.sq;
     if (hA < p.H) {
       p.lse[(bb * p.H + hA) * p.sq + t] = lseA;
@@ -469,13 +545,19 @@ void attn_sparse_fwd(const AttnSparseParams& p) {
   if (p.b * p.sq == 0) return;
   const bool vec = rows_aligned(p.q, p.q_rstride, p.q_bstride, p.q_hstride, p.Dqk) &&
                    rows_aligned(p.kv, p.Dqk, p.skv * p.Dqk, 0, p.Dqk);
-  const int nchunks = int((p.Dv + kChunk - 1) / kChunk), groups = int((p.H + kHeads - 1) / kHeads);
-  const size_t smem = sizeof(__nv_bfloat16) * ((kHeads + kBk) * (p.Dqk + kPad) + kChunk * (kBk + kPad)) +
-                      sizeof(int32_t) * p.KW;
+  // All of a head group's value chunks in one block (groups of at most kFwdChunks: 512 columns),
+  // so the scores are computed once per row and head group up to Dv = 512.
+  const int nchunks = std::max(1, int((p.Dv + kFwdChunk - 1) / kFwdChunk));
+  const int vgroups = (nchunks + SparseTraits::kFwdChunks - 1) / SparseTraits::kFwdChunks;
+  const int chunks = (nchunks + vgroups - 1) / vgroups;
+  const int head_warps = int(SparseTraits::fwd_head_warps(p.H)), heads = 16 * head_warps;
+  const int hgroups = int((p.H + heads - 1) / heads);
+  const size_t smem = size_t(SparseTraits::fwd_smem_bytes(p.H, p.Dqk, p.KW));
   check(cudaFuncSetAttribute(sparse_fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "attn_sparse_fwd: shared memory");
-  dim3 grid(unsigned(p.b * p.sq), unsigned(groups * nchunks));
-  HMLA_LAUNCH(sparse_fwd_kernel, grid, 32 * kWarps, smem, current_stream().get(), p, nchunks, vec);
+  dim3 grid(unsigned(p.b * p.sq), unsigned(hgroups * vgroups));
+  HMLA_LAUNCH(sparse_fwd_kernel, grid, 32 * head_warps * chunks, smem, current_stream().get(), p, head_warps, chunks,
+              vgroups, vec);
   check_launch("attn_sparse_fwd");
 }
 

@@ -35,6 +35,7 @@ class CudaBackend final : public Backend {
     using T = SparseTraits;
     const bool backward = p.dq != nullptr;
     return p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0 && p.KW <= T::kMaxKW &&
+           T::fwd_smem_bytes(p.H, p.Dqk, p.KW) <= T::kFwdMaxSmemBytes &&
            (!backward || (p.H % T::kHeadStep == 0 && T::bwd_smem_bytes(p.Dqk, p.Dv, p.KW) + 1024 <= T::kBwdMaxSmemBytes));
   }
   bool supports(const IndexerTopkParams& p) const override {

@@ -40,6 +40,19 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], 
 #endif
 }
 
+// The m16n8k8 product, for a last step of 8 keys: A (16 x 8) a0 = A[g][2c, 2c+1], a1 = A[g+8][2c, 2c+1];
+// B (8 x 8) b = B[2c, 2c+1][g]; C as above.
+__device__ __forceinline__ void mma_bf16_1688(float c[4], const uint32_t a[2], uint32_t b) {
+#ifdef HMLA_CUDA_EMULATE
+  emu::mma_bf16_1688(c, a, b);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b));
+#endif
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);

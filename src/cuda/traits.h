@@ -11,12 +11,26 @@ namespace hmla::cuda {
 // Every kernel's mma.sync tiles are 16 x 8 x 16 (bf16): operand widths come in multiples of 16.
 inline constexpr int kMmaK = 16;
 
-// Sparse latent MQA (attn_sparse.cu). Forward: a block is kWarps warps of 16 heads against key
-// tiles of kBk listed keys, output columns in chunks of kChunk (accumulators in registers at the
-// 576/512 width); the row's list is compacted into shared memory, hence kMaxKW. Backward: below.
+// Sparse latent MQA (attn_sparse.cu). Forward: a block owns one query row, 16 x (at most
+// kFwdHeadWarps) heads and up to kFwdChunks value chunks of kFwdChunk columns (all of 512: the
+// scores of a key tile are computed once per block, never per chunk), one warp per (16 heads,
+// chunk); key tiles of kFwdBk gathered keys, whose scores the warps of a head subgroup split by
+// 8-key column tiles into a shared f32 tile; kFwdBk 32 keeps Q, the key tile, the scores and the
+// compacted list in 136 KB at 576 wide and 64 heads (fwd_smem_bytes, under the A100's 163 KB).
+// The row's list is compacted into shared memory, hence kMaxKW. Backward: below.
 struct SparseTraits {
   static constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8;
   static constexpr int kMaxKW = 4096;  // listed slots per row: the shared list of compact()
+  static constexpr int kFwdHeadWarps = 4, kFwdChunks = 4, kFwdChunk = 128, kFwdBk = 32;
+  static constexpr int kFwdWarps = kFwdHeadWarps * kFwdChunks;
+  static constexpr int64_t kFwdMaxSmemBytes = 163 * 1024;
+  static constexpr int64_t fwd_head_warps(int64_t H) { return H < 16 * kFwdHeadWarps ? (H + 15) / 16 : kFwdHeadWarps; }
+  // Q [heads, Dqk + kPad] and the key tile [kFwdBk, Dqk + kPad] (bf16), the scores [heads, kFwdBk + kPad]
+  // (f32), the compacted list [KW] (i32).
+  static constexpr int64_t fwd_smem_bytes(int64_t H, int64_t Dqk, int64_t KW) {
+    const int64_t heads = 16 * fwd_head_warps(H);
+    return (heads + kFwdBk) * (Dqk + kPad) * 2 + heads * (kFwdBk + kPad) * 4 + KW * 4;
+  }
   // Backward: one kernel per (row, group of kBwdHeads heads, chunk of kBwdDqChunk columns of Dqk)
   // walks the row's listed keys in tiles of kBwdKeys and computes S and dP once per tile over the full
   // Dqk / Dv: kBwdSplit warps per 16-head tile split that reduction (two halves of S, two of dP,
@@ -46,9 +60,13 @@ struct SparseTraits {
   static_assert(kBk % kMmaK == 0 && kChunk % 8 == 0 && kHeadStep % kMmaK == 0, "mma tiles are 16 x 8 x 16");
   static_assert(kBwdHeads % 16 == 0 && kBwdSplit == 4, "4 warps per 16-head tile: two halves of S, two of dP");
   static_assert(kBwdDqChunk % (16 * kBwdSplit) == 0 && kBwdKeys == 32, "dq's column pairs split evenly; 2 key k-steps");
+  static_assert(kFwdBk % 16 == 0 && kFwdChunks <= kFwdBk / 8 && kFwdChunk % 8 == 0,
+                "a key tile's 8-key column tiles go round its chunks' warps; P V takes 16 keys a step");
 };
 static_assert(SparseTraits::bwd_smem_bytes(576, 512, SparseTraits::kMaxKW) + 1024 <= SparseTraits::kBwdMaxSmemBytes,
               "the sparse backward's tiles fit an A100 at 576/512");
+static_assert(SparseTraits::fwd_smem_bytes(128, 576, SparseTraits::kMaxKW) <= SparseTraits::kFwdMaxSmemBytes,
+              "the latent form at 576 wide fits the forward's shared memory at any listed length");
 
 // The indexer's scores and selection (indexer_topk.cu): blocks of kSelThreads sort a row's
 // candidates in a shared buffer of kMaxK; the scores of a chunk of rows live in a workspace of

@@ -455,6 +455,26 @@ inline void ldsm_x4_trans(uint32_t r[4], const __nv_bfloat16* row) {
   for (int m = 0; m < 4; ++m) r[m] = at(m * 8 + 2 * c, g) | (at(m * 8 + 2 * c + 1, g) << 16);
 }
 // ---- end ldmatrix ----------------------------------------------------------------------------
+// The m16n8k8 product (mma.cuh's mma_bf16_1688): A in two registers, B in one; counted as 2 x 16 x 8 x 8.
+inline void mma_bf16_1688(float c[4], const uint32_t a[2], uint32_t b) {
+  Warp& w = warp();
+  const int l = lane(), gen = next_collective();
+  if (l == 0 && g_launch->count) work_now().mma_flops += 2 * 16 * 8 * 8;
+  auto& dep = w.u32[gen];
+  dep[l][0] = a[0];
+  dep[l][1] = a[1];
+  dep[l][2] = b;
+  warp_barrier();
+  auto A = [&](int r, int k) { return half_of(dep[(r % 8) * 4 + k / 2][r >= 8 ? 1 : 0], k % 2); };
+  auto B = [&](int k, int n) { return half_of(dep[n * 4 + k / 2][2], k % 2); };
+  const int g = l / 4, cc = l % 4;
+  for (int e = 0; e < 4; ++e) {
+    const int r = g + (e >= 2 ? 8 : 0), n = 2 * cc + (e & 1);
+    float acc = c[e];
+    for (int k = 0; k < 8; ++k) acc += A(r, k) * B(k, n);
+    c[e] = acc;
+  }
+}
 }  // namespace hmla::emu
 
 // ---- streams and events ----------------------------------------------------------------------
