@@ -30,8 +30,7 @@ namespace hmla::cuda {
 
 namespace {
 
-constexpr int kWarps = SparseTraits::kWarps, kHeads = SparseTraits::kHeads, kBk = SparseTraits::kBk,
-              kChunk = SparseTraits::kChunk, kPad = SparseTraits::kPad, kMaxKW = SparseTraits::kMaxKW;
+constexpr int kPad = SparseTraits::kPad, kMaxKW = SparseTraits::kMaxKW;
 
 // The row's listed keys, candidates (slots < K) first, each in slot order; returns their count
 // and sets *nc to the candidates'. All threads take part.

@@ -19,7 +19,7 @@ inline constexpr int kMmaK = 16;
 // compacted list in 136 KB at 576 wide and 64 heads (fwd_smem_bytes, under the A100's 163 KB).
 // The row's list is compacted into shared memory, hence kMaxKW. Backward: below.
 struct SparseTraits {
-  static constexpr int kWarps = 4, kHeads = 16 * kWarps, kBk = 32, kChunk = 128, kPad = 8;
+  static constexpr int kPad = 8;
   static constexpr int kMaxKW = 4096;  // listed slots per row: the shared list of compact()
   static constexpr int kFwdHeadWarps = 4, kFwdChunks = 4, kFwdChunk = 128, kFwdBk = 32;
   static constexpr int kFwdWarps = kFwdHeadWarps * kFwdChunks;
@@ -57,7 +57,7 @@ struct SparseTraits {
   // keeps a chunk of 2048-key rows at 576 wide (4.7 MB a row and head group) above a hundred rows
   // per head group (H / kBwdHeads groups: 4 at 128 heads, so 27 rows a chunk).
   static constexpr int64_t kBwdWorkspaceBytes = int64_t(512) << 20;
-  static_assert(kBk % kMmaK == 0 && kChunk % 8 == 0 && kHeadStep % kMmaK == 0, "mma tiles are 16 x 8 x 16");
+  static_assert(kHeadStep % kMmaK == 0, "mma tiles are 16 x 8 x 16");
   static_assert(kBwdHeads % 16 == 0 && kBwdSplit == 4, "4 warps per 16-head tile: two halves of S, two of dP");
   static_assert(kBwdDqChunk % (16 * kBwdSplit) == 0 && kBwdKeys == 32, "dq's column pairs split evenly; 2 key k-steps");
   static_assert(kFwdBk % 16 == 0 && kFwdChunks <= kFwdBk / 8 && kFwdChunk % 8 == 0,
