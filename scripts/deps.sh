@@ -16,15 +16,36 @@ packages=(
   libicu-dev libpcre2-dev  # hmla_text: the NF* normalizers (ICU unorm2) and the pre-tokenizer regexes (PCRE2)
 )
 
+# cuDNN's fused attention (the CUDA backend's dense path on sm_90) is built against the pinned,
+# header-only cudnn-frontend from PyPI, installed with --no-deps outside the tree, where CMake
+# looks (HMLA_CUDNN_FRONTEND_DIR). A CPU-only machine (no nvcc) does not need it.
+cudnn_frontend() {
+  local version=1.32.0 dest="${HOME}/.cache/hmla/cudnn-frontend-1.32.0"
+  [ -f "$dest/include/cudnn_frontend.h" ] && return 0
+  command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
+  if ! python3 -m pip --version >/dev/null 2>&1; then install_debian python3-pip; fi
+  echo "deps: installing nvidia-cudnn-frontend==$version (headers) into $dest"
+  local tmp
+  tmp=$(mktemp -d "${HOME}/.cache/hmla/.cudnn-frontend.XXXXXX")
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --only-binary=:all: --target "$tmp" \
+    "nvidia-cudnn-frontend==$version"
+  [ -f "$tmp/include/cudnn_frontend.h" ] || { echo "deps: nvidia-cudnn-frontend $version has no include/cudnn_frontend.h" >&2; exit 1; }
+  rm -rf "$dest" && mv "$tmp" "$dest"  # whole or absent: a half-installed copy never looks installed
+}
+
+install_debian() {
+  echo "deps: installing $*"
+  local sudo_cmd=()
+  [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-echo "deps: installing ${missing[*]}"
-sudo_cmd=()
-[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -qq
-"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+[ ${#missing[@]} -eq 0 ] || install_debian "${missing[@]}"
+mkdir -p "${HOME}/.cache/hmla"
+cudnn_frontend

@@ -168,23 +168,25 @@ hmla::Tensor opt_dense(const c10::optional<at::Tensor>& t) { return t ? dense(*t
 // ---- attention -------------------------------------------------------------------------------
 
 hmla::AttnDenseInputs dense_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                                   const hmla::DocLayout& layout, const c10::optional<at::Tensor>& sink) {
+                                   const hmla::DocLayout& layout, const c10::optional<at::Tensor>& sink,
+                                   const std::string& backend) {
   check_rows("attention", {{"q", &q}, {"k", &k}, {"v", &v}});
   hmla::AttnDenseInputs in;
   in.q = strided(q), in.k = strided(k), in.v = strided(v);
   in.layout = &layout;
   in.sink = opt_dense(sink);
   in.scale = float(scale);
+  in.backend = hmla::parse_attn_backend(backend, "hmla.torch.attention: backend");
   return in;
 }
 
 std::vector<at::Tensor> attention_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                                       const c10::optional<at::Tensor>& cu_seqlens,
                                       const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink,
-                                      const c10::optional<int64_t>& stream) {
+                                      const std::string& backend, const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
-  const hmla::AttnDenseSaved sv = hmla::attn_dense_fwd(dense_inputs(q, k, v, scale, layout, sink));
+  const hmla::AttnDenseSaved sv = hmla::attn_dense_fwd(dense_inputs(q, k, v, scale, layout, sink, backend));
   return {cs.out(sv.out, q), cs.out(sv.lse, q)};
 }
 
@@ -192,11 +194,11 @@ std::vector<at::Tensor> attention_bwd(const at::Tensor& q, const at::Tensor& k, 
                                       const c10::optional<at::Tensor>& cu_seqlens,
                                       const c10::optional<at::Tensor>& end_rows, const c10::optional<at::Tensor>& sink,
                                       const at::Tensor& out, const at::Tensor& lse, const at::Tensor& dout,
-                                      const c10::optional<int64_t>& stream) {
+                                      const std::string& backend, const c10::optional<int64_t>& stream) {
   const CallStream cs(stream);
   const hmla::DocLayout layout = layout_of(q.size(0), k.size(1), cu_seqlens, end_rows);
-  const hmla::AttnDenseGrads g =
-      hmla::attn_dense_bwd(dense_inputs(q, k, v, scale, layout, sink), {dense(out), dense(lse)}, dense(dout));
+  const hmla::AttnDenseGrads g = hmla::attn_dense_bwd(dense_inputs(q, k, v, scale, layout, sink, backend),
+                                                      {dense(out), dense(lse)}, dense(dout));
   return {cs.out(g.dq, q), cs.out(g.dk, q), cs.out(g.dv, q), cs.out(g.dsink, q)};
 }
 

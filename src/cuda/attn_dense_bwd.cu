@@ -10,6 +10,7 @@
 // -sum_t exp(sink_h - lse[t]) D[t] by a fixed-order block reduction.
 #include <cuda_bf16.h>
 
+#include "attn_cudnn.h"
 #include "attn_dense.cuh"
 #include "hmla/core/tensor.h"
 #include "mma.cuh"
@@ -318,6 +319,11 @@ void launch_dsink(const float* lse, const float* D, const float* sink, int64_t b
 
 void attn_dense_bwd(const AttnDenseParams& p) {
   if (p.b == 0 || p.s == 0) return;
+  if (attn_use_cudnn(p)) {  // false (or an error for backend cudnn) in a build without cuDNN
+#ifdef HMLA_HAVE_CUDNN
+    if (cudnn_attn_bwd(p)) return;
+#endif
+  }
   Tensor D = Tensor::empty({p.b, p.H, p.sq}, DType::f32, Device::cuda);
   launch_rowdot(bf(p.out), bf(p.dout), p.b, p.sq, p.H, p.Dv, D.data<float>());
   if (attn_is_wide(p)) launch_bwd<true>(p, D.data<float>(), vec_flags(p));

@@ -9,6 +9,7 @@
 
 #include <cfloat>
 
+#include "attn_cudnn.h"
 #include "attn_dense.cuh"
 #include "mma.cuh"
 #include "runtime.h"
@@ -140,6 +141,11 @@ void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
 
 void attn_dense_fwd(const AttnDenseParams& p) {
   if (p.b == 0 || p.sq == 0) return;
+  if (attn_use_cudnn(p)) {  // false (or an error for backend cudnn) in a build without cuDNN
+#ifdef HMLA_HAVE_CUDNN
+    if (cudnn_attn_fwd(p)) return;
+#endif
+  }
   // Value heads up to 256 wide keep their whole output in registers (one score pass); wider ones
   // (the 512 of the latent form) split it over blocks of 256 columns, each recomputing the scores.
   constexpr int kOne = AttnCudaTraits<false>::kDvChunk, kMax = AttnCudaTraits<false>::kDvChunkMax;

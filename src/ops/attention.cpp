@@ -2,6 +2,8 @@
 // params struct, and dispatch to the backend of the inputs' device.
 #include "hmla/ops/attention.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -11,6 +13,17 @@
 namespace hmla {
 
 namespace {
+
+std::atomic<AttnBackend> g_attn_backend{AttnBackend::auto_};
+
+// The cuDNN path's bounds from the host layout: documents over all rows, the longest one.
+void doc_bounds(const DocLayout& l, int64_t& ndocs, int64_t& max_doc) {
+  const int32_t* ds = l.doc_start.data<int32_t>();
+  const int32_t* de = l.doc_end.data<int32_t>();
+  ndocs = 0, max_doc = 0;
+  for (int64_t i = 0; i < l.b * l.s; ++i)
+    if (ds[i] == i % l.s) ++ndocs, max_doc = std::max<int64_t>(max_doc, de[i] - ds[i]);
+}
 
 void check_rows(const Tensor& t, const char* name, int64_t b, int64_t s, int64_t heads,
                 int64_t width) {
@@ -82,6 +95,9 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   p.doc_start = in.layout->doc_start.data<int32_t>();
   p.doc_end = in.layout->doc_end.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
+  p.backend = in.backend == AttnBackend::auto_ ? attn_backend() : in.backend;
+  HMLA_CHECK(!(p.backend == AttnBackend::cudnn && dev != Device::cuda), ShapeError,
+             "attention: backend cudnn needs CUDA tensors (the CPU has one implementation: auto or hmla)");
   return p;
 }
 
@@ -91,12 +107,34 @@ void run(const AttnDenseInputs& in, AttnDenseParams p, void (Backend::*entry)(co
   const Tensor ds = in.layout->doc_start_on(dev), de = in.layout->doc_end_on(dev);
   p.doc_start = ds.data<int32_t>();
   p.doc_end = de.data<int32_t>();
+  if (dev == Device::cuda && p.backend != AttnBackend::hmla) doc_bounds(*in.layout, p.ndocs, p.max_doc);
   dispatch(dev, entry, p, "attention",
            std::string(dtype_name(p.dtype)) + " with Dqk = " + std::to_string(p.Dqk) + ", Dv = " + std::to_string(p.Dv) +
                " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16, tiles within 163 KB of shared memory: 576 / 512 fit)");
 }
 
 }  // namespace
+
+const char* attn_backend_name(AttnBackend b) {
+  return b == AttnBackend::cudnn ? "cudnn" : b == AttnBackend::hmla ? "hmla" : "auto";
+}
+
+AttnBackend parse_attn_backend(const std::string& name, const std::string& what) {
+  for (AttnBackend b : {AttnBackend::auto_, AttnBackend::cudnn, AttnBackend::hmla})
+    if (name == attn_backend_name(b)) return b;
+  throw ConfigError(what + ": attention backend '" + name + "' (known: auto, cudnn, hmla)");
+}
+
+void set_attn_backend(AttnBackend b) { g_attn_backend.store(b); }
+AttnBackend attn_backend() { return g_attn_backend.load(); }
+
+bool attn_cudnn_built() {
+#ifdef HMLA_HAVE_CUDNN
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool attn_dense_supports(const AttnDenseInputs& in) {
   const Backend* be = in.q.device() == Device::cpu ? &cpu_backend() : cuda_backend();

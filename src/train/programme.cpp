@@ -133,13 +133,15 @@ Programme parse_programme(const std::string& text, const std::string& path) {
       pr.device = get<std::string>(v, k, path);
       HMLA_CHECK(pr.device == "cpu" || pr.device == "cuda", ConfigError, path, ": device '", pr.device,
                  "': use cpu or cuda");
+    } else if (k == "attention_backend") {
+      pr.attention_backend = parse_attn_backend(get<std::string>(v, k, path), path + ": attention_backend" + yaml_line(v));
     } else if (k == "hybrid_layers") {
       if (!(v.IsScalar() && v.Scalar() == "all")) pr.hybrid_layers = hybrid_layers(v, path);
     } else if (k == "base") base = v;
     else if (k == "phases") phases = v;
     else
       throw ConfigError(path + ": unknown key '" + k +
-                        "' (known: model, data, init_checkpoint, seed, hybrid_layers, device, base, phases)");
+                        "' (known: model, data, init_checkpoint, seed, hybrid_layers, device, attention_backend, base, phases)");
   });
   HMLA_CHECK(!pr.model_config.empty() && !pr.data_dir.empty(), ConfigError, path, ": model and data are required");
   HMLA_CHECK(phases.IsSequence() && phases.size() > 0, ConfigError, path, ": phases must be a non-empty list");

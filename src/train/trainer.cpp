@@ -203,6 +203,16 @@ Device training_device(const std::string& requested) {
   return Device::cuda;
 }
 
+// cudnn insists on cuDNN's dense attention: refused up front where it cannot run at all (the
+// kernels refuse per call where cuDNN declines the shapes, naming why).
+static void check_attention_backend(const Programme& pr, Device dev) {
+  if (pr.attention_backend != AttnBackend::cudnn) return;
+  HMLA_CHECK(dev == Device::cuda, ConfigError, pr.path, ": attention_backend cudnn needs device cuda");
+  HMLA_CHECK(attn_cudnn_built(), ConfigError, pr.path,
+             ": attention_backend cudnn: this build has no cuDNN path (scripts/deps.sh installs cudnn-frontend's "
+             "headers; reconfigure)");
+}
+
 void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& console) {
   RankGrid grid = set_up_rank_grid(pr, opt.cp);
   const bool root = grid.root();
@@ -212,6 +222,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
   const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
   if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
+  check_attention_backend(pr, dev);
+  set_attn_backend(pr.attention_backend);
   const RunInputs in = load_run_inputs(pr, opt.cp, dev);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root

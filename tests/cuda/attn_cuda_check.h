@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hmla/core/allocator.h"
+#include "hmla/ops/attention.h"
 #include "op_cases.h"
 
 namespace hmla::cuda_check {
@@ -33,6 +34,8 @@ struct TensorErr {
 
 struct CaseResult {
   std::string name;
+  std::string backend;   // who ran it: hmla (the hand-written kernels) or cudnn
+  std::string declined;  // backend cudnn only: why cuDNN does not take the case (then nothing ran)
   std::vector<TensorErr> tensors;
   bool deterministic = false;  // a second run gives the same bits
   bool ok = false;
@@ -42,19 +45,24 @@ struct CaseResult {
 bool device_available();
 // Runs the case on `dev`: the bf16 GPU kernels on Device::cuda; on Device::cpu the f32 CPU kernels
 // on the same bf16-valued inputs (what the harness's own tests check the rule with).
-// kernel_scale_factor != 1 only in the harness's self-test: a wrong kernel must fail.
-CaseResult check_case(const Case& c, uint64_t seed, Device dev = Device::cuda, float kernel_scale_factor = 1.f);
+// kernel_scale_factor != 1 only in the harness's self-test: a wrong kernel must fail. backend
+// cudnn: cuDNN's fused attention, or, where it declines the case, a result saying why (ok).
+CaseResult check_case(const Case& c, uint64_t seed, Device dev = Device::cuda, float kernel_scale_factor = 1.f,
+                      AttnBackend backend = AttnBackend::hmla);
 
 struct BenchShape {
   int64_t s, H, Dqk, Dv, docs;
+  AttnBackend backend = AttnBackend::hmla;
 };
 struct BenchResult {
   BenchShape shape;
   double fwd_ms = 0, fwdbwd_ms = 0, fwd_tflops = 0, fwdbwd_tflops = 0;
   int64_t peak_bytes = 0;
+  std::string declined;
   std::string json() const;
 };
-// Medians of `reps` timed runs after a warm-up, with CUDA events on hmla's stream.
+// Medians of `reps` timed runs after a warm-up, with CUDA events on hmla's stream. A shape whose
+// backend (cudnn) declines it gives an empty result (fwd_ms 0) whose json says why.
 BenchResult bench(const BenchShape& shape, int reps);
 
 }  // namespace hmla::cuda_check

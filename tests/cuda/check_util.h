@@ -4,11 +4,23 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "hmla/core/tensor.h"
 
 namespace hmla::cuda_check {
+
+// A message as a JSON string's contents (quotes, backslashes and control characters escaped).
+inline std::string json_escape(const std::string& m) {
+  std::string o;
+  for (char ch : m) {
+    if (ch == '"' || ch == '\\') o += '\\', o += ch;
+    else if (static_cast<unsigned char>(ch) < 0x20) o += ' ';
+    else o += ch;
+  }
+  return o;
+}
 
 inline float rbf(float x) { return bf16_to_f32(f32_to_bf16(x)); }  // rounded to bf16
 

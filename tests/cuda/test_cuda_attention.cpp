@@ -30,6 +30,17 @@ TEST_P(CudaAttention, MatchesTheReferencesAndIsDeterministic) {
   for (const auto& e : r.tensors) EXPECT_TRUE(e.ok) << e.name << ": " << r.json();
 }
 
+// The same rows through cuDNN's fused attention where it takes them (sm_90, widths <= 256, no sink,
+// whole rows); the others say why it declines. Only a build with the cuDNN path has it to test.
+TEST_P(CudaAttention, ThroughCudnnMatchesTheReferencesAndIsDeterministic) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  if (!attn_cudnn_built()) GTEST_SKIP() << "this build has no cuDNN path";
+  cuda_check::CaseResult r = cuda_check::check_case(GetParam(), 42, Device::cuda, 1.f, AttnBackend::cudnn);
+  if (!r.declined.empty()) GTEST_SKIP() << r.declined;
+  EXPECT_TRUE(r.deterministic) << r.json();
+  for (const auto& e : r.tensors) EXPECT_TRUE(e.ok) << e.name << ": " << r.json();
+}
+
 INSTANTIATE_TEST_SUITE_P(Table, CudaAttention, ::testing::ValuesIn(cuda_check::cases()),
                          op_cases::RowName());
 

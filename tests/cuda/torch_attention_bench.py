@@ -2,8 +2,9 @@
 """PyTorch's side of scripts/device-check. The indexer (scores + top-k) and sparse MLA forward
 against chunked torch versions (gathers, FLOPs over valid slots) on the shapes hmla measured. Dense per-document causal attention forward and
 forward+backward on the GPU in bf16, on exactly the shapes hmla_cuda_check --bench measured
-(s = 8192, H = 16, Dqk/Dv = 192/128; one document, and 8 documents of 1024): cuDNN SDPA where it
-applies (one causal document) and flex attention with a document mask (both layouts). Useful FLOPs
+(Dqk/Dv = 192/128: s = 8192, H = 16, one document and 8 documents of 1024; s = 32768, H = 16;
+s = 8192, H = 128), each through hmla's kernels and through hmla's cuDNN path: cuDNN SDPA where it
+applies (one causal document) and flex attention with a document mask (every layout). Useful FLOPs
 as hmla counts them (FlashAttention's convention: 2 (Dqk + Dv) per allowed (query, key) pair and
 head forward, 3.5x that forward+backward). Reads hmla's JSON lines and prints one merged line per
 shape. --rehearse checks the script's imports and arithmetic without a GPU."""
@@ -225,14 +226,27 @@ def main():
                           "torch_fwdbwd_tflops": t.get("torch_fwdbwd_tflops"), "peak_bytes": h["peak_bytes"],
                           **{k: v for k, v in t.items() if k.startswith("torch_") and k not in
                              ("torch_fwd_tflops", "torch_fwdbwd_tflops")}}))
+    # One merged line per shape: hmla through each backend (hmla_cuda_check measured both), torch's
+    # cuDNN SDPA and flex attention, and the ratios the issue's targets are on.
+    shapes = {}
     for h in (x for x in lines if x["bench"] == "cuda-attention"):
-        t = measure(h, a.reps)
-        merged = {"bench": "cuda-attention", "s": h["s"], "H": h["H"], "dqk": h["dqk"], "dv": h["dv"],
-                  "docs": h["docs"], "hmla_fwd_tflops": h["hmla_fwd_tflops"],
-                  "hmla_fwdbwd_tflops": h["hmla_fwdbwd_tflops"],
-                  "torch_cudnn_fwdbwd_tflops": t.get("torch_cudnn_fwdbwd_tflops"),
-                  "torch_flex_fwdbwd_tflops": t.get("torch_flex_fwdbwd_tflops"), "peak_bytes": h["peak_bytes"]}
-        merged.update({k: v for k, v in t.items() if k not in merged})
+        shapes.setdefault((h["s"], h["H"], h["dqk"], h["dv"], h["docs"]), {})[h.get("backend", "hmla")] = h
+    for (s_, H, dqk, dv, docs), by in shapes.items():
+        t = measure({"s": s_, "H": H, "dqk": dqk, "dv": dv, "docs": docs}, a.reps)
+        merged = {"bench": "cuda-attention", "s": s_, "H": H, "dqk": dqk, "dv": dv, "docs": docs}
+        for be, h in by.items():
+            if "declined" in h:
+                merged[f"{be}_declined"] = h["declined"]
+                continue
+            merged[f"{be}_fwd_tflops"] = h["hmla_fwd_tflops"]
+            merged[f"{be}_fwdbwd_tflops"] = h["hmla_fwdbwd_tflops"]
+            merged[f"{be}_peak_bytes"] = h["peak_bytes"]
+        merged.update(t)
+        for be in ("cudnn", "hmla"):  # hmla's over torch's: cuDNN SDPA (one document), flex (documents)
+            for ref in ("cudnn", "flex"):
+                mine, theirs = merged.get(f"{be}_fwdbwd_tflops"), t.get(f"torch_{ref}_fwdbwd_tflops")
+                if mine and theirs:
+                    merged[f"{be}_over_torch_{ref}_fwdbwd"] = mine / theirs
         print(json.dumps(merged))
     return 0
 

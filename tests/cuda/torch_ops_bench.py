@@ -102,9 +102,11 @@ def bench_attention(dev, dtype, s, H, D, reps):
     cu = torch.tensor([0, s // 4, s // 2, s], dtype=torch.int32)
     flops = 4.0 * H * D * sum((e - a) * (e - a + 1) / 2 for a, e in zip(cu[:-1].tolist(), cu[1:].tolist()))
     line = {"bench": "torch-attention", "s": s, "H": H, "D": D, "docs": 3}
-    f = lambda: ht.attention(q, k, v, scale=D ** -0.5, cu_seqlens=cu)[0].sum().backward()  # noqa: E731
-    line["hmla_fwdbwd_ms"] = timed(f, dev, reps)
-    line["hmla_fwdbwd_tflops"] = 3.5 * flops / line["hmla_fwdbwd_ms"] / 1e9
+    # hmla.torch's default (auto: cuDNN's fused attention where the build has it), then its own kernels.
+    for name, backend in (("hmla", "auto"), ("hmla_kernels", "hmla")):
+        f = lambda: ht.attention(q, k, v, scale=D ** -0.5, cu_seqlens=cu, backend=backend)[0].sum().backward()  # noqa
+        line[f"{name}_fwdbwd_ms"] = timed(f, dev, reps)
+        line[f"{name}_fwdbwd_tflops"] = 3.5 * flops / line[f"{name}_fwdbwd_ms"] / 1e9
     if dev.type == "cuda":
         qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
         f = lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True).sum().backward()  # noqa

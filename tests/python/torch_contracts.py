@@ -282,6 +282,12 @@ def argument_rules():
     raises("indexer_kl scale inf", lambda: ht.indexer_kl(qI, kI, w, q, q, scale=math.inf), "scale = inf")
     raises("indexer_kl coeff inf", lambda: ht.indexer_kl(qI, kI, w, q, q, scale=.3, coeff=math.inf), "coeff = inf")
     raises("attention scale nan", lambda: ht.attention(q, q, q, scale=math.nan), "scale = nan")
+    raises("attention backend flash", lambda: ht.attention(q, q, q, scale=.25, backend="flash"),
+           "backend must be one of auto, cudnn, hmla, got 'flash'")
+    raises("attention backend cudnn on the CPU", lambda: ht.attention(q, q, q, scale=.25, backend="cudnn"),
+           "backend cudnn needs CUDA tensors")
+    same("attention backend hmla is auto's on the CPU", ht.attention(q, q, q, scale=.25, backend="hmla")[0],
+         ht.attention(q, q, q, scale=.25)[0])
     raises("indexer_kl window without a table", lambda: ht.indexer_kl(qI, kI, w, q, q, scale=.3, window=2),
            "needs topk_indices")
     raises("sparse_mla dv 3.5", lambda: ht.sparse_mla(q, kv, torch.full((1, 8, 2), -1, dtype=torch.int32), scale=.25,

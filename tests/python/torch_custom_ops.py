@@ -20,7 +20,7 @@ class StandIn:
     """hmla._C's calls with their shapes (the last argument: the stream, None for CPU tensors)."""
 
     @staticmethod
-    def attention_fwd(q, k, v, scale, cu, er, sink, stream):
+    def attention_fwd(q, k, v, scale, cu, er, sink, backend, stream):
         b, s, H, _ = q.shape
         kk, vv = k.repeat_interleave(H // k.shape[2], 2), v.repeat_interleave(H // v.shape[2], 2)
         logits = torch.einsum("bthd,bjhd->bhtj", q.float(), kk.float()) * scale
@@ -28,7 +28,7 @@ class StandIn:
         return torch.einsum("bhtj,bjhd->bthd", torch.softmax(logits, -1), vv.float()).to(q.dtype), torch.logsumexp(logits, -1)
 
     @staticmethod
-    def attention_bwd(q, k, v, scale, cu, er, sink, out, lse, dout, stream):
+    def attention_bwd(q, k, v, scale, cu, er, sink, out, lse, dout, backend, stream):
         return torch.ones_like(q), torch.ones_like(k), torch.ones_like(v), None if sink is None else torch.ones_like(sink)
 
     @staticmethod

@@ -179,6 +179,16 @@ TEST(Programme, HybridLayersNameEachLayerOnce) {
   EXPECT_TRUE(parse_programme(head + "hybrid_layers: all\n" + tail, "p.yaml").hybrid_layers.empty());
 }
 
+// attention_backend picks the dense attention's implementation on CUDA (hmla/ops/attention.h).
+TEST(Programme, TheAttentionBackendKey) {
+  const std::string head = "model: m.json\ndata: d\n", tail = "phases:\n  - {name: a}\n";
+  EXPECT_EQ(parse_programme(head + tail, "p.yaml").attention_backend, AttnBackend::auto_);
+  EXPECT_EQ(parse_programme(head + "attention_backend: cudnn\n" + tail, "p.yaml").attention_backend, AttnBackend::cudnn);
+  EXPECT_EQ(parse_programme(head + "attention_backend: hmla\n" + tail, "p.yaml").attention_backend, AttnBackend::hmla);
+  EXPECT_EQ(error_of(head + "attention_backend: flash\n" + tail),
+            "p.yaml: attention_backend (line 3): attention backend 'flash' (known: auto, cudnn, hmla)");
+}
+
 TEST(Programme, OneDocumentOfBoundedNestingAndSize) {
   const std::string ok = "model: m.json\ndata: d\nphases:\n  - {name: a}\n";
   EXPECT_EQ(error_of(ok + "---\nphases: []\n"),

@@ -191,6 +191,19 @@ TEST(Trainer, FailedEquivalenceStopsTheProgramme) {
   fs::remove_all(out);
 }
 
+// attention_backend cudnn is refused before anything is written where it cannot run: on the CPU.
+TEST(Trainer, AttentionBackendCudnnNeedsTheCudaDevice) {
+  const fs::path dir = tmpdir("cudnn"), out = dir / "run";
+  try {
+    run(programme("  - {name: pre, mode: mha, steps: 1}\n", "attention_backend: cudnn\n"), out);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), (out / "p.yaml").string() + ": attention_backend cudnn needs device cuda");
+  }
+  EXPECT_FALSE(fs::exists(out));
+  fs::remove_all(dir);
+}
+
 // The test seam (TrainOptions::on_rank_ready): called once with the rank before anything is
 // read or written, and what it throws ends the run there (tests/python/mpi_dp.py injects a
 // rank's failure through it).

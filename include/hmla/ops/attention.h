@@ -13,11 +13,28 @@
 // hmla/ops/nn.h's one convention).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
 
 namespace hmla {
+
+// Who computes the dense attention on CUDA (docs/cuda.md, "Dense attention through cuDNN"):
+// cuDNN's fused SDPA where it takes the inputs (a build with cudnn-frontend, sm_90, bf16, head
+// widths <= 256, no sink, no query-row slice), else the hand-written kernels. auto_ picks cuDNN
+// where it takes the inputs; cudnn insists (an error naming why it cannot); hmla never uses it.
+// The CPU has one implementation and takes auto_ and hmla.
+enum class AttnBackend { auto_, cudnn, hmla };
+const char* attn_backend_name(AttnBackend b);
+// "auto" | "cudnn" | "hmla"; anything else is a ConfigError naming `what` and the known values.
+AttnBackend parse_attn_backend(const std::string& name, const std::string& what);
+// The process's choice for calls that pass auto_ (default auto_): the trainer sets it from the
+// programme's attention_backend key.
+void set_attn_backend(AttnBackend b);
+AttnBackend attn_backend();
+// Whether this build has the cuDNN path (configured with the cudnn-frontend headers).
+bool attn_cudnn_built();
 
 // Pointers with their strides in elements; the last dimension of every tensor is contiguous.
 // v may alias k (latent MQA: the value is the first Dv channels of the key).
@@ -43,6 +60,10 @@ struct AttnDenseParams {
   void* dk = nullptr;          // [b, s, Hkv, Dqk] contiguous
   void* dv = nullptr;          // [b, s, Hkv, Dv] contiguous
   float* dsink = nullptr;      // [H] or null
+  // The cuDNN path's: the backend asked for (auto_ resolved to the process's choice), and the
+  // host layout's document count and longest document (its ragged batch and sequence bounds).
+  AttnBackend backend = AttnBackend::auto_;
+  int64_t ndocs = 0, max_doc = 0;
 };
 
 struct AttnDenseInputs {
@@ -53,6 +74,7 @@ struct AttnDenseInputs {
   Tensor sink;                      // [H] f32, optional
   float scale = 0.f;                // explicit: m^2 / sqrt(Dn + Dr) for MLA
   int64_t q_row0 = 0;               // global position of q's first row
+  AttnBackend backend = AttnBackend::auto_;  // auto_: the process's choice (set_attn_backend)
 };
 
 struct AttnDenseSaved {

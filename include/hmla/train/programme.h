@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "hmla/model/config.h"
+#include "hmla/ops/attention.h"
 #include "hmla/train/optim.h"
 
 namespace hmla {
@@ -38,6 +39,7 @@ struct Programme {
   uint64_t seed = 0;
   std::vector<int64_t> hybrid_layers;  // the layers that move through the modes (empty: all)
   std::string device = "cpu";          // where it trains unless `hmla train --device` says (cpu, cuda)
+  AttnBackend attention_backend = AttnBackend::auto_;  // the dense attention's on CUDA (hmla/ops/attention.h)
   std::vector<PhaseSettings> phases;
   // The raw key/value text of the base and of each phase's own entries (for the config-delta test).
   std::map<std::string, std::string> base_raw;

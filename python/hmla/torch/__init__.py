@@ -100,11 +100,11 @@ def _first_derivatives(name, anchors, grads):
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sink, scale, cu_seqlens, end_rows, v_from_k):
+    def forward(ctx, q, k, v, sink, scale, cu_seqlens, end_rows, v_from_k, backend):
         vv = k[..., :v_from_k] if v_from_k else v
-        out, lse = _K.attention_fwd(q, k, vv, scale, cu_seqlens, end_rows, sink)
+        out, lse = _K.attention_fwd(q, k, vv, scale, cu_seqlens, end_rows, sink, backend)
         ctx.save_for_backward(q, k, v, sink, out, lse, cu_seqlens, end_rows)
-        ctx.scale, ctx.v_from_k = scale, v_from_k
+        ctx.scale, ctx.v_from_k, ctx.backend = scale, v_from_k, backend
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -112,15 +112,19 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, sink, out, lse, cu_seqlens, end_rows = ctx.saved_tensors
         vv = k[..., :ctx.v_from_k] if ctx.v_from_k else v
-        dq, dk, dv, dsink = _K.attention_bwd(q, k, vv, ctx.scale, cu_seqlens, end_rows, sink, out, lse, dout)
+        dq, dk, dv, dsink = _K.attention_bwd(q, k, vv, ctx.scale, cu_seqlens, end_rows, sink, out, lse, dout,
+                                             ctx.backend)
         if ctx.v_from_k:  # the value is k's first Dv channels: its gradient lands there
             dk[..., :ctx.v_from_k] += dv
             dv = None
         dq, dk, dv, dsink = _first_derivatives("attention", (q, k, v, sink, dout), (dq, dk, dv, dsink))
-        return dq, dk, dv, dsink, None, None, None, None
+        return dq, dk, dv, dsink, None, None, None, None, None
 
 
-def attention(q, k, v=None, *, scale, cu_seqlens=None, end_rows=None, sink=None, v_from_k=None):
+_ATTENTION_BACKENDS = ("auto", "cudnn", "hmla")
+
+
+def attention(q, k, v=None, *, scale, cu_seqlens=None, end_rows=None, sink=None, v_from_k=None, backend="auto"):
     """Per-document causal attention: out, lse = softmax(scale q k^T + mask) v.
 
     q [b, s, H, Dqk], k [b, s, Hkv, Dqk] (Hkv divides H), v [b, s, Hkv, Dv], or v=None with
@@ -128,7 +132,10 @@ def attention(q, k, v=None, *, scale, cu_seqlens=None, end_rows=None, sink=None,
     (an extra logit per head in every denominator). Returns out [b, s, H, Dv] and lse [b, H, s]
     float32 (+inf on rows with no key). Differentiable in q, k, v and sink. Strided inputs are
     read in place where their strides allow, else copied. cu_seqlens int32/int64 (equal entries:
-    zero-length documents), end_rows int32.
+    zero-length documents), end_rows int32. backend (CUDA tensors): "auto" runs cuDNN's fused
+    attention where it takes the inputs (a build with cuDNN, sm_90, bf16, widths <= 256, no sink)
+    and hmla's kernels otherwise, "cudnn" insists on cuDNN (an error naming why it cannot), "hmla"
+    never uses it; CPU tensors take "auto" and "hmla".
     """
     q, k = _tensor("q", q), _tensor("k", k)
     if (v is None) == (v_from_k is None):
@@ -137,7 +144,10 @@ def attention(q, k, v=None, *, scale, cu_seqlens=None, end_rows=None, sink=None,
     sink = _tensor("sink", sink, optional=True)
     v_from_k = 0 if v_from_k is None else _int("v_from_k", v_from_k, 1, k.shape[-1])
     cu_seqlens, end_rows = _layout(cu_seqlens, end_rows)
-    return _Attention.apply(q, k, v, sink, _float("scale", scale, positive=True), cu_seqlens, end_rows, v_from_k)
+    if not isinstance(backend, str) or backend not in _ATTENTION_BACKENDS:
+        raise ValueError(f"attention: backend must be one of {', '.join(_ATTENTION_BACKENDS)}, got {backend!r}")
+    return _Attention.apply(q, k, v, sink, _float("scale", scale, positive=True), cu_seqlens, end_rows, v_from_k,
+                            backend)
 
 
 def indexer_topk(q_idx, k_idx, weights, *, topk, window=0, cu_seqlens=None, end_rows=None):

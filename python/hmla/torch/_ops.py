@@ -84,23 +84,23 @@ def _register(C):
 
     @lib.custom_op("hmla::attention_fwd", mutates_args=())
     def attention_fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, cu_seqlens: Optional[Tensor],
-                      end_rows: Optional[Tensor], sink: Optional[Tensor]) -> List[Tensor]:
-        return list(C.attention_fwd(q, k, v, scale, cu_seqlens, end_rows, sink))
+                      end_rows: Optional[Tensor], sink: Optional[Tensor], backend: str) -> List[Tensor]:
+        return list(C.attention_fwd(q, k, v, scale, cu_seqlens, end_rows, sink, backend))
 
     @attention_fwd.register_fake
-    def _(q, k, v, scale, cu_seqlens, end_rows, sink):
+    def _(q, k, v, scale, cu_seqlens, end_rows, sink, backend):
         b, s, H, _ = q.shape
         return [q.new_empty(b, s, H, v.shape[-1]), q.new_empty(b, H, s, dtype=f32)]
 
     @lib.custom_op("hmla::attention_bwd", mutates_args=())
     def attention_bwd(q: Tensor, k: Tensor, v: Tensor, scale: float, cu_seqlens: Optional[Tensor],
                       end_rows: Optional[Tensor], sink: Optional[Tensor], out: Tensor, lse: Tensor,
-                      dout: Tensor) -> List[Tensor]:
-        dq, dk, dv, dsink = C.attention_bwd(q, k, v, scale, cu_seqlens, end_rows, sink, out, lse, dout)
+                      dout: Tensor, backend: str) -> List[Tensor]:
+        dq, dk, dv, dsink = C.attention_bwd(q, k, v, scale, cu_seqlens, end_rows, sink, out, lse, dout, backend)
         return [dq, dk, dv, _empty_if_none(dsink, q)]
 
     @attention_bwd.register_fake
-    def _(q, k, v, scale, cu_seqlens, end_rows, sink, out, lse, dout):
+    def _(q, k, v, scale, cu_seqlens, end_rows, sink, out, lse, dout, backend):
         ds = q.new_empty(q.shape[2], dtype=f32) if sink is not None else q.new_empty(0, dtype=f32)
         return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), ds]
 

@@ -1,0 +1,62 @@
+// The CUDA backend's dense attention through cuDNN's fused SDPA (docs/cuda.md, "Dense attention
+// through cuDNN"): packed documents as ragged (THD) sequences, one cuDNN sequence per document
+// with a top-left causal mask, bf16 in, f32 lse out, the deterministic backward. The graph code
+// (attn_cudnn.cpp) exists only in a build with cudnn-frontend; the tables it runs on
+// (attn_cudnn_thd.cu) are ordinary kernels, run by the emulator's tests too.
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/error.h"
+#include "hmla/ops/attention.h"
+
+namespace hmla::cuda {
+
+// The ragged offset tables, one per tensor layout cuDNN reads or writes.
+enum ThdLayout : int { kThdQ, kThdK, kThdV, kThdO, kThdDq, kThdDk, kThdDv, kThdStats, kThdLayouts };
+
+// Device tables of p's documents in batch order (row by row, each row's documents in position
+// order), padded with empty sequences to B entries: int32 [kThdLayouts][B + 1] element offsets of
+// each document's first row in each layout (entry B and the padding entries: the end of the last
+// document), then int32 [B] the documents' lengths. Stats is cuDNN's [b s, H] f32 lse; O, dQ, dK
+// and dV are contiguous. Needs B >= the documents of p's layout and every offset < 2^31.
+void cudnn_thd_tables(const AttnDenseParams& p, int64_t B, int32_t* tables);
+// lse [b, H, s] from cuDNN's stats [b s, H] (+inf for padding rows), and back.
+void cudnn_stats_to_lse(const AttnDenseParams& p, const float* stats);
+void cudnn_lse_to_stats(const AttnDenseParams& p, float* stats);
+// Zeroes the rows of x [b, s, row_elems] (bf16, contiguous) that are padding (no document):
+// cuDNN leaves them unwritten, and hmla's contract has out, dq, dk and dv 0 there.
+void cudnn_zero_padding_rows(const AttnDenseParams& p, void* x, int64_t row_elems);
+// The padded batch for n documents: the next power of two, so that a run's changing document
+// counts build a few graphs, not one per step.
+inline int64_t cudnn_batch_bound(int64_t n) {
+  int64_t B = 1;
+  while (B < n) B *= 2;
+  return B;
+}
+
+#ifdef HMLA_HAVE_CUDNN
+// Why cuDNN's SDPA cannot compute p on this device (nullptr: it may; its graph build decides).
+const char* cudnn_declines(const AttnDenseParams& p);
+// Computes p through cuDNN; false (nothing done) when cuDNN refused p's graph and p.backend is
+// auto_ (an error for cudnn), so that the caller runs hmla's kernels.
+bool cudnn_attn_fwd(const AttnDenseParams& p);
+bool cudnn_attn_bwd(const AttnDenseParams& p);
+#endif
+
+// Whether p goes to cuDNN: p.backend allows it (auto_) or insists (cudnn: an error naming why it
+// cannot), and cuDNN takes p here.
+inline bool attn_use_cudnn(const AttnDenseParams& p) {
+  if (p.backend == AttnBackend::hmla) return false;
+#ifdef HMLA_HAVE_CUDNN
+  const char* why = cudnn_declines(p);
+  HMLA_CHECK(!(why && p.backend == AttnBackend::cudnn), Error, "attention backend cudnn: ", why);
+  return why == nullptr;
+#else
+  HMLA_CHECK(p.backend != AttnBackend::cudnn, Error,
+             "attention backend cudnn: this build has no cuDNN path (cudnn-frontend's headers were not found "
+             "when it was configured: scripts/deps.sh installs them)");
+  return false;
+#endif
+}
+
+}  // namespace hmla::cuda
