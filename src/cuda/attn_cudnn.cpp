@@ -183,7 +183,12 @@ DeviceState& device_state() {
   return *st;
 }
 
-GraphKey key_of(const AttnDenseParams& p, bool bwd);
+GraphKey key_of(const AttnDenseParams& p, bool bwd) {
+  GraphKey k{bwd, cudnn_batch_bound(p.ndocs), std::min(cudnn_batch_bound(p.max_doc), p.s), p.H, p.Hkv, p.Dqk, p.Dv,
+             p.q_hstride, p.q_rstride, p.k_hstride, p.k_rstride, p.v_hstride, p.v_rstride, 0};
+  std::memcpy(&k.scale_bits, &p.scale, sizeof p.scale);
+  return k;
+}
 
 // Builds k's graph once; a refusal (no engine takes the shape) is kept too, so that auto falls
 // back to hmla's kernels without asking again.
@@ -210,13 +215,6 @@ const Graph* usable_graph(DeviceState& st, const AttnDenseParams& p, bool bwd) {
   HMLA_CHECK(gr.g || p.backend != AttnBackend::cudnn, Error, "attention backend cudnn: cuDNN refused the ",
              bwd ? "backward" : "forward", " graph (", gr.refused, ")");
   return gr.g ? &gr : nullptr;
-}
-
-GraphKey key_of(const AttnDenseParams& p, bool bwd) {
-  GraphKey k{bwd, cudnn_batch_bound(p.ndocs), std::min(cudnn_batch_bound(p.max_doc), p.s), p.H, p.Hkv, p.Dqk, p.Dv,
-             p.q_hstride, p.q_rstride, p.k_hstride, p.k_rstride, p.v_hstride, p.v_rstride, 0};
-  std::memcpy(&k.scale_bits, &p.scale, sizeof p.scale);
-  return k;
 }
 
 // The device's own verdict, once per device: sm_90 and a new enough cuDNN.

@@ -107,7 +107,8 @@ void run(const AttnDenseInputs& in, AttnDenseParams p, void (Backend::*entry)(co
   const Tensor ds = in.layout->doc_start_on(dev), de = in.layout->doc_end_on(dev);
   p.doc_start = ds.data<int32_t>();
   p.doc_end = de.data<int32_t>();
-  if (dev == Device::cuda && p.backend != AttnBackend::hmla) doc_bounds(*in.layout, p.ndocs, p.max_doc);
+  if (dev == Device::cuda && p.backend != AttnBackend::hmla && attn_cudnn_built())
+    doc_bounds(*in.layout, p.ndocs, p.max_doc);  // a host pass over the layout: only when cuDNN may run
   dispatch(dev, entry, p, "attention",
            std::string(dtype_name(p.dtype)) + " with Dqk = " + std::to_string(p.Dqk) + ", Dv = " + std::to_string(p.Dv) +
                " (the CPU runs f32; CUDA builds run bf16 with Dqk and Dv multiples of 16, tiles within 163 KB of shared memory: 576 / 512 fit)");
