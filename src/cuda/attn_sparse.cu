@@ -65,8 +65,7 @@ __device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc
   return total;
 }
 
-constexpr int kFwdHeadWarps = SparseTraits::kFwdHeadWarps, kFwdBk = SparseTraits::kFwdBk,
-              kFwdChunk = SparseTraits::kFwdChunk, kFwdWarps = SparseTraits::kFwdWarps;
+constexpr int kFwdBk = SparseTraits::kFwdBk, kFwdChunk = SparseTraits::kFwdChunk, kFwdWarps = SparseTraits::kFwdWarps;
 
 // out[dt] += P V for the first `width` columns of V, V being rows [0, 8 kNt) of a row-major shared
 // tile (the gathered keys: a value is its key's first Dv channels, so no transposed copy); P a
