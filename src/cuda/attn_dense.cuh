@@ -39,9 +39,10 @@ inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv 
 // kernels). CudaBackend::supports holds both under the smallest target's opt-in limit (an
 // A100's 163 KB; Hopper has 227 KB).
 template <bool kWide>
-constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk) {
+constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk, int chunks = 1) {
   using T = AttnCudaTraits<kWide>;
-  return 2 * ((T::kRows + T::kBk) * (Dqk + T::kPad) + dv_chunk * (T::kBk + T::kPad));
+  return 2 * ((T::kRows + T::kBk) * (Dqk + T::kPad) + chunks * dv_chunk * (T::kBk + T::kPad)) +
+         (chunks > 1 ? 4 * T::kRows * (T::kBk + T::kPad) : 0);  // the shared f32 score tile
 }
 template <bool kWide>
 constexpr int64_t attn_bwd_smem(int64_t Dqk, int64_t Dv) {
@@ -52,14 +53,17 @@ constexpr int64_t attn_bwd_smem(int64_t Dqk, int64_t Dv) {
 inline int attn_fwd_dv_chunk(const AttnDenseParams& p) {
   return p.Dv > AttnCudaTraits<false>::kDvChunk ? AttnCudaTraits<false>::kDvChunkMax : AttnCudaTraits<false>::kDvChunk;
 }
+// Value chunks per forward block: 2 for values wider than one chunk of 256 (one warp per chunk and
+// row group, the scores shared through shared memory), else 1.
+inline int attn_fwd_chunks(const AttnDenseParams& p) { return p.Dv > AttnCudaTraits<false>::kDvChunkMax ? 2 : 1; }
 inline constexpr int64_t kAttnMaxSmemBytes = 163 * 1024;
 inline int64_t attn_dense_smem_bytes(const AttnDenseParams& p) {
-  const int c = attn_fwd_dv_chunk(p);
-  const int64_t f = attn_is_wide(p) ? attn_fwd_smem<true>(p.Dqk, c) : attn_fwd_smem<false>(p.Dqk, c);
+  const int c = attn_fwd_dv_chunk(p), n = attn_fwd_chunks(p);
+  const int64_t f = attn_is_wide(p) ? attn_fwd_smem<true>(p.Dqk, c, n) : attn_fwd_smem<false>(p.Dqk, c, n);
   const int64_t b = attn_is_wide(p) ? attn_bwd_smem<true>(p.Dqk, p.Dv) : attn_bwd_smem<false>(p.Dqk, p.Dv);
   return f > b ? f : b;
 }
-static_assert(attn_bwd_smem<true>(576, 512) <= kAttnMaxSmemBytes && attn_fwd_smem<true>(576, 256) <= kAttnMaxSmemBytes &&
+static_assert(attn_bwd_smem<true>(576, 512) <= kAttnMaxSmemBytes && attn_fwd_smem<true>(576, 256, 2) <= kAttnMaxSmemBytes &&
                   attn_bwd_smem<false>(256, 256) <= kAttnMaxSmemBytes,
               "the latent 576/512 form and heads of 256 fit an A100");
 

@@ -1,10 +1,10 @@
 // Dense per-document causal attention forward on the GPU, bf16 in and out, f32 accumulation and
 // lse: FlashAttention-2's scheme on mma.sync (portable to sm_80+; Hopper runs it too). A block
-// owns kRows query rows of one (batch row, head) and one chunk of <= 256 output columns; it walks
-// only the key range of its rows' documents (tile skipping), masking per element. Each warp keeps
-// 16 rows' running max / sum and output in registers; P never leaves them. Wide heads (576/512)
-// split the output columns over blocks, each recomputing the scores: simple, and a cost a
-// Hopper (wgmma) kernel would remove; none exists yet (docs/cuda.md). Deterministic: no atomics, fixed order.
+// owns kRows query rows of one (batch row, head) and its output columns (one chunk of <= 256, or
+// for values wider than 256 two chunks, one warp each per 16 rows, that share the scores through
+// shared memory); it walks only the key range of its rows' documents (tile skipping), skipping
+// the 8-key column tiles its rows cannot see and masking the rest per element. Each warp keeps
+// 16 rows' running max / sum and output in registers. Deterministic: no atomics, fixed order.
 #include <cuda_bf16.h>
 
 #include <cfloat>
@@ -18,8 +18,13 @@ namespace hmla::cuda {
 
 namespace {
 
-template <bool kWide, int kDvChunk>
-__global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
+// kChunks value chunks of kDvChunk columns per block (2 for values wider than 256: the latent
+// form's 512), one warp per (16 rows, chunk): the warps of a row group split each key tile's 8-key
+// column tiles (nt % kChunks == vc), write their scores to a shared f32 tile, and after a barrier
+// each reads all of its rows' scores for its softmax and its chunk's P V. The scores are computed
+// once per block however wide the values (docs/cuda.md, the work counter).
+template <bool kWide, int kDvChunk, int kChunks>
+__global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
     attn_dense_fwd_kernel(const AttnDenseParams p, int nchunks, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   constexpr int kNt = T::kBk / 8, kDt = kDvChunk / 8;
@@ -27,19 +32,23 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const int ldq = p.Dqk + T::kPad, ldvt = T::kBk + T::kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
   __nv_bfloat16* Ks = Qs + T::kRows * ldq;                       // [kBk, Dqk]
-  __nv_bfloat16* Vt = Ks + T::kBk * ldq;                         // [kDvChunk, kBk] (V transposed)
+  __nv_bfloat16* Vt = Ks + T::kBk * ldq;                         // [kChunks kDvChunk, kBk] (V transposed)
+  float* Ss = reinterpret_cast<float*>(Vt + kChunks * kDvChunk * ldvt);  // [kRows, kBk] scores (kChunks > 1)
   __shared__ int range[2], wrange[T::kWarps][2];
 
   const int tiles = (p.sq + T::kRows - 1) / T::kRows;
   const int tile = tiles - 1 - blockIdx.x;  // longest key ranges first
   const int h = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks, b = blockIdx.z;
   const int hk = h / (p.H / p.Hkv);
-  const int dv0 = chunk * kDvChunk, dvn = min(kDvChunk, int(p.Dv) - dv0);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int rw = warp % T::kWarps, vc = warp / T::kWarps;  // the warp's row group and value chunk
+  const int bv0 = chunk * kChunks * kDvChunk, bvn = min(kChunks * kDvChunk, int(p.Dv) - bv0);  // the block's
+  const int dv0 = bv0 + vc * kDvChunk, dvn = max(0, min(kDvChunk, int(p.Dv) - dv0));          // the warp's
   const int lr0 = tile * T::kRows;                        // first local row of the block
   const int nrows = min(T::kRows, int(p.sq) - lr0);
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
 
-  // The block's key range, the union of its rows' [doc_start, t], and each warp's (its 16 rows').
+  // The block's key range, the union of its rows' [doc_start, t], and each row group's.
   if (threadIdx.x <= T::kWarps) {
     int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
     r[0] = INT32_MAX, r[1] = -1;
@@ -59,34 +68,58 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   __syncthreads();
   const int jmin = range[0], jmax = range[1];
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int wlo = wrange[warp][0], whi = wrange[warp][1];  // the warp's keys: the mask policy below
-  const int rA = warp * 16 + g, rB = rA + 8;  // this thread's two rows (block-local)
+  const int wlo = wrange[rw][0], whi = wrange[rw][1];  // the row group's keys: the mask policy below
+  const int rA = rw * 16 + g, rB = rA + 8;  // this thread's two rows (block-local)
   const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
   const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
+  uint32_t mine = 0;  // the column tiles whose scores this warp computes
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+    if (nt % kChunks == vc) mine |= 1u << nt;
   const float c2 = p.scale * kLog2e;  // scores in log2 units
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   float o[kDt][4];
   zero_acc(o);
 
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
-  const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride + dv0;
+  const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride + bv0;
+  const __nv_bfloat16* Vw = Vt + vc * kDvChunk * ldvt;  // the warp's chunk of V^T
   for (int j0 = jmin; j0 <= jmax; j0 += T::kBk) {
     const int nk = min(T::kBk, jmax + 1 - j0);
     __syncthreads();  // the previous tile's readers are done
     load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
-    load_tile_t(Vt, ldvt, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, dvn);
+    load_tile_t(Vt, ldvt, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, bvn);
     __syncthreads();
 
-    // The mask as a policy: an 8-key column tile of the scores outside the warp's key range is
-    // masked for all 16 of its rows, so the warp issues no product for it (nor, below, for a
+    // The mask as a policy: an 8-key column tile of the scores outside the row group's key range
+    // is masked for all 16 of its rows, so no warp issues a product for it (nor, below, for a
     // 16-key step of P V whose two column tiles are both out), and a tile with no live column
-    // costs it nothing: its softmax step would rescale by exactly 1 and add exact zeros.
+    // costs the warp nothing: its softmax step would rescale by exactly 1 and add exact zeros.
     const uint32_t live = live_columns<kNt>(j0, wlo, whi);
-    if (!live) continue;
     float s[kNt][4];
-    zero_acc(s);
-    mma_abt_live(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane, live);
+    if constexpr (kChunks == 1) {
+      if (!live) continue;
+      zero_acc(s);
+      mma_abt_live(s, Qs, ldq, rw * 16, Ks, ldq, int(p.Dqk), lane, live);
+    } else {
+      if (live & mine) {
+        zero_acc(s);
+        mma_abt_live(s, Qs, ldq, rw * 16, Ks, ldq, int(p.Dqk), lane, live & mine);
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+          if (!(((live & mine) >> nt) & 1u)) continue;
+          float* top = Ss + rA * ldvt + nt * 8 + 2 * c;
+          top[0] = s[nt][0], top[1] = s[nt][1], top[8 * ldvt] = s[nt][2], top[8 * ldvt + 1] = s[nt][3];
+        }
+      }
+      __syncthreads();  // the row group's scores are in Ss
+      if (!live) continue;
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[nt][e] = ((live >> nt) & 1u) ? Ss[(e < 2 ? rA : rB) * ldvt + nt * 8 + 2 * c + (e & 1)] : 0.f;
+    }
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt)  // mask; log2 units
 #pragma unroll
@@ -96,7 +129,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
         s[nt][e] = ok ? s[nt][e] * c2 : -INFINITY;
       }
     online_softmax_step(s, mA, mB, lA, lB, o);
-    mma_acc_x(o, s, Vt, ldvt, dvn, lane, live);  // O += P V: P stays in registers as the A operand
+    mma_acc_x(o, s, Vw, ldvt, dvn, lane, live);  // O += P V: P stays in registers as the A operand
   }
 
   // Finish: out = O / (l + exp(sink - m)), lse = ln(l + ...) + m; empty rows 0 and +inf.
@@ -117,23 +150,23 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
       *reinterpret_cast<uint32_t*>(out + ((int64_t(b) * p.sq + lr0 + rB) * p.H + h) * p.Dv + col) =
           pack_bf16(o[dt][2] * invB, o[dt][3] * invB);
   }
-  if (chunk == 0 && c == 0) {
+  if (chunk == 0 && vc == 0 && c == 0) {
     if (rA < nrows) p.lse[(int64_t(b) * p.H + h) * p.sq + lr0 + rA] = lseA;
     if (rB < nrows) p.lse[(int64_t(b) * p.H + h) * p.sq + lr0 + rB] = lseB;
   }
 }
 
-template <bool kWide, int kDvChunk>
+template <bool kWide, int kDvChunk, int kChunks>
 void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
-  const int nchunks = int((p.Dv + kDvChunk - 1) / kDvChunk);
-  const size_t smem = size_t(attn_fwd_smem<kWide>(p.Dqk, kDvChunk));
-  check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide, kDvChunk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(smem)),
+  const int nchunks = int((p.Dv + kChunks * kDvChunk - 1) / (kChunks * kDvChunk));
+  const size_t smem = size_t(attn_fwd_smem<kWide>(p.Dqk, kDvChunk, kChunks));
+  check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide, kDvChunk, kChunks>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "attn_dense_fwd: shared memory");
   dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
-  HMLA_LAUNCH((attn_dense_fwd_kernel<kWide, kDvChunk>), grid, 32 * T::kWarps, smem, current_stream().get(), p,
-              nchunks, vec);
+  HMLA_LAUNCH((attn_dense_fwd_kernel<kWide, kDvChunk, kChunks>), grid, 32 * T::kWarps * kChunks, smem,
+              current_stream().get(), p, nchunks, vec);
   check_launch("attn_dense_fwd");
 }
 
@@ -146,12 +179,15 @@ void attn_dense_fwd(const AttnDenseParams& p) {
     if (cudnn_attn_fwd(p)) return;
 #endif
   }
-  // Value heads up to 256 wide keep their whole output in registers (one score pass); wider ones
-  // (the 512 of the latent form) split it over blocks of 256 columns, each recomputing the scores.
+  // Value heads up to 256 wide keep their whole output in one warp's registers; wider ones (the
+  // 512 of the latent form) split it over the warps of one block, 256 columns each, sharing the
+  // scores (attn_fwd_dv_chunk, attn_fwd_chunks).
   constexpr int kOne = AttnCudaTraits<false>::kDvChunk, kMax = AttnCudaTraits<false>::kDvChunkMax;
+  const VecFlags vec = vec_flags(p);
   const bool one = attn_fwd_dv_chunk(p) == kOne;
-  if (attn_is_wide(p)) one ? launch_fwd<true, kOne>(p, vec_flags(p)) : launch_fwd<true, kMax>(p, vec_flags(p));
-  else one ? launch_fwd<false, kOne>(p, vec_flags(p)) : launch_fwd<false, kMax>(p, vec_flags(p));
+  if (attn_fwd_chunks(p) > 1) launch_fwd<true, kMax, 2>(p, vec);  // Dv > 256: a wide head
+  else if (attn_is_wide(p)) one ? launch_fwd<true, kOne, 1>(p, vec) : launch_fwd<true, kMax, 1>(p, vec);
+  else one ? launch_fwd<false, kOne, 1>(p, vec) : launch_fwd<false, kMax, 1>(p, vec);
 }
 
 }  // namespace hmla::cuda
