@@ -1,9 +1,10 @@
 // Dense attention through cuDNN's fused SDPA on sm_90 (docs/cuda.md, "Dense attention through
-// cuDNN"), with cudnn-frontend's graph API. Each document of the packed rows is one cuDNN
-// sequence: the batch is the documents (padded to a power of two with empty sequences), the
-// sequence bound the longest document (also rounded up), and ragged offsets place each sequence
-// at its document's first row in q, k, v, out and the gradients, so one top-left causal mask
-// per sequence is hmla's per-document causal mask. Graphs are built once per shape and kept
+// cuDNN"), with cudnn-frontend's graph API. Each document of the packed rows (that holds a query
+// row) is one cuDNN sequence: the batch is the documents (padded to a power of two with empty
+// sequences), the sequence bound the longest document (also rounded up), and ragged offsets place
+// each sequence at its document's first row in q, k, v, out and the gradients, so one causal mask
+// per sequence is hmla's per-document causal mask (bottom-right aligned for a context-parallel
+// slice of the query rows, whose documents may begin before the slice). Graphs are built once per shape and kept
 // per thread and device; the tables they read are made on the device (attn_cudnn_thd.cu).
 #include <cudnn.h>
 
@@ -28,8 +29,8 @@ namespace fe = cudnn_frontend;
 using TensorAttr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // The tensors' uids in the variant packs; kOff0 + L: layout L's ragged offsets.
-constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kDO = 6, kDQ = 7, kDK = 8, kDV = 9, kSeqLen = 10,
-                  kOff0 = 11;
+constexpr int64_t kQ = 1, kK = 2, kV = 3, kO = 4, kStats = 5, kDO = 6, kDQ = 7, kDK = 8, kDV = 9, kSeqLenQ = 10,
+                  kSeqLenKv = 11, kOff0 = 12;
 
 constexpr int64_t kMinCudnnVersion = 90600;  // ragged (THD) stats, the sm_90 deterministic backward
 
@@ -40,10 +41,11 @@ void cudnn_check(cudnnStatus_t st, const char* what) {
   HMLA_CHECK(st == CUDNN_STATUS_SUCCESS, Error, "cuDNN attention (", what, "): ", cudnnGetErrorString(st));
 }
 
-// What a graph depends on: the direction, the padded batch B and sequence bound S, the heads and
-// widths, the input strides (the outputs' are contiguous) and the scale.
+// What a graph depends on: the direction, whether the queries are a slice of the key rows, the
+// padded batch B and sequence bound S, the heads and widths, the input strides (the outputs' are
+// contiguous) and the scale.
 struct GraphKey {
-  bool bwd;
+  bool bwd, slice;
   int64_t B, S, H, Hkv, Dqk, Dv, qh, qr, kh, kr, vh, vr;
   uint32_t scale_bits;
   auto operator<=>(const GraphKey&) const = default;
@@ -91,16 +93,18 @@ TensorAttr offsets(fe::graph::Graph& g, ThdLayout L, const GraphKey& k) {
   return int_table(g, kOff0 + L, names[L], k.B + 1);
 }
 
-// The mask and sequence lengths both directions share: per-sequence top-left causal (key <= query
-// within a document), sequences of the given lengths.
+// The mask and sequence lengths both directions share: per-sequence causal (key <= query within a
+// document), sequences of the given lengths. A document's queries are its last len_q of its len_kv
+// key rows (all of them unless the queries are a slice of the rows, when a document may begin
+// before the slice): the diagonal is bottom-right aligned then, top-left (the same) otherwise.
 template <class Attrs>
-Attrs& masked(Attrs& a, const TensorAttr& seq_len, float scale) {
+Attrs& masked(Attrs& a, const TensorAttr& len_q, const TensorAttr& len_kv, float scale, bool slice) {
   return a.set_attn_scale(scale)
-      .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+      .set_diagonal_alignment(slice ? fe::DiagonalAlignment_t::BOTTOM_RIGHT : fe::DiagonalAlignment_t::TOP_LEFT)
       .set_diagonal_band_right_bound(0)
       .set_padding_mask(true)
-      .set_seq_len_q(seq_len)
-      .set_seq_len_kv(seq_len);
+      .set_seq_len_q(len_q)
+      .set_seq_len_kv(len_kv);
 }
 
 std::shared_ptr<fe::graph::Graph> new_graph() {
@@ -123,14 +127,14 @@ TensorAttr stats_tensor(fe::graph::Graph& g, const GraphKey& k, const TensorAttr
 
 std::shared_ptr<fe::graph::Graph> fwd_graph(const GraphKey& k) {
   auto g = new_graph();
-  const TensorAttr len = int_table(*g, kSeqLen, "seq_len", k.B);
+  const TensorAttr len_q = int_table(*g, kSeqLenQ, "seq_len_q", k.B), len_kv = int_table(*g, kSeqLenKv, "seq_len_kv", k.B);
   const TensorAttr q = seq_tensor(*g, kQ, "q", k, k.H, k.Dqk, k.qh, k.qr, offsets(*g, kThdQ, k));
   const TensorAttr kk = seq_tensor(*g, kK, "k", k, k.Hkv, k.Dqk, k.kh, k.kr, offsets(*g, kThdK, k));
   const TensorAttr v = seq_tensor(*g, kV, "v", k, k.Hkv, k.Dv, k.vh, k.vr, offsets(*g, kThdV, k));
   float scale;
   std::memcpy(&scale, &k.scale_bits, sizeof scale);
   auto attrs = fe::graph::SDPA_attributes().set_name("hmla_sdpa").set_generate_stats(true);
-  auto [o, stats] = g->sdpa(q, kk, v, masked(attrs, len, scale));
+  auto [o, stats] = g->sdpa(q, kk, v, masked(attrs, len_q, len_kv, scale, k.slice));
   set_seq_output(o, kO, k, k.H, k.Dv, offsets(*g, kThdO, k));
   stats->set_output(true)
       .set_uid(kStats)
@@ -143,7 +147,7 @@ std::shared_ptr<fe::graph::Graph> fwd_graph(const GraphKey& k) {
 
 std::shared_ptr<fe::graph::Graph> bwd_graph(const GraphKey& k) {
   auto g = new_graph();
-  const TensorAttr len = int_table(*g, kSeqLen, "seq_len", k.B);
+  const TensorAttr len_q = int_table(*g, kSeqLenQ, "seq_len_q", k.B), len_kv = int_table(*g, kSeqLenKv, "seq_len_kv", k.B);
   const TensorAttr off_o = offsets(*g, kThdO, k);  // O and dO share one layout
   const TensorAttr q = seq_tensor(*g, kQ, "q", k, k.H, k.Dqk, k.qh, k.qr, offsets(*g, kThdQ, k));
   const TensorAttr kk = seq_tensor(*g, kK, "k", k, k.Hkv, k.Dqk, k.kh, k.kr, offsets(*g, kThdK, k));
@@ -154,7 +158,7 @@ std::shared_ptr<fe::graph::Graph> bwd_graph(const GraphKey& k) {
   float scale;
   std::memcpy(&scale, &k.scale_bits, sizeof scale);
   auto attrs = fe::graph::SDPA_backward_attributes().set_name("hmla_sdpa_bwd").set_deterministic_algorithm(true);
-  auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, masked(attrs, len, scale));
+  auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, masked(attrs, len_q, len_kv, scale, k.slice));
   set_seq_output(dq, kDQ, k, k.H, k.Dqk, offsets(*g, kThdDq, k));
   set_seq_output(dk, kDK, k, k.Hkv, k.Dqk, offsets(*g, kThdDk, k));
   set_seq_output(dv, kDV, k, k.Hkv, k.Dv, offsets(*g, kThdDv, k));
@@ -184,7 +188,8 @@ DeviceState& device_state() {
 }
 
 GraphKey key_of(const AttnDenseParams& p, bool bwd) {
-  GraphKey k{bwd, cudnn_batch_bound(p.ndocs), std::min(cudnn_batch_bound(p.max_doc), p.s), p.H, p.Hkv, p.Dqk, p.Dv,
+  GraphKey k{bwd, p.sq != p.s, cudnn_batch_bound(p.ndocs), std::min(cudnn_batch_bound(p.max_doc), p.s), p.H, p.Hkv,
+             p.Dqk, p.Dv,
              p.q_hstride, p.q_rstride, p.k_hstride, p.k_rstride, p.v_hstride, p.v_rstride, 0};
   std::memcpy(&k.scale_bits, &p.scale, sizeof p.scale);
   return k;
@@ -246,11 +251,12 @@ struct Tables {
 };
 
 Tables make_tables(const AttnDenseParams& p, int64_t B) {
-  Tables tb{Tensor::empty({kThdLayouts * (B + 1) + B}, DType::i32, Device::cuda), {}};
+  Tables tb{Tensor::empty({kThdLayouts * (B + 1) + 2 * B}, DType::i32, Device::cuda), {}};
   int32_t* t = tb.t.data<int32_t>();
   cudnn_thd_tables(p, B, t);
   for (int L = 0; L < kThdLayouts; ++L) tb.pack[kOff0 + L] = t + L * (B + 1);
-  tb.pack[kSeqLen] = t + kThdLayouts * (B + 1);
+  tb.pack[kSeqLenQ] = t + kThdLayouts * (B + 1);
+  tb.pack[kSeqLenKv] = t + kThdLayouts * (B + 1) + B;
   return tb;
 }
 
@@ -271,7 +277,6 @@ const char* cudnn_declines(const AttnDenseParams& p) {
   if (p.Dqk > 256 || p.Dv > 256 || p.Dqk % 8 || p.Dv % 8)
     return "it takes head widths that are multiples of 8 up to 256 (not the 576 / 512 latent form)";
   if (p.sink) return "it is not used with an attention sink (cuDNN's ragged backward with a sink needs 9.26)";
-  if (p.sq != p.s || p.q_row0 != 0) return "it takes whole rows, not a context-parallel slice of the query rows";
   if (p.ndocs <= 0) return "no document bounds were given";
   if (!offsets_fit(p)) return "its ragged offsets are 32-bit and these tensors are larger";
   return device_declines();
@@ -282,7 +287,7 @@ bool cudnn_attn_fwd(const AttnDenseParams& p) {
   const Graph* gr = usable_graph(st, p, false);
   if (!gr) return false;
   Tables tb = make_tables(p, cudnn_batch_bound(p.ndocs));
-  Tensor stats = Tensor::empty({p.b * p.s, p.H}, DType::f32, Device::cuda);
+  Tensor stats = Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda);
   tb.pack[kQ] = const_cast<void*>(p.q);
   tb.pack[kK] = const_cast<void*>(p.k);
   tb.pack[kV] = const_cast<void*>(p.v);
@@ -290,7 +295,7 @@ bool cudnn_attn_fwd(const AttnDenseParams& p) {
   tb.pack[kStats] = stats.raw_data();
   execute(st, *gr, tb.pack);
   cudnn_stats_to_lse(p, stats.data<float>());
-  cudnn_zero_padding_rows(p, p.out, p.H * p.Dv);
+  cudnn_zero_uncovered_rows(p, p.out, true, p.H * p.Dv);
   return true;
 }
 
@@ -299,7 +304,7 @@ bool cudnn_attn_bwd(const AttnDenseParams& p) {
   const Graph* gr = usable_graph(st, p, true);
   if (!gr) return false;
   Tables tb = make_tables(p, cudnn_batch_bound(p.ndocs));
-  Tensor stats = Tensor::empty({p.b * p.s, p.H}, DType::f32, Device::cuda);
+  Tensor stats = Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda);
   cudnn_lse_to_stats(p, stats.data<float>());
   tb.pack[kQ] = const_cast<void*>(p.q);
   tb.pack[kK] = const_cast<void*>(p.k);
@@ -311,9 +316,9 @@ bool cudnn_attn_bwd(const AttnDenseParams& p) {
   tb.pack[kDK] = p.dk;
   tb.pack[kDV] = p.dv;
   execute(st, *gr, tb.pack);
-  cudnn_zero_padding_rows(p, p.dq, p.H * p.Dqk);
-  cudnn_zero_padding_rows(p, p.dk, p.Hkv * p.Dqk);
-  cudnn_zero_padding_rows(p, p.dv, p.Hkv * p.Dv);
+  cudnn_zero_uncovered_rows(p, p.dq, true, p.H * p.Dqk);
+  cudnn_zero_uncovered_rows(p, p.dk, false, p.Hkv * p.Dqk);
+  cudnn_zero_uncovered_rows(p, p.dv, false, p.Hkv * p.Dv);
   return true;
 }
 

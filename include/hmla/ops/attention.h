@@ -22,7 +22,7 @@ namespace hmla {
 
 // Who computes the dense attention on CUDA (docs/cuda.md, "Dense attention through cuDNN"):
 // cuDNN's fused SDPA where it takes the inputs (a build with cudnn-frontend, sm_90, bf16, head
-// widths <= 256, no sink, no query-row slice), else the hand-written kernels. auto_ picks cuDNN
+// widths <= 256, no sink), else the hand-written kernels. auto_ picks cuDNN
 // where it takes the inputs; cudnn insists (an error naming why it cannot); hmla never uses it.
 // The CPU has one implementation and takes auto_ and hmla.
 enum class AttnBackend { auto_, cudnn, hmla };
