@@ -706,6 +706,7 @@ __global__ void __launch_bounds__(kThreads) kl_mma_keys_kernel(IndexerKlParams p
   HMLA_DYNAMIC_SHARED(float, smem);  // the one dynamic buffer of the file's kernels, carved
   const Sm m = carve(p, reinterpret_cast<unsigned char*>(smem));
   __shared__ int hull[2];  // the row tile's key hull: [min lo, max t] over its rows with keys
+  __shared__ int last;     // the block's last key that is no padding row (-1: none)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
   const int64_t tiles = (p.s + kN - 1) / kN, bb = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * kN;
   const int nk = int(p.s - j0 < kN ? p.s - j0 : kN);
@@ -714,6 +715,12 @@ __global__ void __launch_bounds__(kThreads) kl_mma_keys_kernel(IndexerKlParams p
   float acc[kMaxCt][4];
   zero_acc(acc);
   load_kI(p, m, bb, j0, nk);
+  if (threadIdx.x == 0) {
+    int l = -1;
+    for (int64_t j = j0; j <= jmax; ++j)
+      if (p.doc_start[bb * p.s + j] <= j) l = int(j);
+    last = l;
+  }
   const int64_t first = j0 > p.q_row0 ? j0 : p.q_row0, end = p.q_row0 + p.sq;
   for (int64_t t0 = first; t0 < end; t0 += kR) {
     const int64_t r0 = t0 - p.q_row0;
@@ -728,7 +735,13 @@ __global__ void __launch_bounds__(kThreads) kl_mma_keys_kernel(IndexerKlParams p
       hull[0] = lo, hull[1] = hi;
     }
     __syncthreads();
-    if (hull[0] > jmax) break;  // past the keys' documents: no later row sees them
+    // A tile none of whose rows sees the keys: past their documents (no later row sees them) once
+    // it is past the last key in a document; before that it is padding rows (a layout from end
+    // rows may put them between documents) and a later document may still start among the keys.
+    if (hull[0] > jmax) {
+      if (t0 > last) break;
+      continue;
+    }
     const uint32_t live = warp_live(j0, warp, hull[0], hull[1]);
     float P[2][4], I[2][4], kl[2] = {0.f, 0.f};
     target_tile(p, m, bb, r0, nr, j0, nk, P, live);
