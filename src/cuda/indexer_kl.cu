@@ -11,7 +11,8 @@
 //         dw_h = qI_h . G_h, dqI_h = w_h G_h.
 //   keys  (a block per 64 keys): the rows that see them in tiles of 16: P, I, dI again from the
 //         saved lseI / lseC, dkI += sum_h dS_h^T qI_h (dS = bf16(bf16(dI) w_h) [s_h > 0]) in registers.
-//   4 H Dqk + 10 HI DI tensor-core FLOPs per valid pair, < 2 x the minimum 2 H Dqk + 6 HI DI.
+//   4 H Dqk + 10 HI DI tensor-core FLOPs per valid pair, < 2 x the minimum 2 H Dqk + 6 HI DI; a
+//   warp issues nothing for an 8-key column tile its 16 rows cannot see (warp_live).
 //
 // SIMT, f32 math (f32 qI/kI or q/k, and the sparse KL; kl_rows/kl_keys): qI, kI of one type TI,
 // q, k of one type TA, widened on load (exact, so bf16 inputs give the bits f32 tensors of the
@@ -430,16 +431,26 @@ __device__ __forceinline__ void load_kI(const IndexerKlParams& p, const Sm& m, i
   load_tile_padded(m.KIs, m.ldi, static_cast<const bf16*>(p.kI) + (bb * p.s + j0) * p.DI, p.DI, kN, nk, int(p.DI), m.DIp);
 }
 
-// This warp's 16 rows x 16 keys of A B^T (A [kR, K] rows, Bt [kN, K] the tile's keys), K padded to 16.
+// The mask as a policy (as in the dense attention): an 8-key column tile of a warp's scores outside
+// the hull [lo, hi] of its rows' key ranges is masked for all 16 rows, so every value it yields
+// (P, dI, the ballots' operands) is an exact 0 and the warp issues no product for it. Bit nt of
+// the result: the warp's n-tile nt of the tile at key j0 (its keys j0 + 16 warp + [8 nt, 8 nt + 8)).
+__device__ __forceinline__ uint32_t warp_live(int64_t j0, int warp, int64_t lo, int64_t hi) {
+  return live_columns<2>(j0 + 16 * warp, lo, hi);
+}
+
+// This warp's 16 rows x 16 keys of A B^T (A [kR, K] rows, Bt [kN, K] the tile's keys), K padded to
+// 16, over its live n-tiles only (the others stay 0).
 __device__ __forceinline__ void warp_scores(float (&acc)[2][4], const bf16* A, const bf16* Bt, int ld, int K, int warp,
-                                            int lane) {
+                                            int lane, uint32_t live) {
   zero_acc(acc);
-  mma_abt<2, true>(acc, A, ld, 0, Bt + 16 * warp * ld, ld, K, lane);
+  mma_abt_live<2, true>(acc, A, ld, 0, Bt + 16 * warp * ld, ld, K, lane, live);
 }
 
 // sum_h exp(l_h - lseC_h) / H over the warp's tile elements (0 where not allowed): the target P.
+// `live`: the warp's n-tiles that hold an allowed element (warp_live).
 __device__ __forceinline__ void target_tile(const IndexerKlParams& p, const Sm& m, int64_t bb, int64_t r0, int nr, int64_t j0, int nk,
-                            float (&P)[2][4]) {
+                            float (&P)[2][4], uint32_t live) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   zero_acc(P);
   const int64_t group = p.H / p.Hkv;
@@ -449,7 +460,7 @@ __device__ __forceinline__ void target_tile(const IndexerKlParams& p, const Sm& 
     if (h % group == 0) load_k_head(p, m, bb, j0, nk, h / group);
     __syncthreads();
     float acc[2][4];
-    warp_scores(acc, m.Qs, m.Ks, m.ldq, m.Dqkp, warp, lane);
+    warp_scores(acc, m.Qs, m.Ks, m.ldq, m.Dqkp, warp, lane, live);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -465,9 +476,10 @@ __device__ __forceinline__ void target_tile(const IndexerKlParams& p, const Sm& 
 }
 
 // I = sum_h w_h relu(qI_h . kI) over the warp's tile elements (KIs loaded by the caller); with
-// `masks`, relu'(qI_h . kI) of every element into m.mask.
+// `masks`, relu'(qI_h . kI) of every element into m.mask. Over the `live` n-tiles only: the dead
+// ones' I is never read (no allowed element) and their ballots are 0.
 __device__ __forceinline__ void index_tile(const IndexerKlParams& p, const Sm& m, int64_t bb, int64_t r0, int nr, float (&I)[2][4],
-                           bool masks) {
+                           bool masks, uint32_t live) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   zero_acc(I);
   for (int64_t h = 0; h < p.HI; ++h) {
@@ -475,7 +487,7 @@ __device__ __forceinline__ void index_tile(const IndexerKlParams& p, const Sm& m
     load_qI_head(p, m, bb, r0, nr, h);
     __syncthreads();
     float acc[2][4];
-    warp_scores(acc, m.QIs, m.KIs, m.ldi, m.DIp, warp, lane);
+    warp_scores(acc, m.QIs, m.KIs, m.ldi, m.DIp, warp, lane, live);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -586,7 +598,7 @@ __global__ void __launch_bounds__(kThreads, 1) kl_mma_rows_kernel(IndexerKlParam
         load_k_head(p, m, bb, j0, nk, h / group);
         __syncthreads();
         float acc[2][4];
-        warp_scores(acc, m.Qs, m.Ks, m.ldq, m.Dqkp, warp, lane);
+        warp_scores(acc, m.Qs, m.Ks, m.ldq, m.Dqkp, warp, lane, warp_live(j0, warp, jlo, jhi));
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -605,7 +617,7 @@ __global__ void __launch_bounds__(kThreads, 1) kl_mma_rows_kernel(IndexerKlParam
       __syncthreads();
       load_kI(p, m, bb, j0, nk);
       float I[2][4];
-      index_tile(p, m, bb, r0, nr, I, false);
+      index_tile(p, m, bb, r0, nr, I, false, warp_live(j0, warp, jlo, jhi));
       online_lse(m, I, j0, warp, lane, mx, l);
     }
     finish_lse(m, mx, l, m.lseI, 1);
@@ -617,10 +629,10 @@ __global__ void __launch_bounds__(kThreads, 1) kl_mma_rows_kernel(IndexerKlParam
   for (int64_t j0 = jlo; j0 <= jhi; j0 += kN) {
     const int nk = int(jhi + 1 - j0 < kN ? jhi + 1 - j0 : kN);
     float P[2][4], I[2][4];
-    target_tile(p, m, bb, r0, nr, j0, nk, P);
+    target_tile(p, m, bb, r0, nr, j0, nk, P, warp_live(j0, warp, jlo, jhi));
     __syncthreads();
     load_kI(p, m, bb, j0, nk);
-    index_tile(p, m, bb, r0, nr, I, true);
+    index_tile(p, m, bb, r0, nr, I, true, warp_live(j0, warp, jlo, jhi));
     tile_dI(m, I, P, j0, warp, lane, kl);
     __syncthreads();  // dIb and the masks
     const int g = lane >> 2, c = lane & 3;
@@ -634,6 +646,8 @@ __global__ void __launch_bounds__(kThreads, 1) kl_mma_rows_kernel(IndexerKlParam
           acc[e] = r < nr && cc < p.DI ? G[(r * p.HI + h) * p.DI + cc] : 0.f;
         }
         for (int kb = 0; kb * 16 < nk; ++kb) {
+          // Key block kb (warp kb's keys) with both n-tiles dead: dS is exactly 0 there.
+          if (!warp_live(j0, kb, jlo, jhi)) continue;
           uint32_t a[4];
 #pragma unroll
           for (int x = 0; x < 4; ++x) {  // a0..a3: (rows g | g + 8) x (keys 2c.. | 2c + 8..) of k-block kb
@@ -686,11 +700,13 @@ __global__ void __launch_bounds__(kThreads, 1) kl_mma_rows_kernel(IndexerKlParam
 
 // One block per tile of kN keys: dkI[j] = sum over the rows t that see j, in tiles of kR rows in
 // order, of sum_h dS_h(t, j) qI_h(t), dS = bf16(bf16(dI) w_h) [s_h > 0], accumulated in registers
-// (warp w: keys [16 w, 16 w + 16) x DI).
+// (warp w: keys [16 w, 16 w + 16) x DI). A warp whose keys no row of a row tile sees (the
+// diagonal's first row tiles, another document's rows) issues nothing for that tile: its dS is 0.
 __global__ void __launch_bounds__(kThreads) kl_mma_keys_kernel(IndexerKlParams p, Work ws) {
   HMLA_DYNAMIC_SHARED(float, smem);  // the one dynamic buffer of the file's kernels, carved
   const Sm m = carve(p, reinterpret_cast<unsigned char*>(smem));
-  __shared__ int any;
+  __shared__ int hull[2];  // the row tile's key hull: [min lo, max t] over its rows with keys
+  __shared__ int last;     // the block's last key that is no padding row (-1: none)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, c = lane & 3;
   const int64_t tiles = (p.s + kN - 1) / kN, bb = blockIdx.x / tiles, j0 = (blockIdx.x % tiles) * kN;
   const int nk = int(p.s - j0 < kN ? p.s - j0 : kN);
@@ -699,6 +715,12 @@ __global__ void __launch_bounds__(kThreads) kl_mma_keys_kernel(IndexerKlParams p
   float acc[kMaxCt][4];
   zero_acc(acc);
   load_kI(p, m, bb, j0, nk);
+  if (threadIdx.x == 0) {
+    int l = -1;
+    for (int64_t j = j0; j <= jmax; ++j)
+      if (p.doc_start[bb * p.s + j] <= j) l = int(j);
+    last = l;
+  }
   const int64_t first = j0 > p.q_row0 ? j0 : p.q_row0, end = p.q_row0 + p.sq;
   for (int64_t t0 = first; t0 < end; t0 += kR) {
     const int64_t r0 = t0 - p.q_row0;
@@ -707,20 +729,29 @@ __global__ void __launch_bounds__(kThreads) kl_mma_keys_kernel(IndexerKlParams p
     load_rows(p, m, bb, r0, nr, ws.lseC, ws.lseI);
     __syncthreads();
     if (threadIdx.x == 0) {
-      int a = 0;
-      for (int r = 0; r < kR; ++r) a |= m.lo[r] <= jmax;
-      any = a;
+      int lo = INT_MAX, hi = -1;
+      for (int r = 0; r < kR; ++r)
+        if (m.lo[r] != INT_MAX) lo = min(lo, m.lo[r]), hi = max(hi, m.t[r]);
+      hull[0] = lo, hull[1] = hi;
     }
     __syncthreads();
-    if (!any) break;  // past the keys' documents: no later row sees them
+    // A tile none of whose rows sees the keys: past their documents (no later row sees them) once
+    // it is past the last key in a document; before that it is padding rows (a layout from end
+    // rows may put them between documents) and a later document may still start among the keys.
+    if (hull[0] > jmax) {
+      if (t0 > last) break;
+      continue;
+    }
+    const uint32_t live = warp_live(j0, warp, hull[0], hull[1]);
     float P[2][4], I[2][4], kl[2] = {0.f, 0.f};
-    target_tile(p, m, bb, r0, nr, j0, nk, P);
-    index_tile(p, m, bb, r0, nr, I, true);
+    target_tile(p, m, bb, r0, nr, j0, nk, P, live);
+    index_tile(p, m, bb, r0, nr, I, true, live);
     tile_dI(m, I, P, j0, warp, lane, kl);
     for (int64_t h = 0; h < p.HI; ++h) {
       __syncthreads();  // dIb, the masks; the previous head's qI rows are read
       load_qI_head(p, m, bb, r0, nr, h);
       __syncthreads();
+      if (!live) continue;  // dS_h^T is 0 for all of the warp's keys
       uint32_t a[4];  // dS_h^T: keys (16 w + g | + 8) x rows (2c.. | 2c + 8..)
 #pragma unroll
       for (int x = 0; x < 4; ++x) {

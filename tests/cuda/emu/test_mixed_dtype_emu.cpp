@@ -274,9 +274,10 @@ struct KlProblem {
   Tensor lse_c, topk;  // on the CPU, from the f32 tensors (common to every run)
 };
 
-KlProblem kl_problem(const op_cases::IndexerKlCase& c) {
+KlProblem kl_problem(const op_cases::IndexerKlCase& c, const DocLayout& layout = docs_layout()) {
   KlProblem p;
   p.c = c;
+  p.layout = layout;
   const int64_t b = c.b, s = c.s;
   p.qI = rounded(randn(b * s * c.HI * c.DI, 21, 0.5f));
   p.kI = rounded(randn(b * s * c.DI, 22, 0.5f));
@@ -359,10 +360,7 @@ TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
 // (ref::indexer_kl_ref's `stored`), sums in f32; the rule: twice its error against the f64 oracle
 // plus the f32 rounding term of outputs that stay f32 (expect_within_rule). kl_sum has no bf16
 // rounding: the f32 rule against the f32 oracle.
-class MixedKlDense : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
-TEST_P(MixedKlDense, TensorCoresOnBf16InputsKeepTheRule) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const KlProblem p = kl_problem(GetParam());
+void expect_tensor_core_kl_within_rule(const KlProblem& p) {
   const op_cases::IndexerKlCase& c = p.c;
   const IndexerKlResult r = run_kl(p, DType::bf16, DType::bf16, Device::cuda);
   const std::vector<int32_t> ds = p.layout.doc_start.to_vector<int32_t>();
@@ -385,6 +383,26 @@ TEST_P(MixedKlDense, TensorCoresOnBf16InputsKeepTheRule) {
   expect_same_bits(values(again.dkI), values(r.dkI), "dkI");
   expect_same_bits(values(again.dw), values(r.dw), "dw");
   EXPECT_EQ(again.kl_sum, r.kl_sum);
+}
+class MixedKlDense : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
+TEST_P(MixedKlDense, TensorCoresOnBf16InputsKeepTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_tensor_core_kl_within_rule(kl_problem(GetParam()));
+}
+
+// Padding rows between documents (a layout from end rows): the keys kernel walks a 64-key block's
+// rows in tiles of 16, and a tile of padding rows at the block's start (rows [0, 36) of row 0,
+// [64, 84) of row 1) is not the end of the rows that see its keys: the documents after it do.
+TEST(MixedKlDenseLayout, PaddingRowsBeforeADocumentKeepTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const op_cases::IndexerKlCase c = op_cases::indexer_kl()[1];  // dense, lse computed, GQA
+  std::vector<int64_t> end_rows(c.b * c.s, 0);  // 0: padding
+  auto doc = [&](int64_t r, int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) end_rows[r * c.s + t] = t1;
+  };
+  doc(0, 36, 120);
+  doc(1, 0, 64), doc(1, 84, 150);
+  expect_tensor_core_kl_within_rule(kl_problem(c, layout_from_end_rows(c.b, c.s, end_rows)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MixedKl, ::testing::ValuesIn(op_cases::indexer_kl()), op_cases::RowName());
