@@ -9,8 +9,8 @@
 //     once (2 H Dqk), the index scores once (2 HI DI) and the two gradient products dqI and dkI
 //     (2 x 2 HI DI): 2 H Dqk + 6 HI DI.
 // Every row must issue at least its op's count (below it the counter misses work or the kernel is
-// not on the tensor cores); each table's total must stay within the issue's bound of its minimum
-// (target), or, until a table meets it, within what its kernels issue today (ceiling).
+// not on the tensor cores); each table's total must stay within what its kernels issue today
+// (ceiling), and is printed against the issue's bound of its minimum (target: met or not yet).
 // The bound is on a table's totals (issued over minimal, summed over its rows): the small rows,
 // whose one mma tile of 16 rows and 8 keys is much of their work, weigh what they cost. The
 // printed per-row ratios say where the work goes (docs/cuda.md keeps the figures).
@@ -39,9 +39,9 @@ namespace {
 using cuda_check::put;
 using cuda_check::randn_bf16;
 
-// target: the issue's bound on the table's total; ceiling: what the kernels issue today, the
-// regression bound while the target is not yet met (the counts are exact integers of the code and
-// the shapes, the same on every machine; lower it with each kernel that does less work).
+// target: the issue's bound on the table's total (printed: met or not yet); ceiling: what the
+// kernels issue today, the regression bound (the counts are exact integers of the code and the
+// shapes, the same on every machine; lower it with each kernel that does less work).
 struct Tally {
   std::string table;
   double target, ceiling;
@@ -71,7 +71,7 @@ struct Tally {
                 r <= target ? "met" : "not yet", ceiling);
     if (floor > 0) std::printf("; m16n8 tile floor %.3f", floor / minimal);
     std::printf("\n");
-    EXPECT_LE(r, std::max(target, ceiling)) << table;
+    EXPECT_LE(r, ceiling) << table;  // today's figure: a kernel that does more work fails, met or not
   }
 };
 
