@@ -11,33 +11,44 @@
 namespace hmla::cuda {
 
 // Tiles of the portable (mma.sync, sm_80+) kernels. A block is kWarps warps of 16 query (or key)
-// rows each; key (query) tiles of kBk; output columns in chunks of kDvChunk (forward) / kChunk
-// (backward) so that accumulators stay in registers at any head width (576/512 included). The
-// large head widths (Dqk > 256) take half the rows and keys so that the backward's tiles fit
-// the 163 KB of shared memory of an A100 as well as Hopper's 227 KB.
+// rows each (the backward's kBwdSplit times as many warps); key (query) tiles of kBk; output
+// columns in chunks of kDvChunk (forward) or groups of 16-column pairs (backward) so that
+// accumulators stay in registers at any head width (576/512 included). The large head widths
+// (Dqk > 256) take half the rows and keys so that the backward's tiles fit the 163 KB of shared
+// memory of an A100 as well as Hopper's 227 KB.
 template <bool kWide>
 struct AttnCudaTraits {
   static constexpr int kWarps = kWide ? 2 : 4;
   static constexpr int kRows = 16 * kWarps;   // query rows (forward, dQ) or keys (dK/dV) per block
   static constexpr int kBk = kWide ? 32 : 64;  // keys (forward, dQ) or queries (dK/dV) per tile
   // Forward output columns per block: kDvChunk, or kDvChunkMax for value heads wider than it
-  // (attn_fwd_dv_chunk): each chunk recomputes the scores, so the widest chunk whose accumulators
-  // fit the registers without spilling (218 / 206 at sm_90a) won; 512 would need 256 per thread.
+  // (attn_fwd_dv_chunk): the widest chunk whose accumulators fit the registers without spilling
+  // (215 / 205 at sm_90a); 512 would need 256 per thread, so values wider than 256 take two
+  // chunks in one block, a warp each, sharing the scores (attn_fwd_chunks).
   static constexpr int kDvChunk = 128, kDvChunkMax = 256;
-  // Backward gradient columns per block (each chunk recomputes S and dP): the widest without
-  // spills (248 / 250 registers) whose tiles fit 163 KB (the wide heads' 4-n-tile scores leave
-  // room for 256 columns of accumulators).
-  static constexpr int kChunk = kWide ? 256 : 128;
+  // Backward: kBwdSplit warps per row tile (kBwdThreads threads). They split the S / dP tile's
+  // n-tiles (computed once per tile over the whole Dqk / Dv) and then the gradient's 16-column
+  // pairs, interleaved: kDqPairs (dq, Dqk up to 256 / 576) and kDkdvPairs (dk and dv, Dqk + Dv
+  // up to 512 / 1088) pairs per warp, f32 accumulators of 64 / 72 and 128 / 136 registers. Wider
+  // heads take more blocks (column groups), each recomputing its scores. 8 warps keep dkdv's
+  // 576/512 accumulators at 136 registers a thread, under the 255 a block of 256 threads may use
+  // (dkdv 239 / 211 registers at sm_90a, no spills); 4 would need 272.
+  static constexpr int kBwdSplit = kWide ? 4 : 2;
+  static constexpr int kBwdThreads = 32 * kWarps * kBwdSplit;
+  static constexpr int kDqPairs = (kWide ? 576 : 256) / 16 / kBwdSplit;
+  static constexpr int kDkdvPairs = (kWide ? 576 + 512 : 256 + 256) / 16 / kBwdSplit;
   static constexpr int kPad = 8;               // bf16 padding per shared row: 16 bytes, no bank conflicts
-  static_assert(kBk % 16 == 0 && kDvChunk % 8 == 0 && kChunk % 8 == 0, "mma tiles are 16 x 8 x 16");
+  static_assert(kBk % 16 == 0 && kDvChunk % 8 == 0, "mma tiles are 16 x 8 x 16");
+  static_assert((kBk / 8) % kBwdSplit == 0 && kBwdThreads == 256, "the split warps share a tile's n-tiles evenly");
 };
 
 inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv > 256; }
 
-// Dynamic shared memory in bytes: the forward's Q, K and V^T tiles for value chunks of kDvChunk,
-// the backward's Q, dO, K, V and one transposed chunk of kChunk columns (the same in both of its
-// kernels). CudaBackend::supports holds both under the smallest target's opt-in limit (an
-// A100's 163 KB; Hopper has 227 KB).
+// Dynamic shared memory in bytes: the forward's Q, K and V^T tiles for `chunks` value chunks of
+// dv_chunk (and with two chunks the shared f32 score tile),
+// the backward's Q, dO, K, V and the P / dS tiles [kRows, kBk] (bf16; dq uses one, the same
+// bound for both kernels). CudaBackend::supports holds both under the smallest target's opt-in
+// limit (an A100's 163 KB; Hopper has 227 KB).
 template <bool kWide>
 constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk, int chunks = 1) {
   using T = AttnCudaTraits<kWide>;
@@ -47,7 +58,7 @@ constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk, int chunks = 1) {
 template <bool kWide>
 constexpr int64_t attn_bwd_smem(int64_t Dqk, int64_t Dv) {
   using T = AttnCudaTraits<kWide>;
-  return 2 * ((T::kRows + T::kBk) * (Dqk + Dv + 2 * T::kPad) + T::kChunk * (T::kBk + T::kPad));
+  return 2 * ((T::kRows + T::kBk) * (Dqk + Dv + 2 * T::kPad) + 2 * T::kRows * (T::kBk + T::kPad));
 }
 // The forward's value chunk: heads up to 256 wide in one (one score pass), wider ones in 256s.
 inline int attn_fwd_dv_chunk(const AttnDenseParams& p) {

@@ -4,9 +4,9 @@
 //   dq = scale dS K  (kernel dq: blocks own query rows, walk their key range)
 //   dk = scale dS^T Q, dv = P^T dO  (kernel dkdv: blocks own keys of one kv head, walk every
 //        query of its head group that sees them, heads in order)
-// Both recompute P from q, k and the saved lse (flash style; nothing of size s*s). Gradient
-// columns come in chunks of kChunk (128; 256 for wide heads) per block so accumulators stay in registers at any head width;
-// each chunk recomputes its scores, a price a Hopper (wgmma) kernel would not pay (none yet). dsink[h] =
+// Both recompute P from q, k and the saved lse (flash style; nothing of size s*s). A block
+// computes S and dP once per tile and shares P / dS through shared memory (bf16) with warps that
+// split the gradient's columns, all of them in one block up to 576 / 512 wide (BwdWarp). dsink[h] =
 // -sum_t exp(sink_h - lse[t]) D[t] by a fixed-order block reduction.
 #include <cuda_bf16.h>
 
@@ -55,30 +55,75 @@ __global__ void dsink_kernel(const float* lse, const float* D, const float* sink
   if (threadIdx.x == 0) dsink[h] += part[0];  // a parameter's gradient: added (hmla/ops/nn.h)
 }
 
-// dq for kRows query rows of one (b, h) and one chunk of kChunk columns.
+// acc0/acc1 (n-tiles n0, n0 + 8) += A B over one 16-deep k-step, or over its one live half of 8
+// (m16n8k8) when the other half of A is masked (zeros): `halves` bit 0 the low, bit 1 the high.
+// b0, b1 as load_b_kn_x2 gives them: b[0] the low 8 rows of k, b[1] the high.
+__device__ __forceinline__ void mma_k16_or_half(float (&acc0)[4], float (&acc1)[4], const uint32_t a[4],
+                                                const uint32_t b0[2], const uint32_t b1[2], uint32_t halves) {
+  if (halves == 3u) {
+    mma_bf16_16816(acc0, a, b0);
+    mma_bf16_16816(acc1, a, b1);
+  } else {
+    const bool lo = halves == 1u;
+    const uint32_t ah[2] = {lo ? a[0] : a[2], lo ? a[1] : a[3]};
+    mma_bf16_1688(acc0, ah, lo ? b0[0] : b0[1]);
+    mma_bf16_1688(acc1, ah, lo ? b1[0] : b1[1]);
+  }
+}
+
+// The block's warps: kWarps row tiles of 16 (query rows in dq, keys in dkdv) times kBwdSplit
+// parts. A warp computes S and dP of its row tile for its kNt / kBwdSplit n-tiles of the tile
+// (over the whole Dqk / Dv), turns them into P and dS and writes them to shared memory (bf16, the
+// rounding the A operand would take anyway); after a barrier it accumulates its row tile's
+// gradient for the 16-column pairs part, part + kBwdSplit, ... of column group `cg`.
 template <bool kWide>
-__global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
-    attn_bwd_dq_kernel(const AttnDenseParams p, const float* D, int nchunks, VecFlags vec) {
+struct BwdWarp {
   using T = AttnCudaTraits<kWide>;
-  constexpr int kNt = T::kBk / 8, kCt = T::kChunk / 8;
+  static constexpr int kNt = T::kBk / 8, kNs = kNt / T::kBwdSplit;
+  int warp, m, part, lane, g, c;
+  __device__ BwdWarp()
+      : warp(threadIdx.x / 32),
+        m(warp / T::kBwdSplit),
+        part(warp % T::kBwdSplit),
+        lane(threadIdx.x % 32),
+        g(lane / 4),
+        c(lane % 4) {}
+  // This warp's n-tiles of a row tile's live mask (bit nt for its nt-th).
+  __device__ uint32_t mine(uint32_t live) const { return (live >> (part * kNs)) & ((1u << kNs) - 1u); }
+  // Its two 32-bit values of n-tile nt (rows g and g + 8 of its row tile) into a [rows, kBk] tile.
+  __device__ void store(__nv_bfloat16* s, int ld, int nt, const float (&v)[4]) const {
+    const int col = (part * kNs + nt) * 8 + 2 * c;
+    *reinterpret_cast<uint32_t*>(s + (m * 16 + g) * ld + col) = pack_bf16(v[0], v[1]);
+    *reinterpret_cast<uint32_t*>(s + (m * 16 + g + 8) * ld + col) = pack_bf16(v[2], v[3]);
+  }
+};
+
+// dq for kRows query rows of one (b, h) and column group cg (all of Dqk up to 576 wide: one
+// group), walking the rows' key range.
+template <bool kWide>
+__global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
+    attn_bwd_dq_kernel(const AttnDenseParams p, const float* D, int ngroups, VecFlags vec) {
+  using T = AttnCudaTraits<kWide>;
+  using W = BwdWarp<kWide>;
+  constexpr int kNt = W::kNt, kNs = W::kNs, kPairs = T::kDqPairs, kS = T::kBwdSplit;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
   __nv_bfloat16* dOs = Qs + T::kRows * ldq;                      // [kRows, Dv]
   __nv_bfloat16* Ks = dOs + T::kRows * ldv;                      // [kBk, Dqk]
   __nv_bfloat16* Vs = Ks + T::kBk * ldq;                         // [kBk, Dv]
-  __nv_bfloat16* Kt = Vs + T::kBk * ldv;                         // [kChunk, kBk]: K's chunk, transposed
+  __nv_bfloat16* dSs = Vs + T::kBk * ldv;                        // [kRows, kBk]: dS of the tile
   __shared__ int range[2], wrange[T::kWarps][2];
 
   const int tiles = (p.sq + T::kRows - 1) / T::kRows;
   const int tile = tiles - 1 - blockIdx.x;
-  const int h = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks, b = blockIdx.z;
+  const int h = blockIdx.y / ngroups, cg = blockIdx.y % ngroups, b = blockIdx.z;
   const int hk = h / (p.H / p.Hkv);
-  const int c0 = chunk * T::kChunk, cn = min(T::kChunk, int(p.Dqk) - c0);
+  const int npairs = int(p.Dqk) / 16, q0 = cg * kPairs * kS;
   const int lr0 = tile * T::kRows, nrows = min(T::kRows, int(p.sq) - lr0);
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
 
-  // The block's key range and each warp's (the forward's mask policy, attn_dense_fwd.cu).
+  // The block's key range and each row tile's (the forward's mask policy, attn_dense_fwd.cu).
   if (threadIdx.x <= T::kWarps) {
     int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
     r[0] = INT32_MAX, r[1] = -1;
@@ -100,9 +145,10 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   __syncthreads();
   const int jmin = range[0], jmax = range[1];
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int rA = warp * 16 + g, rB = rA + 8;
-  const int wlo = wrange[warp][0], whi = wrange[warp][1];
+  const W w;
+  const int lane = w.lane, c = w.c;
+  const int rA = w.m * 16 + w.g, rB = rA + 8;
+  const int wlo = wrange[w.m][0], whi = wrange[w.m][1];
   const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
   const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
   const int64_t lrow = (int64_t(b) * p.H + h) * p.sq + lr0;
@@ -110,7 +156,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const float lseB = rB < nrows ? p.lse[lrow + rB] * kLog2e : INFINITY;
   const float DA = rA < nrows ? D[lrow + rA] : 0.f, DB = rB < nrows ? D[lrow + rB] : 0.f;
   const float c2 = p.scale * kLog2e;
-  float dq[kCt][4];
+  float dq[2 * kPairs][4];
   zero_acc(dq);
 
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
@@ -120,73 +166,93 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
     __syncthreads();
     load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
     load_tile(Vs, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, p.Dv, vec.v);
-    load_tile_t(Kt, ldt, kbase + int64_t(j0) * p.k_rstride + c0, p.k_rstride, T::kBk, nk, cn);
     __syncthreads();
 
-    // Column tiles outside the warp's key range are masked for all its rows: no products (their
-    // dS is +-0, which adds nothing to dq).
-    const uint32_t live = live_columns<kNt>(j0, wlo, whi);
-    if (!live) continue;
-    float s[kNt][4], dp[kNt][4];
+    // Column tiles outside the row tile's key range are masked for all its rows: no products
+    // (their dS is +-0, which adds nothing to dq); written as zeros.
+    const uint32_t live = live_columns<kNt>(j0, wlo, whi), mine = w.mine(live);
+    float s[kNs][4], dp[kNs][4];
     zero_acc(s);
     zero_acc(dp);
-    mma_abt_live(s, Qs, ldq, warp * 16, Ks, ldq, int(p.Dqk), lane, live);
-    mma_abt_live(dp, dOs, ldv, warp * 16, Vs, ldv, int(p.Dv), lane, live);
+    if (mine) {
+      mma_abt_live<kNs, true>(s, Qs, ldq, w.m * 16, Ks + w.part * kNs * 8 * ldq, ldq, int(p.Dqk), lane, mine);
+      mma_abt_live<kNs, true>(dp, dOs, ldv, w.m * 16, Vs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
+    }
     // dS = P (dP - D) * scale, in place of s.
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)
+    for (int nt = 0; nt < kNs; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + nt * 8 + 2 * c + (e & 1);
+        const int64_t j = j0 + (w.part * kNs + nt) * 8 + 2 * c + (e & 1);
         const bool lo = e < 2;
-        const bool ok = lo ? allowed(dsA, tA, j) : allowed(dsB, tB, j);
+        const bool ok = ((mine >> nt) & 1u) && (lo ? allowed(dsA, tA, j) : allowed(dsB, tB, j));
         const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
         s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
       }
-    mma_acc_x(dq, s, Kt, ldt, cn, lane, live);
+      w.store(dSs, ldt, nt, s[nt]);
+    }
+    __syncthreads();
+    // dq += dS K over the row tile's live keys, 16 a step or 8 where half a step is masked.
+#pragma unroll 1
+    for (int kt = 0; kt < kNt / 2; ++kt) {
+      const uint32_t halves = (live >> (2 * kt)) & 3u;
+      if (!halves) continue;
+      uint32_t a[4];
+      load_a(a, dSs, ldt, w.m * 16, kt * 16, lane);
+#pragma unroll
+      for (int i = 0; i < kPairs; ++i) {
+        const int q = q0 + w.part + kS * i;
+        if (q >= npairs) break;
+        uint32_t b0[2], b1[2];
+        load_b_kn_x2(b0, b1, Ks, ldq, kt * 16, q * 16, lane);
+        mma_k16_or_half(dq[2 * i], dq[2 * i + 1], a, b0, b1, halves);
+      }
+    }
   }
   __nv_bfloat16* dQ = bf(p.dq);
 #pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) {
-    if (ct * 8 >= cn) break;
-    const int col = c0 + ct * 8 + 2 * c;
+  for (int i = 0; i < 2 * kPairs; ++i) {
+    const int q = q0 + w.part + kS * (i / 2);
+    if (q >= npairs) break;
+    const int col = q * 16 + (i % 2) * 8 + 2 * c;
     if (rA < nrows)
       *reinterpret_cast<uint32_t*>(dQ + ((int64_t(b) * p.sq + lr0 + rA) * p.H + h) * p.Dqk + col) =
-          pack_bf16(dq[ct][0], dq[ct][1]);
+          pack_bf16(dq[i][0], dq[i][1]);
     if (rB < nrows)
       *reinterpret_cast<uint32_t*>(dQ + ((int64_t(b) * p.sq + lr0 + rB) * p.H + h) * p.Dqk + col) =
-          pack_bf16(dq[ct][2], dq[ct][3]);
+          pack_bf16(dq[i][2], dq[i][3]);
   }
 }
 
-// dk (chunks [0, nk_chunks)) or dv (the rest) for kRows keys of one (b, kv head): the keys'
-// queries are [max(j0, q_row0), max doc_end - 1] within the local rows; heads of the group in order.
+// dk and dv for kRows keys of one (b, kv head) and column group cg of [dk | dv]'s Dqk + Dv
+// columns (all of them up to 576 + 512: one group): the keys' queries are [max(j0, q_row0),
+// max doc_end - 1] within the local rows; heads of the group in order.
 template <bool kWide>
-__global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
-    attn_bwd_dkdv_kernel(const AttnDenseParams p, const float* D, int nk_chunks, int nchunks, VecFlags vec) {
+__global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
+    attn_bwd_dkdv_kernel(const AttnDenseParams p, const float* D, int ngroups, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
-  constexpr int kNt = T::kBk / 8, kCt = T::kChunk / 8;
+  using W = BwdWarp<kWide>;
+  constexpr int kNt = W::kNt, kNs = W::kNs, kPairs = T::kDkdvPairs, kS = T::kBwdSplit;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad;
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk] this block's keys
   __nv_bfloat16* Vs = Ks + T::kRows * ldq;                       // [kRows, Dv]
   __nv_bfloat16* Qs = Vs + T::kRows * ldv;                       // [kBk, Dqk] a query tile
   __nv_bfloat16* dOs = Qs + T::kBk * ldq;                        // [kBk, Dv]
-  __nv_bfloat16* Xt = dOs + T::kBk * ldv;                        // [kChunk, kBk]: Q's or dO's chunk, transposed
+  __nv_bfloat16* Ps = dOs + T::kBk * ldv;                        // [kRows, kBk]: P^T of the tile
+  __nv_bfloat16* dSs = Ps + T::kRows * ldt;                      // [kRows, kBk]: dS^T
   __shared__ int range[2], wrange[T::kWarps][2];
 
   const int ktiles = (p.s + T::kRows - 1) / T::kRows;
   const int ktile = ktiles - 1 - blockIdx.x;  // early keys have the most queries
-  const int hk = blockIdx.y / nchunks, chunk = blockIdx.y % nchunks, b = blockIdx.z;
-  const bool is_dk = chunk < nk_chunks;
-  const int c0 = (is_dk ? chunk : chunk - nk_chunks) * T::kChunk;
-  const int cn = min(T::kChunk, int(is_dk ? p.Dqk : p.Dv) - c0);
+  const int hk = blockIdx.y / ngroups, cg = blockIdx.y % ngroups, b = blockIdx.z;
+  const int nqk = int(p.Dqk) / 16, npairs = nqk + int(p.Dv) / 16, q0 = cg * kPairs * kS;
   const int j0 = ktile * T::kRows, nkeys = min(T::kRows, int(p.s) - j0);
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
   const int32_t* de = p.doc_end + int64_t(b) * p.s;
 
   // Queries that see these keys: t in [j, doc_end[j] - 1], intersected with the local rows.
-  // Each warp's (its 16 keys') query range too: the mask policy of the other kernels, transposed.
+  // Each row tile's (its 16 keys') query range too: the mask policy of the other kernels, transposed.
   if (threadIdx.x <= T::kWarps) {
     int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
     r[0] = INT32_MAX, r[1] = -1;
@@ -204,16 +270,17 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride;
   load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kRows, nkeys, p.Dqk, vec.k);
-  if (is_dk) load_tile(Vs, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kRows, nkeys, p.Dv, vec.v);
+  load_tile(Vs, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kRows, nkeys, p.Dv, vec.v);
   __syncthreads();
   const int64_t tmin = range[0] > p.q_row0 ? int64_t(range[0]) : p.q_row0;
   const int64_t tmax = range[1] < p.q_row0 + p.sq - 1 ? int64_t(range[1]) : p.q_row0 + p.sq - 1;
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int64_t jA = j0 + warp * 16 + g, jB = jA + 8;  // this thread's two keys
-  const int wlo = wrange[warp][0], whi = wrange[warp][1];
+  const W w;
+  const int lane = w.lane, c = w.c;
+  const int64_t jA = j0 + w.m * 16 + w.g, jB = jA + 8;  // this thread's two keys
+  const int wlo = wrange[w.m][0], whi = wrange[w.m][1];
   const float c2 = p.scale * kLog2e;
-  float acc[kCt][4];
+  float acc[2 * kPairs][4];
   zero_acc(acc);
 
   const int group = int(p.H / p.Hkv);
@@ -227,55 +294,73 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps)
       __syncthreads();
       load_tile(Qs, ldq, qbase + lt0 * p.q_rstride, p.q_rstride, T::kBk, nq, p.Dqk, vec.q);
       load_tile(dOs, ldv, obase + lt0 * p.H * p.Dv, p.H * p.Dv, T::kBk, nq, p.Dv, vec.o);
-      if (is_dk) load_tile_t(Xt, ldt, qbase + lt0 * p.q_rstride + c0, p.q_rstride, T::kBk, nq, cn);
-      else load_tile_t(Xt, ldt, obase + lt0 * p.H * p.Dv + c0, p.H * p.Dv, T::kBk, nq, cn);
       __syncthreads();
 
-      // S^T = K Q^T (rows: keys, columns: queries), then P^T; query tiles outside the warp's
-      // range are masked for all its keys: no products.
-      const uint32_t live = live_columns<kNt>(t0, wlo, whi);
-      if (!live) continue;
-      float s[kNt][4];
+      // S^T = K Q^T and dP^T = V dO^T (rows: keys, columns: queries), then P^T and dS^T; query
+      // tiles outside the row tile's range are masked for all its keys: no products, zeros.
+      const uint32_t live = live_columns<kNt>(t0, wlo, whi), mine = w.mine(live);
+      float s[kNs][4], dp[kNs][4];
       zero_acc(s);
-      mma_abt_live<kNt, true>(s, Ks, ldq, warp * 16, Qs, ldq, int(p.Dqk), lane, live);  // unrolled, it spills
+      zero_acc(dp);
+      if (mine) {
+        mma_abt_live<kNs, true>(s, Ks, ldq, w.m * 16, Qs + w.part * kNs * 8 * ldq, ldq, int(p.Dqk), lane, mine);
+        mma_abt_live<kNs, true>(dp, Vs, ldv, w.m * 16, dOs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
+      }
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
+      for (int nt = 0; nt < kNs; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int qi = nt * 8 + 2 * c + (e & 1);
+          const int qi = (w.part * kNs + nt) * 8 + 2 * c + (e & 1);
           const int64_t t = t0 + qi, j = e < 2 ? jA : jB;
-          const bool ok = qi < nq && j < p.s && allowed(ds[t], t, j);
-          s[nt][e] = ok ? exp2f(s[nt][e] * c2 - p.lse[lrow + t - p.q_row0] * kLog2e) : 0.f;
+          const bool ok = ((mine >> nt) & 1u) && qi < nq && j < p.s && allowed(ds[t], t, j);
+          const int64_t row = lrow + t - p.q_row0;
+          const float pr = ok ? exp2f(s[nt][e] * c2 - p.lse[row] * kLog2e) : 0.f;
+          s[nt][e] = pr;
+          dp[nt][e] = ok ? pr * (dp[nt][e] - D[row]) * p.scale : 0.f;
         }
-      if (is_dk) {  // dS^T = P^T (dP^T - D) scale with dP^T = V dO^T
-        float dp[kNt][4];
-        zero_acc(dp);
-        mma_abt_live<kNt, true>(dp, Vs, ldv, warp * 16, dOs, ldv, int(p.Dv), lane, live);
-#pragma unroll
-        for (int nt = 0; nt < kNt; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int qi = nt * 8 + 2 * c + (e & 1);
-            const float Dq = qi < nq ? D[lrow + t0 + qi - p.q_row0] : 0.f;
-            s[nt][e] = s[nt][e] * (dp[nt][e] - Dq) * p.scale;
-          }
+        w.store(Ps, ldt, nt, s[nt]);
+        w.store(dSs, ldt, nt, dp[nt]);
       }
-      mma_acc_x(acc, s, Xt, ldt, cn, lane, live);  // acc += (dS^T or P^T) X, X = Q or dO (Xt holds X^T)
+      __syncthreads();
+      // dk += dS^T Q, dv += P^T dO over the row tile's live queries, 16 a step or 8 where half
+      // a step is masked.
+#pragma unroll 1
+      for (int kt = 0; kt < kNt / 2; ++kt) {
+        const uint32_t halves = (live >> (2 * kt)) & 3u;
+        if (!halves) continue;
+        uint32_t aP[4], aS[4];
+        load_a(aP, Ps, ldt, w.m * 16, kt * 16, lane);
+        load_a(aS, dSs, ldt, w.m * 16, kt * 16, lane);
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+          const int q = q0 + w.part + kS * i;
+          if (q >= npairs) break;
+          const bool is_dk = q < nqk;
+          uint32_t a[4], b0[2], b1[2];
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[r] = is_dk ? aS[r] : aP[r];  // selects: a pointer would put them on the stack
+          if (is_dk) load_b_kn_x2(b0, b1, Qs, ldq, kt * 16, q * 16, lane);
+          else load_b_kn_x2(b0, b1, dOs, ldv, kt * 16, (q - nqk) * 16, lane);
+          mma_k16_or_half(acc[2 * i], acc[2 * i + 1], a, b0, b1, halves);
+        }
+      }
     }
   }
   // Keys no local query sees (and padding keys) get zeros, written like the rest.
-  __nv_bfloat16* out = bf(is_dk ? p.dk : p.dv);
-  const int64_t width = is_dk ? p.Dqk : p.Dv;
 #pragma unroll
-  for (int ct = 0; ct < kCt; ++ct) {
-    if (ct * 8 >= cn) break;
-    const int col = c0 + ct * 8 + 2 * c;
+  for (int i = 0; i < 2 * kPairs; ++i) {
+    const int q = q0 + w.part + kS * (i / 2);
+    if (q >= npairs) break;
+    const bool is_dk = q < nqk;
+    __nv_bfloat16* out = bf(is_dk ? p.dk : p.dv);
+    const int64_t width = is_dk ? p.Dqk : p.Dv;
+    const int col = (is_dk ? q : q - nqk) * 16 + (i % 2) * 8 + 2 * c;
     if (jA < j0 + nkeys)
       *reinterpret_cast<uint32_t*>(out + ((int64_t(b) * p.s + jA) * p.Hkv + hk) * width + col) =
-          pack_bf16(acc[ct][0], acc[ct][1]);
+          pack_bf16(acc[i][0], acc[i][1]);
     if (jB < j0 + nkeys)
       *reinterpret_cast<uint32_t*>(out + ((int64_t(b) * p.s + jB) * p.Hkv + hk) * width + col) =
-          pack_bf16(acc[ct][2], acc[ct][3]);
+          pack_bf16(acc[i][2], acc[i][3]);
   }
 }
 
@@ -285,19 +370,19 @@ void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
   cudaStream_t st = current_stream().get();
   const size_t smem = size_t(attn_bwd_smem<kWide>(p.Dqk, p.Dv));
   if (p.sq > 0) {  // without query rows dq is empty, and dk/dv below come out zero
-    const int nchunks = int((p.Dqk + T::kChunk - 1) / T::kChunk);
+    const int per = T::kDqPairs * T::kBwdSplit * 16, ngroups = int((p.Dqk + per - 1) / per);
     check(cudaFuncSetAttribute(attn_bwd_dq_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dq: shared memory");
-    dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
-    HMLA_LAUNCH(attn_bwd_dq_kernel<kWide>, grid, 32 * T::kWarps, smem, st, p, D, nchunks, vec);
+    dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * ngroups), unsigned(p.b));
+    HMLA_LAUNCH(attn_bwd_dq_kernel<kWide>, grid, T::kBwdThreads, smem, st, p, D, ngroups, vec);
     check_launch("attn_dense_bwd dq");
   }
   {
-    const int nk = int((p.Dqk + T::kChunk - 1) / T::kChunk), nv = int((p.Dv + T::kChunk - 1) / T::kChunk);
+    const int per = T::kDkdvPairs * T::kBwdSplit * 16, ngroups = int((p.Dqk + p.Dv + per - 1) / per);
     check(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dkdv: shared memory");
-    dim3 grid(unsigned((p.s + T::kRows - 1) / T::kRows), unsigned(p.Hkv * (nk + nv)), unsigned(p.b));
-    HMLA_LAUNCH(attn_bwd_dkdv_kernel<kWide>, grid, 32 * T::kWarps, smem, st, p, D, nk, nk + nv, vec);
+    dim3 grid(unsigned((p.s + T::kRows - 1) / T::kRows), unsigned(p.Hkv * ngroups), unsigned(p.b));
+    HMLA_LAUNCH(attn_bwd_dkdv_kernel<kWide>, grid, T::kBwdThreads, smem, st, p, D, ngroups, vec);
     check_launch("attn_dense_bwd dkdv");
   }
 }
