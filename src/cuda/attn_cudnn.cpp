@@ -244,7 +244,7 @@ bool offsets_fit(const AttnDenseParams& p) {
          p.b * p.s * p.H * std::max(p.Dqk, p.Dv) < lim && p.b * p.s * p.Hkv * std::max(p.Dqk, p.Dv) < lim;
 }
 
-// The tables (attn_cudnn.h) and the variant pack entries every graph reads.
+// The tables (attn_cudnn.h) and the variant pack entries every graph reads: the tables, q, k, v.
 struct Tables {
   Tensor t;
   std::unordered_map<int64_t, void*> pack;
@@ -257,6 +257,9 @@ Tables make_tables(const AttnDenseParams& p, int64_t B) {
   for (int L = 0; L < kThdLayouts; ++L) tb.pack[kOff0 + L] = t + L * (B + 1);
   tb.pack[kSeqLenQ] = t + kThdLayouts * (B + 1);
   tb.pack[kSeqLenKv] = t + kThdLayouts * (B + 1) + B;
+  tb.pack[kQ] = const_cast<void*>(p.q);
+  tb.pack[kK] = const_cast<void*>(p.k);
+  tb.pack[kV] = const_cast<void*>(p.v);
   return tb;
 }
 
@@ -288,9 +291,6 @@ bool cudnn_attn_fwd(const AttnDenseParams& p) {
   if (!gr) return false;
   Tables tb = make_tables(p, cudnn_batch_bound(p.ndocs));
   Tensor stats = Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda);
-  tb.pack[kQ] = const_cast<void*>(p.q);
-  tb.pack[kK] = const_cast<void*>(p.k);
-  tb.pack[kV] = const_cast<void*>(p.v);
   tb.pack[kO] = p.out;
   tb.pack[kStats] = stats.raw_data();
   execute(st, *gr, tb.pack);
@@ -306,9 +306,6 @@ bool cudnn_attn_bwd(const AttnDenseParams& p) {
   Tables tb = make_tables(p, cudnn_batch_bound(p.ndocs));
   Tensor stats = Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda);
   cudnn_lse_to_stats(p, stats.data<float>());
-  tb.pack[kQ] = const_cast<void*>(p.q);
-  tb.pack[kK] = const_cast<void*>(p.k);
-  tb.pack[kV] = const_cast<void*>(p.v);
   tb.pack[kO] = const_cast<void*>(p.out);
   tb.pack[kDO] = const_cast<void*>(p.dout);
   tb.pack[kStats] = stats.raw_data();

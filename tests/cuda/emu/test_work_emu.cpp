@@ -11,6 +11,9 @@
 // Every row must issue at least its op's count (below it the counter misses work or the kernel is
 // not on the tensor cores); each table's total must stay within what its kernels issue today
 // (ceiling), and is printed against the issue's bound of its minimum (target: met or not yet).
+// The forwards also print their m16n8 tile floor, the least any kernel on mma.sync's 16 x 8 tiles
+// issues for the row (asserted as a lower bound of what the kernels issue): where a table's floor
+// is above the issue's bound, no such kernel meets it on that table.
 // The bound is on a table's totals (issued over minimal, summed over its rows): the small rows,
 // whose one mma tile of 16 rows and 8 keys is much of their work, weigh what they cost. The
 // printed per-row ratios say where the work goes (docs/cuda.md keeps the figures).
@@ -152,11 +155,20 @@ TEST(WorkCounter, SparseAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
                         c.sink ? Tensor::from_vector<float>({c.H}, randn_bf16(c.H, 3)).to(Device::cuda) : Tensor(),
                         1.f / std::sqrt(float(c.Dqk))};
     const double f = double(listed) * c.H * 2 * (c.Dqk + c.Dv);
+    // The m16n8 floor: a row's listed keys in 8-key tiles, its heads in 16s (Dqk in 16s, Dv in 8s).
+    double key_tiles = 0;
+    for (int64_t r = 0; r < c.b * c.s; ++r) {
+      int64_t n = 0;
+      for (int64_t i = 0; i < c.K + c.W; ++i) n += idx[r * (c.K + c.W) + i] >= 0;
+      key_tiles += double((n + 7) / 8);
+    }
+    const double floor_f = key_tiles * 8 * double((c.H + 15) / 16 * 16) * 2 *
+                           double((c.Dqk + 15) / 16 * 16 + (c.Dv + 7) / 8 * 8);
     AttnSparseSaved sv;
     {
       emu::ScopedWorkLog log;
       sv = attn_sparse_fwd(in);
-      fwd.add(c.name, log, f);
+      fwd.add(c.name, log, f, floor_f);
     }
     if (!cuda_backend()->supports(op_cases::params(c, DType::bf16, true))) continue;
     emu::ScopedWorkLog log;
