@@ -17,20 +17,24 @@ packages=(
 )
 
 # cuDNN's fused attention (the CUDA backend's dense path on sm_90) is built against the pinned,
-# header-only cudnn-frontend from PyPI, installed with --no-deps outside the tree, where CMake
+# header-only cudnn-frontend from PyPI, its wheel downloaded (--no-deps) and unpacked outside the tree, where CMake
 # looks (HMLA_CUDNN_FRONTEND_DIR). A CPU-only machine (no nvcc) does not need it.
 cudnn_frontend() {
   local version=1.32.0 dest="${HOME}/.cache/hmla/cudnn-frontend-1.32.0"
   [ -f "$dest/include/cudnn_frontend.h" ] && return 0
   command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || return 0
   if ! python3 -m pip --version >/dev/null 2>&1; then install_debian python3-pip; fi
-  echo "deps: installing nvidia-cudnn-frontend==$version (headers) into $dest"
+  echo "deps: fetching nvidia-cudnn-frontend==$version (headers) into $dest"
   local tmp
   tmp=$(mktemp -d "${HOME}/.cache/hmla/.cudnn-frontend.XXXXXX")
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-deps --only-binary=:all: --target "$tmp" \
+  # Downloaded and unpacked, not installed: nothing enters any Python environment (Debian's
+  # externally managed one included), and only the headers are used.
+  python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$tmp/wheel" \
     "nvidia-cudnn-frontend==$version"
-  [ -f "$tmp/include/cudnn_frontend.h" ] || { echo "deps: nvidia-cudnn-frontend $version has no include/cudnn_frontend.h" >&2; exit 1; }
-  rm -rf "$dest" && mv "$tmp" "$dest"  # whole or absent: a half-installed copy never looks installed
+  python3 -m zipfile -e "$tmp"/wheel/nvidia_cudnn_frontend-"$version"-*.whl "$tmp/unpacked"
+  [ -f "$tmp/unpacked/include/cudnn_frontend.h" ] || { echo "deps: nvidia-cudnn-frontend $version has no include/cudnn_frontend.h" >&2; exit 1; }
+  mkdir -p "$tmp/pkg" && mv "$tmp/unpacked/include" "$tmp/pkg/include"
+  rm -rf "$dest" && mv "$tmp/pkg" "$dest" && rm -rf "$tmp"  # whole or absent: a half-installed copy never looks installed
 }
 
 install_debian() {
