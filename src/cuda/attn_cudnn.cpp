@@ -4,16 +4,16 @@
 // sequences), the sequence bound the longest document (also rounded up), and ragged offsets place
 // each sequence at its document's first row in q, k, v, out and the gradients, so one causal mask
 // per sequence is hmla's per-document causal mask (bottom-right aligned for a context-parallel
-// slice of the query rows, whose documents may begin before the slice). Graphs are built once per shape and kept
-// per thread and device; the tables they read are made on the device (attn_cudnn_thd.cu).
+// slice of the query rows, whose documents may begin before the slice). Graphs are built once per
+// shape and kept per thread and device; the tables they read are made on the device
+// (attn_cudnn_thd.cu).
 #include <cudnn.h>
 
 #include <cstring>
 #include <map>
-#include <string>
 #include <memory>
-#include <tuple>
-#include <vector>
+#include <string>
+#include <unordered_map>
 
 #include <cudnn_frontend.h>
 
