@@ -188,7 +188,7 @@ DeviceState& device_state() {
 }
 
 GraphKey key_of(const AttnDenseParams& p, bool bwd) {
-  GraphKey k{bwd, p.sq != p.s, cudnn_batch_bound(p.ndocs), std::min(cudnn_batch_bound(p.max_doc), p.s), p.H, p.Hkv,
+  GraphKey k{bwd, p.sq != p.s, cudnn_pow2_bound(p.ndocs), std::min(cudnn_pow2_bound(p.max_doc), p.s), p.H, p.Hkv,
              p.Dqk, p.Dv,
              p.q_hstride, p.q_rstride, p.k_hstride, p.k_rstride, p.v_hstride, p.v_rstride, 0};
   std::memcpy(&k.scale_bits, &p.scale, sizeof p.scale);
@@ -244,14 +244,16 @@ bool offsets_fit(const AttnDenseParams& p) {
          p.b * p.s * p.H * std::max(p.Dqk, p.Dv) < lim && p.b * p.s * p.Hkv * std::max(p.Dqk, p.Dv) < lim;
 }
 
-// The tables (attn_cudnn.h) and the variant pack entries every graph reads: the tables, q, k, v.
+// What both directions run on: the tables (attn_cudnn.h), cuDNN's stats [b sq, H], and the
+// variant pack entries of the tables, the stats, q, k and v.
 struct Tables {
-  Tensor t;
+  Tensor t, stats;
   std::unordered_map<int64_t, void*> pack;
 };
 
 Tables make_tables(const AttnDenseParams& p, int64_t B) {
-  Tables tb{Tensor::empty({kThdLayouts * (B + 1) + 2 * B}, DType::i32, Device::cuda), {}};
+  Tables tb{Tensor::empty({kThdLayouts * (B + 1) + 2 * B}, DType::i32, Device::cuda),
+            Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda), {}};
   int32_t* t = tb.t.data<int32_t>();
   cudnn_thd_tables(p, B, t);
   for (int L = 0; L < kThdLayouts; ++L) tb.pack[kOff0 + L] = t + L * (B + 1);
@@ -260,6 +262,7 @@ Tables make_tables(const AttnDenseParams& p, int64_t B) {
   tb.pack[kQ] = const_cast<void*>(p.q);
   tb.pack[kK] = const_cast<void*>(p.k);
   tb.pack[kV] = const_cast<void*>(p.v);
+  tb.pack[kStats] = tb.stats.raw_data();
   return tb;
 }
 
@@ -289,12 +292,10 @@ bool cudnn_attn_fwd(const AttnDenseParams& p) {
   DeviceState& st = device_state();
   const Graph* gr = usable_graph(st, p, false);
   if (!gr) return false;
-  Tables tb = make_tables(p, cudnn_batch_bound(p.ndocs));
-  Tensor stats = Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda);
+  Tables tb = make_tables(p, cudnn_pow2_bound(p.ndocs));
   tb.pack[kO] = p.out;
-  tb.pack[kStats] = stats.raw_data();
   execute(st, *gr, tb.pack);
-  cudnn_stats_to_lse(p, stats.data<float>());
+  cudnn_stats_to_lse(p, tb.stats.data<float>());
   cudnn_zero_uncovered_rows(p, p.out, true, p.H * p.Dv);
   return true;
 }
@@ -303,12 +304,10 @@ bool cudnn_attn_bwd(const AttnDenseParams& p) {
   DeviceState& st = device_state();
   const Graph* gr = usable_graph(st, p, true);
   if (!gr) return false;
-  Tables tb = make_tables(p, cudnn_batch_bound(p.ndocs));
-  Tensor stats = Tensor::empty({p.b * p.sq, p.H}, DType::f32, Device::cuda);
-  cudnn_lse_to_stats(p, stats.data<float>());
+  Tables tb = make_tables(p, cudnn_pow2_bound(p.ndocs));
+  cudnn_lse_to_stats(p, tb.stats.data<float>());
   tb.pack[kO] = const_cast<void*>(p.out);
   tb.pack[kDO] = const_cast<void*>(p.dout);
-  tb.pack[kStats] = stats.raw_data();
   tb.pack[kDQ] = p.dq;
   tb.pack[kDK] = p.dk;
   tb.pack[kDV] = p.dv;

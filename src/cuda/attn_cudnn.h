@@ -31,9 +31,9 @@ void cudnn_lse_to_stats(const AttnDenseParams& p, float* stats);
 // and hmla's contract has 0: query side (x [b, sq, row_elems]: out, dq) the padding rows; key side
 // (x [b, s, row_elems]: dk, dv) the keys no query of the slice sees.
 void cudnn_zero_uncovered_rows(const AttnDenseParams& p, void* x, bool query_side, int64_t row_elems);
-// The padded batch for n documents: the next power of two, so that a run's changing document
-// counts build a few graphs, not one per step.
-inline int64_t cudnn_batch_bound(int64_t n) {
+// The padded batch for n documents and the sequence bound for a longest document of n rows: the
+// next power of two, so that a run's changing layouts build a few graphs, not one per step.
+inline int64_t cudnn_pow2_bound(int64_t n) {
   int64_t B = 1;
   while (B < n) B *= 2;
   return B;

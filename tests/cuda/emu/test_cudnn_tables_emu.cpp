@@ -61,7 +61,7 @@ TEST(CudnnTables, TheRaggedTablesPlaceEachDocumentAtItsFirstRowInEveryLayout) {
     const DocLayout l = layout_from_cu_seqlens(c.s, c.cu);
     const Params pr = params_of(c, l);
     const AttnDenseParams& p = pr.p;
-    const int64_t B = cuda::cudnn_batch_bound(p.ndocs), r1 = p.q_row0 + p.sq;
+    const int64_t B = cuda::cudnn_pow2_bound(p.ndocs), r1 = p.q_row0 + p.sq;
     ASSERT_GE(B, p.ndocs);
     Tensor t = Tensor::empty({cuda::kThdLayouts * (B + 1) + 2 * B}, DType::i32, Device::cuda);
     cuda::cudnn_thd_tables(p, B, t.data<int32_t>());
