@@ -64,11 +64,17 @@ void add_bench_command(CLI::App& app) {
   ind->add_option("--index-heads", io->index_heads, "HI")->capture_default_str()->check(Int(1));
   ind->add_option("--index-dim", io->index_dim, "DI")->capture_default_str()->check(Int(1));
   ind->add_option("--topk", io->topk, "K")->capture_default_str()->check(Int(1));
+  ind->add_option("--latent-dqk", io->latent_dqk, "the sparse KL's latent q / key width (with --cuda)")
+      ->capture_default_str()
+      ->check(Int(80));
   ind->add_flag("!--no-materialized", io->materialized, "skip the materialised arm");
-  ind->add_flag("--cuda", io->cuda, "the fused KL on the GPU (f32 inputs; scores + top-k on bf16 copies); the\n"
-                                    "materialised arm on the GPU is tests/cuda/torch_kl_bench.py");
+  ind->add_flag("--cuda", io->cuda, "the fused KLs on the GPU (bf16 inputs; the dense one, and the sparse one over\n"
+                                    "the top-k table against latent queries); the materialised arm on the GPU is\n"
+                                    "tests/cuda/torch_kl_bench.py");
   ind->callback([io] {
     for (int64_t s : io->seq_lens) HMLA_CHECK(s >= 1, ConfigError, "--s: sequence lengths must be positive, got ", s);
+    HMLA_CHECK(io->latent_dqk % 16 == 0, ConfigError, "--latent-dqk must be a multiple of 16 (the latent width Rkv + Dr, "
+               "Dr = 64), got ", io->latent_dqk);
     if (io->cuda) training_device("cuda");  // a clear error without a GPU
     bench::run_indexer_bench(*io, std::cout);
   });

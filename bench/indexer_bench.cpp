@@ -14,6 +14,7 @@
 #include "hmla/ops/attention.h"
 #include "bench_util.h"
 #include "hmla/ops/nn.h"
+#include "hmla/ops/sparse_attention.h"
 #include "indexer_materialized.h"
 
 namespace hmla::bench {
@@ -64,6 +65,7 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
     for (int64_t t = 0; t < s; ++t) in.row_weight.data<float>()[t] = 1.f / float(s);
     const Device dev = o.cuda ? Device::cuda : Device::cpu;
     double topk_ms = 0;
+    Tensor idx;  // the selection table (the GPU's, for the sparse KL arm)
     if (!o.cuda) {  // the attention's lse: an input, computed once and not timed
       AttnDenseInputs a{in.q, in.k, in.k.slice(3, 0, 8), &layout, {}, in.scale};
       in.lse_c = attn_dense_fwd(a).lse;
@@ -76,13 +78,33 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
       sc.qI = converted(sc.qI, DType::bf16), sc.kI = converted(sc.kI, DType::bf16);
       allocator(dev).synchronize();
       auto t0 = Clock::now();
-      { Tensor idx = indexer_topk(sc, o.topk, 0); }
+      idx = indexer_topk(sc, o.topk, 0);
       allocator(dev).synchronize();
       topk_ms = ms_since(t0);
       // The KL on the training step's dtypes (bf16 qI, kI, q, k): its tensor-core path.
       for (Tensor* t : {&in.sc.qI, &in.sc.kI, &in.q, &in.k}) *t = converted(*t, DType::bf16);
     }
     Timed fused = measure([&] { return indexer_kl_dense(in); }, dev);
+    // On the GPU, the sparse KL as dsa_sparse runs it: over the table's K candidates, against the
+    // latent form's H x latent_dqk queries and one shared key, lseC given by the sparse forward
+    // (untimed, as the attention's lse above); op FLOPs 2 H Dqk + 6 HI DI per candidate.
+    Timed sparse;
+    double sparse_tflops = 0;
+    if (o.cuda) {
+      IndexerKlInputs sp = in;
+      sp.q = converted(randn({1, s, o.heads, o.latent_dqk}, rng, 1.f).to(dev), DType::bf16);
+      sp.k = converted(randn({1, s, 1, o.latent_dqk}, rng, 1.f).to(dev), DType::bf16);
+      sp.scale = 1.f / std::sqrt(float(o.latent_dqk));
+      sp.topk = idx, sp.K = o.topk, sp.topk_origin = TableOrigin::own;
+      const AttnSparseSaved sv = attn_sparse_fwd(
+          AttnSparseInputs{sp.q, sp.k.view({1, s, o.latent_dqk}), o.latent_dqk - 64, idx, o.topk, Tensor(), sp.scale,
+                           TableOrigin::own});
+      sp.lse_c = sv.lse_c;
+      sparse = measure([&] { return indexer_kl_sparse(sp); }, dev);
+      const int64_t pairs = s <= o.topk ? s * (s + 1) / 2 : o.topk * (o.topk + 1) / 2 + (s - o.topk) * o.topk;
+      sparse_tflops = double(pairs) * (2.0 * o.heads * o.latent_dqk + 6.0 * o.index_heads * o.index_dim) /
+                      (sparse.ms * 1e-3) / 1e12;
+    }
     Timed mat;
     if (o.materialized && !o.cuda) mat = measure([&] { return indexer_kl_materialized(in); });
     if (o.json) {
@@ -99,6 +121,12 @@ void run_indexer_bench(const IndexerBenchOptions& o, std::ostream& os) {
       j["dense_kl_ms"] = fused.ms;
       j["dense_kl_workspace_bytes"] = fused.workspace;
       j["dense_kl"] = fused.kl;
+      if (o.cuda) {
+        j["latent_dqk"] = o.latent_dqk;
+        j["sparse_kl_ms"] = sparse.ms;
+        j["sparse_kl_workspace_bytes"] = sparse.workspace;
+        j["sparse_kl_tflops"] = sparse_tflops;
+      }
       if (o.materialized && !o.cuda) {
         j["materialized_kl_ms"] = mat.ms;
         j["materialized_kl_workspace_bytes"] = mat.workspace;

@@ -44,21 +44,40 @@ struct AttnCudaTraits {
 
 inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv > 256; }
 
-// Dynamic shared memory in bytes: the forward's Q, K and V^T tiles for `chunks` value chunks of
-// dv_chunk (and with two chunks the shared f32 score tile),
+// Dynamic shared memory in bytes: the forward's Q tile and, per stage of its K/V pipeline, the K
+// tile and the V tile of `chunks` value chunks of dv_chunk columns (none when the values are the
+// keys' first columns, `v_in_k`: the latent form reads them from the K tile), both row major, and
+// with two chunks the shared f32 score tile;
 // the backward's Q, dO, K, V and the P / dS tiles [kRows, kBk] (bf16; dq uses one, the same
 // bound for both kernels). CudaBackend::supports holds both under the smallest target's opt-in
-// limit (an A100's 163 KB; Hopper has 227 KB).
+// limit (an A100's 163 KB; Hopper has 227 KB) with one stage; the forward takes two where they fit.
 template <bool kWide>
-constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk, int chunks = 1) {
+constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk, int chunks = 1, int stages = 1, bool v_in_k = false) {
   using T = AttnCudaTraits<kWide>;
-  return 2 * ((T::kRows + T::kBk) * (Dqk + T::kPad) + chunks * dv_chunk * (T::kBk + T::kPad)) +
+  return 2 * ((T::kRows + stages * T::kBk) * (Dqk + T::kPad) +
+              (v_in_k ? 0 : stages * T::kBk * (chunks * dv_chunk + T::kPad))) +
          (chunks > 1 ? 4 * T::kRows * (T::kBk + T::kPad) : 0);  // the shared f32 score tile
 }
+// The backward's kernels: dq keeps Q and dO and takes K and V tiles (per stage; V from the K tile
+// when v_in_k) and one [kRows, kBk] dS tile; dkdv keeps its K and V (V from K when v_in_k) and
+// takes Q and dO tiles (per stage) and the P and dS tiles.
+template <bool kWide>
+constexpr int64_t attn_bwd_dq_smem(int64_t Dqk, int64_t Dv, int stages = 1, bool v_in_k = false) {
+  using T = AttnCudaTraits<kWide>;
+  return 2 * (T::kRows * (Dqk + Dv + 2 * T::kPad) + stages * T::kBk * (Dqk + T::kPad + (v_in_k ? 0 : Dv + T::kPad)) +
+              T::kRows * (T::kBk + T::kPad));
+}
+template <bool kWide>
+constexpr int64_t attn_bwd_dkdv_smem(int64_t Dqk, int64_t Dv, int stages = 1, bool v_in_k = false) {
+  using T = AttnCudaTraits<kWide>;
+  return 2 * (T::kRows * (Dqk + T::kPad + (v_in_k ? 0 : Dv + T::kPad)) + stages * T::kBk * (Dqk + Dv + 2 * T::kPad) +
+              2 * T::kRows * (T::kBk + T::kPad));
+}
+// The bound both kernels fit with one stage (supports() holds it under kAttnMaxSmemBytes).
 template <bool kWide>
 constexpr int64_t attn_bwd_smem(int64_t Dqk, int64_t Dv) {
-  using T = AttnCudaTraits<kWide>;
-  return 2 * ((T::kRows + T::kBk) * (Dqk + Dv + 2 * T::kPad) + 2 * T::kRows * (T::kBk + T::kPad));
+  const int64_t a = attn_bwd_dq_smem<kWide>(Dqk, Dv), b = attn_bwd_dkdv_smem<kWide>(Dqk, Dv);
+  return a > b ? a : b;
 }
 // The forward's value chunk: heads up to 256 wide in one (one score pass), wider ones in 256s.
 inline int attn_fwd_dv_chunk(const AttnDenseParams& p) {
@@ -68,6 +87,11 @@ inline int attn_fwd_dv_chunk(const AttnDenseParams& p) {
 // row group, the scores shared through shared memory), else 1.
 inline int attn_fwd_chunks(const AttnDenseParams& p) { return p.Dv > AttnCudaTraits<false>::kDvChunkMax ? 2 : 1; }
 inline constexpr int64_t kAttnMaxSmemBytes = 163 * 1024;
+// Whether the values are the keys' first Dv columns (the same tensor and strides: v a view of k),
+// so the forward reads them from its K tile.
+inline bool attn_v_in_k(const AttnDenseParams& p) {
+  return p.v == p.k && p.v_rstride == p.k_rstride && p.v_bstride == p.k_bstride && p.v_hstride == p.k_hstride;
+}
 inline int64_t attn_dense_smem_bytes(const AttnDenseParams& p) {
   const int c = attn_fwd_dv_chunk(p), n = attn_fwd_chunks(p);
   const int64_t f = attn_is_wide(p) ? attn_fwd_smem<true>(p.Dqk, c, n) : attn_fwd_smem<false>(p.Dqk, c, n);
@@ -77,9 +101,47 @@ inline int64_t attn_dense_smem_bytes(const AttnDenseParams& p) {
 static_assert(attn_bwd_smem<true>(576, 512) <= kAttnMaxSmemBytes && attn_fwd_smem<true>(576, 256, 2) <= kAttnMaxSmemBytes &&
                   attn_bwd_smem<false>(256, 256) <= kAttnMaxSmemBytes,
               "the latent 576/512 form and heads of 256 fit an A100");
+static_assert(attn_fwd_smem<true>(576, 256, 2, 2, true) <= kAttnMaxSmemBytes &&
+                  attn_fwd_smem<false>(192, 128, 1, 2) <= kAttnMaxSmemBytes,
+              "the latent form's and DeepSeek's 192/128 forward double-buffer their K/V tiles on an A100");
 
 // Allowed: doc_start[t] <= j <= t (padding rows have doc_start = t + 1, so nothing).
 __device__ __forceinline__ bool allowed(int ds_t, int64_t t, int64_t j) { return ds_t <= j && j <= t; }
+
+// The mask as a policy. Each row x of a block (a query row, or in dK/dV a key) sees the columns
+// [lo(x), hi(x)] (keys [doc_start[t], t]; queries [j, doc_end[j] - 1]), or none. Per block the
+// union of the rows' ranges bounds the tiles it walks; per 16-row group the union says which 8-wide
+// column tiles are live at all, and the intersection [max lo, min hi] (empty when a row of the
+// group sees nothing) which column tiles every row of the group sees whole: those need no
+// per-element test. Filled by the block's first kGroups * 16 threads (thread x: row x, `sees`
+// whether it has a range); all threads must call; ends with a barrier.
+template <int kGroups>
+struct MaskRanges {
+  int lo, hi;                      // the block's union (lo = INT32_MAX when empty)
+  int ulo[kGroups], uhi[kGroups];  // each group's union
+  int ilo[kGroups], ihi[kGroups];  // each group's intersection (ilo = INT32_MAX: none)
+  __device__ void fill(bool sees, int xlo, int xhi) {
+    if (threadIdx.x < kGroups) {
+      ulo[threadIdx.x] = INT32_MAX, uhi[threadIdx.x] = -1;
+      ilo[threadIdx.x] = INT32_MIN, ihi[threadIdx.x] = INT32_MAX;
+    }
+    if (threadIdx.x == kGroups) lo = INT32_MAX, hi = -1;
+    __syncthreads();
+    if (threadIdx.x < 16 * kGroups) {
+      const int gr = threadIdx.x / 16;
+      if (sees) {
+        atomicMin(&lo, xlo), atomicMax(&hi, xhi);
+        atomicMin(&ulo[gr], xlo), atomicMax(&uhi[gr], xhi);
+        atomicMax(&ilo[gr], xlo), atomicMin(&ihi[gr], xhi);
+      } else {
+        atomicMax(&ilo[gr], INT32_MAX);
+      }
+    }
+    __syncthreads();
+  }
+  // Whether every row of group gr sees all of the columns [c0, c0 + n).
+  __device__ bool whole(int gr, int64_t c0, int n) const { return ilo[gr] <= c0 && c0 + n - 1 <= ihi[gr]; }
+};
 
 constexpr float kLog2e = 1.4426950408889634f;
 

@@ -102,18 +102,19 @@ struct BwdWarp {
 // group), walking the rows' key range.
 template <bool kWide>
 __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
-    attn_bwd_dq_kernel(const AttnDenseParams p, const float* D, int ngroups, VecFlags vec) {
+    attn_bwd_dq_kernel(const AttnDenseParams p, const float* D, int ngroups, VecFlags vec, int stages, bool v_in_k) {
   using T = AttnCudaTraits<kWide>;
   using W = BwdWarp<kWide>;
   constexpr int kNt = W::kNt, kNs = W::kNs, kPairs = T::kDqPairs, kS = T::kBwdSplit;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad;
+  // ldvt: the V tile's row stride (the K tile's when the values are the keys' first columns).
+  const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad, ldvt = v_in_k ? ldq : ldv;
+  const int stage_elems = T::kBk * ldq + (v_in_k ? 0 : T::kBk * ldv);
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
   __nv_bfloat16* dOs = Qs + T::kRows * ldq;                      // [kRows, Dv]
-  __nv_bfloat16* Ks = dOs + T::kRows * ldv;                      // [kBk, Dqk]
-  __nv_bfloat16* Vs = Ks + T::kBk * ldq;                         // [kBk, Dv]
-  __nv_bfloat16* dSs = Vs + T::kBk * ldv;                        // [kRows, kBk]: dS of the tile
-  __shared__ int range[2], wrange[T::kWarps][2];
+  __nv_bfloat16* dSs = dOs + T::kRows * ldv;                     // [kRows, kBk]: dS of the tile
+  __nv_bfloat16* stage0 = dSs + T::kRows * ldt;                  // stages x {K [kBk, Dqk], V [kBk, Dv]}
+  __shared__ MaskRanges<T::kWarps> mr;
 
   const int tiles = (p.sq + T::kRows - 1) / T::kRows;
   const int tile = tiles - 1 - blockIdx.x;
@@ -124,31 +125,22 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
 
   // The block's key range and each row tile's (the forward's mask policy, attn_dense_fwd.cu).
-  if (threadIdx.x <= T::kWarps) {
-    int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
-    r[0] = INT32_MAX, r[1] = -1;
-  }
-  __syncthreads();
-  if (threadIdx.x < nrows) {
+  {
     const int64_t t = p.q_row0 + lr0 + threadIdx.x;
-    if (ds[t] <= t) {
-      atomicMin(&range[0], ds[t]);
-      atomicMax(&range[1], int(t));
-      atomicMin(&wrange[threadIdx.x / 16][0], ds[t]);
-      atomicMax(&wrange[threadIdx.x / 16][1], int(t));
-    }
+    const bool sees = int(threadIdx.x) < nrows && ds[t] <= t;
+    mr.fill(sees, sees ? ds[t] : 0, int(t));
   }
   load_tile(Qs, ldq, bf(p.q) + b * p.q_bstride + int64_t(lr0) * p.q_rstride + h * p.q_hstride, p.q_rstride,
             T::kRows, nrows, p.Dqk, vec.q);
   load_tile(dOs, ldv, bf(p.dout) + ((int64_t(b) * p.sq + lr0) * p.H + h) * p.Dv, p.H * p.Dv, T::kRows, nrows, p.Dv,
             vec.o);
   __syncthreads();
-  const int jmin = range[0], jmax = range[1];
+  const int jmin = mr.lo, jmax = mr.hi;
 
   const W w;
   const int lane = w.lane, c = w.c;
   const int rA = w.m * 16 + w.g, rB = rA + 8;
-  const int wlo = wrange[w.m][0], whi = wrange[w.m][1];
+  const int wlo = mr.ulo[w.m], whi = mr.uhi[w.m];
   const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
   const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
   const int64_t lrow = (int64_t(b) * p.H + h) * p.sq + lr0;
@@ -161,12 +153,21 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
 
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride;
-  for (int j0 = jmin; j0 <= jmax; j0 += T::kBk) {
+  // The K and V tiles at j0 into stage st (cp.async; two stages overlap tile i + 1's copies with
+  // tile i's products: pipeline_step).
+  auto issue = [&](int j0, int st) {
+    __nv_bfloat16* K = stage0 + st * stage_elems;
     const int nk = min(T::kBk, jmax + 1 - j0);
-    __syncthreads();
-    load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
-    load_tile(Vs, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, p.Dv, vec.v);
-    __syncthreads();
+    load_tile_async(K, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
+    if (!v_in_k)
+      load_tile_async(K + T::kBk * ldq, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, p.Dv, vec.v);
+  };
+  pipeline_start(stages, jmin <= jmax, [&](int, int st) { issue(jmin, st); });
+  int it = 0;
+  for (int j0 = jmin; j0 <= jmax; j0 += T::kBk, ++it) {
+    const int st = pipeline_step(stages, it, j0 + T::kBk <= jmax, [&](int ahead, int sb) { issue(j0 + ahead * T::kBk, sb); });
+    const __nv_bfloat16* Ks = stage0 + st * stage_elems;
+    const __nv_bfloat16* Vs = v_in_k ? Ks : Ks + T::kBk * ldq;
 
     // Column tiles outside the row tile's key range are masked for all its rows: no products
     // (their dS is +-0, which adds nothing to dq); written as zeros.
@@ -176,16 +177,18 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
     zero_acc(dp);
     if (mine) {
       mma_abt_live<kNs, true>(s, Qs, ldq, w.m * 16, Ks + w.part * kNs * 8 * ldq, ldq, int(p.Dqk), lane, mine);
-      mma_abt_live<kNs, true>(dp, dOs, ldv, w.m * 16, Vs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
+      mma_abt_live<kNs, true>(dp, dOs, ldv, w.m * 16, Vs + w.part * kNs * 8 * ldvt, ldvt, int(p.Dv), lane, mine);
     }
-    // dS = P (dP - D) * scale, in place of s.
+    // dS = P (dP - D) * scale, in place of s; a tile every row of the row tile sees whole needs
+    // no per-element test.
+    const bool whole = mr.whole(w.m, j0, T::kBk);
 #pragma unroll
     for (int nt = 0; nt < kNs; ++nt) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + (w.part * kNs + nt) * 8 + 2 * c + (e & 1);
         const bool lo = e < 2;
-        const bool ok = ((mine >> nt) & 1u) && (lo ? allowed(dsA, tA, j) : allowed(dsB, tB, j));
+        const bool ok = whole || (((mine >> nt) & 1u) && (lo ? allowed(dsA, tA, j) : allowed(dsB, tB, j)));
         const float pr = ok ? exp2f(s[nt][e] * c2 - (lo ? lseA : lseB)) : 0.f;
         s[nt][e] = pr * (dp[nt][e] - (lo ? DA : DB)) * p.scale;
       }
@@ -229,19 +232,20 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
 // max doc_end - 1] within the local rows; heads of the group in order.
 template <bool kWide>
 __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
-    attn_bwd_dkdv_kernel(const AttnDenseParams p, const float* D, int ngroups, VecFlags vec) {
+    attn_bwd_dkdv_kernel(const AttnDenseParams p, const float* D, int ngroups, VecFlags vec, int stages, bool v_in_k) {
   using T = AttnCudaTraits<kWide>;
   using W = BwdWarp<kWide>;
   constexpr int kNt = W::kNt, kNs = W::kNs, kPairs = T::kDkdvPairs, kS = T::kBwdSplit;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad;
+  // ldvk: the block's V rows' stride (its K rows' when the values are the keys' first columns).
+  const int ldq = p.Dqk + T::kPad, ldv = p.Dv + T::kPad, ldt = T::kBk + T::kPad, ldvk = v_in_k ? ldq : ldv;
+  const int stage_elems = T::kBk * (ldq + ldv);
   __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk] this block's keys
-  __nv_bfloat16* Vs = Ks + T::kRows * ldq;                       // [kRows, Dv]
-  __nv_bfloat16* Qs = Vs + T::kRows * ldv;                       // [kBk, Dqk] a query tile
-  __nv_bfloat16* dOs = Qs + T::kBk * ldq;                        // [kBk, Dv]
-  __nv_bfloat16* Ps = dOs + T::kBk * ldv;                        // [kRows, kBk]: P^T of the tile
+  __nv_bfloat16* Vs = v_in_k ? Ks : Ks + T::kRows * ldq;         // [kRows, Dv]
+  __nv_bfloat16* Ps = Ks + T::kRows * ldq + (v_in_k ? 0 : T::kRows * ldv);  // [kRows, kBk]: P^T of the tile
   __nv_bfloat16* dSs = Ps + T::kRows * ldt;                      // [kRows, kBk]: dS^T
-  __shared__ int range[2], wrange[T::kWarps][2];
+  __nv_bfloat16* stage0 = dSs + T::kRows * ldt;                  // stages x {Q [kBk, Dqk], dO [kBk, Dv]}
+  __shared__ MaskRanges<T::kWarps> mr;
 
   const int ktiles = (p.s + T::kRows - 1) / T::kRows;
   const int ktile = ktiles - 1 - blockIdx.x;  // early keys have the most queries
@@ -253,58 +257,65 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
 
   // Queries that see these keys: t in [j, doc_end[j] - 1], intersected with the local rows.
   // Each row tile's (its 16 keys') query range too: the mask policy of the other kernels, transposed.
-  if (threadIdx.x <= T::kWarps) {
-    int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
-    r[0] = INT32_MAX, r[1] = -1;
-  }
-  __syncthreads();
-  if (threadIdx.x < nkeys) {
+  {
     const int j = j0 + threadIdx.x;
-    if (ds[j] <= j) {
-      atomicMin(&range[0], j);
-      atomicMax(&range[1], de[j] - 1);
-      atomicMin(&wrange[threadIdx.x / 16][0], j);
-      atomicMax(&wrange[threadIdx.x / 16][1], de[j] - 1);
-    }
+    const bool sees = int(threadIdx.x) < nkeys && ds[j] <= j;
+    mr.fill(sees, j, sees ? de[j] - 1 : 0);
   }
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride;
   load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kRows, nkeys, p.Dqk, vec.k);
-  load_tile(Vs, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kRows, nkeys, p.Dv, vec.v);
+  if (!v_in_k) load_tile(Vs, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kRows, nkeys, p.Dv, vec.v);
   __syncthreads();
-  const int64_t tmin = range[0] > p.q_row0 ? int64_t(range[0]) : p.q_row0;
-  const int64_t tmax = range[1] < p.q_row0 + p.sq - 1 ? int64_t(range[1]) : p.q_row0 + p.sq - 1;
+  const int64_t tmin = mr.lo > p.q_row0 ? int64_t(mr.lo) : p.q_row0;
+  const int64_t tmax = mr.hi < p.q_row0 + p.sq - 1 ? int64_t(mr.hi) : p.q_row0 + p.sq - 1;
 
   const W w;
   const int lane = w.lane, c = w.c;
   const int64_t jA = j0 + w.m * 16 + w.g, jB = jA + 8;  // this thread's two keys
-  const int wlo = wrange[w.m][0], whi = wrange[w.m][1];
+  const int wlo = mr.ulo[w.m], whi = mr.uhi[w.m];
   const float c2 = p.scale * kLog2e;
   float acc[2 * kPairs][4];
   zero_acc(acc);
 
+  // The (head, query tile) pairs in order, heads of the group outer: tile i = (h0 + i / ntq, tmin +
+  // (i % ntq) kBk). Its Q and dO tiles into stage st (cp.async; two stages overlap tile i + 1's
+  // copies with tile i's products: pipeline_step).
   const int group = int(p.H / p.Hkv);
-  for (int h = hk * group; h < (hk + 1) * group; ++h) {
-    const __nv_bfloat16* qbase = bf(p.q) + b * p.q_bstride + h * p.q_hstride;
-    const __nv_bfloat16* obase = bf(p.dout) + (int64_t(b) * p.sq * p.H + h) * p.Dv;
-    const int64_t lrow = (int64_t(b) * p.H + h) * p.sq;
-    for (int64_t t0 = tmin; t0 <= tmax; t0 += T::kBk) {
+  const int ntq = tmin <= tmax ? int((tmax - tmin) / T::kBk + 1) : 0, ntiles = group * ntq;
+  auto issue = [&](int i, int st) {
+    const int h = hk * group + i / ntq;
+    const int64_t t0 = tmin + int64_t(i % ntq) * T::kBk, lt0 = t0 - p.q_row0;
+    const int nq = int(tmax + 1 - t0 < T::kBk ? tmax + 1 - t0 : T::kBk);
+    __nv_bfloat16* Q = stage0 + st * stage_elems;
+    load_tile_async(Q, ldq, bf(p.q) + b * p.q_bstride + h * p.q_hstride + lt0 * p.q_rstride, p.q_rstride, T::kBk, nq,
+                    p.Dqk, vec.q);
+    load_tile_async(Q + T::kBk * ldq, ldv, bf(p.dout) + ((int64_t(b) * p.sq + lt0) * p.H + h) * p.Dv, p.H * p.Dv,
+                    T::kBk, nq, p.Dv, vec.o);
+  };
+  pipeline_start(stages, ntiles > 0, [&](int, int st) { issue(0, st); });
+  for (int i = 0; i < ntiles; ++i) {
+    const int st = pipeline_step(stages, i, i + 1 < ntiles, [&](int ahead, int sb) { issue(i + ahead, sb); });
+    {
+      const int h = hk * group + i / ntq;
+      const int64_t lrow = (int64_t(b) * p.H + h) * p.sq;
+      const int64_t t0 = tmin + int64_t(i % ntq) * T::kBk;
       const int nq = int(tmax + 1 - t0 < T::kBk ? tmax + 1 - t0 : T::kBk);
-      const int64_t lt0 = t0 - p.q_row0;  // local row of the tile's first query
-      __syncthreads();
-      load_tile(Qs, ldq, qbase + lt0 * p.q_rstride, p.q_rstride, T::kBk, nq, p.Dqk, vec.q);
-      load_tile(dOs, ldv, obase + lt0 * p.H * p.Dv, p.H * p.Dv, T::kBk, nq, p.Dv, vec.o);
-      __syncthreads();
+      const __nv_bfloat16* Qs = stage0 + st * stage_elems;
+      const __nv_bfloat16* dOs = Qs + T::kBk * ldq;
 
       // S^T = K Q^T and dP^T = V dO^T (rows: keys, columns: queries), then P^T and dS^T; query
       // tiles outside the row tile's range are masked for all its keys: no products, zeros.
       const uint32_t live = live_columns<kNt>(t0, wlo, whi), mine = w.mine(live);
+      // Every key of the row tile seen by every query of the tile (t in [max j, min doc_end - 1],
+      // all of them local rows): no per-element test, no doc_start read.
+      const bool whole = nq == T::kBk && mr.whole(w.m, t0, T::kBk);
       float s[kNs][4], dp[kNs][4];
       zero_acc(s);
       zero_acc(dp);
       if (mine) {
         mma_abt_live<kNs, true>(s, Ks, ldq, w.m * 16, Qs + w.part * kNs * 8 * ldq, ldq, int(p.Dqk), lane, mine);
-        mma_abt_live<kNs, true>(dp, Vs, ldv, w.m * 16, dOs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
+        mma_abt_live<kNs, true>(dp, Vs, ldvk, w.m * 16, dOs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
       }
 #pragma unroll
       for (int nt = 0; nt < kNs; ++nt) {
@@ -312,7 +323,7 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
         for (int e = 0; e < 4; ++e) {
           const int qi = (w.part * kNs + nt) * 8 + 2 * c + (e & 1);
           const int64_t t = t0 + qi, j = e < 2 ? jA : jB;
-          const bool ok = ((mine >> nt) & 1u) && qi < nq && j < p.s && allowed(ds[t], t, j);
+          const bool ok = whole || (((mine >> nt) & 1u) && qi < nq && j < p.s && allowed(ds[t], t, j));
           const int64_t row = lrow + t - p.q_row0;
           const float pr = ok ? exp2f(s[nt][e] * c2 - p.lse[row] * kLog2e) : 0.f;
           s[nt][e] = pr;
@@ -368,21 +379,27 @@ template <bool kWide>
 void launch_bwd(const AttnDenseParams& p, const float* D, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   cudaStream_t st = current_stream().get();
-  const size_t smem = size_t(attn_bwd_smem<kWide>(p.Dqk, p.Dv));
+  // Values read from the keys' tiles when they are their first columns (the latent form); two
+  // pipeline stages where they fit the smallest target's shared memory.
+  const bool v_in_k = attn_v_in_k(p);
   if (p.sq > 0) {  // without query rows dq is empty, and dk/dv below come out zero
+    const int stages = attn_bwd_dq_smem<kWide>(p.Dqk, p.Dv, 2, v_in_k) <= kAttnMaxSmemBytes ? 2 : 1;
+    const size_t smem = size_t(attn_bwd_dq_smem<kWide>(p.Dqk, p.Dv, stages, v_in_k));
     const int per = T::kDqPairs * T::kBwdSplit * 16, ngroups = int((p.Dqk + per - 1) / per);
     check(cudaFuncSetAttribute(attn_bwd_dq_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dq: shared memory");
     dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * ngroups), unsigned(p.b));
-    HMLA_LAUNCH(attn_bwd_dq_kernel<kWide>, grid, T::kBwdThreads, smem, st, p, D, ngroups, vec);
+    HMLA_LAUNCH(attn_bwd_dq_kernel<kWide>, grid, T::kBwdThreads, smem, st, p, D, ngroups, vec, stages, v_in_k);
     check_launch("attn_dense_bwd dq");
   }
   {
+    const int stages = attn_bwd_dkdv_smem<kWide>(p.Dqk, p.Dv, 2, v_in_k) <= kAttnMaxSmemBytes ? 2 : 1;
+    const size_t smem = size_t(attn_bwd_dkdv_smem<kWide>(p.Dqk, p.Dv, stages, v_in_k));
     const int per = T::kDkdvPairs * T::kBwdSplit * 16, ngroups = int((p.Dqk + p.Dv + per - 1) / per);
     check(cudaFuncSetAttribute(attn_bwd_dkdv_kernel<kWide>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
           "attn_dense_bwd dkdv: shared memory");
     dim3 grid(unsigned((p.s + T::kRows - 1) / T::kRows), unsigned(p.Hkv * ngroups), unsigned(p.b));
-    HMLA_LAUNCH(attn_bwd_dkdv_kernel<kWide>, grid, T::kBwdThreads, smem, st, p, D, ngroups, vec);
+    HMLA_LAUNCH(attn_bwd_dkdv_kernel<kWide>, grid, T::kBwdThreads, smem, st, p, D, ngroups, vec, stages, v_in_k);
     check_launch("attn_dense_bwd dkdv");
   }
 }

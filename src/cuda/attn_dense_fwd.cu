@@ -25,16 +25,18 @@ namespace {
 // once per block however wide the values (docs/cuda.md, the work counter).
 template <bool kWide, int kDvChunk, int kChunks>
 __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
-    attn_dense_fwd_kernel(const AttnDenseParams p, int nchunks, VecFlags vec) {
+    attn_dense_fwd_kernel(const AttnDenseParams p, int nchunks, VecFlags vec, int stages, bool v_in_k) {
   using T = AttnCudaTraits<kWide>;
   constexpr int kNt = T::kBk / 8, kDt = kDvChunk / 8;
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  const int ldq = p.Dqk + T::kPad, ldvt = T::kBk + T::kPad;
+  // Per stage of the K/V pipeline (attn_fwd_smem): a K tile and, unless the values are the keys'
+  // first columns (v_in_k), a V tile of the block's value columns, both row major.
+  const int ldq = p.Dqk + T::kPad, lds = T::kBk + T::kPad, ldv = v_in_k ? ldq : kChunks * kDvChunk + T::kPad;
+  const int stage_elems = T::kBk * ldq + (v_in_k ? 0 : T::kBk * ldv);
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRows, Dqk]
-  __nv_bfloat16* Ks = Qs + T::kRows * ldq;                       // [kBk, Dqk]
-  __nv_bfloat16* Vt = Ks + T::kBk * ldq;                         // [kChunks kDvChunk, kBk] (V transposed)
-  float* Ss = reinterpret_cast<float*>(Vt + kChunks * kDvChunk * ldvt);  // [kRows, kBk] scores (kChunks > 1)
-  __shared__ int range[2], wrange[T::kWarps][2];
+  __nv_bfloat16* stage0 = Qs + T::kRows * ldq;                   // stages x {K [kBk, Dqk], V [kBk, block's Dv]}
+  float* Ss = reinterpret_cast<float*>(stage0 + stages * stage_elems);  // [kRows, kBk] scores (kChunks > 1)
+  __shared__ MaskRanges<T::kWarps> mr;
 
   const int tiles = (p.sq + T::kRows - 1) / T::kRows;
   const int tile = tiles - 1 - blockIdx.x;  // longest key ranges first
@@ -48,27 +50,19 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
   const int nrows = min(T::kRows, int(p.sq) - lr0);
   const int32_t* ds = p.doc_start + int64_t(b) * p.s;
 
-  // The block's key range, the union of its rows' [doc_start, t], and each row group's.
-  if (threadIdx.x <= T::kWarps) {
-    int* r = threadIdx.x == T::kWarps ? range : wrange[threadIdx.x];
-    r[0] = INT32_MAX, r[1] = -1;
-  }
-  __syncthreads();
-  if (threadIdx.x < nrows) {
+  // The block's key range, the union of its rows' [doc_start, t], and each row group's (the mask
+  // policy below).
+  {
     const int64_t t = p.q_row0 + lr0 + threadIdx.x;
-    if (ds[t] <= t) {
-      atomicMin(&range[0], ds[t]);
-      atomicMax(&range[1], int(t));
-      atomicMin(&wrange[threadIdx.x / 16][0], ds[t]);
-      atomicMax(&wrange[threadIdx.x / 16][1], int(t));
-    }
+    const bool sees = int(threadIdx.x) < nrows && ds[t] <= t;
+    mr.fill(sees, sees ? ds[t] : 0, int(t));
   }
   const __nv_bfloat16* q = bf(p.q) + b * p.q_bstride + int64_t(lr0) * p.q_rstride + h * p.q_hstride;
   load_tile(Qs, ldq, q, p.q_rstride, T::kRows, nrows, p.Dqk, vec.q);
   __syncthreads();
-  const int jmin = range[0], jmax = range[1];
+  const int jmin = mr.lo, jmax = mr.hi;
 
-  const int wlo = wrange[rw][0], whi = wrange[rw][1];  // the row group's keys: the mask policy below
+  const int wlo = mr.ulo[rw], whi = mr.uhi[rw];  // the row group's keys: the mask policy below
   const int rA = rw * 16 + g, rB = rA + 8;  // this thread's two rows (block-local)
   const int64_t tA = p.q_row0 + lr0 + rA, tB = tA + 8;
   const int dsA = rA < nrows ? ds[tA] : INT32_MAX, dsB = rB < nrows ? ds[tB] : INT32_MAX;
@@ -83,13 +77,22 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
 
   const __nv_bfloat16* kbase = bf(p.k) + b * p.k_bstride + hk * p.k_hstride;
   const __nv_bfloat16* vbase = bf(p.v) + b * p.v_bstride + hk * p.v_hstride + bv0;
-  const __nv_bfloat16* Vw = Vt + vc * kDvChunk * ldvt;  // the warp's chunk of V^T
-  for (int j0 = jmin; j0 <= jmax; j0 += T::kBk) {
+  // The key tile at j0 into stage st's buffers, by cp.async (load_tile_async); two stages: tile
+  // i + 1's copies are in flight while tile i's products run.
+  auto issue = [&](int j0, int st) {
+    __nv_bfloat16* K = stage0 + st * stage_elems;
     const int nk = min(T::kBk, jmax + 1 - j0);
-    __syncthreads();  // the previous tile's readers are done
-    load_tile(Ks, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
-    load_tile_t(Vt, ldvt, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, bvn);
-    __syncthreads();
+    load_tile_async(K, ldq, kbase + int64_t(j0) * p.k_rstride, p.k_rstride, T::kBk, nk, p.Dqk, vec.k);
+    if (!v_in_k)
+      load_tile_async(K + T::kBk * ldq, ldv, vbase + int64_t(j0) * p.v_rstride, p.v_rstride, T::kBk, nk, bvn, vec.v);
+  };
+  pipeline_start(stages, jmin <= jmax, [&](int, int st) { issue(jmin, st); });
+  int it = 0;
+  for (int j0 = jmin; j0 <= jmax; j0 += T::kBk, ++it) {
+    const int st = pipeline_step(stages, it, j0 + T::kBk <= jmax, [&](int ahead, int sb) { issue(j0 + ahead * T::kBk, sb); });
+    const __nv_bfloat16* Ks = stage0 + st * stage_elems;
+    // The warp's value columns: its chunk of the V tile, or of the K tile's first Dv columns.
+    const __nv_bfloat16* Vw = v_in_k ? Ks + bv0 + vc * kDvChunk : Ks + T::kBk * ldq + vc * kDvChunk;
 
     // The mask as a policy: an 8-key column tile of the scores outside the row group's key range
     // is masked for all 16 of its rows, so no warp issues a product for it (nor, below, for a
@@ -108,8 +111,8 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
           if (!(((live & mine) >> nt) & 1u)) continue;
-          float* top = Ss + rA * ldvt + nt * 8 + 2 * c;
-          top[0] = s[nt][0], top[1] = s[nt][1], top[8 * ldvt] = s[nt][2], top[8 * ldvt + 1] = s[nt][3];
+          float* top = Ss + rA * lds + nt * 8 + 2 * c;
+          top[0] = s[nt][0], top[1] = s[nt][1], top[8 * lds] = s[nt][2], top[8 * lds + 1] = s[nt][3];
         }
       }
       __syncthreads();  // the row group's scores are in Ss
@@ -118,18 +121,25 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          s[nt][e] = ((live >> nt) & 1u) ? Ss[(e < 2 ? rA : rB) * ldvt + nt * 8 + 2 * c + (e & 1)] : 0.f;
+          s[nt][e] = ((live >> nt) & 1u) ? Ss[(e < 2 ? rA : rB) * lds + nt * 8 + 2 * c + (e & 1)] : 0.f;
     }
+    if (mr.whole(rw, j0, T::kBk)) {  // every row of the group sees the whole tile: no tests
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt)  // mask; log2 units
+      for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + nt * 8 + 2 * c + (e & 1);
-        const bool ok = e < 2 ? allowed(dsA, tA, j) : allowed(dsB, tB, j);
-        s[nt][e] = ok ? s[nt][e] * c2 : -INFINITY;
-      }
+        for (int e = 0; e < 4; ++e) s[nt][e] *= c2;
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt)  // mask; log2 units
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t j = j0 + nt * 8 + 2 * c + (e & 1);
+          const bool ok = e < 2 ? allowed(dsA, tA, j) : allowed(dsB, tB, j);
+          s[nt][e] = ok ? s[nt][e] * c2 : -INFINITY;
+        }
+    }
     online_softmax_step(s, mA, mB, lA, lB, o);
-    mma_acc_x(o, s, Vw, ldvt, dvn, lane, live);  // O += P V: P stays in registers as the A operand
+    mma_acc_kn(o, s, Vw, ldv, dvn, lane, live);  // O += P V: P stays in registers as the A operand
   }
 
   // Finish: out = O / (l + exp(sink - m)), lse = ln(l + ...) + m; empty rows 0 and +inf.
@@ -160,13 +170,17 @@ template <bool kWide, int kDvChunk, int kChunks>
 void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
   using T = AttnCudaTraits<kWide>;
   const int nchunks = int((p.Dv + kChunks * kDvChunk - 1) / (kChunks * kDvChunk));
-  const size_t smem = size_t(attn_fwd_smem<kWide>(p.Dqk, kDvChunk, kChunks));
+  // Values read from the K tile when they are its first columns (the latent form); two pipeline
+  // stages where they fit the smallest target's shared memory.
+  const bool v_in_k = attn_v_in_k(p);
+  const int stages = attn_fwd_smem<kWide>(p.Dqk, kDvChunk, kChunks, 2, v_in_k) <= kAttnMaxSmemBytes ? 2 : 1;
+  const size_t smem = size_t(attn_fwd_smem<kWide>(p.Dqk, kDvChunk, kChunks, stages, v_in_k));
   check(cudaFuncSetAttribute(attn_dense_fwd_kernel<kWide, kDvChunk, kChunks>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
         "attn_dense_fwd: shared memory");
   dim3 grid(unsigned((p.sq + T::kRows - 1) / T::kRows), unsigned(p.H * nchunks), unsigned(p.b));
   HMLA_LAUNCH((attn_dense_fwd_kernel<kWide, kDvChunk, kChunks>), grid, 32 * T::kWarps * kChunks, smem,
-              current_stream().get(), p, nchunks, vec);
+              current_stream().get(), p, nchunks, vec, stages, v_in_k);
   check_launch("attn_dense_fwd");
 }
 

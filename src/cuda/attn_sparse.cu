@@ -25,45 +25,13 @@
 #include "traits.h"
 #include "mma.cuh"
 #include "runtime.h"
+#include "sparse_index.cuh"
 
 namespace hmla::cuda {
 
 namespace {
 
 constexpr int kPad = SparseTraits::kPad, kMaxKW = SparseTraits::kMaxKW;
-
-// The row's listed keys, candidates (slots < K) first, each in slot order; returns their count
-// and sets *nc to the candidates'. All threads take part.
-__device__ int compact(const int32_t* row, int KW, int K, int32_t* list, int* nc) {
-  __shared__ int warp_counts[32];
-  __shared__ int total;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, nwarps = int(blockDim.x) / 32;
-  if (tid == 0) total = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    const int begin = pass ? K : 0, end = pass ? KW : K;
-    for (int base = begin; base < end; base += int(blockDim.x)) {
-      __syncthreads();
-      const int i = base + tid;
-      const int32_t j = i < end ? row[i] : -1;
-      const uint32_t ballot = __ballot_sync(0xffffffffu, j >= 0);
-      if (lane == 0) warp_counts[warp] = __popc(ballot);
-      __syncthreads();
-      int pos = total + __popc(ballot & ((1u << lane) - 1u));
-      int sum = 0;
-      for (int w = 0; w < nwarps; ++w) {
-        if (w < warp) pos += warp_counts[w];
-        sum += warp_counts[w];
-      }
-      if (j >= 0) list[pos] = j;
-      __syncthreads();
-      if (tid == 0) total += sum;
-    }
-    __syncthreads();
-    if (pass == 0 && tid == 0) *nc = total;
-  }
-  __syncthreads();
-  return total;
-}
 
 constexpr int kFwdBk = SparseTraits::kFwdBk, kFwdChunk = SparseTraits::kFwdChunk, kFwdWarps = SparseTraits::kFwdWarps;
 
@@ -254,7 +222,7 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
 // "The CUDA backward"). dkv is deterministic without float atomics: bwd writes each (row, head
 // group, listed key)'s contribution, summed over the group's heads in order, to a workspace for a
 // chunk of rows; kernel reduce adds, per key, the chunk's contributions in (row, position, head
-// group) order through an inverse index built on the device (InverseIndex below), into an f32
+// group) order through an inverse index built on the device (sparse_index.cuh), into an f32
 // accumulator; chunks go in row order.
 
 constexpr int kBwdWarps = SparseTraits::kBwdWarps, kBwdHeads = SparseTraits::kBwdHeads, kBwdKeys = SparseTraits::kBwdKeys;
@@ -424,101 +392,6 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
   }
 }
 
-// dkv_acc[key] += the chunk's contributions to it, in the inverse index's (row, position) order,
-// each summed over the row's head groups in order.
-__global__ void sparse_dkv_reduce_kernel(const int64_t* offsets, const int64_t* entries, const float* ws, int64_t Dqk,
-                                         int64_t KW, int groups, float* dkv_acc) {
-  const int64_t key = blockIdx.x, e0 = offsets[key], e1 = offsets[key + 1];
-  if (e0 == e1) return;
-  for (int64_t col = threadIdx.x; col < Dqk; col += blockDim.x) {
-    float acc = dkv_acc[key * Dqk + col];
-    for (int64_t e = e0; e < e1; ++e) {
-      const int64_t local = entries[e] / KW, pos = entries[e] % KW;
-      for (int hg = 0; hg < groups; ++hg) acc += ws[((local * groups + hg) * KW + pos) * Dqk + col];
-    }
-    dkv_acc[key * Dqk + col] = acc;
-  }
-}
-
-// ---- the inverse index of a chunk of rows, on the device ---------------------------------------
-// A stable counting sort by key of the chunk's entries taken in (row, position) order, positions
-// as compact() numbers them: for key k = batch * skv + j, entries[offsets[k] .. offsets[k + 1])
-// holds local row * KW + position of every row listing j, in row order (a row lists a key once:
-// the contract). That is the order the host walk of earlier versions produced, so reduce sums in
-// the same order and dkv's bits are unchanged; nothing is copied to or from the host.
-//   count   a block per row: the row compacted into keys[local row], its length into nlist,
-//           counts[k] += 1 per listed key (integer atomics: the counts do not depend on the order);
-//           O(nr KW) work, parallel over rows and slots.
-//   scan    one block: offsets = the exclusive scan of counts, cursor = offsets, counts zeroed for
-//           the next chunk; O(b skv / kIndexThreads + kIndexThreads) steps.
-//   scatter a block per batch element of the chunk (keys of different elements are disjoint):
-//           its rows in order, a barrier after each, the row's keys in parallel; within a row the
-//           keys are distinct, so each key's cursor is bumped once per row and its entries land in
-//           row order. O(nr_b) barrier steps of O(KW / kIndexThreads) each for the nr_b <= nr rows
-//           of one element (a chunk is at most ~100 rows of 2048 keys at 576 wide: kBwdWorkspaceBytes).
-// The cursor is bumped with an atomic only so that a table breaking the contract (a duplicate in
-// a row, unchecked) still writes inside entries.
-constexpr int kIndexThreads = 256;
-
-__global__ void __launch_bounds__(kIndexThreads)
-    inverse_count_kernel(const AttnSparseParams p, int64_t r0, int32_t* keys, int32_t* nlist, int32_t* counts) {
-  HMLA_DYNAMIC_SHARED(unsigned char, smem);
-  int32_t* list = reinterpret_cast<int32_t*>(smem);  // [KW]
-  __shared__ int s_nc;
-  const int64_t local = blockIdx.x, row = r0 + local, base = (row / p.sq) * p.skv;
-  const int n = compact(p.idx + row * p.KW, int(p.KW), int(p.K), list, &s_nc);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    keys[local * p.KW + i] = list[i];
-    atomicAdd(counts + base + list[i], 1);
-  }
-  if (threadIdx.x == 0) nlist[local] = n;
-}
-
-__global__ void __launch_bounds__(kIndexThreads)
-    inverse_scan_kernel(int32_t* counts, int64_t nkeys, int64_t* offsets, int32_t* cursor) {
-  __shared__ int64_t part[kIndexThreads];
-  const int tid = threadIdx.x;
-  const int64_t per = (nkeys + kIndexThreads - 1) / kIndexThreads;
-  const int64_t k0 = tid * per < nkeys ? tid * per : nkeys, k1 = k0 + per < nkeys ? k0 + per : nkeys;
-  int64_t sum = 0;
-  for (int64_t k = k0; k < k1; ++k) sum += counts[k];
-  part[tid] = sum;
-  __syncthreads();
-  if (tid == 0) {
-    int64_t run = 0;
-    for (int i = 0; i < kIndexThreads; ++i) {
-      const int64_t v = part[i];
-      part[i] = run;
-      run += v;
-    }
-    offsets[nkeys] = run;
-  }
-  __syncthreads();
-  int64_t run = part[tid];
-  for (int64_t k = k0; k < k1; ++k) {
-    offsets[k] = run;
-    cursor[k] = int32_t(run);
-    run += counts[k];
-    counts[k] = 0;
-  }
-}
-
-__global__ void __launch_bounds__(kIndexThreads)
-    inverse_scatter_kernel(const AttnSparseParams p, int64_t r0, int64_t nr, const int32_t* keys,
-                           const int32_t* nlist, int32_t* cursor, int64_t* entries) {
-  const int64_t bb = r0 / p.sq + blockIdx.x;
-  const int64_t lo = bb * p.sq > r0 ? bb * p.sq - r0 : 0;
-  const int64_t hi = (bb + 1) * p.sq < r0 + nr ? (bb + 1) * p.sq - r0 : nr;  // local rows [lo, hi)
-  for (int64_t local = lo; local < hi; ++local) {
-    const int n = nlist[local];
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const int64_t key = bb * p.skv + keys[local * p.KW + i];
-      entries[atomicAdd(cursor + key, 1)] = local * p.KW + i;
-    }
-    __syncthreads();  // this row's cursor bumps before the next row's
-  }
-}
-
 __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = __float2bfloat16(x[i]);
@@ -566,43 +439,15 @@ namespace hmla::cuda {
 namespace {
 std::atomic<int64_t> g_bwd_workspace_bytes{SparseTraits::kBwdWorkspaceBytes};
 
-// The inverse index's device buffers for chunks of up to chunk_rows rows (the kernels above).
-struct InverseIndex {
-  Tensor keys, nlist, counts, cursor, offsets, entries;
+// The attention lists every slot: candidates, then the window.
+TableRows table_rows(const AttnSparseParams& p) { return {p.idx, p.b, p.sq, p.skv, p.KW, p.K, p.KW}; }
 
-  InverseIndex(const AttnSparseParams& p, int64_t chunk_rows) {
-    const int64_t nkeys = p.b * p.skv, slots = std::max<int64_t>(chunk_rows * p.KW, 1);
-    HMLA_CHECK(slots < INT32_MAX, ShapeError, "attn_sparse_bwd: a chunk of ", chunk_rows, " rows of ", p.KW,
-               " slots is more entries than the inverse index's int32 cursor holds");
-    keys = Tensor::empty({slots}, DType::i32, Device::cuda);
-    nlist = Tensor::empty({std::max<int64_t>(chunk_rows, 1)}, DType::i32, Device::cuda);
-    counts = Tensor::empty({std::max<int64_t>(nkeys, 1)}, DType::i32, Device::cuda);
-    cursor = Tensor::empty({std::max<int64_t>(nkeys, 1)}, DType::i32, Device::cuda);
-    offsets = Tensor::empty({nkeys + 1}, DType::i64, Device::cuda);
-    entries = Tensor::empty({slots}, DType::i64, Device::cuda);
-    check(cudaMemsetAsync(counts.raw_data(), 0, counts.nbytes(), current_stream().get()), "cudaMemsetAsync");
-  }
-
-  // The index of rows [r0, r0 + nr), queued on the current stream.
-  void build(const AttnSparseParams& p, int64_t r0, int64_t nr) {
-    cudaStream_t st = current_stream().get();
-    HMLA_LAUNCH(inverse_count_kernel, unsigned(nr), kIndexThreads, sizeof(int32_t) * p.KW, st, p, r0,
-                keys.data<int32_t>(), nlist.data<int32_t>(), counts.data<int32_t>());
-    check_launch("attn_sparse_bwd inverse index: count");
-    HMLA_LAUNCH(inverse_scan_kernel, 1, kIndexThreads, 0, st, counts.data<int32_t>(), p.b * p.skv,
-                offsets.data<int64_t>(), cursor.data<int32_t>());
-    check_launch("attn_sparse_bwd inverse index: scan");
-    const int64_t batches = (r0 + nr - 1) / p.sq - r0 / p.sq + 1;
-    HMLA_LAUNCH(inverse_scatter_kernel, unsigned(batches), kIndexThreads, 0, st, p, r0, nr, keys.data<int32_t>(),
-                nlist.data<int32_t>(), cursor.data<int32_t>(), entries.data<int64_t>());
-    check_launch("attn_sparse_bwd inverse index: scatter");
-  }
-};
 }  // namespace
 
 SparseInverseIndex sparse_inverse_index(const AttnSparseParams& p, int64_t r0, int64_t nr) {
-  InverseIndex ix(p, nr);
-  if (nr > 0) ix.build(p, r0, nr);
+  const TableRows t = table_rows(p);
+  InverseIndex ix(t, nr, "attn_sparse_bwd");
+  if (nr > 0) ix.build(t, r0, nr);
   else check(cudaMemsetAsync(ix.offsets.raw_data(), 0, ix.offsets.nbytes(), current_stream().get()), "cudaMemsetAsync");
   SparseInverseIndex r{ix.offsets.to(Device::cpu).to_vector<int64_t>(), {}};
   const std::vector<int64_t> all = ix.entries.to(Device::cpu).to_vector<int64_t>();
@@ -633,16 +478,15 @@ void attn_sparse_bwd(const AttnSparseParams& f) {
     const int64_t per_row = groups * f.KW * f.Dqk * int64_t(sizeof(float));
     const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, budget / per_row));
     Tensor ws = Tensor::empty({chunk_rows * groups * f.KW, f.Dqk}, DType::f32, Device::cuda);
-    InverseIndex index(f, chunk_rows);
+    const TableRows t = table_rows(f);
+    InverseIndex index(t, chunk_rows, "attn_sparse_bwd");
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
       const int64_t nr = std::min(chunk_rows, rows - r0);
-      index.build(f, r0, nr);
+      index.build(t, r0, nr);
       HMLA_LAUNCH(sparse_bwd_kernel, dim3(unsigned(nr), unsigned(groups), unsigned(nz)), 32 * kBwdWarps, smem, st, bp,
                   r0, vec, ws.data<float>());
       check_launch("attn_sparse_bwd dq and dkv contributions");
-      HMLA_LAUNCH(sparse_dkv_reduce_kernel, unsigned(f.b * f.skv), 128, 0, st, index.offsets.data<int64_t>(),
-                  index.entries.data<int64_t>(), ws.data<float>(), f.Dqk, f.KW, groups, acc.data<float>());
-      check_launch("attn_sparse_bwd dkv reduce");
+      inverse_reduce(index, t, ws.data<float>(), f.Dqk, groups, acc.data<float>(), "attn_sparse_bwd dkv reduce");
     }
     if (f.sink) launch_dsink(f.lse, D.data<float>(), f.sink, f.b, f.sq, f.H, f.dsink);
   }  // no rows: dsink gains nothing

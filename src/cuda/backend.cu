@@ -47,7 +47,8 @@ class CudaBackend final : public Backend {
     using T = IndexerKlTraits;
     const int64_t cand = p.topk ? T::pow2_at_least(p.K) : 0;
     const bool bf16_inputs = p.dtype == DType::bf16 && p.qk_dtype == DType::bf16;
-    if (!p.topk && T::mma_dense(bf16_inputs, p.H, p.HI, p.Dqk, p.DI)) return true;  // the tensor-core path
+    if (!p.topk && T::mma_dense(bf16_inputs, p.H, p.HI, p.Dqk, p.DI)) return true;  // the tensor-core paths
+    if (p.topk && T::mma_sparse(bf16_inputs, p.H, p.HI, p.Dqk, p.DI, p.K)) return true;
     return f32_or_bf16(p.dtype) && f32_or_bf16(p.qk_dtype) && p.HI <= T::kMaxHI && p.H <= T::kMaxH && p.K <= T::kMaxK &&
            T::smem_bytes(p.HI, p.H, cand) <= T::kMaxSmemBytes;
   }

@@ -26,6 +26,13 @@ HMLA_OP_LIST(HMLA_DECLARE_KERNEL)
 // a test seam, through which the tests run the backward in many chunks. Returns the previous one.
 int64_t set_sparse_bwd_workspace_bytes(int64_t bytes);
 
+// The sparse indexer KL on the tensor cores (indexer_kl_sparse.cu; bf16 qI, kI, q, k,
+// IndexerKlTraits::mma_sparse): dqI, dkI, dw and kl per row [b * sq] (the caller sums the loss).
+void indexer_kl_sparse_mma(const IndexerKlParams& p, float* kl);
+// Its dkI workspace budget in bytes (IndexerKlTraits::kSpWorkspaceBytes until set): a test seam, as
+// set_sparse_bwd_workspace_bytes. Returns the previous one.
+int64_t set_indexer_kl_workspace_bytes(int64_t bytes);
+
 // The sparse backward's inverse index of the rows [r0, r0 + nr) as its device builder makes it
 // (attn_sparse.cu), read back: per key k = batch * skv + j, entries[offsets[k] .. offsets[k + 1])
 // = local row * KW + position (compact order: listed candidates, then listed window keys) for each

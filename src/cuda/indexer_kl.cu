@@ -802,6 +802,15 @@ void run_kl_mma(const IndexerKlParams& p) {
   check_launch("indexer KL sum");
 }
 
+// The sparse KL on the tensor cores (indexer_kl_sparse.cu), then the loss.
+void run_kl_sparse_mma(const IndexerKlParams& p) {
+  const int64_t rows = p.b * p.sq;
+  Scratch<float> kl(rows);
+  indexer_kl_sparse_mma(p, kl.get());
+  HMLA_LAUNCH(kl_sum_kernel, 1, 1, 0, current_stream().get(), p.row_weight, kl.get(), rows, p.kl_acc);
+  check_launch("indexer KL sum");
+}
+
 template <bool kSparse, class TI, class TA>
 void run_kl(const IndexerKlParams& p) {
   const int64_t rows = p.b * p.sq;
@@ -839,6 +848,7 @@ template <bool kSparse>
 void run_kl_typed(const IndexerKlParams& p) {
   const bool bf16_inputs = p.dtype == DType::bf16 && p.qk_dtype == DType::bf16;
   if (!kSparse && IndexerKlTraits::mma_dense(bf16_inputs, p.H, p.HI, p.Dqk, p.DI)) return run_kl_mma(p);
+  if (kSparse && IndexerKlTraits::mma_sparse(bf16_inputs, p.H, p.HI, p.Dqk, p.DI, p.K)) return run_kl_sparse_mma(p);
   if (p.dtype == DType::bf16) run_kl_qk<kSparse, __nv_bfloat16>(p);
   else run_kl_qk<kSparse, float>(p);
 }

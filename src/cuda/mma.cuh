@@ -110,6 +110,76 @@ __device__ inline void load_tile(__nv_bfloat16* s, int ld, const __nv_bfloat16* 
   }
 }
 
+// ---- cp.async (sm_80+): global to shared memory without passing through registers --------------
+// 16 bytes from gmem to smem (both 16-byte aligned), or 16 zero bytes when !valid (src-size 0: no
+// byte is read). Asynchronous: a thread's copies land when it waits for their group
+// (cp_async_wait<N>: all but its newest N committed groups), and the block sees them after a
+// barrier. The emulator lands them only at that wait, so a read before it shows.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#ifdef HMLA_CUDA_EMULATE
+  emu::cp_async(smem, gmem, 16, valid ? 16 : 0);
+#else
+  const uint32_t a = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifdef HMLA_CUDA_EMULATE
+  emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#ifdef HMLA_CUDA_EMULATE
+  emu::cp_async_wait(N);
+#else
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// load_tile's rows [0, nrows) by cp.async when `vec` (16-byte rows), else load_tile itself
+// (synchronous): the caller commits and waits either way. All threads of the block take part.
+__device__ inline void load_tile_async(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
+                                       int valid, int ncols, bool vec) {
+  if (!vec) return load_tile(s, ld, g, rstride, nrows, valid, ncols, false);
+  const int per_row = ncols / 8;
+  for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
+    const int r = i / per_row, c = (i % per_row) * 8;
+    if (r < valid) HMLA_COUNT_LOAD(16);
+    cp_async16(s + r * ld + c, r < valid ? g + int64_t(r) * rstride + c : g, r < valid);
+  }
+}
+// A tile loop's load pipeline over `stages` (1 or 2) shared buffers. pipeline_start before the
+// loop; pipeline_step at the top of iteration `it`: the barrier after which the buffer refilled next
+// is free, then with two stages the prefetch of tile it + 1 (`more`: it exists) into the other
+// buffer while tile it's copies, issued an iteration earlier, are waited for; with one, tile it's
+// load and its wait; then the barrier that makes tile it visible. load(ahead, stage) issues tile
+// it + ahead's copies into `stage` (load_tile_async). Returns tile it's stage.
+template <class Load>
+__device__ __forceinline__ void pipeline_start(int stages, bool any, Load load) {
+  if (stages == 2 && any) load(0, 0);
+  cp_async_commit();
+}
+template <class Load>
+__device__ __forceinline__ int pipeline_step(int stages, int it, bool more, Load load) {
+  const int st = stages == 2 ? it & 1 : 0;
+  __syncthreads();
+  if (stages == 2) {
+    if (more) load(1, st ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // all but the prefetch just committed: tile it
+  } else {
+    load(0, 0);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  return st;
+}
+// ---- end cp.async ----------------------------------------------------------------------------
+
 // The transpose of columns [0, ncols) of such a tile: s[c * ld + r] = row(r)[c]; rows >= valid are 0.
 __device__ inline void load_tile_t(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
                                    int valid, int ncols, const int32_t* rows = nullptr) {
@@ -164,24 +234,26 @@ __device__ __forceinline__ void load_b_kn_x2(uint32_t b0[2], uint32_t b1[2], con
 // ---- end ldmatrix ----------------------------------------------------------------------------
 
 // Rows [0, nrows) of a [rows, ncols] bf16 tile into shared memory (row stride ld), zero-padded to
-// ncols_pad columns (an operand width that is not a multiple of 16) and past `valid` rows. 16-byte
-// accesses when ncols, rstride and g are 8-element aligned, else element by element. All threads
-// of the block take part.
+// ncols_pad columns (an operand width that is not a multiple of 16) and past `valid` rows; global
+// row r at g + row(r) * rstride with row(r) = r, or rows[r] when a list is given (a gather).
+// 16-byte accesses when ncols, rstride and g are 8-element aligned, else element by element. All
+// threads of the block take part.
 __device__ inline void load_tile_padded(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
-                                        int valid, int ncols, int ncols_pad) {
+                                        int valid, int ncols, int ncols_pad, const int32_t* rows = nullptr) {
   const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  auto src = [&](int r) { return g + int64_t(rows ? rows[r] : r) * rstride; };
   if (ncols % 8 == 0 && rstride % 8 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
     const int per_row = ncols_pad / 8;
     for (int i = threadIdx.x; i < nrows * per_row; i += blockDim.x) {
       const int r = i / per_row, c = (i % per_row) * 8;
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < valid && c < ncols) v = *reinterpret_cast<const uint4*>(g + int64_t(r) * rstride + c);
+      if (r < valid && c < ncols) v = *reinterpret_cast<const uint4*>(src(r) + c);
       *reinterpret_cast<uint4*>(s + r * ld + c) = v;
     }
   } else {
     for (int i = threadIdx.x; i < nrows * ncols_pad; i += blockDim.x) {
       const int r = i / ncols_pad, c = i % ncols_pad;
-      s[r * ld + c] = r < valid && c < ncols ? g[int64_t(r) * rstride + c] : zero;
+      s[r * ld + c] = r < valid && c < ncols ? src(r)[c] : zero;
     }
   }
 }
@@ -278,6 +350,29 @@ __device__ __forceinline__ void mma_acc_x(float (&out)[kCt][4], const float (&p)
       uint32_t b[2];
       load_b(b, Xt, ldx, ct * 8, kt * 16, lane);
       mma_bf16_16816(out[ct], a, b);
+    }
+  }
+}
+
+// out[ct] += P X for the first `width` columns (a multiple of 16) of X, a row-major shared tile
+// (row k: the k-th key, e.g. V's rows), B operands by ldmatrix.trans (16-byte aligned rows); P as
+// in mma_acc_x. The same products and sums as mma_acc_x on X's transpose.
+template <int kNt, int kCt>
+__device__ __forceinline__ void mma_acc_kn(float (&out)[kCt][4], const float (&p)[kNt][4], const __nv_bfloat16* X,
+                                           int ldx, int width, int lane, uint32_t live = ~0u) {
+  static_assert(kCt % 2 == 0, "column tiles in pairs");
+#pragma unroll
+  for (int kt = 0; kt < kNt / 2; ++kt) {
+    if (!((live >> (2 * kt)) & 3u)) continue;
+    uint32_t a[4];
+    acc_to_a(a, p[2 * kt], p[2 * kt + 1]);
+#pragma unroll
+    for (int ct = 0; ct < kCt; ct += 2) {
+      if (ct * 8 >= width) break;
+      uint32_t b0[2], b1[2];
+      load_b_kn_x2(b0, b1, X, ldx, kt * 16, ct * 8, lane);
+      mma_bf16_16816(out[ct], a, b0);
+      mma_bf16_16816(out[ct + 1], a, b1);
     }
   }
 }

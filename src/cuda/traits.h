@@ -125,12 +125,41 @@ struct IndexerKlTraits {
     return bf16_inputs && DI <= kMmaMaxDI && H <= kMaxH && HI <= kMaxHI &&
            mma_smem_bytes(H, HI, Dqk, DI) <= kMaxSmemBytes;
   }
+  // The sparse KL on the tensor cores (indexer_kl_sparse.cu): a block of kSpWarps warps per query
+  // row, the heads as the mma rows (kSpHeads attention heads of one kv head at a time, every index
+  // head), the row's candidates gathered kSpKeys at a time. Index heads up to kSpMaxHI: G's f32
+  // accumulators [HI, DI] stay in the block's registers (at most 16 x 128 per warp).
+  static constexpr int kSpKeys = 32, kSpHeads = 64, kSpWarps = 8, kSpThreads = 32 * kSpWarps;
+  static constexpr int64_t kSpMaxHI = 16 * kSpWarps;
+  static constexpr int64_t kSpPart = 1024;  // f32 partials: [kSpHeads, 8 lanes' (m, l)] or [8 warps, HI]
+  // The Q chunk or qI [rows, width + kMmaPad] and the gathered key tile (bf16); the dS tiles for G
+  // [HI, kSpKeys + pad] and, transposed, for dkI (bf16); P and I (then dI) per candidate and the
+  // candidates (f32, i32: K each); lseC [kSpHeads], w [HI], the partials, a block reduction (f32).
+  static constexpr int64_t sp_smem_bytes(int64_t HI, int64_t Dqk, int64_t DI, int64_t K) {
+    const int64_t ldq = pad16(Dqk) + kMmaPad, ldi = pad16(DI) + kMmaPad, HIp = pad16(HI);
+    return align16((kSpHeads * ldq > HIp * ldi ? kSpHeads * ldq : HIp * ldi) * 2) +
+           align16(kSpKeys * (ldq > ldi ? ldq : ldi) * 2) + align16(HIp * (kSpKeys + kMmaPad) * 2) +
+           align16(kSpKeys * (HIp + kMmaPad) * 2) + 3 * align16(K * 4) + align16(kSpHeads * 4) + align16(HIp * 4) +
+           align16(kSpPart * 4) + align16(kSpThreads * 4);
+  }
+  // The dkI contributions' workspace: f32 [rows, K, DI] for a chunk of rows (1 MB a row at K 2048,
+  // DI 128, so 256 rows a chunk), reduced per key in row order (sparse_index.cuh).
+  static constexpr int64_t kSpWorkspaceBytes = int64_t(256) << 20;
+  // Whether the sparse KL runs on the tensor cores (else on the SIMT kernels).
+  static constexpr bool mma_sparse(bool bf16_inputs, int64_t H, int64_t HI, int64_t Dqk, int64_t DI, int64_t K) {
+    return bf16_inputs && DI <= kMmaMaxDI && HI <= kSpMaxHI && H <= kMaxH && K <= kMaxK &&
+           sp_smem_bytes(HI, Dqk, DI, K) <= kMaxSmemBytes;
+  }
 };
 // DeepSeek-V3.2's and GLM-5's indexer (HI 64 / 32, H 128 / 64, K 2048) fits with room.
 static_assert(IndexerKlTraits::smem_bytes(64, 128, 2048) <= IndexerKlTraits::kMaxSmemBytes,
               "the reference geometries fit");
 static_assert(IndexerKlTraits::mma_dense(true, 128, 64, 192, 128) && IndexerKlTraits::mma_dense(true, 64, 32, 256, 128),
               "the reference geometries run on the tensor cores");
+// The sparse KL's: the latent form's 576-wide queries and keys, top-k 2048 (DeepSeek-V3.2, GLM-5).
+static_assert(IndexerKlTraits::mma_sparse(true, 128, 64, 576, 128, 2048) &&
+                  IndexerKlTraits::mma_sparse(true, 64, 32, 576, 128, 2048),
+              "the reference geometries run the sparse KL on the tensor cores");
 
 // The dense ops (nn.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
 // and sums of squares in partials of kSumChunk values, summed in a fixed order (deterministic).

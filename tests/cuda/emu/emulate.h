@@ -75,6 +75,13 @@ namespace hmla::emu {
 // barrier releases its waiters when every live thread of its scope (block or warp) has arrived;
 // threads that have ended count as arrived. No runnable fiber while some wait is a divergent
 // barrier: reported, then abort.
+// One cp.async copy in flight: `valid` of its n bytes from src, the rest zero-filled.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  unsigned n, valid;
+};
+
 struct Fiber {
   ucontext_t uc;   // for the first entry
   jmp_buf jb;      // every later switch: _setjmp/_longjmp, no signal-mask system call
@@ -83,6 +90,11 @@ struct Fiber {
   bool done = false, started = false;
   unsigned collectives = 0;  // warp collectives this thread has made (the deposit buffer's parity)
   const void* waiting = nullptr;  // the scope whose barrier it waits at
+  // cp.async: the copies issued since the last commit, and the committed groups not yet waited
+  // for, oldest first. A copy lands in shared memory only when its thread waits for its group
+  // (cp_async_wait), so a read before that sees the poison a GPU's race could show.
+  std::vector<AsyncCopy> cp_open;
+  std::vector<std::vector<AsyncCopy>> cp_groups;
 };
 
 struct Scope {  // a barrier's bookkeeping: the block's, or one warp's
@@ -242,6 +254,8 @@ inline void run_block(Launch& L, dim3 b, size_t smem, const Schedule& sched) {
     f.done = f.started = false;
     f.collectives = 0;
     f.waiting = nullptr;
+    f.cp_open.clear();
+    f.cp_groups.clear();
     getcontext(&f.uc);
     f.uc.uc_stack.ss_sp = f.stack;
     f.uc.uc_stack.ss_size = kStackBytes;
@@ -436,6 +450,27 @@ inline void mma_bf16_16816(float c[4], const uint32_t a[4], const uint32_t b[2])
     float acc = c[e];
     for (int k = 0; k < 16; ++k) acc += A(r, k) * B(k, n);
     c[e] = acc;
+  }
+}
+// ---- cp.async (mma.cuh's cp_async16, cp_async_commit, cp_async_wait) -----------------------------
+inline void cp_async(void* dst, const void* src, unsigned n, unsigned valid) {
+  self().cp_open.push_back({dst, src, n, valid});
+}
+inline void cp_async_commit() {
+  Fiber& f = self();
+  f.cp_groups.push_back(std::move(f.cp_open));
+  f.cp_open.clear();
+}
+// Every group but the newest `pending` lands, oldest first (the thread's own copies only, as
+// cp.async.wait_group: the block sees them after a barrier).
+inline void cp_async_wait(int pending) {
+  Fiber& f = self();
+  while (int(f.cp_groups.size()) > pending) {
+    for (const AsyncCopy& c : f.cp_groups.front()) {
+      std::memcpy(c.dst, c.src, c.valid);
+      std::memset(static_cast<unsigned char*>(c.dst) + c.valid, 0, c.n - c.valid);
+    }
+    f.cp_groups.erase(f.cp_groups.begin());
   }
 }
 // ---- ldmatrix (the sparse backward, issue 30) ---------------------------------------------------

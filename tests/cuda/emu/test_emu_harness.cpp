@@ -12,6 +12,7 @@
 #include "hmla/core/cuda.h"
 #include "hmla/core/tensor.h"
 #include "hmla/ops/nn.h"
+#include "mma.cuh"
 #include "runtime.h"
 
 namespace hmla {
@@ -94,6 +95,20 @@ __global__ void read_dynamic_shared(float* out, bool write_first) {
   if (write_first) buf[t] = float(t);
   __syncthreads();
   out[blockIdx.x * kN + t] = buf[t];
+}
+
+// Each thread copies 4 floats (16 bytes) of `in` into shared memory by cp.async and reads them
+// back, after waiting for the copy (`wait`) or, the planted bug, before: then it reads the poison
+// the tile held, as a GPU could read whatever was there. A barrier follows the wait, as in the kernels.
+__global__ void copy_async_then_read(const float* in, float* out, bool wait) {
+  HMLA_DYNAMIC_SHARED(float, buf);
+  const int t = int(threadIdx.x);
+  cuda::cp_async16(buf + 4 * t, in + 4 * t, true);
+  cuda::cp_async_commit();
+  if (wait) cuda::cp_async_wait<0>();
+  __syncthreads();
+  for (int i = 0; i < 4; ++i) out[4 * t + i] = buf[4 * t + i];
+  cuda::cp_async_wait<0>();
 }
 
 // ---- device memory helpers --------------------------------------------------------------------
@@ -273,6 +288,23 @@ TEST_F(EmulatorPoison, SharedMemoryStartsPoisonedInEveryBlock) {
   HMLA_LAUNCH(rotate_via_shared, dim3(1), dim3(kN), 0, nullptr, din.as<float>(), dout2.as<float>(), true);
   HMLA_LAUNCH(rotate_via_shared, dim3(1), dim3(kN), 0, nullptr, din.as<float>(), dout2.as<float>(), false);
   EXPECT_TRUE(is_poison(download<float>(dout2, kN)[0]));
+}
+
+// cp.async lands at the wait (mma.cuh, emulate.h): a tile read before its thread waited for the
+// copies reads poison, so a kernel that forgets the wait fails its table instead of reading the
+// data the emulator happened to copy at once.
+TEST_F(EmulatorPoison, AnAsyncCopyIsInSharedMemoryOnlyAfterItsWait) {
+  std::vector<float> in(4 * kN);
+  for (int i = 0; i < 4 * kN; ++i) in[i] = float(i);
+  const DeviceBuffer din = upload(in), dout(4 * kN * sizeof(float));
+  HMLA_LAUNCH(copy_async_then_read, dim3(1), dim3(kN), 4 * kN * sizeof(float), nullptr, din.as<float>(),
+              dout.as<float>(), true);
+  auto got = download<float>(dout, 4 * kN);
+  for (int i = 0; i < 4 * kN; ++i) ASSERT_EQ(got[i], float(i));
+  HMLA_LAUNCH(copy_async_then_read, dim3(1), dim3(kN), 4 * kN * sizeof(float), nullptr, din.as<float>(),
+              dout.as<float>(), false);
+  got = download<float>(dout, 4 * kN);
+  for (float x : got) ASSERT_TRUE(is_poison(x));
 }
 
 // ---- hmla's counters of host cost (cuda_counters) ----------------------------------------------

@@ -6,6 +6,7 @@
 // to an f64 oracle by a bound from K and the bf16 roundings; the CPU refuses bf16 by supports().
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -17,6 +18,7 @@
 #include "hmla/ops/attention.h"
 #include "hmla/ops/indexer.h"
 #include "hmla/ops/nn.h"
+#include "cuda_kernels.h"
 #include "indexer_ref.h"
 #include "op_cases.h"
 #include "testing.h"
@@ -320,16 +322,14 @@ class MixedKl : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
 // One bf16 input pair (qI/kI or q/k) with the other f32: the SIMT kernels in f32, so the bits of
 // the f32 KL on the same values (gradients, kl_sum, loss), and that f32 KL within the STYLE.md
 // rule of the f64 oracle on those values. Both pairs bf16 (what the training step passes): the
-// dense KL runs on the tensor cores (indexer_kl.cu) and is held to the rule below instead; the
-// sparse KL stays on the SIMT kernels and keeps the bits.
+// dense and the sparse KL run on the tensor cores (indexer_kl.cu, indexer_kl_sparse.cu) and are
+// held to the rule below instead.
 TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   const KlProblem p = kl_problem(GetParam());
   const IndexerKlResult f32 = run_kl(p, DType::f32, DType::f32, Device::cuda);
-  for (auto [it, at] : {std::pair{DType::bf16, DType::f32}, std::pair{DType::f32, DType::bf16},
-                        std::pair{DType::bf16, DType::bf16}}) {
+  for (auto [it, at] : {std::pair{DType::bf16, DType::f32}, std::pair{DType::f32, DType::bf16}}) {
     const std::string what = std::string("qI, kI ") + dtype_name(it) + ", q, k " + dtype_name(at);
-    if (!p.c.sparse && it == DType::bf16 && at == DType::bf16) continue;  // MixedKlDense, below
     const IndexerKlResult r = run_kl(p, it, at, Device::cuda);
     expect_same_bits(values(r.dqI), values(f32.dqI), what + ": dqI");
     expect_same_bits(values(r.dkI), values(f32.dkI), what + ": dkI");
@@ -352,9 +352,9 @@ TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
   EXPECT_GT(o64.kl_sum, 0.0);
 }
 
-// The dense KL on bf16 qI, kI, q, k runs on the tensor cores: the scores qI . kI and q . k are
-// f32 sums of exact bf16 products (as the SIMT kernel's, in another order), so lseI, lseC, P, Q,
-// dI and kl carry f32 rounding only; the one bf16 rounding is the products' A operand: dI before
+// The KLs on bf16 qI, kI, q, k run on the tensor cores: the scores qI . kI and q . k are f32 sums
+// of exact bf16 products (as the SIMT kernels', in another order), so lseI, lseC, P, Q, dI and kl
+// carry f32 rounding only; the one bf16 rounding is the products' A operand: dI before
 // dqI = w_h sum_j dI [s > 0] kI and dw = qI . (that sum), dS = bf16(bf16(dI) w_h) before dkI. The
 // naive implementation in that precision is the oracle with exactly those roundings
 // (ref::indexer_kl_ref's `stored`), sums in f32; the rule: twice its error against the f64 oracle
@@ -364,12 +364,13 @@ void expect_tensor_core_kl_within_rule(const KlProblem& p) {
   const op_cases::IndexerKlCase& c = p.c;
   const IndexerKlResult r = run_kl(p, DType::bf16, DType::bf16, Device::cuda);
   const std::vector<int32_t> ds = p.layout.doc_start.to_vector<int32_t>();
+  const std::vector<int32_t> topk = c.sparse ? p.topk.to_vector<int32_t>() : std::vector<int32_t>{};
   const ref::IndexerDims dims{c.b, c.s, c.HI, c.DI};
   const ref::KlAttn att{c.H, c.Hkv, c.Dqk, 0.3};
   auto o64 = ref::indexer_kl_ref<double>(dims, att, to_f64(p.q), to_f64(p.k), to_f64(p.qI), to_f64(p.kI), to_f64(p.w),
-                                         ds, to_f64(p.rw), 0.5, {}, 0);
-  auto o32 = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, p.rw, 0.5f, {}, 0);
-  auto nb = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, p.rw, 0.5f, {}, 0, rb);
+                                         ds, to_f64(p.rw), 0.5, topk, c.K);
+  auto o32 = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, p.rw, 0.5f, topk, c.K);
+  auto nb = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, p.rw, 0.5f, topk, c.K, rb);
   testing::expect_within_rule("dqI", values(r.dqI), nb.dqI, o64.dqI);
   testing::expect_within_rule("dkI", values(r.dkI), nb.dkI, o64.dkI);
   testing::expect_within_rule("dw", values(r.dw), nb.dw, o64.dw);
@@ -384,10 +385,67 @@ void expect_tensor_core_kl_within_rule(const KlProblem& p) {
   expect_same_bits(values(again.dw), values(r.dw), "dw");
   EXPECT_EQ(again.kl_sum, r.kl_sum);
 }
-class MixedKlDense : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
-TEST_P(MixedKlDense, TensorCoresOnBf16InputsKeepTheRule) {
+class MixedKlTensorCores : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
+TEST_P(MixedKlTensorCores, OnBf16InputsKeepTheRule) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   expect_tensor_core_kl_within_rule(kl_problem(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Cases, MixedKlTensorCores, ::testing::ValuesIn(op_cases::indexer_kl()), op_cases::RowName());
+
+// lseC_h per head over each row's candidates, from the f32 values in f64, rounded to f32 [b, H, s]:
+// what the sparse attention's forward saves as lse_c (DESIGN.md section 6), for a given-lse run.
+Tensor candidate_lse(const KlProblem& p) {
+  const op_cases::IndexerKlCase& c = p.c;
+  const std::vector<int32_t> topk = p.topk.to_vector<int32_t>();
+  const int64_t KW = c.K + c.W, group = c.H / c.Hkv;
+  std::vector<float> out(c.b * c.H * c.s, INFINITY);
+  for (int64_t r = 0; r < c.b * c.s; ++r)
+    for (int64_t h = 0; h < c.H; ++h) {
+      std::vector<double> l;
+      for (int64_t i = 0; i < c.K; ++i) {
+        const int32_t j = topk[r * KW + i];
+        if (j < 0) continue;
+        double acc = 0;
+        for (int64_t x = 0; x < c.Dqk; ++x)
+          acc += double(p.q[(r * c.H + h) * c.Dqk + x]) * p.k[(((r / c.s) * c.s + j) * c.Hkv + h / group) * c.Dqk + x];
+        l.push_back(0.3 * acc);
+      }
+      if (l.empty()) continue;
+      const double mx = *std::max_element(l.begin(), l.end());
+      double z = 0;
+      for (double v : l) z += std::exp(v - mx);
+      out[((r / c.s) * c.H + h) * c.s + r % c.s] = float(mx + std::log(z));
+    }
+  return Tensor::from_vector<float>({c.b, c.H, c.s}, out);
+}
+
+// The sparse KL as dsa_sparse runs it: lseC given (the sparse forward's lse_c), so no score pass
+// is spent on it; the rule as above.
+TEST(MixedKlSparse, AGivenCandidateLseKeepsTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  for (const op_cases::IndexerKlCase& c : op_cases::indexer_kl()) {
+    if (!c.sparse) continue;
+    SCOPED_TRACE(c.name);
+    KlProblem p = kl_problem(c);
+    p.lse_c = candidate_lse(p);
+    expect_tensor_core_kl_within_rule(p);
+  }
+}
+
+// The dkI contributions go through a workspace of a chunk of rows; the per-key sums run in row
+// order across chunks, so a workspace of one row at a time gives the same bits as one chunk.
+TEST(MixedKlSparse, ChunksOfTheWorkspaceKeepTheBits) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  const op_cases::IndexerKlCase c = op_cases::indexer_kl()[2];  // sparse, MQA
+  const KlProblem p = kl_problem(c);
+  const IndexerKlResult one = run_kl(p, DType::bf16, DType::bf16, Device::cuda);
+  const int64_t before = cuda::set_indexer_kl_workspace_bytes(1);  // one row a chunk
+  const IndexerKlResult many = run_kl(p, DType::bf16, DType::bf16, Device::cuda);
+  cuda::set_indexer_kl_workspace_bytes(before);
+  expect_same_bits(values(many.dkI), values(one.dkI), "dkI");
+  expect_same_bits(values(many.dqI), values(one.dqI), "dqI");
+  expect_same_bits(values(many.dw), values(one.dw), "dw");
+  EXPECT_EQ(many.kl_sum, one.kl_sum);
 }
 
 // Padding rows between documents (a layout from end rows): the keys kernel walks a 64-key block's
@@ -444,15 +502,6 @@ TEST(MixedKlDenseSlice, AQuerySliceKeepsTheRule) {
   testing::expect_within_rule("kl_sum", {float(r.kl_sum)}, {float(o32.kl_sum)}, {o64.kl_sum});
   EXPECT_GT(o64.kl_sum, 0.0);
 }
-
-// The dense rows (the sparse KL runs on the SIMT kernels: its bits are the test above's).
-std::vector<op_cases::IndexerKlCase> dense_kl_cases() {
-  std::vector<op_cases::IndexerKlCase> out;
-  for (const auto& c : op_cases::indexer_kl())
-    if (!c.sparse) out.push_back(c);
-  return out;
-}
-INSTANTIATE_TEST_SUITE_P(Cases, MixedKlDense, ::testing::ValuesIn(dense_kl_cases()), op_cases::RowName());
 
 // The CPU's KL reads f32 only: bf16 q, k (or qI, kI) is its supports() refusal, a clear error.
 TEST(MixedKlOnCpu, Bf16InputsAreRefused) {

@@ -12,8 +12,9 @@
 // not on the tensor cores); each table's total must stay within what its kernels issue today
 // (ceiling), and is printed against the issue's bound of its minimum (target: met or not yet).
 // The forwards also print their m16n8 tile floor, the least any kernel on mma.sync's 16 x 8 tiles
-// issues for the row (asserted as a lower bound of what the kernels issue): where a table's floor
-// is above the issue's bound, no such kernel meets it on that table.
+// issues for the row, and the dense backward that of any two-kernel backward on such tiles
+// (asserted as lower bounds of what the kernels issue): where a table's floor is above the
+// issue's bound, no such kernel meets it on that table.
 // The bound is on a table's totals (issued over minimal, summed over its rows): the small rows,
 // whose one mma tile of 16 rows and 8 keys is much of their work, weigh what they cost. The
 // printed per-row ratios say where the work goes (docs/cuda.md keeps the figures).
@@ -24,6 +25,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -50,8 +53,9 @@ struct Tally {
   double target, ceiling;
   double issued = 0, minimal = 0, floor = 0;
   bool every_row_at_least_minimal = true;
-  // floor_flops > 0: the least any kernel on m16n8 tiles issues for the row (tile_floor); the
-  // kernels must issue at least it too, and the total's floor says how much of the ratio is tiles.
+  // floor_flops > 0: the least any kernel of the kind on m16n8 tiles issues for the row
+  // (dense_tile_floor, dense_bwd_tile_floor); the kernels must issue at least it too, and the
+  // total's floor says how much of the ratio is tiles.
   void add(const std::string& row, const emu::ScopedWorkLog& log, double min_flops, double floor_flops = 0) {
     std::map<std::string, uint64_t> by_kernel;
     for (const emu::LaunchWork& w : log.launches) by_kernel[w.kernel] += w.mma_flops;
@@ -98,6 +102,37 @@ double dense_tile_floor(const DocLayout& layout, int64_t b, int64_t s, int64_t r
   return tiles * 16 * 8 * 2 * double(dqk + dv);
 }
 
+// The least tensor-core work of a deterministic two-kernel backward (the dq kernel walking keys
+// per query rows, the dK/dV kernel walking queries per keys, each computing S and dP) on m16n8
+// tiles, per head: dq's 16-query groups cover their keys with 8-key tiles (S: Dqk in 16s, dP: Dv
+// in 16s, dQ: Dqk in 8s), dK/dV's 16-key groups (keys from 0) cover the local queries that see
+// them, [j, doc_end[j] - 1], with 8-query tiles (S^T, dP^T, dK, dV). What a kernel issues above it
+// is recompute or coarser skipping; only a single backward kernel (dQ without a second S and dP)
+// goes below it.
+double dense_bwd_tile_floor(const DocLayout& layout, int64_t b, int64_t s, int64_t r0, int64_t Dqk, int64_t Dv) {
+  const auto ds = layout.doc_start.to_vector<int32_t>(), de = layout.doc_end.to_vector<int32_t>();
+  const double k16 = double((Dqk + 15) / 16 * 16), v16 = double((Dv + 15) / 16 * 16);
+  const double k8 = double((Dqk + 7) / 8 * 8), v8 = double((Dv + 7) / 8 * 8);
+  double dq_tiles = 0, dkdv_tiles = 0;
+  for (int64_t bb = 0; bb < b; ++bb) {
+    for (int64_t g0 = r0; g0 < s; g0 += 16) {
+      int64_t lo = INT64_MAX, hi = -1;
+      for (int64_t t = g0; t < std::min(s, g0 + 16); ++t)
+        if (ds[bb * s + t] <= t) lo = std::min<int64_t>(lo, ds[bb * s + t]), hi = t;
+      if (hi >= 0) dq_tiles += double((hi - lo + 8) / 8);
+    }
+    for (int64_t g0 = 0; g0 < s; g0 += 16) {
+      int64_t lo = INT64_MAX, hi = -1;
+      for (int64_t j = g0; j < std::min(s, g0 + 16); ++j) {
+        const int64_t t0 = std::max(j, r0), t1 = de[bb * s + j] - 1;
+        if (ds[bb * s + j] <= j && t0 <= t1) lo = std::min(lo, t0), hi = std::max(hi, t1);
+      }
+      if (hi >= 0) dkdv_tiles += double((hi - lo + 8) / 8);
+    }
+  }
+  return 2.0 * 16 * 8 * (dq_tiles * (k16 + v16 + k8) + dkdv_tiles * (k16 + v16 + k8 + v8));
+}
+
 // Valid (query row, key) pairs of a per-document causal layout from row r0 on, per head.
 int64_t dense_pairs(const DocLayout& layout, int64_t b, int64_t s, int64_t r0) {
   const auto ds = layout.doc_start.to_vector<int32_t>();
@@ -136,7 +171,7 @@ TEST(WorkCounter, DenseAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
     }
     emu::ScopedWorkLog log;
     attn_dense_bwd(in, sv, dout);
-    bwd.add(c.name, log, 2.5 * f);
+    bwd.add(c.name, log, 2.5 * f, double(c.H) * dense_bwd_tile_floor(layout, c.b, c.s, r0, c.Dqk, c.Dv));
   }
   fwd.finish();
   bwd.finish();
@@ -179,19 +214,36 @@ TEST(WorkCounter, SparseAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
   bwd.finish();
 }
 
-// The dense KL on bf16 inputs (the training step's) runs on the tensor cores; the sparse KL is
-// still SIMT f32 (no tensor-core work to count: docs/cuda.md), so only the dense rows are here.
-TEST(WorkCounter, TheDenseIndexerKlIssuesAtMostTwiceItsMinimalTensorCoreWork) {
-  Tally dense{"dense indexer KL", 2.0, 1.92};
-  // The table's rows (Dqk 12 padded to 16, HI 4) and one of the real models' proportions on one
-  // document of a length the emulator runs in seconds (DeepSeek-V3.2: H 128 x 192 against HI 64 x 128; here a
-  // sixteenth of the heads, a third of the widths), where tile padding no longer dominates.
+// A table of K candidate slots (then W window slots, unused by the KL) per row of one document:
+// min(K, t + 1) distinct keys of [0, t], a few slots left -1.
+std::vector<int32_t> random_table(int64_t b, int64_t s, int64_t K, int64_t W, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> idx(b * s * (K + W), -1);
+  for (int64_t r = 0; r < b * s; ++r) {
+    std::vector<int32_t> keys(r % s + 1);
+    std::iota(keys.begin(), keys.end(), 0);
+    std::shuffle(keys.begin(), keys.end(), rng);
+    for (int64_t i = 0; i < K && i < int64_t(keys.size()); ++i)
+      if (rng() % 8) idx[r * (K + W) + i] = keys[i];
+  }
+  return idx;
+}
+
+// The KLs on bf16 inputs (the training step's) run on the tensor cores. The table's rows (Dqk 12
+// padded to 16, HI 4 and H 4 padded to 16 heads in the sparse KL) and one row each of a real
+// model's proportions, where tile padding no longer dominates: the dense KL's on one document
+// (DeepSeek-V3.2's MHA warmup, H 128 x 192 against HI 64 x 128: a sixteenth of the heads, a third
+// of the widths), the sparse KL's in the latent form dsa_sparse passes (H 128 x 576 against
+// HI 64 x 128, so H Dqk = 9 HI DI: here H 32 x 288 against HI 16 x 64, top-k 64 of 256 rows) with
+// lseC given, as the sparse forward saves it.
+TEST(WorkCounter, TheIndexerKlsIssueAtMostTwiceTheirMinimalTensorCoreWork) {
+  Tally dense{"dense indexer KL", 2.0, 1.92}, sparse{"sparse indexer KL", 2.0, 1.35};
   std::vector<op_cases::IndexerKlCase> rows = op_cases::indexer_kl();
   rows.push_back({"model_proportions", op_cases::Oracle::indexer_kl_ref, 1, 512, 4, 48, 8, 8, 64, false, true});
+  rows.push_back({"latent_proportions", op_cases::Oracle::indexer_kl_ref, 1, 256, 16, 64, 32, 1, 288, true, true, 64, 0});
   for (const op_cases::IndexerKlCase& c : rows) {
-    if (c.sparse) continue;
     // The layout of the KL's emulated table (test_mixed_dtype_emu.cpp): documents, a one-token
-    // one, a second batch row of one document; the model-proportions row is one document.
+    // one, a second batch row of one document; the models' rows are one document.
     const DocLayout layout = c.b == 1 ? layout_causal(1, c.s) : layout_from_cu_seqlens(c.s, {{0, 40, 41, 42, 130}, {0, c.s}});
     const int64_t b = c.b, s = c.s;
     IndexerKlInputs in;
@@ -205,18 +257,44 @@ TEST(WorkCounter, TheDenseIndexerKlIssuesAtMostTwiceItsMinimalTensorCoreWork) {
     for (int64_t r = 0; r < b; ++r)
       for (int64_t t = 0; t < s; ++t) rw[r * s + t] = layout.is_padding(r, t) ? 0.f : 1.f;
     in.row_weight = Tensor::from_vector<float>({b, s}, rw).to(Device::cuda);
-    if (c.give_lse) {  // the attention's lse, from the CPU kernel on the same values (Dqk 12: CPU only)
-      const Tensor q = Tensor::from_vector<float>({b, s, c.H, c.Dqk}, cuda_check::host(in.q));
-      const Tensor k = Tensor::from_vector<float>({b, s, c.Hkv, c.Dqk}, cuda_check::host(in.k));
-      in.lse_c = attn_dense_fwd(AttnDenseInputs{q, k, k, &layout, {}, 0.3f}).lse.to(Device::cuda);
+    const Tensor q = Tensor::from_vector<float>({b, s, c.H, c.Dqk}, cuda_check::host(in.q));
+    const Tensor k = Tensor::from_vector<float>({b, s, c.Hkv, c.Dqk}, cuda_check::host(in.k));
+    int64_t pairs = 0;
+    if (c.sparse) {  // the table's rows: the indexer's own selection (CPU, same values); the model's: random
+      std::vector<int32_t> idx;
+      if (c.b == 1) {
+        idx = random_table(b, s, c.K, c.W, 6);
+      } else {
+        idx = indexer_topk({Tensor::from_vector<float>({b, s, c.HI, c.DI}, cuda_check::host(in.sc.qI)),
+                            Tensor::from_vector<float>({b, s, c.DI}, cuda_check::host(in.sc.kI)), in.sc.w.to(Device::cpu),
+                            &layout},
+                           c.K, c.W)
+                  .to_vector<int32_t>();
+      }
+      for (int64_t r = 0; r < b * s; ++r)
+        for (int64_t i = 0; i < c.K; ++i) pairs += idx[r * (c.K + c.W) + i] >= 0;
+      in.topk = Tensor::from_vector<int32_t>({b, s, c.K + c.W}, idx).to(Device::cuda);
+      in.K = c.K;
+      // lseC as the sparse forward saves it; its values do not change the work (zeros: the
+      // logits are O(1) here, so P stays finite).
+      if (c.give_lse) in.lse_c = Tensor::zeros({b, c.H, s}, DType::f32, Device::cuda);
+    } else {
+      pairs = dense_pairs(layout, b, s, 0);
+      // the attention's lse, from the CPU kernel on the same values (Dqk 12: CPU only)
+      if (c.give_lse) in.lse_c = attn_dense_fwd(AttnDenseInputs{q, k, k, &layout, {}, 0.3f}).lse.to(Device::cuda);
     }
-    const int64_t pairs = dense_pairs(layout, b, s, 0);
     const double f = double(pairs) * (2.0 * c.H * c.Dqk + 6.0 * c.HI * c.DI);
     emu::ScopedWorkLog log;
-    indexer_kl_dense(in);
-    dense.add(c.name, log, f);
+    if (c.sparse) {
+      indexer_kl_sparse(in);
+      sparse.add(c.name, log, f);
+    } else {
+      indexer_kl_dense(in);
+      dense.add(c.name, log, f);
+    }
   }
   dense.finish();
+  sparse.finish();
 }
 
 }  // namespace
