@@ -504,24 +504,12 @@ __device__ __forceinline__ void index_tile(const IndexerKlParams& p, const Sm& m
 // Online logsumexp of one tile's allowed values v into this lane's (mx, l) of rows g and g + 8.
 __device__ __forceinline__ void online_lse(const Sm& m, const float (&v)[2][4], int64_t j0, int warp, int lane, float (&mx)[2],
                                            float (&l)[2]) {
-  float tm[2] = {-INFINITY, -INFINITY};
+  float a[2][4];
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (allowed(m, acc_row(lane, e), j0 + acc_key(warp, lane, nt, e))) tm[e >> 1] = fmaxf(tm[e >> 1], v[nt][e]);
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    if (tm[hi] == -INFINITY) continue;
-    const float nm = fmaxf(mx[hi], tm[hi]);
-    l[hi] *= expf(mx[hi] - nm);  // 0 while nothing was seen (mx = -inf)
-    mx[hi] = nm;
-  }
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (allowed(m, acc_row(lane, e), j0 + acc_key(warp, lane, nt, e))) l[e >> 1] += expf(v[nt][e] - mx[e >> 1]);
+    for (int e = 0; e < 4; ++e) a[nt][e] = allowed(m, acc_row(lane, e), j0 + acc_key(warp, lane, nt, e)) ? v[nt][e] : -INFINITY;
+  online_lse_tile(a, mx, l);
 }
 
 // The per-row combination of every lane's (mx, l) (16 per row: 4 lanes x kWarps warps), in lane

@@ -118,6 +118,22 @@ __device__ __forceinline__ void item_column_sums(int mt, int np, int lane, F v, 
     }
 }
 
+// acc[x] += A[r0, +16) [k0, +16) B[k0, +16) [8 (ct0 + x), +8) for x < n: A and B row-major shared
+// tiles (B's rows along the k of the product: keys for dS kI, heads for dS'^T qI).
+template <int kN>
+__device__ __forceinline__ void mma_step_kn(float (&acc)[kN][4], const bf16* A, int lda, int r0, int k0, const bf16* B,
+                                            int ldb, int ct0, int n, int lane) {
+  uint32_t a[4];
+  load_a(a, A, lda, r0, k0, lane);
+#pragma unroll
+  for (int x = 0; x < kN; ++x) {
+    if (x >= n) break;
+    uint32_t b[2];
+    load_b_kn(b, B, ldb, k0, (ct0 + x) * 8, lane);
+    mma_bf16_16816(acc[x], a, b);
+  }
+}
+
 // The gathered tile of keys [i0, i0 + nk) of the list: rows of `base` at stride rstride, width
 // `width` zero-padded to `padded`.
 __device__ __forceinline__ void gather(bf16* s, int ld, const void* base, int64_t rstride, const int32_t* list, int nk,
@@ -139,26 +155,11 @@ __device__ void chunk_lse(const IndexerKlParams& p, const Sm& m, const bf16* kba
     if (mt >= mts) continue;
     float acc[2][4];
     item_scores(acc, m.A, m.B, m.ldq, m.Dqkp, mt, np, nk, lane);
-    float tm[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        acc[nt][e] = item_key(np, lane, nt, e) < nk ? p.scale * acc[nt][e] : -INFINITY;
-        tm[e >> 1] = fmaxf(tm[e >> 1], acc[nt][e]);
-      }
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      if (tm[hi] == -INFINITY) continue;
-      const float nm = fmaxf(mx[hi], tm[hi]);
-      l[hi] *= expf(mx[hi] - nm);  // 0 while nothing was seen (mx = -inf)
-      mx[hi] = nm;
-    }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (acc[nt][e] > -INFINITY) l[e >> 1] += expf(acc[nt][e] - mx[e >> 1]);
+      for (int e = 0; e < 4; ++e) acc[nt][e] = item_key(np, lane, nt, e) < nk ? p.scale * acc[nt][e] : -INFINITY;
+    online_lse_tile(acc, mx, l);
   }
   __syncthreads();
   if (mt < mts)
@@ -298,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1) kl_sparse_mma_kernel(IndexerKlPar
   const int gm = warp % mts, gc = warp / mts, gper = (cts + groups - 1) / groups, gct0 = gc * gper;
   const bool owns_g = warp < mts * groups;
   const int km = warp & 1, kc = warp >> 1, cper = (cts + 3) / 4, cct0 = kc * cper;
+  const int gn = max(0, min(gper, cts - gct0)), cn = max(0, min(cper, cts - cct0));  // the warp's n-tiles
   float G[kMaxCt][4];
   zero_acc(G);
   for (int i0 = 0; i0 < n; i0 += kT) {
@@ -321,35 +323,15 @@ __global__ void __launch_bounds__(kThreads, 1) kl_sparse_mma_kernel(IndexerKlPar
         }
     }
     __syncthreads();
-    if (owns_g)
-      for (int ks = 0; ks * 16 < nk; ++ks) {  // G += dS kI over the tile's 16-key steps
-        uint32_t a[4];
-        load_a(a, m.dSg, m.ldg, 16 * gm, 16 * ks, lane);
-#pragma unroll
-        for (int x = 0; x < kMaxCt; ++x) {
-          if (x >= gper || gct0 + x >= cts) break;
-          uint32_t b[2];
-          load_b_kn(b, m.B, m.ldi, 16 * ks, (gct0 + x) * 8, lane);
-          mma_bf16_16816(G[x], a, b);
-        }
-      }
+    if (owns_g)  // G += dS kI over the tile's 16-key steps
+      for (int ks = 0; ks * 16 < nk; ++ks) mma_step_kn(G, m.dSg, m.ldg, 16 * gm, 16 * ks, m.B, m.ldi, gct0, gn, lane);
     if (16 * km < nk) {  // the contributions dS'^T qI of keys [16 km, +16)
       float C[kMaxCc][4];
       zero_acc(C);
-      for (int kk = 0; kk < mts; ++kk) {
-        uint32_t a[4];
-        load_a(a, m.dSkT, m.ldk, 16 * km, 16 * kk, lane);
-#pragma unroll
-        for (int x = 0; x < kMaxCc; ++x) {
-          if (x >= cper || cct0 + x >= cts) break;
-          uint32_t b[2];
-          load_b_kn(b, m.A, m.ldi, 16 * kk, (cct0 + x) * 8, lane);
-          mma_bf16_16816(C[x], a, b);
-        }
-      }
+      for (int kk = 0; kk < mts; ++kk) mma_step_kn(C, m.dSkT, m.ldk, 16 * km, 16 * kk, m.A, m.ldi, cct0, cn, lane);
 #pragma unroll
       for (int x = 0; x < kMaxCc; ++x) {
-        if (x >= cper || cct0 + x >= cts) break;
+        if (x >= cn) break;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int k = 16 * km + g + 8 * (e >> 1), col = (cct0 + x) * 8 + 2 * c + (e & 1);
@@ -365,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) kl_sparse_mma_kernel(IndexerKlPar
   if (owns_g)
 #pragma unroll
     for (int x = 0; x < kMaxCt; ++x) {
-      if (x >= gper || gct0 + x >= cts) break;
+      if (x >= gn) break;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = 16 * gm + g + 8 * (e >> 1), col = (gct0 + x) * 8 + 2 * c + (e & 1);

@@ -331,32 +331,11 @@ __device__ __forceinline__ void mma_abt_live(float (&acc)[kNt][4], const __nv_bf
   }
 }
 
-// out[ct] += P X for the first `width` columns: P is a 16 x (8 kNt) accumulator tile (scores,
-// probabilities or their gradients) turned into A operands in registers, X^T a row-major shared
-// tile (its row n is output column n, along the k of P's columns).
-// A k-step whose two column tiles of P are both dead in `live` (P exactly 0 there: products
-// of +0 that would change nothing) is skipped.
-template <int kNt, int kCt>
-__device__ __forceinline__ void mma_acc_x(float (&out)[kCt][4], const float (&p)[kNt][4], const __nv_bfloat16* Xt,
-                                          int ldx, int width, int lane, uint32_t live = ~0u) {
-#pragma unroll
-  for (int kt = 0; kt < kNt / 2; ++kt) {
-    if (!((live >> (2 * kt)) & 3u)) continue;
-    uint32_t a[4];
-    acc_to_a(a, p[2 * kt], p[2 * kt + 1]);
-#pragma unroll
-    for (int ct = 0; ct < kCt; ++ct) {
-      if (ct * 8 >= width) break;
-      uint32_t b[2];
-      load_b(b, Xt, ldx, ct * 8, kt * 16, lane);
-      mma_bf16_16816(out[ct], a, b);
-    }
-  }
-}
-
-// out[ct] += P X for the first `width` columns (a multiple of 16) of X, a row-major shared tile
-// (row k: the k-th key, e.g. V's rows), B operands by ldmatrix.trans (16-byte aligned rows); P as
-// in mma_acc_x. The same products and sums as mma_acc_x on X's transpose.
+// out[ct] += P X for the first `width` columns (a multiple of 16) of X: P is a 16 x (8 kNt)
+// accumulator tile (scores, probabilities or their gradients) turned into A operands in registers,
+// X a row-major shared tile (row k: the k-th key, e.g. V's rows) whose B operands come by
+// ldmatrix.trans (16-byte aligned rows). A k-step whose two column tiles of P are both dead in
+// `live` (P exactly 0 there: products of +0 that would change nothing) is skipped.
 template <int kNt, int kCt>
 __device__ __forceinline__ void mma_acc_kn(float (&out)[kCt][4], const float (&p)[kNt][4], const __nv_bfloat16* X,
                                            int ldx, int width, int lane, uint32_t live = ~0u) {
@@ -375,6 +354,29 @@ __device__ __forceinline__ void mma_acc_kn(float (&out)[kCt][4], const float (&p
       mma_bf16_16816(out[ct + 1], a, b1);
     }
   }
+}
+
+// One tile of an online logsumexp over the rows g (e < 2) and g + 8 (e >= 2) of two 16 x 8
+// accumulators: v holds the tile's values, -inf where masked; (mx, l) the lane's running max and
+// sum of exp(v - mx) per row (mx = -inf, l = 0 while nothing was seen).
+__device__ __forceinline__ void online_lse_tile(const float (&v)[2][4], float (&mx)[2], float (&l)[2]) {
+  float tm[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tm[e >> 1] = fmaxf(tm[e >> 1], v[nt][e]);
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    if (tm[hi] == -INFINITY) continue;
+    const float nm = fmaxf(mx[hi], tm[hi]);
+    l[hi] *= expf(mx[hi] - nm);  // 0 while nothing was seen (mx = -inf)
+    mx[hi] = nm;
+  }
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (v[nt][e] > -INFINITY) l[e >> 1] += expf(v[nt][e] - mx[e >> 1]);
 }
 
 // Max and sum over the 4 lanes of a quad (the lanes sharing g, i.e. one accumulator row).

@@ -466,10 +466,9 @@ TEST(MixedKlDenseLayout, PaddingRowsBeforeADocumentKeepTheRule) {
 INSTANTIATE_TEST_SUITE_P(Cases, MixedKl, ::testing::ValuesIn(op_cases::indexer_kl()), op_cases::RowName());
 // A context-parallel query slice (rows [37, 137) of 150: across documents and into row 0's tail
 // padding) on the tensor cores: the oracle over every row with the rows outside the slice
-// weighted 0 gives the slice's dqI and dw rows and its share of dkI and kl_sum.
-TEST(MixedKlDenseSlice, AQuerySliceKeepsTheRule) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  const op_cases::IndexerKlCase c = op_cases::indexer_kl()[0];  // dense, lse given
+// weighted 0 gives the slice's dqI and dw rows and its share of dkI and kl_sum. The dense KL with
+// the attention's lse given; the sparse one over the slice's rows of the table (global positions).
+void expect_slice_within_rule(const op_cases::IndexerKlCase& c) {
   const KlProblem p = kl_problem(c);
   const int64_t r0 = 37, n = 100, b = c.b, s = c.s;
   using testing::rows_of;
@@ -482,8 +481,16 @@ TEST(MixedKlDenseSlice, AQuerySliceKeepsTheRule) {
   in.scale = 0.3f;
   in.coeff = 0.5f;
   in.row_weight = host(rows_of(p.rw, b, s, 1, r0, n), {b, n}, DType::f32).to(Device::cuda);
-  in.lse_c = host(rows_of(p.lse_c.to_vector<float>(), b * c.H, s, 1, r0, n), {b, c.H, n}, DType::f32).to(Device::cuda);
-  const IndexerKlResult r = indexer_kl_dense(in);
+  std::vector<int32_t> topk;
+  if (c.sparse) {
+    topk = p.topk.to_vector<int32_t>();
+    const std::vector<int32_t> rows = rows_of(topk, b, s, c.K + c.W, r0, n);
+    in.topk = Tensor::from_vector<int32_t>({b, n, c.K + c.W}, rows).to(Device::cuda);
+    in.K = c.K;
+  } else {
+    in.lse_c = host(rows_of(p.lse_c.to_vector<float>(), b * c.H, s, 1, r0, n), {b, c.H, n}, DType::f32).to(Device::cuda);
+  }
+  const IndexerKlResult r = c.sparse ? indexer_kl_sparse(in) : indexer_kl_dense(in);
   std::vector<float> rw = p.rw;
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t t = 0; t < s; ++t)
@@ -492,15 +499,23 @@ TEST(MixedKlDenseSlice, AQuerySliceKeepsTheRule) {
   const ref::IndexerDims dims{b, s, c.HI, c.DI};
   const ref::KlAttn att{c.H, c.Hkv, c.Dqk, 0.3};
   auto o64 = ref::indexer_kl_ref<double>(dims, att, to_f64(p.q), to_f64(p.k), to_f64(p.qI), to_f64(p.kI), to_f64(p.w),
-                                         ds, to_f64(rw), 0.5, {}, 0);
-  auto o32 = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, rw, 0.5f, {}, 0);
-  auto nb = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, rw, 0.5f, {}, 0, rb);
+                                         ds, to_f64(rw), 0.5, topk, c.K);
+  auto o32 = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, rw, 0.5f, topk, c.K);
+  auto nb = ref::indexer_kl_ref<float>(dims, att, p.q, p.k, p.qI, p.kI, p.w, ds, rw, 0.5f, topk, c.K, rb);
   testing::expect_within_rule("dqI", values(r.dqI), rows_of(nb.dqI, b, s, c.HI * c.DI, r0, n),
                               rows_of(o64.dqI, b, s, c.HI * c.DI, r0, n));
   testing::expect_within_rule("dw", values(r.dw), rows_of(nb.dw, b, s, c.HI, r0, n), rows_of(o64.dw, b, s, c.HI, r0, n));
   testing::expect_within_rule("dkI", values(r.dkI), nb.dkI, o64.dkI);
   testing::expect_within_rule("kl_sum", {float(r.kl_sum)}, {float(o32.kl_sum)}, {o64.kl_sum});
   EXPECT_GT(o64.kl_sum, 0.0);
+}
+TEST(MixedKlDenseSlice, AQuerySliceKeepsTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_slice_within_rule(op_cases::indexer_kl()[0]);  // dense, lse given
+}
+TEST(MixedKlSparse, AQuerySliceKeepsTheRule) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  expect_slice_within_rule(op_cases::indexer_kl()[2]);  // sparse, MQA
 }
 
 // The CPU's KL reads f32 only: bf16 q, k (or qI, kI) is its supports() refusal, a clear error.
