@@ -283,77 +283,81 @@ __global__ void __launch_bounds__(AttnCudaTraits<kWide>::kBwdThreads)
   // copies with tile i's products: pipeline_step).
   const int group = int(p.H / p.Hkv);
   const int ntq = tmin <= tmax ? int((tmax - tmin) / T::kBk + 1) : 0, ntiles = group * ntq;
+  struct QueryTile {
+    int h;
+    int64_t t0;
+    int nq;  // its queries: [t0, t0 + nq)
+  };
+  auto tile_of = [&](int i) {
+    const int64_t t0 = tmin + int64_t(i % ntq) * T::kBk;
+    return QueryTile{hk * group + i / ntq, t0, int(tmax + 1 - t0 < T::kBk ? tmax + 1 - t0 : T::kBk)};
+  };
   auto issue = [&](int i, int st) {
-    const int h = hk * group + i / ntq;
-    const int64_t t0 = tmin + int64_t(i % ntq) * T::kBk, lt0 = t0 - p.q_row0;
-    const int nq = int(tmax + 1 - t0 < T::kBk ? tmax + 1 - t0 : T::kBk);
+    const QueryTile qt = tile_of(i);
+    const int64_t lt0 = qt.t0 - p.q_row0;  // local row of the tile's first query
     __nv_bfloat16* Q = stage0 + st * stage_elems;
-    load_tile_async(Q, ldq, bf(p.q) + b * p.q_bstride + h * p.q_hstride + lt0 * p.q_rstride, p.q_rstride, T::kBk, nq,
-                    p.Dqk, vec.q);
-    load_tile_async(Q + T::kBk * ldq, ldv, bf(p.dout) + ((int64_t(b) * p.sq + lt0) * p.H + h) * p.Dv, p.H * p.Dv,
-                    T::kBk, nq, p.Dv, vec.o);
+    load_tile_async(Q, ldq, bf(p.q) + b * p.q_bstride + qt.h * p.q_hstride + lt0 * p.q_rstride, p.q_rstride, T::kBk,
+                    qt.nq, p.Dqk, vec.q);
+    load_tile_async(Q + T::kBk * ldq, ldv, bf(p.dout) + ((int64_t(b) * p.sq + lt0) * p.H + qt.h) * p.Dv, p.H * p.Dv,
+                    T::kBk, qt.nq, p.Dv, vec.o);
   };
   pipeline_start(stages, ntiles > 0, [&](int, int st) { issue(0, st); });
   for (int i = 0; i < ntiles; ++i) {
     const int st = pipeline_step(stages, i, i + 1 < ntiles, [&](int ahead, int sb) { issue(i + ahead, sb); });
-    {
-      const int h = hk * group + i / ntq;
-      const int64_t lrow = (int64_t(b) * p.H + h) * p.sq;
-      const int64_t t0 = tmin + int64_t(i % ntq) * T::kBk;
-      const int nq = int(tmax + 1 - t0 < T::kBk ? tmax + 1 - t0 : T::kBk);
-      const __nv_bfloat16* Qs = stage0 + st * stage_elems;
-      const __nv_bfloat16* dOs = Qs + T::kBk * ldq;
+    const auto [h, t0, nq] = tile_of(i);
+    const int64_t lrow = (int64_t(b) * p.H + h) * p.sq;
+    const __nv_bfloat16* Qs = stage0 + st * stage_elems;
+    const __nv_bfloat16* dOs = Qs + T::kBk * ldq;
 
-      // S^T = K Q^T and dP^T = V dO^T (rows: keys, columns: queries), then P^T and dS^T; query
-      // tiles outside the row tile's range are masked for all its keys: no products, zeros.
-      const uint32_t live = live_columns<kNt>(t0, wlo, whi), mine = w.mine(live);
-      // Every key of the row tile seen by every query of the tile (t in [max j, min doc_end - 1],
-      // all of them local rows): no per-element test, no doc_start read.
-      const bool whole = nq == T::kBk && mr.whole(w.m, t0, T::kBk);
-      float s[kNs][4], dp[kNs][4];
-      zero_acc(s);
-      zero_acc(dp);
-      if (mine) {
-        mma_abt_live<kNs, true>(s, Ks, ldq, w.m * 16, Qs + w.part * kNs * 8 * ldq, ldq, int(p.Dqk), lane, mine);
-        mma_abt_live<kNs, true>(dp, Vs, ldvk, w.m * 16, dOs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
-      }
+    // S^T = K Q^T and dP^T = V dO^T (rows: keys, columns: queries), then P^T and dS^T; query
+    // tiles outside the row tile's range are masked for all its keys: no products, zeros.
+    const uint32_t live = live_columns<kNt>(t0, wlo, whi), mine = w.mine(live);
+    // Every key of the row tile seen by every query of the tile (t in [max j, min doc_end - 1],
+    // all of them local rows): no per-element test, no doc_start read.
+    const bool whole = nq == T::kBk && mr.whole(w.m, t0, T::kBk);
+    float s[kNs][4], dp[kNs][4];
+    zero_acc(s);
+    zero_acc(dp);
+    if (mine) {
+      mma_abt_live<kNs, true>(s, Ks, ldq, w.m * 16, Qs + w.part * kNs * 8 * ldq, ldq, int(p.Dqk), lane, mine);
+      mma_abt_live<kNs, true>(dp, Vs, ldvk, w.m * 16, dOs + w.part * kNs * 8 * ldv, ldv, int(p.Dv), lane, mine);
+    }
 #pragma unroll
-      for (int nt = 0; nt < kNs; ++nt) {
+    for (int nt = 0; nt < kNs; ++nt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int qi = (w.part * kNs + nt) * 8 + 2 * c + (e & 1);
-          const int64_t t = t0 + qi, j = e < 2 ? jA : jB;
-          const bool ok = whole || (((mine >> nt) & 1u) && qi < nq && j < p.s && allowed(ds[t], t, j));
-          const int64_t row = lrow + t - p.q_row0;
-          const float pr = ok ? exp2f(s[nt][e] * c2 - p.lse[row] * kLog2e) : 0.f;
-          s[nt][e] = pr;
-          dp[nt][e] = ok ? pr * (dp[nt][e] - D[row]) * p.scale : 0.f;
-        }
-        w.store(Ps, ldt, nt, s[nt]);
-        w.store(dSs, ldt, nt, dp[nt]);
+      for (int e = 0; e < 4; ++e) {
+        const int qi = (w.part * kNs + nt) * 8 + 2 * c + (e & 1);
+        const int64_t t = t0 + qi, j = e < 2 ? jA : jB;
+        const bool ok = whole || (((mine >> nt) & 1u) && qi < nq && j < p.s && allowed(ds[t], t, j));
+        const int64_t row = lrow + t - p.q_row0;
+        const float pr = ok ? exp2f(s[nt][e] * c2 - p.lse[row] * kLog2e) : 0.f;
+        s[nt][e] = pr;
+        dp[nt][e] = ok ? pr * (dp[nt][e] - D[row]) * p.scale : 0.f;
       }
-      __syncthreads();
-      // dk += dS^T Q, dv += P^T dO over the row tile's live queries, 16 a step or 8 where half
-      // a step is masked.
+      w.store(Ps, ldt, nt, s[nt]);
+      w.store(dSs, ldt, nt, dp[nt]);
+    }
+    __syncthreads();
+    // dk += dS^T Q, dv += P^T dO over the row tile's live queries, 16 a step or 8 where half
+    // a step is masked.
 #pragma unroll 1
-      for (int kt = 0; kt < kNt / 2; ++kt) {
-        const uint32_t halves = (live >> (2 * kt)) & 3u;
-        if (!halves) continue;
-        uint32_t aP[4], aS[4];
-        load_a(aP, Ps, ldt, w.m * 16, kt * 16, lane);
-        load_a(aS, dSs, ldt, w.m * 16, kt * 16, lane);
+    for (int kt = 0; kt < kNt / 2; ++kt) {
+      const uint32_t halves = (live >> (2 * kt)) & 3u;
+      if (!halves) continue;
+      uint32_t aP[4], aS[4];
+      load_a(aP, Ps, ldt, w.m * 16, kt * 16, lane);
+      load_a(aS, dSs, ldt, w.m * 16, kt * 16, lane);
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-          const int q = q0 + w.part + kS * i;
-          if (q >= npairs) break;
-          const bool is_dk = q < nqk;
-          uint32_t a[4], b0[2], b1[2];
+      for (int i = 0; i < kPairs; ++i) {
+        const int q = q0 + w.part + kS * i;
+        if (q >= npairs) break;
+        const bool is_dk = q < nqk;
+        uint32_t a[4], b0[2], b1[2];
 #pragma unroll
-          for (int r = 0; r < 4; ++r) a[r] = is_dk ? aS[r] : aP[r];  // selects: a pointer would put them on the stack
-          if (is_dk) load_b_kn_x2(b0, b1, Qs, ldq, kt * 16, q * 16, lane);
-          else load_b_kn_x2(b0, b1, dOs, ldv, kt * 16, (q - nqk) * 16, lane);
-          mma_k16_or_half(acc[2 * i], acc[2 * i + 1], a, b0, b1, halves);
-        }
+        for (int r = 0; r < 4; ++r) a[r] = is_dk ? aS[r] : aP[r];  // selects: a pointer would put them on the stack
+        if (is_dk) load_b_kn_x2(b0, b1, Qs, ldq, kt * 16, q * 16, lane);
+        else load_b_kn_x2(b0, b1, dOs, ldv, kt * 16, (q - nqk) * 16, lane);
+        mma_k16_or_half(acc[2 * i], acc[2 * i + 1], a, b0, b1, halves);
       }
     }
   }

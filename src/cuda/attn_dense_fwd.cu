@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(32 * AttnCudaTraits<kWide>::kWarps * kChunks)
       for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] *= c2;
-    } else {
+    } else {  // (a branch, not `whole ||` in the test below: that spills the wide 128-column kernel at sm_80)
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt)  // mask; log2 units
 #pragma unroll

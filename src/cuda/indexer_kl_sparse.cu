@@ -134,6 +134,13 @@ __device__ __forceinline__ void mma_step_kn(float (&acc)[kN][4], const bf16* A, 
   }
 }
 
+// Key j's total over the score tile's m-tiles [0, mts) of item_column_sums, in order.
+__device__ __forceinline__ float column_total(const Sm& m, int mts, int j) {
+  float s = 0.f;
+  for (int x = 0; x < mts; ++x) s += m.part[x * kT + j];
+  return s;
+}
+
 // The gathered tile of keys [i0, i0 + nk) of the list: rows of `base` at stride rstride, width
 // `width` zero-padded to `padded`.
 __device__ __forceinline__ void gather(bf16* s, int ld, const void* base, int64_t rstride, const int32_t* list, int nk,
@@ -214,11 +221,7 @@ __device__ void target(const IndexerKlParams& p, const Sm& m, int64_t row, int n
           }, m.part);
         }
         __syncthreads();
-        for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-          float s = 0.f;
-          for (int x = 0; x < mts; ++x) s += m.part[x * kT + j];
-          m.P[i0 + j] += s;
-        }
+        for (int j = threadIdx.x; j < nk; j += blockDim.x) m.P[i0 + j] += column_total(m, mts, j);
       }
     }
   __syncthreads();
@@ -241,11 +244,7 @@ __device__ void index_scores(const IndexerKlParams& p, const Sm& m, const bf16* 
                        m.part);
     }
     __syncthreads();
-    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
-      float s = 0.f;
-      for (int x = 0; x < mts; ++x) s += m.part[x * kT + j];
-      m.I[i0 + j] = s;
-    }
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) m.I[i0 + j] = column_total(m, mts, j);
   }
 }
 

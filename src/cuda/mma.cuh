@@ -180,16 +180,6 @@ __device__ __forceinline__ int pipeline_step(int stages, int it, bool more, Load
 }
 // ---- end cp.async ----------------------------------------------------------------------------
 
-// The transpose of columns [0, ncols) of such a tile: s[c * ld + r] = row(r)[c]; rows >= valid are 0.
-__device__ inline void load_tile_t(__nv_bfloat16* s, int ld, const __nv_bfloat16* g, int64_t rstride, int nrows,
-                                   int valid, int ncols, const int32_t* rows = nullptr) {
-  const __nv_bfloat16 zero = __float2bfloat16(0.f);
-  for (int i = threadIdx.x; i < nrows * ncols; i += blockDim.x) {
-    const int r = i % nrows, c = i / nrows;  // consecutive threads walk rows: conflict-free stores
-    s[c * ld + r] = r < valid ? (HMLA_COUNT_LOAD(2), g[int64_t(rows ? rows[r] : r) * rstride + c]) : zero;
-  }
-}
-
 // Two bf16 of shared memory (bits, no conversion) as one operand register, `lo` in the low half.
 __device__ __forceinline__ uint32_t ld16x2(const __nv_bfloat16* lo, const __nv_bfloat16* hi) {
   return uint32_t(*reinterpret_cast<const uint16_t*>(lo)) | (uint32_t(*reinterpret_cast<const uint16_t*>(hi)) << 16);

@@ -130,7 +130,7 @@ inline Launch* g_launch = nullptr;
 
 // The work counter: per launch, the tensor-core FLOPs its mma.sync instructions issued (2 m n k
 // per warp-wide m16n8k16, counted once per warp) and the bytes its threads read from global memory
-// through mma.cuh's tile loaders (load_tile, load_tile_t). Counted under the first schedule only,
+// through mma.cuh's tile loaders (load_tile, load_tile_async). Counted under the first schedule only,
 // so a launch's figures do not depend on how many schedules replay it. A ScopedWorkLog collects
 // every launch made during its lifetime, in order; it says what a kernel does, not how fast.
 struct LaunchWork {
