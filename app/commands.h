@@ -11,4 +11,5 @@ void add_train_commands(CLI::App& app);
 void add_model_commands(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_text_commands(CLI::App& app);  // tokenize
+void add_ops_command(CLI::App& app);    // the support matrix
 }  // namespace hmla::app

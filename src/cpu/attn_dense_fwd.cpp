@@ -92,4 +92,8 @@ void attn_dense_fwd(const AttnDenseParams& p) {
   }
 }
 
+// The CPU's plan for both passes (cpu_kernels.h): f32, any widths; one implementation, so the
+// attention backend switch (auto, hmla) changes nothing here.
+Plan plan(Op, const AttnDenseParams& p) { return plan_if(f32(p.dtype), Variant::cpu); }
+
 }  // namespace hmla::cpu

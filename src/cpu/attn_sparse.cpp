@@ -168,4 +168,7 @@ void attn_sparse_check_table(const AttnSparseParams& p) {
     }
 }
 
+// The CPU's plan for the check and both passes (cpu_kernels.h): f32, any widths.
+Plan plan(Op, const AttnSparseParams& p) { return plan_if(f32(p.dtype), Variant::cpu); }
+
 }  // namespace hmla::cpu

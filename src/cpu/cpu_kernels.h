@@ -7,12 +7,7 @@
 #pragma once
 #include <cstdint>
 
-#include "hmla/ops/attention.h"
-#include "hmla/ops/indexer.h"
-#include "hmla/ops/nn.h"
 #include "hmla/ops/op_list.h"
-#include "hmla/ops/optim.h"
-#include "hmla/ops/sparse_attention.h"
 
 namespace hmla::cpu {
 
@@ -33,5 +28,10 @@ bool sgemm_uses_blas();
 // attn_dense_fwd.cpp, attn_dense_bwd.cpp; sparse attention: attn_sparse.cpp; the indexer:
 // indexer_topk.cpp, indexer_kl.cpp (the KLs return kl_sum). Contracts: the params' headers.
 HMLA_OP_LIST(HMLA_DECLARE_KERNEL)
+
+// ---- the backend's plans: one per params struct, in the family's kernel file ------------------
+// The CPU runs f32 (Variant::cpu) wherever the plan says so; bf16 activations are CUDA's.
+HMLA_PARAMS_LIST(HMLA_DECLARE_PLAN)
+inline bool f32(DType t) { return t == DType::f32; }
 
 }  // namespace hmla::cpu

@@ -119,4 +119,7 @@ void gemm(const GemmParams& p) {
           c + i * p.c_batch, p.ldc);
 }
 
+// The CPU's plan (cpu_kernels.h): f32 operands.
+Plan plan(Op, const GemmParams& p) { return plan_if(f32(p.a_dtype) && f32(p.b_dtype) && f32(p.c_dtype), Variant::cpu); }
+
 }  // namespace hmla::cpu

@@ -203,4 +203,7 @@ void indexer_kl_sparse(const IndexerKlParams& g) {
   finish(g, partial, nthreads, kl);
 }
 
+// The CPU's plan for both KLs (cpu_kernels.h): f32 inputs.
+Plan plan(Op, const IndexerKlParams& p) { return plan_if(f32(p.dtype) && f32(p.qk_dtype), Variant::cpu); }
+
 }  // namespace hmla::cpu

@@ -90,4 +90,7 @@ void indexer_select(const IndexerTopkParams& p) {
   }
 }
 
+// The CPU's plan for scoring and selecting (cpu_kernels.h): f32 (select reads f32 scores anyway).
+Plan plan(Op, const IndexerTopkParams& p) { return plan_if(f32(p.dtype), Variant::cpu); }
+
 }  // namespace hmla::cpu

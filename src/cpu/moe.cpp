@@ -200,4 +200,12 @@ void moe_grouped_bwd(const MoeGroupedParams& p) {
   }
 }
 
+// The CPU's plans (cpu_kernels.h): the routing and dispatch on any sizes; rows and products f32.
+Plan plan(Op, const MoeRouteParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const MoeDispatchParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const MoeRowsParams& p) { return plan_if(f32(p.src_dtype) && f32(p.a_dtype) && f32(p.b_dtype), Variant::cpu); }
+Plan plan(Op, const MoeGroupedParams& p) {
+  return plan_if(f32(p.x_dtype) && f32(p.w_dtype) && f32(p.y_dtype) && f32(p.dx_dtype), Variant::cpu);
+}
+
 }  // namespace hmla::cpu

@@ -66,4 +66,7 @@ void moe_aux_loss(const MoeBalanceParams& p) {
   *p.loss += sum;
 }
 
+// The CPU's plan (cpu_kernels.h): integer loads and f32 statistics, any sizes.
+Plan plan(Op, const MoeBalanceParams&) { return {Variant::cpu, {}}; }
+
 }  // namespace hmla::cpu

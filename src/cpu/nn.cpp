@@ -247,4 +247,17 @@ void convert(const ConvertParams& p) {
         }
 }
 
+// The CPU's plans (cpu_kernels.h): f32 activations (bf16 ones are CUDA's: nn.h); convert between
+// f32 and bf16 either way, any other dtype only to itself.
+Plan plan(Op, const NormParams& p) { return plan_if(f32(p.x_dtype) && f32(p.x2_dtype) && f32(p.y_dtype), Variant::cpu); }
+Plan plan(Op, const RopeParams& p) { return plan_if(f32(p.x_dtype), Variant::cpu); }
+Plan plan(Op, const SwigluParams& p) { return plan_if(f32(p.dtype), Variant::cpu); }
+Plan plan(Op, const EmbeddingParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const CrossEntropyParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const AxpyParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const ConvertParams& p) {
+  auto fb = [](DType t) { return t == DType::f32 || t == DType::bf16; };
+  return plan_if(p.src_dtype == p.dst_dtype || (fb(p.src_dtype) && fb(p.dst_dtype)), Variant::cpu);
+}
+
 }  // namespace hmla::cpu

@@ -76,4 +76,10 @@ void muon_update(const MuonParams& p) {
   for (int64_t i = 0; i < p.n; ++i) p.w[i] -= lr * (scale * p.u[i] + wd * p.w[i]);
 }
 
+// The CPU's plans (cpu_kernels.h): f32 state and gradients, every shape.
+Plan plan(Op, const SumSquaresParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const StatsParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const AdamWParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const MuonParams&) { return {Variant::cpu, {}}; }
+
 }  // namespace hmla::cpu

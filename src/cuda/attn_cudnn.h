@@ -48,19 +48,14 @@ bool cudnn_attn_fwd(const AttnDenseParams& p);
 bool cudnn_attn_bwd(const AttnDenseParams& p);
 #endif
 
-// Whether p goes to cuDNN: p.backend allows it (auto_) or insists (cudnn: an error naming why it
-// cannot), and cuDNN takes p here.
-inline bool attn_use_cudnn(const AttnDenseParams& p) {
-  if (p.backend == AttnBackend::hmla) return false;
+// Why cuDNN cannot compute p here, in any build (nullptr: it may): the dense attention's plan
+// (attn_dense_fwd.cu) asks it.
+inline const char* attn_cudnn_declines(const AttnDenseParams& p) {
 #ifdef HMLA_HAVE_CUDNN
-  const char* why = cudnn_declines(p);
-  HMLA_CHECK(!(why && p.backend == AttnBackend::cudnn), Error, "attention backend cudnn: ", why);
-  return why == nullptr;
+  return cudnn_declines(p);
 #else
-  HMLA_CHECK(p.backend != AttnBackend::cudnn, Error,
-             "attention backend cudnn: this build has no cuDNN path (cudnn-frontend's headers were not found "
-             "when it was configured: scripts/deps.sh installs them)");
-  return false;
+  return "this build has no cuDNN path (cudnn-frontend's headers were not found when it was configured: "
+         "scripts/deps.sh installs them)";
 #endif
 }
 

@@ -49,7 +49,7 @@ inline bool attn_is_wide(const AttnDenseParams& p) { return p.Dqk > 256 || p.Dv 
 // keys' first columns, `v_in_k`: the latent form reads them from the K tile), both row major, and
 // with two chunks the shared f32 score tile;
 // the backward's Q, dO, K, V and the P / dS tiles [kRows, kBk] (bf16; dq uses one, the same
-// bound for both kernels). CudaBackend::supports holds both under the smallest target's opt-in
+// bound for both kernels). The plan (attn_dense_fwd.cu) holds both under the smallest target's opt-in
 // limit (an A100's 163 KB; Hopper has 227 KB) with one stage; the forward takes two where they fit.
 template <bool kWide>
 constexpr int64_t attn_fwd_smem(int64_t Dqk, int dv_chunk, int chunks = 1, int stages = 1, bool v_in_k = false) {
@@ -73,7 +73,7 @@ constexpr int64_t attn_bwd_dkdv_smem(int64_t Dqk, int64_t Dv, int stages = 1, bo
   return 2 * (T::kRows * (Dqk + T::kPad + (v_in_k ? 0 : Dv + T::kPad)) + stages * T::kBk * (Dqk + Dv + 2 * T::kPad) +
               2 * T::kRows * (T::kBk + T::kPad));
 }
-// The bound both kernels fit with one stage (supports() holds it under kAttnMaxSmemBytes).
+// The bound both kernels fit with one stage (the plan holds it under kAttnMaxSmemBytes).
 template <bool kWide>
 constexpr int64_t attn_bwd_smem(int64_t Dqk, int64_t Dv) {
   const int64_t a = attn_bwd_dq_smem<kWide>(Dqk, Dv), b = attn_bwd_dkdv_smem<kWide>(Dqk, Dv);

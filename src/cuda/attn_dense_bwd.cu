@@ -425,11 +425,9 @@ void launch_dsink(const float* lse, const float* D, const float* sink, int64_t b
 
 void attn_dense_bwd(const AttnDenseParams& p) {
   if (p.b == 0 || p.s == 0) return;
-  if (attn_use_cudnn(p)) {  // false (or an error for backend cudnn) in a build without cuDNN
 #ifdef HMLA_HAVE_CUDNN
-    if (cudnn_attn_bwd(p)) return;
+  if (plan(Op::attn_dense_bwd, p).variant == Variant::cudnn && cudnn_attn_bwd(p)) return;  // else cuDNN refused the graph
 #endif
-  }
   Tensor D = Tensor::empty({p.b, p.H, p.sq}, DType::f32, Device::cuda);
   launch_rowdot(bf(p.out), bf(p.dout), p.b, p.sq, p.H, p.Dv, D.data<float>());
   if (attn_is_wide(p)) launch_bwd<true>(p, D.data<float>(), vec_flags(p));

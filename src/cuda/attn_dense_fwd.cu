@@ -13,6 +13,7 @@
 #include "attn_dense.cuh"
 #include "mma.cuh"
 #include "runtime.h"
+#include "traits.h"
 
 namespace hmla::cuda {
 
@@ -188,11 +189,9 @@ void launch_fwd(const AttnDenseParams& p, VecFlags vec) {
 
 void attn_dense_fwd(const AttnDenseParams& p) {
   if (p.b == 0 || p.sq == 0) return;
-  if (attn_use_cudnn(p)) {  // false (or an error for backend cudnn) in a build without cuDNN
 #ifdef HMLA_HAVE_CUDNN
-    if (cudnn_attn_fwd(p)) return;
+  if (plan(Op::attn_dense_fwd, p).variant == Variant::cudnn && cudnn_attn_fwd(p)) return;  // else cuDNN refused the graph
 #endif
-  }
   // Value heads up to 256 wide keep their whole output in one warp's registers; wider ones (the
   // 512 of the latent form) split it over the warps of one block, 256 columns each, sharing the
   // scores (attn_fwd_dv_chunk, attn_fwd_chunks).
@@ -202,6 +201,21 @@ void attn_dense_fwd(const AttnDenseParams& p) {
   if (attn_fwd_chunks(p) > 1) launch_fwd<true, kMax, 2>(p, vec);  // Dv > 256: a wide head
   else if (attn_is_wide(p)) one ? launch_fwd<true, kOne, 1>(p, vec) : launch_fwd<true, kMax, 1>(p, vec);
   else one ? launch_fwd<false, kOne, 1>(p, vec) : launch_fwd<false, kMax, 1>(p, vec);
+}
+
+// The plan of both passes (cuda_kernels.h): the hand-written tensor-core kernels take bf16 with
+// Dqk and Dv multiples of kMmaK and tiles within the smallest target's shared memory
+// (attn_dense.cuh); on those, cuDNN runs where p.backend allows it and cuDNN takes p, and a
+// backend of cudnn that cuDNN declines is refused with cuDNN's reason.
+Plan plan(Op, const AttnDenseParams& p) {
+  const bool ours = p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0 &&
+                    attn_dense_smem_bytes(p) <= kAttnMaxSmemBytes;
+  if (!ours) return {};
+  if (p.backend == AttnBackend::hmla) return {Variant::mma, {}};
+  const char* why = attn_cudnn_declines(p);
+  if (!why) return {Variant::cudnn, {}};
+  if (p.backend == AttnBackend::cudnn) return {Variant::none, std::string("attention backend cudnn: ") + why};
+  return {Variant::mma, {}};
 }
 
 }  // namespace hmla::cuda

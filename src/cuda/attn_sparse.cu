@@ -498,4 +498,17 @@ void attn_sparse_bwd(const AttnSparseParams& f) {
   }
 }
 
+// The plan (cuda_kernels.h): the table check scans any table; both passes run the tensor-core
+// kernels on bf16 with Dqk and Dv multiples of kMmaK, K + W up to kMaxKW and tiles within shared
+// memory; the backward also needs H a multiple of kHeadStep (traits.h says why).
+Plan plan(Op op, const AttnSparseParams& p) {
+  using T = SparseTraits;
+  if (op == Op::attn_sparse_check_table) return {Variant::simt, {}};
+  const bool fwd = p.dtype == DType::bf16 && p.Dqk % kMmaK == 0 && p.Dv % kMmaK == 0 && p.KW <= T::kMaxKW &&
+                   T::fwd_smem_bytes(p.H, p.Dqk, p.KW) <= T::kFwdMaxSmemBytes;
+  if (op == Op::attn_sparse_fwd) return plan_if(fwd, Variant::mma);
+  return plan_if(fwd && p.H % T::kHeadStep == 0 && T::bwd_smem_bytes(p.Dqk, p.Dv, p.KW) + 1024 <= T::kBwdMaxSmemBytes,
+                 Variant::mma);
+}
+
 }  // namespace hmla::cuda

@@ -186,4 +186,9 @@ void gemm(const GemmParams& p) {
 
 #endif
 
+// The plan (cuda_kernels.h): any mix of f32 and bf16 operands, through cuBLASLt.
+Plan plan(Op, const GemmParams& p) {
+  return plan_if(f32_or_bf16(p.a_dtype) && f32_or_bf16(p.b_dtype) && f32_or_bf16(p.c_dtype), Variant::cublas);
+}
+
 }  // namespace hmla::cuda

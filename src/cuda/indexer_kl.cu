@@ -60,7 +60,7 @@ struct Work {
 // Shared memory: S [HI, kTile] (the tile's scores per index head), dI [kTile], lC [H] (rows pass),
 // then, for the sparse rows pass, the row's candidates [pow2 >= K].
 size_t smem_bytes(const IndexerKlParams& p, int64_t cand) {
-  return size_t(IndexerKlTraits::smem_bytes(p.HI, p.H, cand));  // CudaBackend::supports bounds it
+  return size_t(IndexerKlTraits::smem_bytes(p.HI, p.H, cand));  // the plan bounds it
 }
 
 __host__ __device__ int64_t pow2_at_least(int64_t n) {
@@ -825,7 +825,7 @@ void run_kl(const IndexerKlParams& p) {
   check_launch("indexer KL sum");
 }
 
-// The instantiation for the inputs' element types (CudaBackend::supports: f32 or bf16 each).
+// The instantiation for the inputs' element types (the plan: f32 or bf16 each).
 template <bool kSparse, class TI>
 void run_kl_qk(const IndexerKlParams& p) {
   if (p.qk_dtype == DType::bf16) run_kl<kSparse, TI, __nv_bfloat16>(p);
@@ -834,9 +834,10 @@ void run_kl_qk(const IndexerKlParams& p) {
 
 template <bool kSparse>
 void run_kl_typed(const IndexerKlParams& p) {
-  const bool bf16_inputs = p.dtype == DType::bf16 && p.qk_dtype == DType::bf16;
-  if (!kSparse && IndexerKlTraits::mma_dense(bf16_inputs, p.H, p.HI, p.Dqk, p.DI)) return run_kl_mma(p);
-  if (kSparse && IndexerKlTraits::mma_sparse(bf16_inputs, p.H, p.HI, p.Dqk, p.DI, p.K)) return run_kl_sparse_mma(p);
+  if (plan(kSparse ? Op::indexer_kl_sparse : Op::indexer_kl_dense, p).variant == Variant::mma) {
+    if constexpr (kSparse) return run_kl_sparse_mma(p);
+    else return run_kl_mma(p);
+  }
   if (p.dtype == DType::bf16) run_kl_qk<kSparse, __nv_bfloat16>(p);
   else run_kl_qk<kSparse, float>(p);
 }
@@ -845,5 +846,20 @@ void run_kl_typed(const IndexerKlParams& p) {
 
 void indexer_kl_dense(const IndexerKlParams& p) { run_kl_typed<false>(p); }
 void indexer_kl_sparse(const IndexerKlParams& p) { run_kl_typed<true>(p); }
+
+// The plan of both KLs (cuda_kernels.h), which run_kl_typed follows: the tensor-core kernels for bf16
+// inputs in their limits (IndexerKlTraits::mma_dense, mma_sparse), else the SIMT kernels for f32 or
+// bf16 inputs up to kMaxHI index heads, kMaxH heads, K up to kMaxK and their shared memory.
+Plan plan(Op op, const IndexerKlParams& p) {
+  using T = IndexerKlTraits;
+  const bool sparse = op == Op::indexer_kl_sparse;
+  const bool bf16_inputs = p.dtype == DType::bf16 && p.qk_dtype == DType::bf16;
+  if (!sparse && T::mma_dense(bf16_inputs, p.H, p.HI, p.Dqk, p.DI)) return {Variant::mma, {}};
+  if (sparse && T::mma_sparse(bf16_inputs, p.H, p.HI, p.Dqk, p.DI, p.K)) return {Variant::mma, {}};
+  const int64_t cand = sparse ? T::pow2_at_least(p.K) : 0;
+  return plan_if(f32_or_bf16(p.dtype) && f32_or_bf16(p.qk_dtype) && p.HI <= T::kMaxHI && p.H <= T::kMaxH &&
+                     p.K <= T::kMaxK && T::smem_bytes(p.HI, p.H, cand) <= T::kMaxSmemBytes,
+                 Variant::simt);
+}
 
 }  // namespace hmla::cuda

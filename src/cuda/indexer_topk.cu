@@ -237,4 +237,12 @@ void indexer_topk(const IndexerTopkParams& p) {
     }
 }
 
+// The plan (cuda_kernels.h): K up to kMaxK; the selection from given f32 scores any widths (SIMT),
+// the scores on the tensor cores from bf16 qI, kI with HI and DI multiples of kMmaK.
+Plan plan(Op op, const IndexerTopkParams& p) {
+  if (p.K > TopkTraits::kMaxK) return {};
+  if (op == Op::indexer_select) return {Variant::simt, {}};
+  return plan_if(p.dtype == DType::bf16 && p.HI % kMmaK == 0 && p.DI % kMmaK == 0, Variant::mma);
+}
+
 }  // namespace hmla::cuda

@@ -2,7 +2,7 @@
 // Deterministic by construction: no atomics; each output value is written by one thread.
 //   - Router (forward and backward): a thread per token, the CPU's comparisons and sums in its
 //     order; the per-expert values are recomputed where the CPU keeps a row of them (a thread has
-//     no [E] array), the kept groups are a 64-bit mask (n_group <= 64: supports()).
+//     no [E] array), the kept groups are a 64-bit mask (n_group <= 64: the plan).
 //   - Dispatch: one block, a thread per expert (strided): its count over all slots in slot order,
 //     one thread's exclusive scan, then each expert's slots in slot order: the CPU's stable sort.
 //   - Gather, combine: a thread per value (combine: its k slots in slot order, then the add);
@@ -303,7 +303,7 @@ template <Product kP>
 void grouped(const MoeGroupedParams& p, const char* what) {
   const int64_t cols = kP == Product::fwd ? p.out : p.in;
   if (p.rows == 0 || cols == 0 || p.in == 0 || p.out == 0) return;
-  Experts ex;  // supports() saw both tables at one stride
+  Experts ex;  // the plan saw both tables at one stride
   int64_t stride = 0;
   ex.w = p.W[0];
   moe_expert_stride(p.W, p.E, int64_t(dtype_size(p.w_dtype)), stride);
@@ -353,6 +353,24 @@ void moe_grouped_fwd(const MoeGroupedParams& p) { grouped<Product::fwd>(p, "moe_
 void moe_grouped_bwd(const MoeGroupedParams& p) {
   grouped<Product::dw>(p, "moe_grouped backward dW");
   if (p.dx) grouped<Product::dx>(p, "moe_grouped backward dx");
+}
+
+// The plans (cuda_kernels.h): the kept groups in a 64-bit mask; the gather's source and the row
+// dot's operands may be bf16 activations; the grouped products take linear's dtypes, their
+// experts' matrices at one stride (one arena) and a grid that fits.
+Plan plan(Op, const MoeRouteParams& p) { return plan_if(p.n_group <= MoeTraits::kMaxGroups, Variant::simt); }
+Plan plan(Op, const MoeDispatchParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const MoeRowsParams& p) {
+  return plan_if(f32_or_bf16(p.src_dtype) && f32_or_bf16(p.a_dtype) && f32_or_bf16(p.b_dtype), Variant::simt);
+}
+Plan plan(Op, const MoeGroupedParams& p) {
+  using T = MoeTraits;
+  int64_t stride = 0;
+  return plan_if(f32_or_bf16(p.x_dtype) && f32_or_bf16(p.w_dtype) && f32_or_bf16(p.y_dtype) && f32_or_bf16(p.dx_dtype) &&
+                     moe_expert_stride(p.W, p.E, int64_t(dtype_size(p.w_dtype)), stride) &&
+                     (!p.dW || moe_expert_stride(reinterpret_cast<const void* const*>(p.dW), p.E, sizeof(float), stride)) &&
+                     T::row_tiles(p.rows, p.E) <= T::kMaxGridY && p.E <= T::kMaxGridY,
+                 Variant::simt);
 }
 
 }  // namespace hmla::cuda

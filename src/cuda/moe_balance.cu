@@ -106,4 +106,7 @@ void moe_aux_loss(const MoeBalanceParams& p) {
   check_launch("moe_aux_loss sum");
 }
 
+// The plan (cuda_kernels.h): every size.
+Plan plan(Op, const MoeBalanceParams&) { return {Variant::simt, {}}; }
+
 }  // namespace hmla::cuda

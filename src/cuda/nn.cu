@@ -40,7 +40,7 @@ cudaStream_t stream() { return current_stream().get(); }
 __device__ __forceinline__ float widen(float v) { return v; }
 __device__ __forceinline__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// f(T{}) with T the element type of an activation's dtype (supports() admitted f32 and bf16 only).
+// f(T{}) with T the element type of an activation's dtype (the plan admitted f32 and bf16 only).
 template <class F>
 void with_type(DType dt, F&& f) {
   if (dt == DType::bf16)
@@ -446,5 +446,25 @@ void adamw_update(const AdamWParams& p) { launch(adamw_kernel, p.n, p, "adamw");
 void muon_momentum(const MuonParams& p) { launch(muon_momentum_kernel, p.n, p, "muon momentum"); }
 void muon_normalize(const MuonParams& p) { launch(muon_normalize_kernel, p.n, p, "muon normalize"); }
 void muon_update(const MuonParams& p) { launch(muon_update_kernel, p.n, p, "muon update"); }
+
+// The plans (cuda_kernels.h): the activations of the row and element ops f32 or bf16 (with_type's
+// instantiations); the fused add reads the residual stream x in f32 only. Every shape.
+Plan plan(Op, const NormParams& p) {
+  return plan_if(f32_or_bf16(p.x_dtype) && f32_or_bf16(p.x2_dtype) && f32_or_bf16(p.y_dtype) &&
+                     (!p.x2 || p.x_dtype == DType::f32),
+                 Variant::simt);
+}
+Plan plan(Op, const RopeParams& p) { return plan_if(f32_or_bf16(p.x_dtype), Variant::simt); }
+Plan plan(Op, const SwigluParams& p) { return plan_if(f32_or_bf16(p.dtype), Variant::simt); }
+Plan plan(Op, const EmbeddingParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const CrossEntropyParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const AxpyParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const ConvertParams& p) {
+  return plan_if(p.src_dtype == p.dst_dtype || (f32_or_bf16(p.src_dtype) && f32_or_bf16(p.dst_dtype)), Variant::simt);
+}
+Plan plan(Op, const SumSquaresParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const StatsParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const AdamWParams&) { return {Variant::simt, {}}; }
+Plan plan(Op, const MuonParams&) { return {Variant::simt, {}}; }
 
 }  // namespace hmla::cuda

@@ -1,8 +1,8 @@
 // The compile-time constants of the CUDA kernel families other than dense attention (its tiles:
 // AttnCudaTraits in attn_dense.cuh), one traits struct each, and the shape limits they put on the
-// ops. CudaBackend::supports (backend.cu) reads the limits from here and is the only place they
-// are enforced: the entry points ask it before any kernel runs. Plain C++ (no device code), so
-// that the backend and the kernels share it.
+// ops. The families' plans (cuda::plan, in each family's .cu) read the limits from here and are the
+// only place they are enforced: dispatch asks the plan before any kernel runs, and the launcher
+// runs the variant it names. Plain C++ (no device code), so that plans and kernels share it.
 #pragma once
 #include <cstdint>
 
@@ -39,7 +39,7 @@ struct SparseTraits {
   // (dS^T Q + P^T dO over the group's heads). 32 heads: Q, dO and the key tile at 576/512 plus a
   // 4096-slot list take 147 KB (bwd_smem_bytes), under an A100's 163 KB; 64 would not fit. One
   // chunk at every width up to 576, so S and dP are computed once per (row, head group, key tile).
-  // supports() asks H to be a multiple of kHeadStep (the kernel masks a partial head tile, but no
+  // The plan asks H to be a multiple of kHeadStep (the kernel masks a partial head tile, but no
   // case table row runs one on the device yet).
   static constexpr int kBwdWarps = 8;
   static constexpr int kBwdKeys = 32;

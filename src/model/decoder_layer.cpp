@@ -89,7 +89,7 @@ void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int
 }
 
 DecoderLayer decoder_layer(const Model& m, int64_t L, const LayerTensors* grads) {
-  return {m, L, MlaLayer{&m.cfg, L, split_kv_b_proj_at(m, L), layer_attn(m, L)},
+  return {m, L, MlaLayer{&m.cfg, L, split_kv_b_proj_at(m, L), layer_attn(m, L), m.attn_backend},
           make_mlp(m.cfg, L, m.wc.layers[L], grads)};
 }
 

@@ -80,6 +80,7 @@ AttnDenseInputs core_inputs(const MlaLayer& L, const AttnTensors& w, const MlaSa
   in.layout = &layout;
   in.scale = static_cast<float>(softmax_scale(*L.cfg));
   in.q_row0 = d.row0;
+  in.backend = L.attn_backend;
   if (L.cfg->attention_sink) in.sink = w.softmax_offset;
   if (L.latent()) {
     in.q = core_in(sv.qabs.view({d.b, d.s, d.H, d.Rkv + d.Dr}));

@@ -3,7 +3,6 @@
 #include "hmla/ops/attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <string>
 
@@ -13,8 +12,6 @@
 namespace hmla {
 
 namespace {
-
-std::atomic<AttnBackend> g_attn_backend{AttnBackend::auto_};
 
 // The cuDNN path's bounds from the host layout: documents over all rows, the longest one.
 void doc_bounds(const DocLayout& l, int64_t& ndocs, int64_t& max_doc) {
@@ -95,13 +92,13 @@ AttnDenseParams make_params(const AttnDenseInputs& in) {
   p.doc_start = in.layout->doc_start.data<int32_t>();
   p.doc_end = in.layout->doc_end.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
-  p.backend = in.backend == AttnBackend::auto_ ? attn_backend() : in.backend;
+  p.backend = in.backend;
   HMLA_CHECK(!(p.backend == AttnBackend::cudnn && dev != Device::cuda), ShapeError,
              "attention: backend cudnn needs CUDA tensors (the CPU has one implementation: auto or hmla)");
   return p;
 }
 
-void run(const AttnDenseInputs& in, AttnDenseParams p, void (Backend::*entry)(const AttnDenseParams&) const) {
+void run(const AttnDenseInputs& in, AttnDenseParams p, Op entry) {
   const Device dev = in.q.device();
   // A GPU kernel reads the layout's device form (uploaded once per micro-batch) or a copy held here.
   const Tensor ds = in.layout->doc_start_on(dev), de = in.layout->doc_end_on(dev);
@@ -126,8 +123,6 @@ AttnBackend parse_attn_backend(const std::string& name, const std::string& what)
   throw ConfigError(what + ": attention backend '" + name + "' (known: auto, cudnn, hmla)");
 }
 
-void set_attn_backend(AttnBackend b) { g_attn_backend.store(b); }
-AttnBackend attn_backend() { return g_attn_backend.load(); }
 
 bool attn_cudnn_built() {
 #ifdef HMLA_HAVE_CUDNN
@@ -138,8 +133,11 @@ bool attn_cudnn_built() {
 }
 
 bool attn_dense_supports(const AttnDenseInputs& in) {
-  const Backend* be = in.q.device() == Device::cpu ? &cpu_backend() : cuda_backend();
-  return be && be->supports(make_params(in));
+  const Device dev = in.q.device();
+  if (dev == Device::cuda && !cuda_backend()) return false;
+  AttnDenseParams p = make_params(in);
+  const Backend& be = backend(dev);
+  return be.supports(Op::attn_dense_fwd, p) && be.supports(Op::attn_dense_bwd, p);
 }
 
 void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
@@ -148,7 +146,7 @@ void attn_dense_fwd(const AttnDenseInputs& in, AttnDenseSaved& saved) {
   check_out(saved.lse, "lse", {p.b, p.H, p.sq}, DType::f32, in.q.device());
   p.out = saved.out.raw_data();
   p.lse = saved.lse.data<float>();
-  run(in, p, &Backend::attn_dense_fwd);
+  run(in, p, Op::attn_dense_fwd);
 }
 
 AttnDenseSaved attn_dense_fwd(const AttnDenseInputs& in) {
@@ -180,7 +178,7 @@ void attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved, cons
   p.dk = g.dk.raw_data();
   p.dv = g.dv.raw_data();
   p.dsink = in.sink.defined() ? g.dsink.data<float>() : nullptr;
-  run(in, p, &Backend::attn_dense_bwd);
+  run(in, p, Op::attn_dense_bwd);
 }
 
 AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& saved,

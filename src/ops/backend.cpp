@@ -23,4 +23,17 @@ const Backend& backend(Device d) {
   return *b;
 }
 
+Device device_of(const char* what, std::initializer_list<const Tensor*> ts) {
+  Device dev = Device::cpu;
+  bool first = true;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (first) dev = t->device();
+    HMLA_CHECK(t->device() == dev, ShapeError, what, ": every tensor must be on one device (", device_name(dev), " and ",
+               device_name(t->device()), ")");
+    first = false;
+  }
+  return dev;
+}
+
 }  // namespace hmla

@@ -92,7 +92,7 @@ IndexerKlParams check_kl(const IndexerKlInputs& in, Tensor& ds) {
 
 // Allocates the gradients and runs the KL `entry`, its sum added into in.kl_acc on the device,
 // or into a one-value accumulator read back into kl_sum and loss when none is given.
-IndexerKlResult run_kl(void (Backend::*entry)(const IndexerKlParams&) const, IndexerKlParams& p,
+IndexerKlResult run_kl(Op entry, IndexerKlParams& p,
                        const IndexerKlInputs& in, const char* op) {
   const Device dev = in.sc.qI.device();
   IndexerKlResult r{0, 0, Tensor::empty(in.sc.qI.shape(), DType::f32, dev), Tensor::empty(in.sc.kI.shape(), DType::f32, dev),
@@ -126,7 +126,7 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   p.K = K, p.W = W;
   Tensor table = Tensor::empty({p.b, p.sq, K + W}, DType::i32, sc.qI.device());
   p.table = table.data<int32_t>();
-  dispatch(sc.qI.device(), &Backend::indexer_topk, p, "indexer", widths(p));
+  dispatch(sc.qI.device(), Op::indexer_topk, p, "indexer", widths(p));
   return table;
 }
 
@@ -146,14 +146,14 @@ Tensor indexer_select(const Tensor& scores, const DocLayout& layout, int64_t q_r
   p.doc_start = ds.data<int32_t>();
   Tensor table = Tensor::empty({b, sq, K + W}, DType::i32, dev);
   p.table = table.data<int32_t>();
-  dispatch(dev, &Backend::indexer_select, p, "indexer_select", "K = " + std::to_string(K));
+  dispatch(dev, Op::indexer_select, p, "indexer_select", "K = " + std::to_string(K));
   return table;
 }
 
 IndexerKlResult indexer_kl_dense(const IndexerKlInputs& in) {
   Tensor ds;
   IndexerKlParams p = check_kl(in, ds);
-  return run_kl(&Backend::indexer_kl_dense, p, in, "indexer KL");
+  return run_kl(Op::indexer_kl_dense, p, in, "indexer KL");
 }
 
 IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
@@ -171,7 +171,7 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in) {
   const int64_t KW = in.topk.size(2);
   p.K = in.K, p.W = KW - in.K;
   p.topk = in.topk.data<int32_t>();
-  return run_kl(&Backend::indexer_kl_sparse, p, in, "indexer sparse KL");
+  return run_kl(Op::indexer_kl_sparse, p, in, "indexer sparse KL");
 }
 
 }  // namespace hmla

@@ -19,18 +19,8 @@ std::string desc(const Tensor& t) {
                      : "undefined";
 }
 
-template <class P>
-void run(const char* op, void (Backend::*entry)(const P&) const, const P& p, std::initializer_list<const Tensor*> ts) {
-  Device dev = Device::cpu;
-  bool first = true;
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    if (first) dev = t->device();
-    HMLA_CHECK(t->device() == dev, ShapeError, op, ": every tensor must be on one device (", device_name(dev), " and ",
-               device_name(t->device()), ")");
-    first = false;
-  }
-  dispatch(dev, entry, p, op, "these MoE tensors (bf16 is CUDA's, for the activations moe.h names)");
+void run(const char* op, Op entry, const auto& p, std::initializer_list<const Tensor*> ts) {
+  dispatch(device_of(op, ts), entry, p, op, "these MoE tensors (bf16 is CUDA's, for the activations moe.h names)");
 }
 
 void need(const Tensor& t, DType dt, const Shape& shape, const char* op, const char* name) {
@@ -86,7 +76,7 @@ void moe_route_fwd(const Tensor& logits, const Tensor& bias, int64_t n_group, in
   p.norm_topk_prob = norm_topk_prob, p.scaling = scaling;
   p.logits = logits.data<float>(), p.bias = bias.data<float>();
   p.idx = r.idx.data<int32_t>(), p.weight = r.weight.data<float>(), p.score = r.score.data<float>();
-  run(op, &Backend::moe_route_fwd, p, {&logits, &bias, &r.idx, &r.weight, &r.score});
+  run(op, Op::moe_route_fwd, p, {&logits, &bias, &r.idx, &r.weight, &r.score});
 }
 
 void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_prob, float scaling,
@@ -103,7 +93,7 @@ void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_pr
   p.N = N, p.E = E, p.k = k, p.norm_topk_prob = norm_topk_prob, p.scaling = scaling;
   p.idx_in = r.idx.data<int32_t>(), p.score_in = r.score.data<float>(), p.dweight = dweight.data<float>();
   p.dlogits = dlogits.data<float>();
-  run(op, &Backend::moe_route_bwd, p, {&dweight, &r.idx, &r.score, &dlogits});
+  run(op, Op::moe_route_bwd, p, {&dweight, &r.idx, &r.score, &dlogits});
 }
 
 MoeDispatch moe_dispatch(const Tensor& idx, int64_t E) {
@@ -131,7 +121,7 @@ MoeDispatch moe_dispatch(const Tensor& idx, int64_t E) {
   MoeDispatchParams p;
   p.N = N, p.E = E, p.k = k, p.idx = idx.data<int32_t>();
   p.order = d.order.data<int32_t>(), p.pos = d.pos.data<int32_t>(), p.offsets = d.offsets.data<int32_t>();
-  run(op, &Backend::moe_dispatch, p, {&idx});
+  run(op, Op::moe_dispatch, p, {&idx});
   return d;
 }
 
@@ -150,7 +140,7 @@ void moe_gather(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor
   p.src_dtype = src.dtype();
   p.src = src.raw_data(), p.order = d.order.data<int32_t>(), p.w = w.defined() ? w.data<float>() : nullptr;
   p.out = out.data<float>(), p.ld_out = D;
-  run(op, &Backend::moe_gather, p, {&src, &d.order, &w, &out});
+  run(op, Op::moe_gather, p, {&src, &d.order, &w, &out});
 }
 
 void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tensor& w, bool accumulate,
@@ -167,7 +157,7 @@ void moe_combine(const Tensor& src, const MoeDispatch& d, int64_t k, const Tenso
   p.w = w.defined() ? w.data<float>() : nullptr;
   p.ld_out = row_stride(out, N, D, op, "out");
   p.out = out.data<float>();
-  run(op, &Backend::moe_combine, p, {&src, &d.pos, &w, &out});
+  run(op, Op::moe_combine, p, {&src, &d.pos, &w, &out});
 }
 
 void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t k, const Tensor& out) {
@@ -182,7 +172,7 @@ void moe_rowdot(const Tensor& a, const Tensor& b, const MoeDispatch& d, int64_t 
   MoeRowsParams p;
   p.N = slots / k, p.k = k, p.D = D, p.a_dtype = a.dtype(), p.b_dtype = b.dtype();
   p.a = a.raw_data(), p.b = b.raw_data(), p.order = d.order.data<int32_t>(), p.out = out.data<float>();
-  run(op, &Backend::moe_rowdot, p, {&a, &b, &d.order, &out});
+  run(op, Op::moe_rowdot, p, {&a, &b, &d.order, &out});
 }
 
 void moe_expert_load(const Tensor& idx, const Tensor& mask, int64_t rows, bool accumulate, const Tensor& load) {
@@ -197,7 +187,7 @@ void moe_expert_load(const Tensor& idx, const Tensor& mask, int64_t rows, bool a
   MoeBalanceParams p;
   p.N = N, p.E = E, p.k = k, p.rows = rows, p.accumulate = accumulate;
   p.idx = idx.data<int32_t>(), p.mask = mask.defined() ? mask.data<float>() : nullptr, p.load = load.data<double>();
-  run(op, &Backend::moe_expert_load, p, {&idx, &mask, &load});
+  run(op, Op::moe_expert_load, p, {&idx, &mask, &load});
 }
 
 void moe_bias_update(const Tensor& bias, const Tensor& load, float rate) {
@@ -209,7 +199,7 @@ void moe_bias_update(const Tensor& bias, const Tensor& load, float rate) {
   HMLA_CHECK(std::isfinite(rate) && rate >= 0, ConfigError, op, ": rate = ", rate, ": it must be finite and >= 0");
   MoeBalanceParams p;
   p.E = E, p.rate = rate, p.bias = bias.data<float>(), p.load_in = load.data<double>();
-  run(op, &Backend::moe_bias_update, p, {&bias, &load});
+  run(op, Op::moe_bias_update, p, {&bias, &load});
 }
 
 void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask, int64_t k, double scale,
@@ -230,7 +220,7 @@ void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask
   p.N = N, p.E = E, p.k = k, p.rows = rows, p.scale = scale;
   p.logits = logits.data<float>(), p.counts = counts.data<double>(), p.mask = mask.data<float>();
   p.dlogits = dlogits.data<float>(), p.loss = loss.data<double>();
-  run(op, &Backend::moe_aux_loss, p, {&logits, &counts, &mask, &dlogits, &loss});
+  run(op, Op::moe_aux_loss, p, {&logits, &counts, &mask, &dlogits, &loss});
 }
 
 namespace {
@@ -278,7 +268,7 @@ void moe_grouped_fwd(const Tensor& x, const std::vector<Tensor>& W, const MoeDis
   p.ld_y = product_rows(y, p.rows, p.out, op, "y");
   p.x_dtype = x.dtype(), p.w_dtype = wt, p.y_dtype = y.dtype();
   p.offsets = d.offsets.data<int32_t>(), p.W = table.data(), p.x = x.raw_data(), p.y = y.raw_data();
-  run(op, &Backend::moe_grouped_fwd, p, {&x, &W[0], &d.offsets, &y});
+  run(op, Op::moe_grouped_fwd, p, {&x, &W[0], &d.offsets, &y});
 }
 
 void moe_grouped_bwd(const Tensor& dy, const Tensor& x, const std::vector<Tensor>& W, const std::vector<Tensor>& dW,
@@ -307,7 +297,7 @@ void moe_grouped_bwd(const Tensor& dy, const Tensor& x, const std::vector<Tensor
   }
   p.offsets = d.offsets.data<int32_t>(), p.W = table.data(), p.dW = grads.data();
   p.x = x.raw_data(), p.y = dy.raw_data();
-  run(op, &Backend::moe_grouped_bwd, p, {&dy, &x, &W[0], &dW[0], &d.offsets, &dx});
+  run(op, Op::moe_grouped_bwd, p, {&dy, &x, &W[0], &dW[0], &d.offsets, &dx});
 }
 
 }  // namespace hmla

@@ -19,24 +19,9 @@ std::string desc(const Tensor& t) {
                      : "undefined";
 }
 
-// The one device of every defined tensor.
-Device device_of(const char* op, std::initializer_list<const Tensor*> ts) {
-  Device dev = Device::cpu;
-  bool first = true;
-  for (const Tensor* t : ts) {
-    if (!t->defined()) continue;
-    if (first) dev = t->device();
-    HMLA_CHECK(t->device() == dev, ShapeError, op, ": every tensor must be on one device (", device_name(dev),
-               " and ", device_name(t->device()), ")");
-    first = false;
-  }
-  return dev;
-}
-
 // hmla::dispatch on the tensors' device.
-template <class P, class R>
-R run(const char* op, R (Backend::*entry)(const P&) const, const P& p, std::initializer_list<const Tensor*> ts) {
-  return dispatch(device_of(op, ts), entry, p, op, "these tensors");
+void run(const char* op, Op entry, const auto& p, std::initializer_list<const Tensor*> ts) {
+  dispatch(device_of(op, ts), entry, p, op, "these tensors");
 }
 
 void check_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
@@ -162,7 +147,7 @@ void matmul(const Tensor& a, Trans ta, const Tensor& b, Trans tb, const Tensor& 
   p.c = c.raw_data();
   p.ldc = c.stride(-2);
   p.c_batch = batched ? c.stride(0) : 0;
-  run("matmul", &Backend::gemm, p, {&a, &b, &c});
+  run("matmul", Op::gemm, p, {&a, &b, &c});
 }
 
 void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y) {
@@ -182,7 +167,7 @@ void linear_fwd(const Tensor& x, const Tensor& W, const Tensor& y) {
   p.a = X.p, p.lda = X.ld;
   p.b = W.raw_data(), p.ldb = in;
   p.c = Y.p, p.ldc = Y.ld;
-  run("linear", &Backend::gemm, p, {&x, &W, &y});
+  run("linear", Op::gemm, p, {&x, &W, &y});
 }
 
 void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor& dW, const Tensor& dx,
@@ -205,7 +190,7 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
   p.a = DY.p, p.lda = DY.ld;
   p.b = X.p, p.ldb = X.ld;
   p.c = dW.raw_data(), p.ldc = in;
-  run(op, &Backend::gemm, p, {&dy, &x, &W, &dW, &dx});
+  run(op, Op::gemm, p, {&dy, &x, &W, &dW, &dx});
   if (!dx.defined()) return;
   const Rows DX = rows(dx, gemm_dtype(dx, op, "dx"), op, "dx");
   same_rows(DX, X, op, "dx", "x");
@@ -216,7 +201,7 @@ void linear_bwd(const Tensor& dy, const Tensor& x, const Tensor& W, const Tensor
   q.a = DY.p, q.lda = DY.ld;
   q.b = W.raw_data(), q.ldb = in;
   q.c = DX.p, q.ldc = DX.ld;
-  run(op, &Backend::gemm, q, {&dy, &x, &W, &dW, &dx});
+  run(op, Op::gemm, q, {&dy, &x, &W, &dW, &dx});
 }
 
 void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd) {
@@ -228,7 +213,7 @@ void rmsnorm_fwd(const Tensor& x, const Tensor& w, float eps, const Tensor& y, c
   p.N = X.N, p.D = X.D, p.eps = eps;
   p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.ld, p.w = w.data<float>();
   p.y_dtype = y.dtype(), p.y = Y.p, p.ldy = Y.ld, p.rstd = rstd.data<float>();
-  run("rmsnorm", &Backend::rmsnorm_fwd, p, {&x, &w, &y, &rstd});
+  run("rmsnorm", Op::rmsnorm_fwd, p, {&x, &w, &y, &rstd});
 }
 
 void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float eps, const Tensor& xs, const Tensor& y,
@@ -246,7 +231,7 @@ void add_rmsnorm_fwd(const Tensor& x, const Tensor& x2, const Tensor& w, float e
   p.x = X.p, p.ldx = X.ld, p.x2_dtype = x2.dtype(), p.x2 = X2.p, p.ldx2 = X2.ld, p.xs = f(XS), p.ldxs = XS.ld;
   p.w = w.data<float>();
   p.y_dtype = y.dtype(), p.y = Y.p, p.ldy = Y.ld, p.rstd = rstd.data<float>();
-  run(op, &Backend::add_rmsnorm_fwd, p, {&x, &x2, &w, &xs, &y, &rstd});
+  run(op, Op::add_rmsnorm_fwd, p, {&x, &x2, &w, &xs, &y, &rstd});
 }
 
 void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
@@ -262,7 +247,7 @@ void rmsnorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tenso
   p.N = X.N, p.D = X.D;
   p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.ld, p.w = w.data<float>(), p.rstd = rstd.data<float>();
   p.dy = f(DY), p.lddy = DY.ld, p.dx = f(DX), p.lddx = DX.ld, p.dw = dw.data<float>();
-  run(op, &Backend::rmsnorm_bwd, p, {&dy, &x, &w, &rstd, &dx, &dw});
+  run(op, Op::rmsnorm_bwd, p, {&dy, &x, &w, &rstd, &dx, &dw});
 }
 
 void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& y, const Tensor& mean,
@@ -278,7 +263,7 @@ void layernorm_fwd(const Tensor& x, const Tensor& w, const Tensor& b, float eps,
   p.N = X.N, p.D = X.D, p.eps = eps;
   p.x_dtype = x.dtype(), p.x = X.p, p.ldx = X.D, p.w = w.data<float>(), p.bias = b.data<float>();
   p.y_dtype = y.dtype(), p.y = y.raw_data(), p.ldy = X.D, p.mean = mean.data<float>(), p.rstd = rstd.data<float>();
-  run(op, &Backend::layernorm_fwd, p, {&x, &w, &b, &y, &mean, &rstd});
+  run(op, Op::layernorm_fwd, p, {&x, &w, &b, &y, &mean, &rstd});
 }
 
 void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
@@ -298,7 +283,7 @@ void layernorm_bwd(const Tensor& dy, const Tensor& x, const Tensor& w, const Ten
   p.rstd = rstd.data<float>();
   p.dy = dy.data<float>(), p.lddy = X.D, p.dx = dx.data<float>(), p.lddx = X.D;
   p.dw = dw.data<float>(), p.db = db.data<float>();
-  run(op, &Backend::layernorm_bwd, p, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db});
+  run(op, Op::layernorm_bwd, p, {&dy, &x, &w, &mean, &rstd, &dx, &dw, &db});
 }
 
 void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layout, bool transpose) {
@@ -316,7 +301,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layo
   check_contiguous(sin, DType::f32, {p.s, p.Dr / 2}, "rope", "sin");
   p.cos = cos.data<float>(), p.sin = sin.data<float>();
   p.transpose = transpose;
-  run("rope", &Backend::rope, p, {&x, &cos, &sin});
+  run("rope", Op::rope, p, {&x, &cos, &sin});
 }
 
 void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
@@ -325,7 +310,7 @@ void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
     check_contiguous(*t, g.dtype(), g.shape(), "swiglu", name);  // the activations' one dtype
   SwigluParams p;
   p.n = g.numel(), p.dtype = g.dtype(), p.g = g.raw_data(), p.u = u.raw_data(), p.y = y.raw_data();
-  run("swiglu", &Backend::swiglu_fwd, p, {&g, &u, &y});
+  run("swiglu", Op::swiglu_fwd, p, {&g, &u, &y});
 }
 
 void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du) {
@@ -336,7 +321,7 @@ void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor
   SwigluParams p;
   p.n = g.numel(), p.dtype = g.dtype(), p.g = g.raw_data(), p.u = u.raw_data();
   p.dy = dy.data<float>(), p.dg = dg.data<float>(), p.du = du.data<float>();
-  run("swiglu backward", &Backend::swiglu_bwd, p, {&dy, &g, &u, &dg, &du});
+  run("swiglu backward", Op::swiglu_bwd, p, {&dy, &g, &u, &dg, &du});
 }
 
 namespace {
@@ -368,13 +353,13 @@ EmbeddingParams embedding_params(const Tensor& ids, const Tensor& E, const Tenso
 void embedding_fwd(const Tensor& ids, const Tensor& E, const Tensor& out) {
   EmbeddingParams p = embedding_params(ids, E, out, "embedding", "out");
   p.E = E.data<float>(), p.out = out.data<float>();
-  run("embedding", &Backend::embedding_fwd, p, {&ids, &E, &out});
+  run("embedding", Op::embedding_fwd, p, {&ids, &E, &out});
 }
 
 void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE) {
   EmbeddingParams p = embedding_params(ids, dE, dout, "embedding backward", "dout");
   p.dout = dout.data<float>(), p.dE = dE.data<float>();
-  run("embedding backward", &Backend::embedding_bwd, p, {&ids, &dout, &dE});
+  run("embedding backward", Op::embedding_bwd, p, {&ids, &dout, &dE});
 }
 
 void cross_entropy_into(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
@@ -398,7 +383,7 @@ void cross_entropy_into(const Tensor& logits, const Tensor& target, const Tensor
   p.logits = logits.data<float>(), p.target = target.data<int32_t>(), p.w = w.data<float>();
   p.dlogits = dlogits.defined() ? dlogits.data<float>() : nullptr;
   p.acc = acc.data<double>();
-  run("cross_entropy", &Backend::cross_entropy, p, {&logits, &target, &w, &dlogits, &acc});
+  run("cross_entropy", Op::cross_entropy, p, {&logits, &target, &w, &dlogits, &acc});
 }
 
 double cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& w, const Tensor& dlogits,
@@ -420,7 +405,7 @@ void axpy(const Tensor& a, float alpha, const Tensor& b, const Tensor& out) {
     same_rows(A, B, "axpy", "a", "b");
     p.b = f(B), p.ldb = B.ld;
   }
-  run("axpy", &Backend::axpy, p, {&a, &b, &out});
+  run("axpy", Op::axpy, p, {&a, &b, &out});
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) { axpy(a, 1.f, b, out); }
@@ -440,7 +425,7 @@ void convert(const Tensor& src, const Tensor& dst) {
   }
   p.src = src.raw_data(), p.dst = dst.raw_data();
   if (src.numel() == 0) return;
-  run("convert", &Backend::convert, p, {&src, &dst});
+  run("convert", Op::convert, p, {&src, &dst});
 }
 
 Tensor converted(const Tensor& t, DType dtype) {
@@ -462,7 +447,7 @@ void sum_squares_into(const Tensor& x, const Tensor& acc) {
   check_scalar(acc, "sum_squares");
   SumSquaresParams p;
   p.n = x.numel(), p.x = x.data<float>(), p.acc = acc.data<double>();
-  run("sum_squares", &Backend::sum_squares, p, {&x, &acc});
+  run("sum_squares", Op::sum_squares, p, {&x, &acc});
 }
 
 double sum_squares(const Tensor& x, double init) {
@@ -476,7 +461,7 @@ void stats_add(const Tensor& s, StatSlot dst, StatSlot src, double div) {
   check_stats(s, "stats_add");
   StatsParams p;
   p.s = s.data<double>(), p.dst = dst, p.src = src, p.div = div;
-  run("stats_add", &Backend::stats_add, p, {&s});
+  run("stats_add", Op::stats_add, p, {&s});
 }
 
 void stats_losses(const Tensor& s, const Tensor& bad) {
@@ -484,7 +469,7 @@ void stats_losses(const Tensor& s, const Tensor& bad) {
   check_contiguous(bad, DType::f32, {1}, "stats_losses", "bad");
   StatsParams p;
   p.s = s.data<double>(), p.bad = bad.data<float>();
-  run("stats_losses", &Backend::stats_losses, p, {&s, &bad});
+  run("stats_losses", Op::stats_losses, p, {&s, &bad});
 }
 
 void stats_clip(const Tensor& s, const Tensor& bad, double clip_backbone, double clip_indexer) {
@@ -492,7 +477,7 @@ void stats_clip(const Tensor& s, const Tensor& bad, double clip_backbone, double
   check_contiguous(bad, DType::f32, {1}, "stats_clip", "bad");
   StatsParams p;
   p.s = s.data<double>(), p.bad = bad.data<float>(), p.clip_backbone = clip_backbone, p.clip_indexer = clip_indexer;
-  run("stats_clip", &Backend::stats_clip, p, {&s, &bad});
+  run("stats_clip", Op::stats_clip, p, {&s, &bad});
 }
 
 namespace {
@@ -515,7 +500,7 @@ void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tenso
   p.n = w.numel(), p.w = w.data<float>(), p.g = g.data<float>(), p.m = m.data<float>(), p.v = v.data<float>();
   p.gscale_at = p.finite_at = nullptr;
   gate(p, stats, scale, "adamw");
-  run("adamw", &Backend::adamw_update, p, {&w, &g, &m, &v, &stats});
+  run("adamw", Op::adamw_update, p, {&w, &g, &m, &v, &stats});
 }
 
 void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gscale, float beta, const Tensor& stats,
@@ -526,7 +511,7 @@ void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gsca
   p.n = g.numel(), p.g = g.data<float>(), p.m = m.data<float>(), p.u = u.data<float>();
   p.gscale = gscale, p.beta = beta;
   gate(p, stats, scale, "muon momentum");
-  run("muon momentum", &Backend::muon_momentum, p, {&g, &m, &u, &stats});
+  run("muon momentum", Op::muon_momentum, p, {&g, &m, &u, &stats});
 }
 
 void muon_normalize(const Tensor& x, const Tensor& ss, const Tensor& u) {
@@ -535,7 +520,7 @@ void muon_normalize(const Tensor& x, const Tensor& ss, const Tensor& u) {
   check_scalar(ss, "muon normalize");
   MuonParams p;
   p.n = x.numel(), p.g = x.data<float>(), p.u = u.data<float>(), p.ss = ss.data<double>();
-  run("muon normalize", &Backend::muon_normalize, p, {&x, &u, &ss});
+  run("muon normalize", Op::muon_normalize, p, {&x, &u, &ss});
 }
 
 void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, float wd, const Tensor& stats) {
@@ -545,7 +530,7 @@ void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, flo
   p.n = w.numel(), p.w = w.data<float>(), p.u = upd.data<float>();
   p.lr = lr, p.scale = scale_, p.wd = wd;
   gate(p, stats, kStatScaleBackbone, "muon update");
-  run("muon update", &Backend::muon_update, p, {&w, &upd, &stats});
+  run("muon update", Op::muon_update, p, {&w, &upd, &stats});
 }
 
 }  // namespace hmla

@@ -60,7 +60,7 @@ AttnSparseParams make_params(const AttnSparseInputs& in) {
   p.kv = in.kv.raw_data();
   p.idx = in.idx.data<int32_t>();
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
-  if (table_checked(in.idx_origin)) dispatch(dev, &Backend::attn_sparse_check_table, p, "sparse attention", widths(p));
+  if (table_checked(in.idx_origin)) dispatch(dev, Op::attn_sparse_check_table, p, "sparse attention", widths(p));
   return p;
 }
 
@@ -75,7 +75,7 @@ AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
   p.out = sv.out.raw_data();
   p.lse = sv.lse.data<float>();
   p.lse_c = in.K > 0 ? sv.lse_c.data<float>() : nullptr;
-  dispatch(dev, &Backend::attn_sparse_fwd, p, "sparse attention", widths(p));
+  dispatch(dev, Op::attn_sparse_fwd, p, "sparse attention", widths(p));
   return sv;
 }
 
@@ -105,7 +105,7 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
   p.dq = g.dq.raw_data();
   p.dkv = g.dkv.raw_data();
   p.dsink = g.dsink.defined() ? g.dsink.data<float>() : nullptr;
-  dispatch(dev, &Backend::attn_sparse_bwd, p, "sparse attention backward", widths(p));
+  dispatch(dev, Op::attn_sparse_bwd, p, "sparse attention backward", widths(p));
   return g;
 }
 

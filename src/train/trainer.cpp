@@ -112,6 +112,7 @@ void enter_phase(const Run& run, int64_t p, Model& model) {
     if (created > 0) run.log << "[" << ph.name << "] initialised " << created << " missing indexer tensors\n";
   }
   model.split_kv_b_proj = ph.mqa_split_kv_b_proj;
+  model.attn_backend = run.pr.attention_backend;
 }
 
 
@@ -222,8 +223,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   std::optional<SigintCatcher> sigint(std::in_place);  // until the last phase ends
   const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
   if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
-  check_attention_backend(pr, dev);
-  set_attn_backend(pr.attention_backend);
+  check_attention_backend(pr, dev);  // then each phase's model carries it (enter_phase)
   const RunInputs in = load_run_inputs(pr, opt.cp, dev);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root

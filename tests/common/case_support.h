@@ -1,11 +1,12 @@
-// Which rows of an op case table (op_cases.h) a backend runs: the rows whose real params, the
-// params the entry points build from the runner's inputs for that row, the backend's supports()
-// accepts. supports() is the only place a backend writes its limits, so a harness never filters
-// rows itself and a shape limit shows as a row the backend does not run. Pointers that tell a
-// supports() what the call is (a backward's dq, select's scores, a sparse KL's table, a sink) are
-// set to a marker; supports() reads no memory. Header-only, no test framework (hmla_cuda_check).
+// Which rows of an op case table (op_cases.h) a backend runs: the rows for whose real (op, params),
+// those the entry points build from the runner's inputs for that row, the backend's plans name a
+// variant. The plans are the only place a backend writes its limits, so a harness never filters
+// rows itself and a shape limit shows as a row the backend does not run. Optional inputs a plan
+// reads (a sink, a given lse) are set to a marker; plans read no memory. Header-only, no test
+// framework (hmla_cuda_check).
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hmla/ops/backend.h"
@@ -66,19 +67,64 @@ inline IndexerKlParams params(const IndexerKlCase& c) {
   return p;
 }
 
-// ---- whether a backend runs a row (every params its runner builds) -----------------------------
+// ---- what a row asks of a backend --------------------------------------------------------------
 
-inline bool runs(const Backend& be, const AttnDenseCase& c, DType dt) {
-  return be.supports(params(c, dt, false)) && be.supports(params(c, dt, true));
+// Each (op, params) a row's runner dispatches, with the variant the backend's plan names for it: a
+// row runs on a backend when every plan names one. The coverage test (tests/ops/test_op_coverage.cpp)
+// and `hmla ops` read the ops and variants; the runners read runs().
+struct Uses {
+  const Backend& be;
+  std::vector<std::pair<Op, Variant>> ops = {};
+  template <class P>
+  Uses& operator()(Op op, const P& p) {
+    ops.push_back({op, be.plan(op, p).variant});
+    return *this;
+  }
+  bool all() const {
+    for (const auto& [op, v] : ops)
+      if (v == Variant::none) return false;
+    return true;
+  }
+};
+
+inline void uses(Uses& u, const AttnDenseCase& c, DType dt) {
+  u(Op::attn_dense_fwd, params(c, dt, false))(Op::attn_dense_bwd, params(c, dt, true));
 }
-inline bool runs(const Backend& be, const AttnSparseCase& c, DType dt) {
-  return be.supports(params(c, dt, false)) && be.supports(params(c, dt, true));
+// The runners hand the entry points their own tables: checked at the boundary (external tables).
+inline void uses(Uses& u, const AttnSparseCase& c, DType dt) {
+  u(Op::attn_sparse_check_table, params(c, dt, false))(Op::attn_sparse_fwd, params(c, dt, false));
+  u(Op::attn_sparse_bwd, params(c, dt, true));
 }
 // Select reads f32 scores whatever the backend's compute dtype.
-inline bool runs(const Backend& be, const IndexerSelectCase& c, DType) { return be.supports(params(c)); }
-inline bool runs(const Backend& be, const IndexerTopkCase& c, DType dt) { return be.supports(params(c, dt)); }
-inline bool runs(const Backend& be, const IndexerKlCase& c, DType) { return be.supports(params(c)); }
+inline void uses(Uses& u, const IndexerSelectCase& c, DType) { u(Op::indexer_select, params(c)); }
+inline void uses(Uses& u, const IndexerTopkCase& c, DType dt) { u(Op::indexer_topk, params(c, dt)); }
+inline void uses(Uses& u, const IndexerKlCase& c, DType) {
+  u(c.sparse ? Op::indexer_kl_sparse : Op::indexer_kl_dense, params(c));
+}
 
+// A row as the registry lists it (tests/common/case_registry.h): its table, name and oracle, each
+// (op, variant) it asks of a backend, and whether that backend runs it.
+struct RowUse {
+  std::string table, name, oracle;
+  std::vector<std::pair<Op, Variant>> ops;
+  bool runs = false;
+};
+template <class Row>
+void add_rows(std::vector<RowUse>& out, const char* table, const Backend& be, DType dt, const std::vector<Row>& rows) {
+  for (const Row& c : rows) {
+    Uses u{be};
+    uses(u, c, dt);
+    out.push_back({table, c.name, oracle_name(c.oracle), u.ops, u.all()});
+  }
+}
+
+// Whether a backend runs a row: every params its runner builds.
+template <class Row>
+bool runs(const Backend& be, const Row& c, DType dt) {
+  Uses u{be};
+  uses(u, c, dt);
+  return u.all();
+}
 // The rows of `table` that `be` (null: a backend this build lacks) runs on inputs of dtype `dt`:
 // what a runner instantiates over (::testing::ValuesIn(run_by(...))).
 template <class Row>

@@ -11,10 +11,10 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(const Backend& inner) : Backend(inner.device()), inner_(inner) {}
   const char* name() const override { return inner_.name(); }
   DType compute_dtype() const override { return inner_.compute_dtype(); }
-#define HMLA_FORWARD_SUPPORTS(P) \
-  bool supports(const P& p) const override { return inner_.supports(p); }
-  HMLA_PARAMS_LIST(HMLA_FORWARD_SUPPORTS)
-#undef HMLA_FORWARD_SUPPORTS
+#define HMLA_FORWARD_PLANS(P) \
+  Plan plan(Op op, const P& p) const override { return inner_.plan(op, p); }
+  HMLA_PARAMS_LIST(HMLA_FORWARD_PLANS)
+#undef HMLA_FORWARD_PLANS
 #define HMLA_FORWARD_ENTRY(ret, name, P) \
   ret name(const P& p) const override { return inner_.name(p); }
   HMLA_OP_LIST(HMLA_FORWARD_ENTRY)

@@ -42,6 +42,9 @@ enum class Oracle {
   axpy_ref,            // out = a + alpha b; scale exact
   optim_ref,           // sum of squares, AdamW, Muon momentum and update
   bf16_rounding,       // round to nearest even, once, exactly
+  moe_ref,             // the routing, dispatch and gathers exactly; route backward, combine, rowdot and the
+                       // grouped products against float64 (test_moe_ops.cpp)
+  moe_balance_ref,     // the loads and bias exactly, the balance loss against float64 (test_moe_balance.cpp)
 };
 
 inline const char* oracle_name(Oracle o) {
@@ -61,6 +64,8 @@ inline const char* oracle_name(Oracle o) {
     case Oracle::axpy_ref: return "axpy_ref";
     case Oracle::optim_ref: return "optim_ref";
     case Oracle::bf16_rounding: return "bf16_rounding";
+    case Oracle::moe_ref: return "moe_ref";
+    case Oracle::moe_balance_ref: return "moe_balance_ref";
   }
   return "?";
 }

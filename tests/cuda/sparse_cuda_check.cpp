@@ -55,7 +55,7 @@ SparseResult check_sparse(const SparseCase& c, uint64_t seed, Device dev, float 
   for (float& x : kernel_dout) x = rbf(x * bwd_factor);
   const Tensor dout_dev = put({c.b, c.s, c.H, c.Dv}, kernel_dout, dev);
   const bool backward =
-      dev == Device::cpu || (cuda_backend() && cuda_backend()->supports(op_cases::params(c, DType::bf16, true)));
+      dev == Device::cpu || (cuda_backend() && cuda_backend()->supports(Op::attn_sparse_bwd, op_cases::params(c, DType::bf16, true)));
   std::vector<float> run[2][6];  // out, lse, lse_c, dq, dkv, dsink
   for (auto& got : run) {
     AttnSparseSaved sv = attn_sparse_fwd(in);

@@ -11,8 +11,10 @@
 // equal the CPU's on their own case table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "hmla/ops/backend.h"
 #include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
+#include "cases_moe.h"
 
 namespace hmla {
 namespace {
@@ -77,25 +80,8 @@ TEST(MoeOps, TheDispatchGroupsSlotsByExpertInTokenOrder) {
 // N tokens over E experts in n_group groups (topk_group kept), k per token; D the rows' width
 // (hidden), I the experts' width. `levels` > 0 draws the logits and the bias from that many
 // values (exact ties planted); 0 draws them spread.
-struct MoeCase {
-  std::string name;
-  int64_t N, E, k, G, TG;
-  bool norm;
-  float rsf;
-  int64_t D, I;
-  int levels;
-};
-void PrintTo(const MoeCase& c, std::ostream* os) { *os << c.name; }
-
-std::vector<MoeCase> moe_cases() {
-  return {
-      {"ties_groups", 6, 8, 3, 4, 2, true, 2.5f, 16, 8, 3},
-      {"one_group_no_norm", 7, 6, 2, 1, 1, false, 2.5f, 12, 5, 0},
-      {"k1", 9, 4, 1, 2, 1, true, 1.f, 8, 6, 0},
-      {"empty_experts", 3, 16, 2, 4, 1, true, 2.5f, 10, 7, 0},
-      {"ragged_tiles", 37, 4, 2, 2, 2, true, 2.5f, 45, 33, 0},
-  };
-}
+using op_cases::MoeCase;
+using op_cases::moe_cases;
 
 // A reproducible stream of values in [-1, 1) (a fixed LCG: the same on every platform), or, with
 // levels > 0, of multiples of 1 / 4 from `levels` values.
@@ -158,19 +144,82 @@ Routing route_on(const MoeCase& c, Device dev) {
   return o;
 }
 
-class MoeTable : public ::testing::TestWithParam<MoeCase> {
+// A row of the MoE case table on a device: the CPU runs every row against the float64 oracles, a
+// CUDA device (the emulated one in test_cuda_emu) the same and against the CPU where exact.
+struct MoeRow {
+  MoeCase c;
+  Device dev;
+};
+void PrintTo(const MoeRow& r, std::ostream* os) { *os << r.c.name << " on " << device_name(r.dev); }
+
+class MoeTable : public ::testing::TestWithParam<MoeRow> {
  protected:
   void SetUp() override {
-    if (!cuda_backend() || cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    if (GetParam().dev == Device::cuda && (!cuda_backend() || cuda_device_count() == 0)) GTEST_SKIP() << "no CUDA device";
   }
 };
+// The activations' dtypes a device's MoE ops read: bf16 ones are CUDA's.
+std::vector<DType> act_dtypes(Device dev) {
+  return dev == Device::cuda ? std::vector<DType>{DType::f32, DType::bf16} : std::vector<DType>{DType::f32};
+}
 
-// The router and the dispatch: the chosen experts, the order, positions and bounds exactly; the
-// scores and weights exactly under the emulator (the same expf), within 4 ulps on a device (CUDA's
-// expf is within 2 ulps, then one division and one product).
+// The router in float64 (DESIGN.md section 9): scores sigmoid(u); the choice on scores + bias,
+// group-limited (a group scored by its top two choice scores, the best topk_group groups), then
+// the k best experts of the kept groups in descending choice; exact ties to the smaller index;
+// weights the chosen scores (normalised over the chosen when norm) times routed_scaling_factor.
+struct RefRouting {
+  std::vector<int32_t> idx;
+  std::vector<double> weight;
+};
+RefRouting ref_route(const MoeCase& c, const std::vector<float>& u, const std::vector<float>& bias) {
+  RefRouting r;
+  const int64_t per = c.E / c.G;
+  for (int64_t t = 0; t < c.N; ++t) {
+    std::vector<double> sc(size_t(c.E)), ch(size_t(c.E));
+    for (int64_t e = 0; e < c.E; ++e) {
+      sc[size_t(e)] = 1.0 / (1.0 + std::exp(-double(u[size_t(t * c.E + e)])));
+      ch[size_t(e)] = sc[size_t(e)] + bias[size_t(e)];
+    }
+    auto better = [&](const std::vector<double>& v, int64_t a, int64_t b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+    std::vector<double> gs(size_t(c.G));
+    for (int64_t g = 0; g < c.G; ++g) {
+      std::vector<double> m(ch.begin() + g * per, ch.begin() + (g + 1) * per);
+      std::sort(m.rbegin(), m.rend());
+      gs[size_t(g)] = m[0] + (per > 1 ? m[1] : 0.0);
+    }
+    std::vector<int64_t> groups(size_t(c.G));
+    std::iota(groups.begin(), groups.end(), 0);
+    std::stable_sort(groups.begin(), groups.end(), [&](int64_t a, int64_t b) { return better(gs, a, b); });
+    std::vector<int64_t> cand;
+    for (int64_t g = 0; g < c.TG; ++g)
+      for (int64_t e = groups[size_t(g)] * per; e < (groups[size_t(g)] + 1) * per; ++e) cand.push_back(e);
+    std::sort(cand.begin(), cand.end(), [&](int64_t a, int64_t b) { return better(ch, a, b); });
+    double den = 0;
+    for (int64_t j = 0; j < c.k; ++j) den += sc[size_t(cand[size_t(j)])];
+    for (int64_t j = 0; j < c.k; ++j) {
+      r.idx.push_back(int32_t(cand[size_t(j)]));
+      r.weight.push_back(sc[size_t(cand[size_t(j)])] / (c.norm ? den : 1.0) * c.rsf);
+    }
+  }
+  return r;
+}
+
+// The router and the dispatch: the chosen experts exactly and the weights within 8 ulps (expf's
+// last bit, the sum of k scores, one division, one product) of the float64 router; on a CUDA
+// device the order, positions and bounds exactly the CPU's, the scores and weights exactly under
+// the emulator (the same expf), within 4 ulps on a device (CUDA's expf is within 2 ulps, then one
+// division and one product).
 TEST_P(MoeTable, RoutingAndDispatchEqualTheCpus) {
-  const MoeCase& c = GetParam();
-  const Routing cpu = route_on(c, Device::cpu), gpu = route_on(c, Device::cuda);
+  const MoeCase& c = GetParam().c;
+  const Device dev = GetParam().dev;
+  const Routing cpu = route_on(c, Device::cpu), gpu = route_on(c, dev);
+  std::vector<float> b = values(c.E, 2, c.levels);
+  for (float& x : b) x *= 0.25f;
+  const RefRouting ref = ref_route(c, values(c.N * c.E, 1, c.levels), b);
+  EXPECT_EQ(host_i(cpu.r.idx), ref.idx) << "the float64 router's choice";
+  std::vector<double> rb(ref.weight.size());
+  for (size_t i = 0; i < rb.size(); ++i) rb[i] = 8 * kU * std::abs(ref.weight[i]);
+  expect_within(host(cpu.r.weight), ref.weight, rb, "weight (float64 router)");
   EXPECT_EQ(host_i(gpu.r.idx), host_i(cpu.r.idx));
   EXPECT_EQ(host_i(gpu.d.order), host_i(cpu.d.order));
   EXPECT_EQ(host_i(gpu.d.pos), host_i(cpu.d.pos));
@@ -198,12 +247,13 @@ TEST_P(MoeTable, RoutingAndDispatchEqualTheCpus) {
 // arithmetic is a sum of k products for q and a few roundings per value, bounded by
 // (2k + 8) u times the magnitudes that enter.
 TEST_P(MoeTable, TheRoutersBackwardIsWithinItsRounding) {
-  const MoeCase& c = GetParam();
-  const Routing gpu = route_on(c, Device::cuda);
+  const MoeCase& c = GetParam().c;
+  const Device dev = GetParam().dev;
+  const Routing gpu = route_on(c, dev);
   const std::vector<float> s = host(gpu.r.score), dw = values(c.N * c.k, 3);
   const std::vector<int32_t> idx = host_i(gpu.r.idx);
-  const Tensor dlogits = Tensor::empty({c.N, c.E}, DType::f32, Device::cuda);
-  moe_route_bwd(make({c.N, c.k}, dw, Device::cuda), gpu.r, c.norm, c.rsf, dlogits);
+  const Tensor dlogits = Tensor::empty({c.N, c.E}, DType::f32, dev);
+  moe_route_bwd(make({c.N, c.k}, dw, dev), gpu.r, c.norm, c.rsf, dlogits);
   std::vector<double> ref(size_t(c.N * c.E), 0.0), bound(ref.size(), 0.0);
   for (int64_t t = 0; t < c.N; ++t) {
     double den = 1.0, q = 0.0, qmag = 0.0;
@@ -229,25 +279,26 @@ TEST_P(MoeTable, TheRoutersBackwardIsWithinItsRounding) {
 // rows. The combine and the row dot sum k (D) products in order: (k + 1) u (D u) times the sum of
 // their magnitudes, plus the final add's rounding.
 TEST_P(MoeTable, TheRowOpsMoveExactlyAndSumWithinTheirRounding) {
-  const MoeCase& c = GetParam();
-  const Routing cpu = route_on(c, Device::cpu), gpu = route_on(c, Device::cuda);
+  const MoeCase& c = GetParam().c;
+  const Device dev = GetParam().dev;
+  const Routing cpu = route_on(c, Device::cpu), gpu = route_on(c, dev);
   const int64_t S = c.N * c.k;
   const std::vector<float> x = values(c.N * c.D, 4), rows = values(S * c.D, 5), w = values(S, 6), y0 = values(c.N * c.D, 7);
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : act_dtypes(dev)) {
     const std::vector<float> xv = dt == DType::bf16 ? rounded(x) : x, rv = dt == DType::bf16 ? rounded(rows) : rows;
     for (bool tokens : {true, false}) {
-      const Tensor out_c = Tensor::empty({S, c.D}, DType::f32), out_g = Tensor::empty({S, c.D}, DType::f32, Device::cuda);
+      const Tensor out_c = Tensor::empty({S, c.D}, DType::f32), out_g = Tensor::empty({S, c.D}, DType::f32, dev);
       const std::vector<float>& src = tokens ? xv : rv;
       const Shape sh = tokens ? Shape{c.N, c.D} : Shape{S, c.D};
       moe_gather(make(sh, src, Device::cpu), cpu.d, c.k, make({S}, w, Device::cpu), tokens, out_c);
-      moe_gather(make(sh, src, Device::cuda, dt), gpu.d, c.k, make({S}, w, Device::cuda), tokens, out_g);
+      moe_gather(make(sh, src, dev, dt), gpu.d, c.k, make({S}, w, dev), tokens, out_g);
       EXPECT_EQ(host(out_g), host(out_c)) << "gather, from_tokens " << tokens << ", " << dtype_name(dt);
     }
   }
   // combine(rows, w) + y0 and rowdot(rows, x rows) against float64, by the dispatch's own positions.
   const std::vector<int32_t> pos = host_i(cpu.d.pos), order = host_i(cpu.d.order);
-  const Tensor out = make({c.N, c.D}, y0, Device::cuda);
-  moe_combine(make({S, c.D}, rows, Device::cuda), gpu.d, c.k, make({S}, w, Device::cuda), true, out);
+  const Tensor out = make({c.N, c.D}, y0, dev);
+  moe_combine(make({S, c.D}, rows, dev), gpu.d, c.k, make({S}, w, dev), true, out);
   std::vector<double> ref(size_t(c.N * c.D)), bound(ref.size());
   for (int64_t t = 0; t < c.N; ++t)
     for (int64_t d = 0; d < c.D; ++d) {
@@ -261,10 +312,11 @@ TEST_P(MoeTable, TheRowOpsMoveExactlyAndSumWithinTheirRounding) {
       bound[i] = double(c.k + 1) * kU * mag + kU * (std::abs(ref[i]) + mag);
     }
   expect_within(host(out), ref, bound, "combine");
-  const Tensor dots = Tensor::empty({S}, DType::f32, Device::cuda);
+  const Tensor dots = Tensor::empty({S}, DType::f32, dev);
   const std::vector<float> a = values(S * c.D, 8);
-  moe_rowdot(make({S, c.D}, a, Device::cuda), make({S, c.D}, rows, Device::cuda, DType::bf16), gpu.d, c.k, dots);
-  const std::vector<float> rb = rounded(rows);
+  const DType rows_dt = act_dtypes(dev).back();  // bf16 rows where the device reads them
+  moe_rowdot(make({S, c.D}, a, dev), make({S, c.D}, rows, dev, rows_dt), gpu.d, c.k, dots);
+  const std::vector<float> rb = rows_dt == DType::bf16 ? rounded(rows) : rows;
   std::vector<double> dref(static_cast<size_t>(S)), dbound(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) {
     double sum = 0, mag = 0;
@@ -290,25 +342,28 @@ std::vector<Tensor> experts_of(const Tensor& arena, int64_t E, int64_t out, int6
 // sum's: at most (K - 1) u times the sum of the terms' magnitudes for K terms, plus the one
 // rounding of the added value and of a bf16 output (2^-8).
 TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
-  const MoeCase& c = GetParam();
-  const Routing gpu = route_on(c, Device::cuda);
+  const MoeCase& c = GetParam().c;
+  const Device dev = GetParam().dev;
+  const Routing gpu = route_on(c, dev);
   const int64_t S = c.N * c.k, in = c.D, out = c.I, E = c.E;
   const std::vector<int32_t> off = host_i(gpu.d.offsets);
   const std::vector<float> x = values(S * in, 9), Wv = values(E * out * in, 10), dy = values(S * out, 11),
                            dx0 = values(S * in, 12), dW0 = values(E * out * in, 13);
-  const std::vector<float> xr = rounded(x), Wr = rounded(Wv), dyr = rounded(dy);
+  // CUDA's products round their operands to bf16 (the products' contract: nn.h); the CPU's are f32.
+  const bool rounds = dev == Device::cuda;
+  const std::vector<float> xr = rounds ? rounded(x) : x, Wr = rounds ? rounded(Wv) : Wv, dyr = rounds ? rounded(dy) : dy;
   auto expert_of = [&](int64_t r) {
     int64_t e = 0;
     while (off[size_t(e + 1)] <= r) ++e;
     return e;
   };
-  for (DType dt : {DType::f32, DType::bf16}) {
+  for (DType dt : act_dtypes(dev)) {
     const double out_round = dt == DType::bf16 ? 1.0 / 256 : 0.0;
-    const Tensor W = make({E * out * in}, Wv, Device::cuda, dt);
+    const Tensor W = make({E * out * in}, Wv, dev, dt);
     const std::vector<Tensor> Ws = experts_of(W, E, out, in);
     // y = x W_e^T, y in dt.
-    const Tensor y = Tensor::empty({S, out}, dt, Device::cuda);
-    moe_grouped_fwd(make({S, in}, x, Device::cuda, dt), Ws, gpu.d, y);
+    const Tensor y = Tensor::empty({S, out}, dt, dev);
+    moe_grouped_fwd(make({S, in}, x, dev, dt), Ws, gpu.d, y);
     std::vector<double> ref(size_t(S * out)), bound(ref.size());
     for (int64_t r = 0; r < S; ++r)
       for (int64_t o = 0; o < out; ++o) {
@@ -321,12 +376,12 @@ TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
         ref[size_t(r * out + o)] = sum;
         bound[size_t(r * out + o)] = double(in) * kU * mag + out_round * std::abs(sum);
       }
-    Tensor yf = Tensor::empty({S, out}, DType::f32, Device::cuda);
+    Tensor yf = Tensor::empty({S, out}, DType::f32, dev);
     convert(y, yf);
     expect_within(host(yf), ref, bound, std::string("y, ") + dtype_name(dt));
     // dW += dy^T x (f32) and dx = dy W_e + dx0 (dx f32; dy f32, x and W in dt).
-    const Tensor dWa = make({E * out * in}, dW0, Device::cuda), dx = make({S, in}, dx0, Device::cuda);
-    moe_grouped_bwd(make({S, out}, dy, Device::cuda), make({S, in}, x, Device::cuda, dt), Ws,
+    const Tensor dWa = make({E * out * in}, dW0, dev), dx = make({S, in}, dx0, dev);
+    moe_grouped_bwd(make({S, out}, dy, dev), make({S, in}, x, dev, dt), Ws,
                     experts_of(dWa, E, out, in), gpu.d, dx, 1.f);
     std::vector<double> dxr(size_t(S * in)), dxb(dxr.size()), dWr(size_t(E * out * in)), dWb(dWr.size());
     for (int64_t r = 0; r < S; ++r)
@@ -358,8 +413,15 @@ TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, MoeTable, ::testing::ValuesIn(moe_cases()),
-                         [](const ::testing::TestParamInfo<MoeCase>& i) { return i.param.name; });
+// The table on each device: the CPU's rows (test_ops) and CUDA's (test_cuda_emu, a device).
+std::vector<MoeRow> rows_on(Device dev) {
+  std::vector<MoeRow> rows;
+  for (const MoeCase& c : moe_cases()) rows.push_back({c, dev});
+  return rows;
+}
+std::string row_name(const ::testing::TestParamInfo<MoeRow>& i) { return i.param.c.name; }
+INSTANTIATE_TEST_SUITE_P(Cpu, MoeTable, ::testing::ValuesIn(rows_on(Device::cpu)), row_name);
+INSTANTIATE_TEST_SUITE_P(Table, MoeTable, ::testing::ValuesIn(rows_on(Device::cuda)), row_name);
 
 // On the CPU the grouped products are linear_fwd / linear_bwd expert after expert: the same bits
 // as that loop (empty experts included), so MoeMlp's CPU results did not change with them.

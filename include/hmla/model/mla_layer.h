@@ -37,6 +37,7 @@ struct MlaLayer {
   int64_t layer = 0;
   bool split_kv_b_proj = false;  // w holds k_b_proj/v_b_proj instead of kv_b_proj
   AttnTensors w;                 // the layer's tensors (hmla/model/params.h)
+  AttnBackend attn_backend = AttnBackend::auto_;  // the dense attention's on CUDA (hmla/ops/attention.h)
   LayerMode mode() const { return cfg->layer_modes[layer]; }
   bool latent() const { return latent_mqa_enabled(*cfg, layer); }
 };

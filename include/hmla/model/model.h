@@ -71,6 +71,9 @@ struct Model {
   // v_b_proj split from its kv_b_proj when it runs, and its gradient is folded back (both
   // bit-exact copies), so the arena, the gradients, the optimizer and checkpoints keep kv_b_proj.
   bool split_kv_b_proj = false;
+  // Who computes the dense attention on CUDA (hmla/ops/attention.h): the programme's
+  // attention_backend, handed to every layer's attention call (no process-wide switch).
+  AttnBackend attn_backend = AttnBackend::auto_;
   // Tensors the model carries without computing with them, as the checkpoint stored them, written
   // back on every save: the multi-token-prediction layers (CheckpointTensors::kept).
   io::StoredMap kept;

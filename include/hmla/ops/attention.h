@@ -29,10 +29,6 @@ enum class AttnBackend { auto_, cudnn, hmla };
 const char* attn_backend_name(AttnBackend b);
 // "auto" | "cudnn" | "hmla"; anything else is a ConfigError naming `what` and the known values.
 AttnBackend parse_attn_backend(const std::string& name, const std::string& what);
-// The process's choice for calls that pass auto_ (default auto_): the trainer sets it from the
-// programme's attention_backend key.
-void set_attn_backend(AttnBackend b);
-AttnBackend attn_backend();
 // Whether this build has the cuDNN path (configured with the cudnn-frontend headers).
 bool attn_cudnn_built();
 
@@ -74,7 +70,7 @@ struct AttnDenseInputs {
   Tensor sink;                      // [H] f32, optional
   float scale = 0.f;                // explicit: m^2 / sqrt(Dn + Dr) for MLA
   int64_t q_row0 = 0;               // global position of q's first row
-  AttnBackend backend = AttnBackend::auto_;  // auto_: the process's choice (set_attn_backend)
+  AttnBackend backend = AttnBackend::auto_;  // the caller's choice (the model: the programme's key)
 };
 
 struct AttnDenseSaved {
@@ -87,8 +83,8 @@ struct AttnDenseGrads {
   Tensor dsink;       // [H] f32, defined iff the inputs have a sink
 };
 
-// Whether a backend implements the op for these inputs: f32 on the CPU; bf16 on CUDA (in a CUDA
-// build) with Dqk and Dv multiples of 16.
+// Whether the backend of the inputs' device runs the forward and the backward on them (their plans,
+// hmla/ops/backend.h): f32 on the CPU; bf16 on CUDA (in a CUDA build) with Dqk and Dv multiples of 16.
 bool attn_dense_supports(const AttnDenseInputs& in);
 
 // Into preallocated tensors (validated) ...
@@ -104,6 +100,7 @@ AttnDenseGrads attn_dense_bwd(const AttnDenseInputs& in, const AttnDenseSaved& s
 }  // namespace hmla
 
 // The family's backend entries (op_list.h).
+#define HMLA_ATTN_DENSE_PARAMS(X) X(AttnDenseParams)
 #define HMLA_ATTN_DENSE_OPS(X)              \
   X(void, attn_dense_fwd, AttnDenseParams)  \
   X(void, attn_dense_bwd, AttnDenseParams)

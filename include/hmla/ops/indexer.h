@@ -114,6 +114,7 @@ IndexerKlResult indexer_kl_sparse(const IndexerKlInputs& in);
 
 // The family's backend entries (op_list.h); the KLs add kl_sum (without coeff) into *kl_acc and
 // overwrite dqI, dkI, dw with the loss's gradients.
+#define HMLA_INDEXER_PARAMS(X) X(IndexerTopkParams) X(IndexerKlParams)
 #define HMLA_INDEXER_OPS(X)                         \
   X(void, indexer_topk, IndexerTopkParams)          \
   X(void, indexer_select, IndexerTopkParams)        \

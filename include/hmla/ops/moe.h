@@ -172,6 +172,7 @@ void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask
 }  // namespace hmla
 
 // The family's backend entries (op_list.h): X(return type, entry, params struct).
+#define HMLA_MOE_PARAMS(X) X(MoeRouteParams) X(MoeDispatchParams) X(MoeRowsParams) X(MoeGroupedParams)
 #define HMLA_MOE_OPS(X)                       \
   X(void, moe_route_fwd, MoeRouteParams)      \
   X(void, moe_route_bwd, MoeRouteParams)      \
@@ -182,6 +183,7 @@ void moe_aux_loss(const Tensor& logits, const Tensor& counts, const Tensor& mask
   X(void, moe_grouped_fwd, MoeGroupedParams)  \
   X(void, moe_grouped_bwd, MoeGroupedParams)
 
+#define HMLA_MOE_BALANCE_PARAMS(X) X(MoeBalanceParams)
 #define HMLA_MOE_BALANCE_OPS(X)                  \
   X(void, moe_expert_load, MoeBalanceParams)     \
   X(void, moe_bias_update, MoeBalanceParams)     \

@@ -206,6 +206,9 @@ Tensor compute_operand(const Tensor& t);
 }  // namespace hmla
 
 // The family's backend entries (op_list.h): X(return type, entry, params struct).
+#define HMLA_NN_PARAMS(X) \
+  X(GemmParams) X(NormParams) X(RopeParams) X(SwigluParams) X(EmbeddingParams) X(CrossEntropyParams) X(AxpyParams) \
+  X(ConvertParams)
 #define HMLA_NN_OPS(X)                          \
   X(void, gemm, GemmParams)                     \
   X(void, rmsnorm_fwd, NormParams)              \

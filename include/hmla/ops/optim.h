@@ -101,6 +101,7 @@ void muon_normalize(const Tensor& x, const Tensor& ss, const Tensor& u);
 }  // namespace hmla
 
 // The family's backend entries (op_list.h).
+#define HMLA_OPTIM_PARAMS(X) X(SumSquaresParams) X(StatsParams) X(AdamWParams) X(MuonParams)
 #define HMLA_OPTIM_OPS(X)                      \
   X(void, sum_squares, SumSquaresParams)       \
   X(void, stats_add, StatsParams)              \

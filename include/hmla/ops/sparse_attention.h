@@ -75,6 +75,7 @@ AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSave
 
 // The family's backend entries (op_list.h); check_table throws ShapeError unless every entry is -1
 // or in [0, skv) and no row lists a key twice.
+#define HMLA_ATTN_SPARSE_PARAMS(X) X(AttnSparseParams)
 #define HMLA_ATTN_SPARSE_OPS(X)                      \
   X(void, attn_sparse_check_table, AttnSparseParams) \
   X(void, attn_sparse_fwd, AttnSparseParams)         \

@@ -205,7 +205,7 @@ TEST(WorkCounter, SparseAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
       sv = attn_sparse_fwd(in);
       fwd.add(c.name, log, f, floor_f);
     }
-    if (!cuda_backend()->supports(op_cases::params(c, DType::bf16, true))) continue;
+    if (!cuda_backend()->supports(Op::attn_sparse_bwd, op_cases::params(c, DType::bf16, true))) continue;
     emu::ScopedWorkLog log;
     attn_sparse_bwd(in, sv, put({c.b, c.s, c.H, c.Dv}, randn_bf16(c.b * c.s * c.H * c.Dv, 4)));
     bwd.add(c.name, log, 2.5 * f);

@@ -1,2 +1,0 @@
-// The CUDA source, compiled as C++ for the SIMT emulator (emulate.h is force-included).
-#include "moe_balance.cu"
