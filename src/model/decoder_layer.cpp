@@ -68,15 +68,17 @@ void ArenaCursor::finish() const {
   HMLA_CHECK(i == table.size(), ShapeError, "activation arena: ", table.size() - i, " entries left unused");
 }
 
-void append_layer_table(std::vector<ActSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N,
-                        DType compute) {
+void append_layer_table(std::vector<ActSpec>& table, const ModelConfig& c, int64_t L, const ActRows& r, DType compute) {
   const std::string pre = "layers." + std::to_string(L) + ".";
-  for (const ActField& f : fields) table.push_back({pre + f.name, field_shape(f, N), field_dtype(f, compute)});
+  for (const ActField& f : layer_fields(c, L)) table.push_back({pre + f.name, field_shape(f, r.b * r.s), field_dtype(f, compute)});
+  for (const MlaField& f : mla_fields(c, L, r.b, r.s, r.S, compute, r.recompute))
+    table.push_back({pre + "attn." + f.name, f.shape, f.dtype});
 }
 
-void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int64_t b, int64_t s, int64_t hidden,
-                      LayerSaved& sv) {
+void take_layer_views(ArenaCursor& cur, const ModelConfig& c, int64_t L, const ActRows& r, DType compute, LayerSaved& sv) {
+  const std::vector<ActField> fields = layer_fields(c, L);
   const std::vector<Tensor*> own = own_views(sv);
+  const int64_t b = r.b, s = r.s, hidden = c.hidden_size;
   sv.mlp.clear();
   for (size_t i = 0; i < fields.size(); ++i) {
     const Tensor t = cur.next(field_shape(fields[i], b * s));
@@ -86,6 +88,8 @@ void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int
     else
       *own[i] = fields[i].width == hidden && own[i] != &sv.mn ? t.view({b, s, hidden}) : t;
   }
+  for (const MlaField& f : mla_fields(c, L, b, s, r.S, compute, r.recompute)) f.slot(sv.attn) = cur.next(f.shape);
+  sv.attn.in_arena = true;
 }
 
 DecoderLayer decoder_layer(const Model& m, int64_t L, const LayerTensors* grads) {

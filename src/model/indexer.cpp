@@ -10,6 +10,7 @@
 #include "hmla/dist/cp.h"
 #include "hmla/ops/backend.h"
 #include "hmla/ops/nn.h"
+#include "model_internal.h"
 
 namespace hmla {
 
@@ -61,19 +62,27 @@ void indexer_forward(const ModelConfig& c, const IndexerTensors& w, const Tensor
   sv.sc.layout = &layout;
   sv.sc.q_row0 = sh.row0;
   const DType dt = compute_dtype(x.device());  // kept between ops in it (DESIGN.md section 4)
-  sv.sc.qI = Tensor::empty({b, s, HI, DI}, dt, x.device());
+  const Device dev = x.device();
+  // Each saved tensor in its slot: the activation arena's view the caller set, else a new one.
+  saved_slot(sv.sc.qI, {b, s, HI, DI}, dt, dev);
   linear_fwd(cq, w.wq_b, sv.sc.qI.view({N, HI * DI}));
   rope(sv.sc.qI.slice(3, 0, Dr), rc.cos, rc.sin, rope_layout(c), false);
-  sv.kpre = Tensor::empty({N, DI}, dt, x.device());
-  sv.k_mean = Tensor::empty({N}, DType::f32, x.device());
-  sv.k_rstd = Tensor::empty({N}, DType::f32, x.device());
-  Tensor kI = Tensor::empty({b, s, DI}, dt, x.device());
+  saved_slot(sv.kpre, {N, DI}, dt, dev);
+  saved_slot(sv.k_mean, {N}, DType::f32, dev);
+  saved_slot(sv.k_rstd, {N}, DType::f32, dev);
+  const bool one_rank = cp.size() == 1;  // the key written into its slot, else gathered into it
+  if (one_rank) saved_slot(sv.sc.kI, {b, s, DI}, dt, dev);
+  Tensor kI = one_rank ? sv.sc.kI : Tensor::empty({b, s, DI}, dt, dev);
   linear_fwd(x, w.wk, sv.kpre);
   layernorm_fwd(sv.kpre, w.k_norm_weight, w.k_norm_bias, kNormEps, kI.view({N, DI}),
                 sv.k_mean, sv.k_rstd);
   rope(kI.view({b, s, 1, DI}).slice(3, 0, Dr), rc.cos, rc.sin, rope_layout(c), false);
-  sv.sc.kI = cp_all_gather_rows(cp, kI);  // the indexer's key: DI wide, of every row
-  sv.sc.w = Tensor::empty({b, s, HI}, DType::f32, x.device());
+  if (!one_rank) {  // the indexer's key: DI wide, of every row
+    const Tensor all = cp_all_gather_rows(cp, kI);
+    if (sv.sc.kI.defined()) saved_slot(sv.sc.kI, all.shape(), dt, dev).copy_from(all);
+    else sv.sc.kI = all;
+  }
+  saved_slot(sv.sc.w, {b, s, HI}, DType::f32, dev);
   linear_fwd(x, w.weights_proj, sv.sc.w);
   scale(sv.sc.w, head_weight_scale(c), sv.sc.w);
 }

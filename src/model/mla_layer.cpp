@@ -5,6 +5,7 @@
 #include "hmla/model/mla_layer.h"
 
 #include "hmla/model/indexer.h"
+#include "model_internal.h"
 
 #include "hmla/dist/cp.h"
 #include "hmla/ops/backend.h"
@@ -68,6 +69,12 @@ Trans op(bool transposed) { return transposed ? Trans::yes : Trans::no; }
 // Channels [c0, c1) of every head of t [N, H, width] as [H, N, c1 - c0] (one matrix per head).
 Tensor per_head(const Tensor& t, int64_t c0, int64_t c1) { return t.slice(2, c0, c1).transpose(0, 1); }
 
+// A gathered tensor into its slot: the arena's view when the caller set one (a copy), else itself.
+void gather_into(Tensor& slot, const Tensor& gathered) {
+  if (slot.defined()) saved_slot(slot, gathered.shape(), gathered.dtype(), gathered.device()).copy_from(gathered);
+  else slot = gathered;
+}
+
 // The rope channels [c0, c0 + Dr) of t [N, heads, width] as the [b, s, heads, Dr] view rope takes.
 void rope_rows(const Tensor& t, const Dims& d, int64_t c0, const RopeCache& rc, bool transpose) {
   rope(t.view({d.b, d.s, t.size(1), t.size(2)}).slice(3, c0, c0 + d.Dr), rc.cos, rc.sin, RopeLayout::interleaved,
@@ -108,17 +115,63 @@ AttnSparseInputs sparse_inputs(const MlaLayer& L, const AttnTensors& w, const Ml
 }
 
 // The attention core: dense MHA, dense latent MQA, or sparse latent MQA over the selection.
+// Its outputs go where the slots say (the activation arena's views), else into new tensors.
 void run_core(const MlaLayer& L, const AttnTensors& w, MlaSaved& sv, const Dims& d, const DocLayout& layout) {
+  const int64_t Dv = L.latent() ? d.Rkv : d.Dv;
+  saved_slot(sv.att.out, {d.b, d.s, d.H, Dv}, compute_dtype(d.dev), d.dev);
+  saved_slot(sv.att.lse, {d.b, d.H, d.s}, DType::f32, d.dev);
   if (L.mode() == LayerMode::dsa_sparse) {  // over S(t) and the window
-    AttnSparseSaved ss = attn_sparse_fwd(sparse_inputs(L, w, sv, d));
-    sv.att = {ss.out, ss.lse};
-    sv.lse_c = ss.lse_c;
+    const AttnSparseInputs in = sparse_inputs(L, w, sv, d);
+    if (in.K > 0) saved_slot(sv.lse_c, {d.b, d.H, d.s}, DType::f32, d.dev);
+    attn_sparse_fwd(in, AttnSparseSaved{sv.att.out, sv.att.lse, sv.lse_c});
   } else {
-    sv.att = attn_dense_fwd(core_inputs(L, w, sv, d, layout));
+    attn_dense_fwd(core_inputs(L, w, sv, d, layout), sv.att);
   }
 }
 
 }  // namespace
+
+std::vector<MlaField> mla_fields(const ModelConfig& c, int64_t L, int64_t b, int64_t s, int64_t S, DType compute,
+                                 bool recompute) {
+  const int64_t N = b * s, NS = b * S, H = c.num_attention_heads, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim;
+  const int64_t Dqk = c.qk_head_dim(), Dv = c.v_head_dim, Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, Wa = Rkv + Dr;
+  const int64_t HI = c.index_n_heads, DI = c.index_head_dim;
+  const DType f = DType::f32;
+  const bool latent = latent_mqa_enabled(c, L), sparse = c.layer_modes.at(size_t(L)) == LayerMode::dsa_sparse;
+  std::vector<MlaField> t{{"q", {N, H, Dqk}, compute, false, [](MlaSaved& v) -> Tensor& { return v.q; }}};
+  if (Rq > 0) {
+    t.push_back({"qa", {N, Rq}, compute, false, [](MlaSaved& v) -> Tensor& { return v.qa; }});
+    t.push_back({"rstd_q", {N}, f, false, [](MlaSaved& v) -> Tensor& { return v.rstd_q; }});
+    t.push_back({"cq", {N, Rq}, compute, false, [](MlaSaved& v) -> Tensor& { return v.cq; }});
+  }
+  t.push_back({"kva", {N, Wa}, compute, false, [](MlaSaved& v) -> Tensor& { return v.kva; }});
+  t.push_back({"rstd_kv", {N}, f, false, [](MlaSaved& v) -> Tensor& { return v.rstd_kv; }});
+  t.push_back({"ka", {NS, 1, Wa}, compute, false, [](MlaSaved& v) -> Tensor& { return v.ka; }});
+  if (c.runs_indexer(L)) {
+    t.push_back({"indexer.qI", {b, s, HI, DI}, compute, false, [](MlaSaved& v) -> Tensor& { return v.ind.sc.qI; }});
+    t.push_back({"indexer.kpre", {N, DI}, compute, false, [](MlaSaved& v) -> Tensor& { return v.ind.kpre; }});
+    t.push_back({"indexer.k_mean", {N}, f, false, [](MlaSaved& v) -> Tensor& { return v.ind.k_mean; }});
+    t.push_back({"indexer.k_rstd", {N}, f, false, [](MlaSaved& v) -> Tensor& { return v.ind.k_rstd; }});
+    t.push_back({"indexer.kI", {b, S, DI}, compute, false, [](MlaSaved& v) -> Tensor& { return v.ind.sc.kI; }});
+    t.push_back({"indexer.w", {b, s, HI}, f, false, [](MlaSaved& v) -> Tensor& { return v.ind.sc.w; }});
+    t.push_back({"topk", {b, s, c.index_topk + c.index_window}, DType::i32, false,
+                 [](MlaSaved& v) -> Tensor& { return v.topk; }});
+  }
+  if (latent) {
+    t.push_back({"qabs", {N, H, Wa}, compute, false, [](MlaSaved& v) -> Tensor& { return v.qabs; }});
+  } else {
+    t.push_back({"v", {NS, H * (Dn + Dv)}, compute, false, [](MlaSaved& v) -> Tensor& { return v.v; }});
+    t.push_back({"k", {NS, H, Dqk}, compute, false, [](MlaSaved& v) -> Tensor& { return v.k; }});
+  }
+  if (!recompute) {
+    t.push_back({"core.out", {b, s, H, latent ? Rkv : Dv}, compute, true, [](MlaSaved& v) -> Tensor& { return v.att.out; }});
+    t.push_back({"core.lse", {b, H, s}, f, true, [](MlaSaved& v) -> Tensor& { return v.att.lse; }});
+    if (sparse && c.index_topk > 0)
+      t.push_back({"core.lse_c", {b, H, s}, f, true, [](MlaSaved& v) -> Tensor& { return v.lse_c; }});
+  }
+  if (latent) t.push_back({"o", {N, H, Dv}, compute, false, [](MlaSaved& v) -> Tensor& { return v.o; }});
+  return t;
+}
 
 void mla_memory_plan(MemoryPlan& plan, const ModelConfig& c, LayerMode mode, const SizeFactor& layers,
                      const SizeFactor& rows, const SizeFactor& s, DType compute, bool indexer) {
@@ -153,12 +206,17 @@ CpTraffic mla_cp_traffic(const ModelConfig& c, LayerMode mode, int64_t b, int64_
 }
 
 void mla_drop_core(MlaSaved& sv) {
+  // The MHA form's o is a view of the core's output: dropped with it, or the output stays alive
+  // (ActivationArena.ThePlanIsTheAllocationToTheByte found it kept).
+  if (sv.o.defined() && sv.att.out.defined() && sv.o.shares_storage(sv.att.out)) sv.o = Tensor();
   sv.att = {};
   sv.lse_c = Tensor();
 }
 
 void mla_recompute_core(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, const Comm& cp) {
-  run_core(L, L.w, sv, dims(*L.cfg, x, layout, cp), layout);
+  const Dims d = dims(*L.cfg, x, layout, cp);
+  run_core(L, L.w, sv, d, layout);
+  if (!L.latent()) sv.o = sv.att.out.view({d.N, d.H, d.Dv});  // as the forward made it
 }
 
 Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, MlaSaved& sv, Comm& cp) {
@@ -171,6 +229,8 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
              mode_name(cfg.layer_modes[L.layer]));
   const Dims d = dims(cfg, x, layout, cp);
   const float eps = static_cast<float>(cfg.rms_norm_eps);
+  if (!sv.in_arena)  // a forward of its own: every saved tensor new (a shared layer's given table kept)
+    for (const MlaField& f : mla_fields(cfg, L.layer, d.b, d.s, d.S, compute_dtype(d.dev), false)) f.slot(sv) = Tensor();
   if (!sv.rope.cos.defined()) sv.rope = rope_cache(cfg, d.s, d.row0);
   HMLA_CHECK(sv.rope.cos.dim() == 2 && sv.rope.cos.size(0) == d.s, ShapeError, "mla layer: the RoPE tables cover ",
              sv.rope.cos.size(0), " rows, the input ", d.s);
@@ -178,12 +238,14 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   const Tensor x2 = x.view({d.N, d.hid});
   const AttnTensors& w = L.w;
 
-  sv.q = act(d.dev, {d.N, d.H, d.Dqk});
+  // Every saved tensor in its slot: the arena's view the caller set (mla_fields), else a new one.
+  const DType cd = compute_dtype(d.dev);
+  saved_slot(sv.q, {d.N, d.H, d.Dqk}, cd, d.dev);
   const Tensor q2 = sv.q.view({d.N, d.H * d.Dqk});
   if (d.Rq > 0) {
-    sv.qa = act(d.dev, {d.N, d.Rq});
-    sv.rstd_q = f32(d.dev, {d.N});
-    sv.cq = act(d.dev, {d.N, d.Rq});
+    saved_slot(sv.qa, {d.N, d.Rq}, cd, d.dev);
+    saved_slot(sv.rstd_q, {d.N}, DType::f32, d.dev);
+    saved_slot(sv.cq, {d.N, d.Rq}, cd, d.dev);
     linear_fwd(x2, w.q_a_proj, sv.qa);
     rmsnorm_fwd(sv.qa, w.q_a_layernorm, eps, sv.cq, sv.rstd_q);
     linear_fwd(sv.cq, w.q_b_proj, q2);
@@ -195,19 +257,23 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   // The shared key [c ; rope(k_pe)] of this rank's rows, then of every row: under context
   // parallelism this (Rkv + Dr)-wide latent is all that travels for the main attention.
   const int64_t Wa = d.Rkv + d.Dr;
-  sv.kva = act(d.dev, {d.N, Wa});
-  sv.rstd_kv = f32(d.dev, {d.N});
-  Tensor ka = act(d.dev, {d.b, d.s, Wa});
+  saved_slot(sv.kva, {d.N, Wa}, cd, d.dev);
+  saved_slot(sv.rstd_kv, {d.N}, DType::f32, d.dev);
+  // One rank: the key is written into its slot; several: gathered into it from this rank's rows.
+  const bool one_rank = cp.size() == 1;
+  if (one_rank) saved_slot(sv.ka, {d.NS, 1, Wa}, cd, d.dev);
+  const Tensor ka = one_rank ? sv.ka.view({d.b, d.s, Wa}) : act(d.dev, {d.b, d.s, Wa});
   const Tensor ka2 = ka.view({d.N, Wa});
   linear_fwd(x2, w.kv_a_proj_with_mqa, sv.kva);
   rmsnorm_fwd(sv.kva.slice(1, 0, d.Rkv), w.kv_a_layernorm, eps, ka2.slice(1, 0, d.Rkv), sv.rstd_kv);
   ka2.slice(1, d.Rkv, Wa).copy_from(sv.kva.slice(1, d.Rkv, Wa));
   rope_rows(ka.view({d.N, 1, Wa}), d, d.Rkv, rc, false);
-  sv.ka = cp_all_gather_rows(cp, ka).view({d.NS, 1, Wa});
+  if (!one_rank) gather_into(sv.ka, cp_all_gather_rows(cp, ka).view({d.NS, 1, Wa}));
 
   if (cfg.runs_indexer(L.layer)) {  // the indexer reads x and cq; the backbone reads only its selection
     indexer_forward(cfg, w.indexer, x, sv.cq, layout, rc, sv.ind, cp);
-    sv.topk = indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window);
+    indexer_topk(sv.ind.sc, cfg.index_topk, cfg.index_window,
+                 saved_slot(sv.topk, {d.b, d.s, cfg.index_topk + cfg.index_window}, DType::i32, d.dev));
   } else if (L.mode() == LayerMode::dsa_sparse) {  // IndexShare: the source layer's table, set by the caller
     HMLA_CHECK(sv.topk.defined() && sv.topk.dim() == 3 && sv.topk.size(0) == d.b && sv.topk.size(1) == d.s &&
                    sv.topk.size(2) == cfg.index_topk + cfg.index_window,
@@ -219,9 +285,9 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   if (!L.latent()) {
     // Per-head keys [k_nope_h ; k_pe] and values of every key row, expanded here through
     // kv_b_proj; v stays a strided view of kv_b_proj's output.
-    sv.v = act(d.dev, {d.NS, d.H * (d.Dn + d.Dv)});
+    saved_slot(sv.v, {d.NS, d.H * (d.Dn + d.Dv)}, cd, d.dev);
     linear_fwd(kaf.slice(1, 0, d.Rkv), w.kv_b_proj, sv.v);
-    sv.k = act(d.dev, {d.NS, d.H, d.Dqk});
+    saved_slot(sv.k, {d.NS, d.H, d.Dqk}, cd, d.dev);
     sv.k.slice(2, 0, d.Dn).copy_from(sv.v.view({d.NS, d.H, d.Dn + d.Dv}).slice(2, 0, d.Dn));
     for (int64_t h = 0; h < d.H; ++h) sv.k.select(1, h).slice(1, d.Dn, d.Dqk).copy_from(kaf.slice(1, d.Rkv, Wa));
     run_core(L, w, sv, d, layout);
@@ -229,11 +295,11 @@ Tensor mla_forward(const MlaLayer& L, const Tensor& x, const DocLayout& layout, 
   } else {
     // Absorbed: qabs_h = [q_nope_h W_kb_h ; q_pe_h] against the shared key.
     const HeadMats kb = w_kb(w, d, L.split_kv_b_proj), vb = w_vb(w, d, L.split_kv_b_proj);
-    sv.qabs = act(d.dev, {d.N, d.H, Wa});
+    saved_slot(sv.qabs, {d.N, d.H, Wa}, cd, d.dev);
     matmul(per_head(sv.q, 0, d.Dn), Trans::no, kb.m, op(kb.transposed), per_head(sv.qabs, 0, d.Rkv));
     sv.qabs.slice(2, d.Rkv, Wa).copy_from(sv.q.slice(2, d.Dn, d.Dqk));
     run_core(L, w, sv, d, layout);
-    sv.o = act(d.dev, {d.N, d.H, d.Dv});  // o_h = oa_h W_vb_h^T
+    saved_slot(sv.o, {d.N, d.H, d.Dv}, cd, d.dev);  // o_h = oa_h W_vb_h^T
     matmul(per_head(sv.att.out.view({d.N, d.H, d.Rkv}), 0, d.Rkv), Trans::no, vb.m, Trans::yes,
            per_head(sv.o, 0, d.Dv));
   }

@@ -168,9 +168,12 @@ Forward forward(const Model& m, const DeviceBatch& in, Comm& cp, bool drop_core 
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DocLayout& layout = in.layout;
   Forward f;
-  // Every activation outside the attention, from one arena of activation_table, taken in its
-  // order (no names on this path; each view's shape is checked against the table's).
-  const std::vector<ActSpec> table = activation_table(c, N, compute_dtype(m.device()));
+  // Every activation the forward keeps, the attention's saved tensors included, from one arena
+  // of activation_table, taken in its order (no names on this path; each view's shape is checked
+  // against the table's).
+  const DType compute = compute_dtype(m.device());
+  const ActRows rows{b, s, layout.s, drop_core};
+  const std::vector<ActSpec> table = activation_table(c, rows, compute);
   ArenaCursor act(table, m.device());
   Tensor h = act.next({N, hid}).view({b, s, hid});
   embedding_fwd(in.ids, m.w.embed_tokens, h);
@@ -179,7 +182,7 @@ Forward forward(const Model& m, const DeviceBatch& in, Comm& cp, bool drop_core 
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     LayerSaved& sv = f.layers[L];
     sv.attn.rope = rope;
-    take_layer_views(act, layer_fields(c, L), b, s, hid, sv);
+    take_layer_views(act, c, L, rows, compute, sv);
     if (c.layer_modes[L] == LayerMode::dsa_sparse && c.indexer_shared(L))  // IndexShare: same rows, same keys
       sv.attn.topk = f.layers[c.indexer_source(L)].attn.topk;
     decoder_layer_forward(decoder_layer(m, L, nullptr), h, layout, sv, cp, drop_core);

@@ -67,10 +67,10 @@ ActSpec act_spec(const ActField& f, int64_t N, DType compute) {
   return {f.name, f.width ? Shape{N, f.width} : Shape{N}, field_dtype(f, compute)};
 }
 
-std::vector<ActSpec> activation_table(const ModelConfig& c, int64_t N, DType compute) {
-  const int64_t hid = c.hidden_size;
+std::vector<ActSpec> activation_table(const ModelConfig& c, const ActRows& r, DType compute) {
+  const int64_t hid = c.hidden_size, N = r.b * r.s;
   std::vector<ActSpec> t{act_spec(embed_field(hid), N, compute)};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) append_layer_table(t, layer_fields(c, L), L, N, compute);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) append_layer_table(t, c, L, r, compute);
   for (const ActField& f : head_fields(hid)) t.push_back(act_spec(f, N, compute));
   return t;
 }
@@ -160,7 +160,7 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
 }
 
 void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                           DType compute) {
+                           DType compute, bool recompute) {
   // Counted from the layers' fields (layer_fields, the one list of them), grouped by kind (the
   // dense layers' fields, then a MoE layer's routing buffers, per-expert and shared-expert
   // activations), width and dtype.
@@ -198,6 +198,20 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
                {count, rows, s, {name, width}}, bytes);
     }
   }
+  // The attention's saved tensors (mla_fields, the one list of them): each a multiple of the
+  // query rows (one rank: S = s), its per-row size read off the table of a single row, grouped by
+  // field and dtype over the layers that keep it.
+  std::map<std::pair<std::string, DType>, std::pair<int64_t, int64_t>> attn;  // -> (layers, values per row)
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    for (const MlaField& f : mla_fields(c, L, 1, 1, 1, compute, recompute)) {
+      auto& [n, per_row] = attn[{f.name, f.dtype}];
+      ++n, per_row = shape_numel(f.shape);  // the same in every layer that keeps the field
+    }
+  for (const auto& [key, v] : attn) {
+    const auto [name, dt] = key;
+    plan.add("the attention's " + name + " (" + dtype_name(dt) + ")",
+             {{std::to_string(v.first) + " layers", v.first}, rows, s, {"values per row", v.second}}, int64_t(dtype_size(dt)));
+  }
   const SizeFactor hid{"hidden_size", c.hidden_size};
   plan.add("the embedding's output", {rows, s, hid}, int64_t(dtype_size(field_dtype(embed_field(c.hidden_size), compute))));
   for (const ActField& f : head_fields(c.hidden_size))
@@ -207,9 +221,8 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
 }
 
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                      bool training, DType compute) {
+                      bool training, DType compute, bool recompute) {
   const int64_t f = sizeof(float);
-  const SizeFactor layers{"num_hidden_layers", c.num_hidden_layers};
   const SizeFactor V{"vocab_size", c.vocab_size};
   if (training) {  // the LM head runs over chunks of rows (lm_head_loss)
     const int64_t n = std::min(checked_product({rows, s}, "the rows"), head_chunk_rows(c.vocab_size));
@@ -218,7 +231,7 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   } else {
     plan.add("the logits", {rows, s, V}, f);
   }
-  plan_activation_table(plan, c, rows, s, compute);
+  plan_activation_table(plan, c, rows, s, compute, recompute);
   if (c.has_moe_layers()) {  // one MoE layer's f32 workspace at a time (MoeMlp in mlp.cpp)
     const MoeConfig& m = c.moe;
     const SizeFactor k{"num_experts_per_tok", m.num_experts_per_tok};
@@ -230,16 +243,6 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
                                     : 2 * c.hidden_size};
     plan.add("a MoE layer's expert rows (workspace)", {rows, s, k, width}, f);
     plan.add("a MoE layer's router logits (workspace)", {rows, s, {"n_routed_experts", m.n_routed_experts}}, f);
-  }
-  std::map<std::pair<LayerMode, bool>, int64_t> count;  // (mode, shared) -> layers
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) ++count[{c.layer_modes[L], is_dsa(c.layer_modes[L]) && c.indexer_shared(L)}];
-  for (const auto& [key, n] : count) {
-    const auto [mode, shared] = key;
-    const SizeFactor in_mode{n == c.num_hidden_layers ? "num_hidden_layers"
-                                                      : std::string(shared ? "shared-indexer layers in " : "layers in ") +
-                                                            mode_name(mode),
-                             n};
-    mla_memory_plan(plan, c, mode, in_mode, rows, s, compute, !shared);
   }
 }
 

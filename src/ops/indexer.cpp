@@ -115,8 +115,10 @@ IndexerKlResult run_kl(Op entry, IndexerKlParams& p,
 
 }  // namespace
 
-Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
-  Tensor ds;
+namespace {
+
+// The selection's params from validated scores, K and W.
+IndexerTopkParams topk_params(const IndexerScores& sc, int64_t K, int64_t W, Tensor& ds) {
   IndexerTopkParams p;
   // qI and kI in one dtype, which the backend's supports() accepts or refuses (the CPU scores in
   // f32; the CUDA kernel reads bf16; w is f32 everywhere).
@@ -124,9 +126,32 @@ Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
   HMLA_CHECK(K >= 1, ShapeError, "index_topk = ", K, ": it must be at least 1");
   HMLA_CHECK(W >= 0, ShapeError, "index_window = ", W, ": it must be >= 0");
   p.K = K, p.W = W;
-  Tensor table = Tensor::empty({p.b, p.sq, K + W}, DType::i32, sc.qI.device());
+  return p;
+}
+
+void topk_into(const IndexerScores& sc, IndexerTopkParams& p, const Tensor& table) {
+  const Shape want{p.b, p.sq, p.K + p.W};
+  HMLA_CHECK(table.defined() && table.shape() == want && table.dtype() == DType::i32 && table.is_contiguous() &&
+                 table.device() == sc.qI.device(),
+             ShapeError, "indexer_topk: the table must be a contiguous i32", shape_str(want), " tensor on ",
+             device_name(sc.qI.device()));
   p.table = table.data<int32_t>();
   dispatch(sc.qI.device(), Op::indexer_topk, p, "indexer", widths(p));
+}
+
+}  // namespace
+
+void indexer_topk(const IndexerScores& sc, int64_t K, int64_t W, const Tensor& table) {
+  Tensor ds;
+  IndexerTopkParams p = topk_params(sc, K, W, ds);
+  topk_into(sc, p, table);
+}
+
+Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W) {
+  Tensor ds;
+  IndexerTopkParams p = topk_params(sc, K, W, ds);  // validated before the table is allocated
+  Tensor table = Tensor::empty({p.b, p.sq, K + W}, DType::i32, sc.qI.device());
+  topk_into(sc, p, table);
   return table;
 }
 

@@ -66,18 +66,39 @@ AttnSparseParams make_params(const AttnSparseInputs& in) {
 
 }  // namespace
 
-AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
-  AttnSparseParams p = make_params(in);
+namespace {
+
+// The forward into outputs of p's shapes (validated here), on validated params.
+void fwd_into(const AttnSparseInputs& in, AttnSparseParams p, const AttnSparseSaved& sv) {
   const int64_t b = p.b, s = p.sq, H = p.H;
   const Device dev = in.q.device();
-  AttnSparseSaved sv{Tensor::empty({b, s, H, in.Dv}, in.q.dtype(), dev), Tensor::empty({b, H, s}, DType::f32, dev),
-                     in.K > 0 ? Tensor::empty({b, H, s}, DType::f32, dev) : Tensor()};
+  auto check_out = [&](const Tensor& t, const char* name, const Shape& want, DType dt) {
+    HMLA_CHECK(t.defined() && t.shape() == want && t.dtype() == dt && t.device() == dev && t.is_contiguous(), ShapeError,
+               "sparse attention: ", name, " must be a contiguous ", dtype_name(dt), shape_str(want), " tensor on ",
+               device_name(dev));
+  };
+  check_out(sv.out, "out", {b, s, H, in.Dv}, in.q.dtype());
+  check_out(sv.lse, "lse", {b, H, s}, DType::f32);
+  if (in.K > 0) check_out(sv.lse_c, "lse_c", {b, H, s}, DType::f32);
   p.out = sv.out.raw_data();
   p.lse = sv.lse.data<float>();
   p.lse_c = in.K > 0 ? sv.lse_c.data<float>() : nullptr;
   dispatch(dev, Op::attn_sparse_fwd, p, "sparse attention", widths(p));
+}
+
+}  // namespace
+
+AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in) {
+  const AttnSparseParams p = make_params(in);  // validated before anything is allocated
+  const int64_t b = p.b, s = p.sq, H = p.H;
+  const Device dev = in.q.device();
+  AttnSparseSaved sv{Tensor::empty({b, s, H, in.Dv}, in.q.dtype(), dev), Tensor::empty({b, H, s}, DType::f32, dev),
+                     in.K > 0 ? Tensor::empty({b, H, s}, DType::f32, dev) : Tensor()};
+  fwd_into(in, p, sv);
   return sv;
 }
+
+void attn_sparse_fwd(const AttnSparseInputs& in, const AttnSparseSaved& saved) { fwd_into(in, make_params(in), saved); }
 
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& sv, const Tensor& dout,
                                 const Tensor& dsink) {

@@ -40,7 +40,8 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
     const DType compute = compute_dtype(dev);  // the activations' and the weight copy's element sizes
     plan_parameters(step, pc, indexer, true, compute);
     const int64_t params = step.total();
-    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true, compute);
+    plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true, compute,
+                     ph.recompute_attention);
     step.check(where + ": a training step", dev);
     lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params))
           << ", activations of a micro-batch >= " << format_bytes(double(step.total() - params)) << "\n";

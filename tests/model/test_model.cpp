@@ -51,19 +51,23 @@ TEST(Model, TableArenaAndMoeLayers) {
   EXPECT_EQ(moe.w.layers[1].moe.experts.size(), 4u);
 }
 
-// The activations outside the attention come from one arena of activation_table, and the memory
-// plan counts exactly that table, before anything is allocated.
-// In each compute dtype: with bf16 (CUDA's), the residual stream (embed, h_mid, out) and the
-// statistics stay f32 and every other field takes 2 bytes.
+// The activations come from one arena of activation_table, and the memory plan counts exactly
+// that table, before anything is allocated (tests/model/test_activation_arena.cpp: and the forward
+// allocates exactly it). In each compute dtype: with bf16 (CUDA's), the residual stream (embed,
+// h_mid, out) and the statistics stay f32 and every other field outside the attention takes 2
+// bytes; the attention's rows are mla_fields', after each layer's own.
 TEST(Model, TheActivationPlanCountsTheActivationTable) {
   const ModelConfig c = tiny({"mha", "dsa_warmup"});
   for (DType compute : {DType::f32, DType::bf16}) {
     MemoryPlan plan;
     plan_activation_table(plan, c, {"rows", 3}, {"s", 17}, compute);
-    const std::vector<ActSpec> t = activation_table(c, 3 * 17, compute);
+    const std::vector<ActSpec> t = activation_table(c, {3, 17, 17}, compute);
     int64_t bytes = 0, exact = 0;
+    size_t attn = 0;
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L) attn += mla_fields(c, L, 3, 17, 17, compute, false).size();
     for (const ActSpec& a : t) {
       bytes += shape_numel(a.shape) * int64_t(dtype_size(a.dtype));
+      if (a.name.find(".attn.") != std::string::npos) continue;
       const bool layer = a.name.starts_with("layers.");
       const bool stays_f32 = a.name == "embed" || (layer && (a.name.ends_with(".h_mid") || a.name.ends_with(".out"))) ||
                              a.name.find("rstd") != std::string::npos;
@@ -72,7 +76,8 @@ TEST(Model, TheActivationPlanCountsTheActivationTable) {
     }
     EXPECT_EQ(plan.total(), bytes);
     EXPECT_EQ(exact, 1 + 4 * c.num_hidden_layers + 1);
-    EXPECT_EQ(t.size(), size_t(3 + 9 * c.num_hidden_layers));
+    EXPECT_EQ(t.size(), size_t(3 + 9 * c.num_hidden_layers) + attn);
+    EXPECT_EQ(t[1 + 9].name, "layers.0.attn.q");  // after layer 0's own and its MLP's
     EXPECT_EQ(t.front().name, "embed");
     EXPECT_EQ(t.back().shape, Shape({3 * 17}));
   }

@@ -44,13 +44,13 @@ struct ArenaCursor {
   void finish() const;
 };
 
-// Layer L's fields over N rows as table entries named "layers.{L}.<field>", each in its
-// field_dtype for the compute dtype `compute`.
-void append_layer_table(std::vector<ActSpec>& table, const std::vector<ActField>& fields, int64_t L, int64_t N,
-                        DType compute);
-// LayerSaved's fields as the cursor's next views, in layer_fields order (b x s = N rows).
-void take_layer_views(ArenaCursor& cur, const std::vector<ActField>& fields, int64_t b, int64_t s, int64_t hidden,
-                      LayerSaved& sv);
+// Layer L's activations as table entries: "layers.{L}.<field>" for each of layer_fields, in its
+// field_dtype for the compute dtype `compute`, then "layers.{L}.attn.<field>" for each of the
+// attention's saved tensors (mla_fields).
+void append_layer_table(std::vector<ActSpec>& table, const ModelConfig& c, int64_t L, const ActRows& r, DType compute);
+// LayerSaved's fields as the cursor's next views, in the same order (layer_fields, then
+// mla_fields into sv.attn's slots).
+void take_layer_views(ArenaCursor& cur, const ModelConfig& c, int64_t L, const ActRows& r, DType compute, LayerSaved& sv);
 
 // What the layer's forward and backward share: the layer, its attention's weights and its MLP.
 struct DecoderLayer {

@@ -60,8 +60,28 @@ struct MlaSaved {
   Tensor topk;             // dsa modes: [b, s, K + W] i32 selection table (global key positions);
                            // a "shared" layer (IndexShare) in dsa_sparse: its source layer's, set
                            // by the caller before mla_forward
-
+  bool in_arena = false;   // the slots of mla_fields hold the activation arena's views (the model
+                           // sets them); else each forward allocates them afresh
 };
+
+// One tensor the attention keeps from its forward for its backward, as the activation arena
+// holds it (STYLE.md: one table is the only place the order of saved tensors is written). core:
+// the attention core's output and statistics, which activation recomputation drops after the
+// forward and rebuilds (then not in the arena). slot: where MlaSaved holds it.
+struct MlaField {
+  std::string name;
+  Shape shape;
+  DType dtype;
+  bool core = false;
+  Tensor& (*slot)(MlaSaved&) = nullptr;
+};
+// Layer L's saved tensors, in arena order, for b x s query rows over S key rows (S = s without
+// context parallelism) with the compute dtype `compute` (f32 on the CPU, bf16 on CUDA: the
+// statistics and the indexer's head weights stay f32, the table i32); recompute: without the core.
+// Depends on the layer's mode (c.layer_modes[L]) and whether it runs its own indexer. mla_forward
+// writes into the slots the caller set (views of the arena), and allocates the others itself.
+std::vector<MlaField> mla_fields(const ModelConfig& c, int64_t L, int64_t b, int64_t s, int64_t S, DType compute,
+                                 bool recompute);
 
 struct MlaBackwardOptions {
   Tensor row_weight;     // [b, s] loss-row weights of this rank's rows for the indexer's KL

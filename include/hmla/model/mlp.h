@@ -37,6 +37,12 @@ struct ActSpec {
   Shape shape;
   DType dtype;
 };
+// The rows a forward's activations cover: b x s of this rank's query rows over S key rows (S = s
+// without context parallelism), and whether the attention core is recomputed (then not kept).
+struct ActRows {
+  int64_t b, s, S;
+  bool recompute = false;
+};
 
 // The sequence-wise balance loss of a MoE MLP's backward (docs/moe.md "Load balancing"): counts
 // [rows, E] f64, each batch row's expert counts over the whole row (every CP shard); mask [N] f32

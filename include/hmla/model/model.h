@@ -28,29 +28,31 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
 io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& arena);
 int64_t table_numel(const std::vector<ParamSpec>& table);
 
-// The activations a forward keeps outside the attention, over N = rows x s tokens, in arena order:
+// The activations a forward keeps, over b x s tokens of S key rows (ActRows), in arena order:
 // "embed" (the embedding's output); per layer "layers.{L}.<field>" for each of layer_fields
 // (decoder_layer.h: a, h_mid, mn, out, rstd1, rstd2, then the MLP's fields, for the dense MLP
-// g, u, act); then "norm.out", "norm.rstd". A forward takes its views from one arena of this table
-// in the same order (take_layer_views reads the same field list), and plan_activation_table counts
-// the same fields: the order is written once. The attention's own saved tensors are planned by
-// mla_memory_plan. Each entry in its field_dtype (mlp.h) for the device's compute dtype `compute`
-// (Backend::compute_dtype: f32 on the CPU, bf16 on CUDA).
-std::vector<ActSpec> activation_table(const ModelConfig& c, int64_t N, DType compute);
+// g, u, act), then "layers.{L}.attn.<field>" for each of the attention's saved tensors
+// (mla_layer.h's mla_fields: by mode; the core's output and statistics unless r.recompute);
+// then "norm.out", "norm.rstd". A forward takes its views from one arena of this table in the
+// same order (take_layer_views reads the same field lists), and plan_activation_table counts the
+// same fields: the order is written once. Each entry in its dtype for the device's compute dtype
+// `compute` (Backend::compute_dtype: f32 on the CPU, bf16 on CUDA).
+std::vector<ActSpec> activation_table(const ModelConfig& c, const ActRows& r, DType compute);
 
 // Memory plans (size_check.h): the parameters of this config (training: with their gradients and
-// the optimizer's moments), and what a forward over rows x s tokens keeps (logits, each layer's
-// hidden states, MLP activations and attention, mla_memory_plan; training: the logits' gradient).
-// Lower bounds, each named by the fields that drive it, for a device whose compute dtype is
-// `compute` (the activations' element sizes; a compute dtype other than f32 adds the weights'
-// compute copy).
+// the optimizer's moments), and what a forward over rows x s tokens keeps (logits, the activation
+// table: each layer's hidden states, MLP activations and the attention's saved tensors; training:
+// the logits' gradient; recompute: without the attention cores). Lower bounds, each named by the
+// fields that drive it, for a device whose compute dtype is `compute` (the activations' element
+// sizes; a compute dtype other than f32 adds the weights' compute copy).
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
                      DType compute);
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                      bool training, DType compute);
-// The part of it that is activation_table (overflow-checked: it runs before anything is allocated).
+                      bool training, DType compute, bool recompute = false);
+// The part of it that is activation_table, to the byte for one rank (S = s; overflow-checked: it
+// runs before anything is allocated).
 void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                           DType compute);
+                           DType compute, bool recompute = false);
 
 struct Model {
   ModelConfig cfg;

@@ -71,6 +71,8 @@ struct IndexerScores {
 // CPU: f32 qI, kI, w. CUDA: bf16 qI and kI, f32 w (HI and DI multiples of 16, K <= 2048); the table
 // is on the inputs' device.
 Tensor indexer_topk(const IndexerScores& sc, int64_t K, int64_t W);
+// Into a given [b, sq, K + W] i32 table on the inputs' device (validated).
+void indexer_topk(const IndexerScores& sc, int64_t K, int64_t W, const Tensor& table);
 
 // The same selection from given scores: scores [b, sq, s] f32, row r holding I(q_row0 + r, j) for
 // every key j (only j in R(t) are read). Both backends return the same table bit for bit on the

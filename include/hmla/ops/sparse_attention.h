@@ -68,6 +68,8 @@ struct AttnSparseGrads {
 };
 
 AttnSparseSaved attn_sparse_fwd(const AttnSparseInputs& in);
+// Into given outputs (validated: contiguous, the shapes above; lse_c only with K > 0).
+void attn_sparse_fwd(const AttnSparseInputs& in, const AttnSparseSaved& saved);
 AttnSparseGrads attn_sparse_bwd(const AttnSparseInputs& in, const AttnSparseSaved& saved, const Tensor& dout,
                                 const Tensor& dsink = {});
 
