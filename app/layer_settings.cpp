@@ -1,3 +1,5 @@
+// `hmla layer --settings FILE`: reads the YAML of the layer's options (layer_settings.h) key by
+// key into its settings, refusing unknown keys and ill-typed values with one-line errors.
 #include "layer_settings.h"
 
 #include "hmla/core/error.h"

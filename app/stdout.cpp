@@ -1,3 +1,5 @@
+// Standard output as a checked channel (stdout.h): flushes C++'s and C's streams and turns a
+// failed write into an IoError naming the system's reason.
 #include "stdout.h"
 
 #include <cerrno>

@@ -1,3 +1,5 @@
+// Standalone SVG line charts for `hmla report` (svg_chart.h): nice 1-2-5 ticks (linear or log10),
+// raw and smoothed series, markers and a legend; non-finite values are gaps.
 #include "svg_chart.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The CPU indexer's score tiles (indexer_tile.h): one product for a query tile's index heads,
+// then the weighted relu sum per query row; shared by top-k and both KLs.
 #include "indexer_tile.h"
 
 #include <cmath>

@@ -1,3 +1,6 @@
+// The CPU's dense ops in f32 (hmla/ops/nn.h): RMSNorm and LayerNorm forward and backward, the
+// fused add + RMSNorm, RoPE (both layouts), SwiGLU, embedding, cross-entropy, axpy and dtype
+// conversion; weight gradients added into, activation gradients written. Their plans at the end.
 #include "cpu_kernels.h"
 
 #include <algorithm>

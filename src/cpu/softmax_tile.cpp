@@ -1,3 +1,5 @@
+// Element-wise passes over the dense attention's score tiles (softmax_tile.h): exp, row maxima
+// and sums, compiled twice (AVX-512 and the x86-64-v3 baseline) and picked at load time.
 #include "softmax_tile.h"
 
 #include <cmath>

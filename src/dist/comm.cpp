@@ -1,3 +1,5 @@
+// Process groups (hmla/dist/comm.h): MPI when the build has it and the process runs under
+// mpirun, else one rank whose collectives are the identity; device buffers go through NCCL.
 #include "hmla/dist/comm.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Context parallelism's row shards (hmla/dist/cp.h): the all-gather of [b, rows, W] key blocks
+// into every rank's full rows and the reduce-scatter of their gradients back.
 #include "hmla/dist/cp.h"
 
 #include "hmla/core/error.h"

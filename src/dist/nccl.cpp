@@ -1,3 +1,5 @@
+// NCCL behind Comm's device collectives (nccl.h): a communicator per group, created on first use
+// from an id rank 0 broadcasts over MPI; calls block until the device is done.
 #include "nccl.h"
 
 #include <cuda_runtime.h>

@@ -1,3 +1,6 @@
+// Parameter tables and checkpoint tensors (hmla/model/params.h): lookups by name and the checks
+// of loaded weights, the checkpoint forms (fused experts split, the MTP layers kept aside, FP8
+// dequantised) and the attention's tensor names.
 #include "hmla/model/params.h"
 
 #include <cctype>

@@ -1,3 +1,5 @@
+// The RoPE tables of s rows from position pos0 (config.h's rope_cache): cos and sin of each
+// rope frequency, times the YaRN attention factor (DESIGN.md section 4), computed in f64.
 #include "hmla/model/config.h"
 
 #include <cmath>

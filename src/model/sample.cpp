@@ -1,3 +1,5 @@
+// The next token from a row of logits (hmla/model/sample.h): argmax at temperature 0, else a
+// draw from softmax(logits / temperature) with the caller's generator.
 #include "hmla/model/sample.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// A run's programme from YAML (hmla/train/programme.h): the base and each phase's keys, with
+// their defaults, checked one by one; unknown keys and bad values are one-line errors.
 #include "hmla/train/programme.h"
 
 #include <yaml-cpp/yaml.h>

@@ -64,6 +64,7 @@ inline IndexerKlParams params(const IndexerKlCase& c) {
   p.b = c.b, p.s = p.sq = c.s, p.HI = c.HI, p.DI = c.DI, p.H = c.H, p.Hkv = c.Hkv, p.Dqk = c.Dqk;
   if (c.sparse) p.K = c.K, p.W = c.W, p.topk = reinterpret_cast<const int32_t*>(&detail::marker);
   if (c.give_lse) p.lse_c = reinterpret_cast<const float*>(&detail::marker);
+  if (c.bf16_inputs) p.dtype = p.qk_dtype = DType::bf16;
   return p;
 }
 

@@ -7,9 +7,18 @@
 #include "case_support.h"
 
 namespace hmla::op_cases {
+// The KL rows again on bf16 qI, kI, q, k: CUDA's tensor-core KLs (runner: MixedKlTensorCores in
+// tests/cuda/emu/test_mixed_dtype_emu.cpp, against the float64 oracle with the kernels' roundings;
+// the CPU reads f32 only).
+inline std::vector<IndexerKlCase> indexer_kl_bf16() {
+  std::vector<IndexerKlCase> t = indexer_kl();
+  for (IndexerKlCase& c : t) c.bf16_inputs = true;
+  return t;
+}
 inline void case_rows_indexer(const Backend& be, std::vector<RowUse>& out) {
   add_rows(out, "indexer_select", be, be.compute_dtype(), indexer_select());
   add_rows(out, "indexer_topk", be, be.compute_dtype(), indexer_topk());
   add_rows(out, "indexer_kl", be, be.compute_dtype(), indexer_kl());
+  add_rows(out, "indexer_kl_bf16", be, be.compute_dtype(), indexer_kl_bf16());
 }
 }  // namespace hmla::op_cases

@@ -193,7 +193,8 @@ struct IndexerKlCase {
   Oracle oracle;
   int64_t b, s, HI, DI, H, Hkv, Dqk;
   bool sparse, give_lse;
-  int64_t K = 0, W = 0;  // sparse only
+  int64_t K = 0, W = 0;     // sparse only
+  bool bf16_inputs = false;  // qI, kI, q, k in bf16 (CUDA's tensor-core KLs), else f32
 };
 inline void PrintTo(const IndexerKlCase& c, std::ostream* os) { print_row(c, os); }
 inline std::vector<IndexerKlCase> indexer_kl() {

@@ -192,9 +192,12 @@ TEST(IndexShareModel, SharedLayersHaveNoIndexerTensors) {
   const Model dense = glm_model("mqa_full_causal", 1);
   MemoryPlan dense_act;
   plan_activations(dense_act, dense.cfg, {"b", 2}, {"s", 24}, true, DType::f32);
-  const int64_t per_indexer = (full_act.total() - dense_act.total()) / 4;
+  // Every dsa_sparse layer keeps its core's lse_c [b, H, s] f32 (the KL's lseC); only a full layer
+  // its indexer's state and table.
+  const int64_t lse_c = 2 * m.cfg.num_attention_heads * 24 * 4;
+  const int64_t per_indexer = (full_act.total() - dense_act.total() - 4 * lse_c) / 4;
   EXPECT_GT(per_indexer, 0);
-  EXPECT_EQ(shared_act.total(), dense_act.total() + 2 * per_indexer);
+  EXPECT_EQ(shared_act.total(), dense_act.total() + 4 * lse_c + 2 * per_indexer);
 }
 
 TEST(IndexShareModel, CheckpointsHoldTheFullLayersIndexersOnly) {

@@ -20,6 +20,7 @@
 #include "hmla/ops/nn.h"
 #include "cuda_kernels.h"
 #include "indexer_ref.h"
+#include "cases_indexer.h"
 #include "op_cases.h"
 #include "testing.h"
 
@@ -390,7 +391,8 @@ TEST_P(MixedKlTensorCores, OnBf16InputsKeepTheRule) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
   expect_tensor_core_kl_within_rule(kl_problem(GetParam()));
 }
-INSTANTIATE_TEST_SUITE_P(Cases, MixedKlTensorCores, ::testing::ValuesIn(op_cases::indexer_kl()), op_cases::RowName());
+// The registry's indexer_kl_bf16 table (tests/common/cases_indexer.h).
+INSTANTIATE_TEST_SUITE_P(Cases, MixedKlTensorCores, ::testing::ValuesIn(op_cases::indexer_kl_bf16()), op_cases::RowName());
 
 // lseC_h per head over each row's candidates, from the f32 values in f64, rounded to f32 [b, H, s]:
 // what the sparse attention's forward saves as lse_c (DESIGN.md section 6), for a given-lse run.
