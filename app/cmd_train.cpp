@@ -4,8 +4,8 @@
 #include <optional>
 
 #include "commands.h"
+#include "hmla/data/prepare.h"
 #include "hmla/dist/cp.h"
-#include "hmla/train/data.h"
 #include "hmla/train/trainer.h"
 #include "validators.h"
 

@@ -1,10 +1,15 @@
-// What the files of src/model share, private to it.
+// What the model's files share, private to src/model: the LM head's chunk size (model.cpp,
+// model_tables.cpp), the micro-batch as the step's kernels read it (model_batch.cpp builds it,
+// model.cpp's forward and backward read it) and a saved tensor's slot (mla_layer.cpp, indexer.cpp).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
 #include "hmla/core/error.h"
+#include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
+#include "hmla/dist/comm.h"
+#include "hmla/model/model.h"
 
 namespace hmla {
 
@@ -23,5 +28,21 @@ inline Tensor& saved_slot(Tensor& slot, const Shape& shape, DType dt, Device dev
              dtype_name(dt), shape_str(shape));
   return slot;
 }
+
+// One micro-batch as the step's kernels read it, on the model's device: this rank's token ids, the
+// LM targets and their weights, the indexer's loss-row weights, and the layout's device form. Built
+// on the host as one buffer of 4-byte words and uploaded in one copy (issue 27: one upload per
+// micro-batch; no op uploads a layout of its own); on the CPU the views are that buffer itself.
+struct DeviceBatch {
+  Tensor ids;         // [b, s] i32, this rank's rows
+  Tensor target;      // [N] i32, N = b * s
+  Tensor keep;        // [N] f32, the LM loss's row weights (already over the step's target count)
+  Tensor row_weight;  // [b, s] f32, the indexer KL's loss-row weights of this rank's rows
+  DocLayout layout;   // the whole batch's layout ([b, S]) with its device form
+};
+
+// The micro-batch on the model's device (DeviceBatch); `lm_targets` and `valid_rows` are the
+// step's global counts (0: this batch's own). Checks the token ids against the vocabulary.
+DeviceBatch device_batch(const Model& m, const Batch& batch, const Comm& cp, int64_t lm_targets, int64_t valid_rows);
 
 }  // namespace hmla

@@ -2,6 +2,7 @@
 // checks of the data, the programme and metrics.jsonl against what the checkpoint recorded.
 #include "checkpoint.h"
 
+#include "hmla/data/loader.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
 #include "hmla/train/metrics.h"

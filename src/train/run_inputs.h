@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "hmla/train/data.h"
+#include "hmla/data/token_set.h"
+#include "hmla/text/tokenizer.h"
 #include "hmla/train/programme.h"
 
 namespace hmla::train {

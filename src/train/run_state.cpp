@@ -1,10 +1,11 @@
+// state.json and programme.json (run_state.h): written as canonical JSON, read back and checked
+// against the programme and the training data before --resume trusts them.
 #include "hmla/train/run_state.h"
 
-#include <algorithm>
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "hmla/core/error.h"
+#include "hmla/data/fingerprint.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
 
@@ -13,18 +14,6 @@ namespace hmla {
 using json = nlohmann::ordered_json;
 
 namespace {
-
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-
-std::string hex64(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 json phase_json(const PhaseSettings& p) {
   const OptimSettings& o = p.optim;
@@ -102,40 +91,11 @@ RunState parse_run_state(const std::string& text, const std::string& what, const
   return st;
 }
 
-void FingerprintHasher::add(const void* data, size_t n) { h_ = fnv1a(h_, data, n); }
-
-std::string FingerprintHasher::finish(int64_t train_tokens, int64_t train_docs, int64_t held_tokens,
-                                      int64_t held_docs) const {
-  return std::to_string(train_tokens) + " tokens in " + std::to_string(train_docs) + " documents, " +
-         std::to_string(held_tokens) + " tokens in " + std::to_string(held_docs) + " documents, hash " + hex64(h_);
-}
-
-std::string data_fingerprint(const TokenSet& train, const TokenSet& heldout) {
-  FingerprintHasher h;
-  std::vector<int32_t> buf;
-  for (const TokenSet* t : {&train, &heldout}) {
-    if (t->view) {  // the ids as the concatenation of the documents would hold them
-      for (int64_t d = 0; d < t->docs(); ++d) {
-        const int64_t len = t->doc_offsets[d + 1] - t->doc_offsets[d];
-        for (int64_t at = 0; at < len; at += 1 << 20) {
-          const int64_t n = std::min<int64_t>(1 << 20, len - at);
-          buf.resize(size_t(n));
-          t->copy_doc(d, at, n, buf.data());
-          h.add(buf.data(), size_t(n) * sizeof(int32_t));
-        }
-      }
-    } else {
-      h.add(t->tokens.data(), t->tokens.size() * sizeof(int32_t));
-    }
-    h.add(t->doc_offsets.data(), t->doc_offsets.size() * sizeof(int64_t));
-  }
-  auto count = [](const TokenSet& t) { return t.view ? t.size() : int64_t(t.tokens.size()); };
-  return h.finish(count(train), train.docs(), count(heldout), heldout.docs());
-}
-
 std::string programme_json(const Programme& pr) {
   const std::string model = io::read_file(pr.model_config);
-  json j{{"model", pr.model_config}, {"model_fnv1a", hex64(fnv1a(0xcbf29ce484222325ull, model.data(), model.size()))},
+  FingerprintHasher model_hash;  // FNV-1a 64 of the config's text
+  model_hash.add(model.data(), model.size());
+  json j{{"model", pr.model_config}, {"model_fnv1a", model_hash.hex()},
          {"data", pr.data_dir}, {"init_checkpoint", pr.init_checkpoint}, {"seed", pr.seed},
          {"hybrid_layers", pr.hybrid_layers}, {"phases", json::array()}};
   for (const PhaseSettings& p : pr.phases) j["phases"].push_back(phase_json(p));

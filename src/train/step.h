@@ -5,7 +5,7 @@
 
 #include "hmla/core/cuda.h"
 
-#include "hmla/train/data.h"
+#include "hmla/data/loader.h"
 #include "hmla/train/metrics.h"
 #include "hmla/train/optim.h"
 #include "hmla/train/programme.h"

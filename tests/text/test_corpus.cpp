@@ -1,4 +1,4 @@
-// prepare-data's inputs (corpus.h, megatron.h) and its streaming writer (data.h): JSON Lines rules,
+// prepare-data's inputs (corpus.h, megatron.h) and its streaming writer (data/prepare.h): JSON Lines rules,
 // zstd frames, sorted expansion, Megatron index validation, the byte tokenizer's files bit for bit
 // as before, and the same output at any thread count.
 #include <gtest/gtest.h>
@@ -12,10 +12,12 @@
 
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
+#include "hmla/data/fingerprint.h"
+#include "hmla/data/prepare.h"
+#include "hmla/data/token_set.h"
 #include "hmla/text/corpus.h"
 #include "hmla/text/megatron.h"
-#include "hmla/train/data.h"
-#include "hmla/train/run_state.h"
+#include "hmla/text/tokenizer.h"
 
 namespace hmla {
 namespace {
@@ -161,7 +163,7 @@ TEST(Corpus, DirectoriesAndGlobsInSortedOrder) {
 }
 
 // What prepare_data wrote before it streamed: whole files split at separator lines, the byte ids
-// + eos, every N-th document held out, one serialize_safetensors per set.
+// (byte + 3) + eos (2), every N-th document held out, one serialize_safetensors per set.
 std::pair<std::string, std::string> old_prepare(const std::vector<std::string>& files, int64_t every) {
   TokenSet train, held;
   train.doc_offsets = held.doc_offsets = {0};
@@ -169,8 +171,8 @@ std::pair<std::string, std::string> old_prepare(const std::vector<std::string>& 
   auto add = [&](const std::string& doc) {
     if (doc.find_first_not_of(" \t\r\n") == std::string::npos) return;
     TokenSet& s = ++n % every ? train : held;
-    for (int32_t id : tokenize_bytes(doc)) s.tokens.push_back(id);
-    s.tokens.push_back(kEosId);
+    for (unsigned char c : doc) s.tokens.push_back(int32_t(c) + 3);
+    s.tokens.push_back(2);
     s.doc_offsets.push_back(int64_t(s.tokens.size()));
   };
   for (const std::string& f : files) {
@@ -226,6 +228,7 @@ TEST(Corpus, ByteTokenizerFilesBitIdenticalToTheOldPrepareData) {
 TEST(Corpus, TheDemoDataComesOutAgainFromItsText) {
   const std::string demo = std::string(HMLA_SOURCE_DIR) + "/data/demo";
   const TokenData data = load_token_data(demo);
+  const auto bytes = text::byte_tokenizer();
   TempDir d;
   std::string text;
   size_t t = 0, h = 0;
@@ -233,7 +236,7 @@ TEST(Corpus, TheDemoDataComesOutAgainFromItsText) {
     const TokenSet& s = n % 20 ? data.train : data.held;
     size_t& i = n % 20 ? t : h;
     const std::vector<int32_t> ids(s.tokens.begin() + s.doc_offsets[i], s.tokens.begin() + s.doc_offsets[i + 1] - 1);
-    text += detokenize_bytes(ids) + "%\n";
+    text += bytes->decode(ids, true) + "%\n";
     ++i;
   }
   write(d / "fortunes.txt", text);
@@ -351,11 +354,12 @@ TEST(Corpus, MegatronConvertsToTheSameTokensAsTheText) {
   TempDir d;
   std::string text;
   std::vector<std::vector<int32_t>> docs;
+  const auto bytes = text::byte_tokenizer();
   for (int i = 0; i < 40; ++i) {
     const std::string doc = "document " + std::to_string(i) + "\n";
     text += doc + "%\n";
-    docs.push_back(tokenize_bytes(doc));
-    docs.back().push_back(kEosId);
+    docs.push_back(bytes->encode(doc));
+    docs.back().push_back(bytes->eos_id());
   }
   write(d / "t.txt", text);
   write_megatron<int32_t>(d / "m32", docs, 4);

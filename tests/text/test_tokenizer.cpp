@@ -13,9 +13,6 @@
 #include "hmla/core/error.h"
 #include "hmla/text/tokenizer.h"
 #include "hmla/text/utf8.h"
-#ifdef HMLA_HAVE_TRAIN_DATA
-#include "hmla/train/data.h"
-#endif
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -179,9 +176,6 @@ TEST(Utf8, MaximalSubpartsAsPython) {
 TEST(ByteTokenizer, IdsAreTheOldTokenizeBytes) {
   const auto tok = hmla::text::byte_tokenizer();
   const std::string text = std::string("héllo\n\0\xff wörld 👍", 20);
-#ifdef HMLA_HAVE_TRAIN_DATA
-  EXPECT_EQ(tok->encode(text), hmla::tokenize_bytes(text));
-#endif
   std::vector<int32_t> want;
   for (unsigned char c : text) want.push_back(int32_t(c) + 3);
   EXPECT_EQ(tok->encode(text), want);

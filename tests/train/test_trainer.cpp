@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "hmla/io/safetensors.h"
+#include "hmla/data/loader.h"
 #include "hmla/dist/comm.h"
-#include "hmla/train/data.h"
 #include "hmla/model/model.h"
 #include "hmla/train/trainer.h"
 #include "programmes.h"

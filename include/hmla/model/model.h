@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hmla/core/layout.h"
+#include "hmla/data/batch.h"
 #include "hmla/dist/comm.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/config.h"
@@ -108,11 +109,6 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
 // load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
 // memory plan: IoError/MemoryError before it is moved in).
 void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what);
-
-struct Batch {
-  Tensor input_ids;  // [b, s] i32
-  DocLayout layout;
-};
 
 // Loss rows of the step (DESIGN.md section 3). LM targets: t -> t + 1 inside t's document, with
 // input_ids[t + 1] != pad.

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "hmla/train/data.h"
+#include "hmla/data/token_set.h"
 #include "hmla/train/programme.h"
 
 namespace hmla {
@@ -15,7 +15,7 @@ namespace hmla {
 struct RunState {
   int64_t phase = 0, step = 0;     // the next step to run
   std::vector<int64_t> data_pos;   // PackedLoader::position() of that phase ({} at a phase start)
-  std::string data_fingerprint;    // data_fingerprint() of the data the run read
+  std::string data_fingerprint;    // data_fingerprint() (data/fingerprint.h) of the data the run read
   int64_t metrics_bytes = 0;       // length of metrics.jsonl when the checkpoint was taken
 };
 
@@ -24,19 +24,6 @@ std::string run_state_json(const RunState& st);
 // data (the position lies inside it). `what` names the file in errors.
 RunState parse_run_state(const std::string& text, const std::string& what, const Programme& pr,
                          const TokenSet& train);
-
-// Sizes and a 64-bit FNV-1a hash of the training and held-out token files' contents.
-std::string data_fingerprint(const TokenSet& train, const TokenSet& heldout);
-// The same fingerprint for a writer that streams the four arrays (train tokens, train doc_offsets,
-// held-out tokens, held-out doc_offsets, in that order, as their bytes) through add().
-class FingerprintHasher {
- public:
-  void add(const void* data, size_t n);
-  std::string finish(int64_t train_tokens, int64_t train_docs, int64_t held_tokens, int64_t held_docs) const;
-
- private:
-  uint64_t h_ = 0xcbf29ce484222325ull;
-};
 
 // The programme as resolved (every phase key with its default applied; the model config's text
 // hashed), as canonical JSON text.

@@ -1,54 +1,36 @@
-#include "hmla/train/data.h"
+// prepare-data's writer (prepare.h): inputs read as documents (text/corpus.h) or a Megatron
+// dataset's ids, tokenized in batches on several threads and emitted in input order, spilled to
+// unnamed temporaries, then hashed and assembled into the two token files, each written atomically.
+#include "hmla/data/prepare.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <iomanip>
+#include <memory>
 #include <optional>
-#include <thread>
-#include <filesystem>
-#include <fstream>
-#include <numeric>
-#include <random>
+#include <ostream>
 #include <sstream>
+#include <thread>
 
+#include "hmla/data/fingerprint.h"
 #include "hmla/io/paths.h"
-#include "hmla/core/index_values.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/text/corpus.h"
 #include "hmla/text/megatron.h"
-#include "hmla/train/run_state.h"
 
 namespace hmla {
-
-std::vector<int32_t> tokenize_bytes(const std::string& text) {
-  std::vector<int32_t> ids;
-  ids.reserve(text.size());
-  for (unsigned char c : text) ids.push_back(int32_t(c) + kByteOffset);
-  return ids;
-}
-
-std::string detokenize_bytes(const std::vector<int32_t>& ids) {
-  std::string s;
-  for (int32_t id : ids)
-    if (id >= kByteOffset && id < kByteVocab) s.push_back(char(id - kByteOffset));
-  return s;
-}
 
 namespace {
 
 namespace fs = std::filesystem;
-
-// Both files of a pair carry the pair's data_fingerprint (run_state.h), so that a reader can
-// tell them apart from two files of different prepare-data runs.
-constexpr const char* kPairKey = "data_fingerprint";
 
 // prepare-data's --out: a new path or a directory whose token files may be replaced.
 void check_output_dir(const fs::path& out) {
@@ -344,7 +326,7 @@ PrepareSummary prepare_data(const PrepareOptions& o) {
       w->offsets.replay([&](const char* p, size_t k) { h.add(p, k); });
     }
     const std::string fingerprint = h.finish(train.count, train.docs, held.count, held.docs);
-    io::Metadata meta{{"tokenizer", tok.describe()}, {kPairKey, fingerprint}};
+    io::Metadata meta{{"tokenizer", tok.describe()}, {kFingerprintKey, fingerprint}};
     if (mds) {
       meta["tokenizer"] = "Megatron indexed dataset " + mds->prefix() + " (" + mds->dtype_name() + "), ids as stored";
       meta["tokenizer_fingerprint"] = "megatron";
@@ -385,182 +367,6 @@ void prepare_data(const std::vector<std::string>& files, const std::string& out_
   o.separator = sep;
   o.heldout_every = heldout_every;
   prepare_data(o);
-}
-
-namespace {
-
-int64_t recorded_vocab(const io::Metadata& m, const std::string& path) {
-  const auto v = m.find("vocab_size");
-  if (v == m.end()) return kByteVocab;  // the byte tokenizer's files record none
-  int64_t n = 0;
-  const auto [end, err] = std::from_chars(v->second.data(), v->second.data() + v->second.size(), n);
-  HMLA_CHECK(err == std::errc() && end == v->second.data() + v->second.size() && n >= 1, IoError, path,
-             ": metadata vocab_size '", v->second, "' is not a positive integer");
-  return n;
-}
-
-}  // namespace
-
-TokenSet load_token_set(const std::string& path, io::Metadata* metadata) {
-  io::Metadata local;
-  io::Metadata& md = metadata ? *metadata : local;
-  io::TensorMap m = io::load_safetensors(path, &md);
-  HMLA_CHECK(m.count("tokens") && m.count("doc_offsets") && m.at("tokens").dim() == 1 &&
-                 m.at("doc_offsets").dtype() == DType::i64,
-             IoError, path, ": a token file needs tokens [n] and doc_offsets (i64); run hmla prepare-data");
-  TokenSet s{token_ids(m.at("tokens"), recorded_vocab(md, path), path + ": tokens").to_vector<int32_t>(),
-             m.at("doc_offsets").to_vector<int64_t>()};
-  HMLA_CHECK(s.doc_offsets.size() >= 2 && s.doc_offsets.front() == 0 &&
-                 s.doc_offsets.back() == int64_t(s.tokens.size()) &&
-                 std::adjacent_find(s.doc_offsets.begin(), s.doc_offsets.end(), std::greater_equal<>()) ==
-                     s.doc_offsets.end(),
-             IoError, path, ": doc_offsets must rise strictly from 0 to the token count (no empty documents)");
-  return s;
-}
-
-namespace {
-
-class MegatronView final : public TokenView {
- public:
-  explicit MegatronView(text::MegatronDataset ds) : ds_(std::move(ds)) {}
-  void copy(int64_t begin, int64_t n, int32_t* out) const override { ds_.copy(begin, n, out); }
-  const text::MegatronDataset& dataset() const { return ds_; }
-
- private:
-  text::MegatronDataset ds_;
-};
-
-TokenData load_megatron_in_place(const std::string& prefix) {
-  const auto view = std::make_shared<MegatronView>(text::MegatronDataset::open(prefix));
-  const text::MegatronDataset& ds = view->dataset();
-  const int64_t top = ds.max_id();  // every id checked once, here
-  TokenData data;
-  for (TokenSet* s : {&data.train, &data.held}) {
-    s->view = view;
-    s->doc_offsets = {0};
-  }
-  for (int64_t d = 0; d < ds.docs(); ++d) {
-    TokenSet& s = (d + 1) % kInPlaceHeldoutEvery ? data.train : data.held;
-    s.doc_starts.push_back(ds.doc_begin(d));
-    s.doc_offsets.push_back(s.doc_offsets.back() + ds.doc_begin(d + 1) - ds.doc_begin(d));
-  }
-  HMLA_CHECK(data.train.docs() > 0 && data.held.docs() > 0, IoError, ds.prefix(), ".idx: ", ds.docs(),
-             " documents; read in place, every ", kInPlaceHeldoutEvery, "-th is held out, so at least ",
-             kInPlaceHeldoutEvery, " are needed");
-  data.fingerprint = data_fingerprint(data.train, data.held);
-  data.vocab_size = top + 1;
-  data.tokenizer = "Megatron indexed dataset " + ds.prefix() + " (" + ds.dtype_name() + ", largest id " +
-                   std::to_string(top) + "), read in place";
-  data.tokenizer_fingerprint = "megatron";
-  return data;
-}
-
-}  // namespace
-
-TokenData load_token_data(const std::string& dir) {
-  std::error_code ec;
-  std::string prefix;
-  if (!std::filesystem::is_directory(dir, ec) && text::megatron_prefix(dir, prefix))
-    return load_megatron_in_place(prefix);
-  const std::filesystem::path d(dir);
-  io::Metadata mt, mh;
-  TokenData data;
-  data.train = load_token_set((d / "train.safetensors").string(), &mt);
-  data.held = load_token_set((d / "heldout.safetensors").string(), &mh);
-  data.fingerprint = data_fingerprint(data.train, data.held);
-  const auto t = mt.find(kPairKey), h = mh.find(kPairKey);
-  const bool legacy = t == mt.end() && h == mh.end();  // written before prepare-data recorded the pair
-  HMLA_CHECK(legacy || (t != mt.end() && h != mh.end() && t->second == data.fingerprint && h->second == data.fingerprint),
-             IoError, dir, ": train.safetensors and heldout.safetensors are not one prepare-data output (the ",
-             kPairKey, " they record does not match their contents: an interrupted prepare-data, or a file copied ",
-             "in from elsewhere); run hmla prepare-data again");
-  data.vocab_size =
-      std::max(recorded_vocab(mt, dir + "/train.safetensors"), recorded_vocab(mh, dir + "/heldout.safetensors"));
-  const auto tk = mt.find("tokenizer");
-  data.tokenizer = tk == mt.end() ? "bytes+3; pad 0, bos 1, eos 2" : tk->second;
-  if (const auto f = mt.find("tokenizer_fingerprint"); f != mt.end()) data.tokenizer_fingerprint = f->second;
-  return data;
-}
-
-PackedLoader::PackedLoader(TokenSet data, int64_t seq_len, uint64_t seed)
-    : data_(std::move(data)), s_(seq_len), seed_(seed) {
-  HMLA_CHECK(seq_len >= 2, ConfigError, "seq_len must be at least 2");
-  shuffle();
-}
-
-void PackedLoader::shuffle() {
-  order_.resize(data_.docs());
-  std::iota(order_.begin(), order_.end(), 0);
-  std::mt19937_64 rng(seed_ + 0x9e3779b97f4a7c15ull * uint64_t(epoch_ + 1));
-  std::shuffle(order_.begin(), order_.end(), rng);
-}
-
-void PackedLoader::seek(const std::vector<int64_t>& pos) {
-  HMLA_CHECK(pos.size() == 3 && pos[0] >= 0 && pos[1] >= 0 && pos[1] <= data_.docs() && pos[2] >= 0, IoError,
-             "data position in the checkpoint is malformed");
-  epoch_ = pos[0];
-  shuffle();
-  const int64_t len = pos[1] < data_.docs() ? data_.doc_offsets[order_[pos[1]] + 1] - data_.doc_offsets[order_[pos[1]]] : 1;
-  HMLA_CHECK(pos[2] < len, IoError, "data position in the checkpoint: offset ", pos[2],
-             " is past the end of its document (", len, " tokens); was the data prepared again?");
-  index_ = pos[1];
-  offset_ = pos[2];
-}
-
-Batch PackedLoader::next(int64_t rows) {
-  std::vector<int32_t> ids(rows * s_, kPadId);
-  std::vector<std::vector<int64_t>> cu(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t used = 0;
-    cu[r] = {0};
-    while (used < s_) {
-      if (index_ == data_.docs()) {
-        ++epoch_;
-        index_ = 0;
-        offset_ = 0;
-        shuffle();
-      }
-      const int64_t d = order_[index_];
-      const int64_t begin = data_.doc_offsets[d] + offset_, end = data_.doc_offsets[d + 1];
-      const int64_t len = end - begin;
-      if (len > s_ - used && used > 0) break;  // does not fit: pad this row's tail
-      const int64_t take = std::min(len, s_ - used);
-      data_.copy_doc(d, offset_, take, ids.data() + r * s_ + used);
-      used += take;
-      cu[r].push_back(used);
-      if (take == len) {
-        ++index_;
-        offset_ = 0;
-      } else {
-        offset_ += take;  // a document longer than a row continues in the next one
-      }
-    }
-  }
-  return {Tensor::from_vector<int32_t>({rows, s_}, ids), layout_from_cu_seqlens(s_, cu)};
-}
-
-Batch fixed_rows(const TokenSet& data, int64_t seq_len, int64_t rows) {
-  std::vector<int32_t> ids(rows * seq_len, kPadId);
-  std::vector<std::vector<int64_t>> cu(rows);
-  int64_t d = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t used = 0;
-    cu[r] = {0};
-    while (d < data.docs()) {
-      const int64_t len = data.doc_offsets[d + 1] - data.doc_offsets[d];
-      if (len > seq_len - used) {
-        if (used > 0) break;
-        ++d;  // longer than a row: not part of the fixed set
-        continue;
-      }
-      data.copy_doc(d, 0, len, ids.data() + r * seq_len + used);
-      used += len;
-      cu[r].push_back(used);
-      ++d;
-    }
-    if (cu[r].size() == 1) cu[r].push_back(1);  // ran out of documents: one pad "document"
-  }
-  return {Tensor::from_vector<int32_t>({rows, seq_len}, ids), layout_from_cu_seqlens(seq_len, cu)};
 }
 
 }  // namespace hmla

@@ -1,5 +1,5 @@
-// The token files and the loader's position (data.h): what load_token_set accepts as documents,
-// and where PackedLoader::seek may put a resumed run.
+// The token files and the loader's position (data/token_set.h, data/loader.h): what
+// load_token_set accepts as documents, and where PackedLoader::seek may put a resumed run.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,7 +8,8 @@
 
 #include "hmla/core/error.h"
 #include "hmla/io/safetensors.h"
-#include "hmla/train/data.h"
+#include "hmla/data/loader.h"
+#include "hmla/data/token_set.h"
 
 namespace hmla {
 namespace {

@@ -1,0 +1,90 @@
+// A model's arenas (model.h): build_model allocates the parameter arena planned from the table
+// (and, where the device computes in bf16, the weights' compute copy), init_model draws its
+// initial values on the host from one seed, Model::rope keeps the RoPE tables per shape.
+#include <map>
+#include <random>
+#include <string>
+
+#include "hmla/model/model.h"
+#include "hmla/ops/backend.h"
+#include "hmla/ops/nn.h"
+
+namespace hmla {
+
+namespace {
+
+// Model::wc: the matrices from a compute copy of the arena where the compute dtype is not f32.
+ModelTensors compute_tensors(Model& m) {
+  const DType dt = compute_dtype(m.device());
+  if (dt == DType::f32) return m.w;
+  m.compute_arena = Tensor::empty({m.arena.numel()}, dt, m.device());
+  const io::TensorMap copy = arena_views(m.table, m.compute_arena);
+  io::TensorMap views = copy;
+  for (auto& [name, t] : views)
+    if (t.dim() < 2 || name == "model.embed_tokens.weight" || name.ends_with(".mlp.gate.weight"))
+      t = m.params.at(name);  // read as f32 (the MoE router's gate too: its logits are f32)
+  ModelTensors wc = model_tensors(views, m.cfg.num_hidden_layers, m.cfg.tie_word_embeddings);
+  if (m.cfg.tie_word_embeddings) wc.lm_head = copy.at("model.embed_tokens.weight");  // a product reads it
+  return wc;
+}
+
+}  // namespace
+
+const RopeCache& Model::rope(int64_t s, int64_t pos0) const {
+  auto it = rope_.find({s, pos0});
+  if (it == rope_.end()) {
+    const RopeCache h = rope_cache(cfg, s, pos0);
+    it = rope_.emplace(std::pair{s, pos0}, RopeCache{h.cos.on(device()), h.sin.on(device())}).first;
+  }
+  return it->second;
+}
+
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
+  bool dense_mlp = false;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) dense_mlp |= !c.is_moe_layer(L);
+  HMLA_CHECK(c.vocab_size > 0 && (c.intermediate_size > 0 || !dense_mlp), ConfigError,
+             "a model needs vocab_size and intermediate_size (>= 1; intermediate_size sizes the dense MLPs)");
+  HMLA_CHECK(static_cast<int64_t>(has_indexer.size()) == c.num_hidden_layers, ConfigError,
+             "has_indexer needs one entry per layer");
+  std::vector<bool> own(has_indexer.size());  // shared layers (IndexShare) have none
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    own[L] = own_indexer(c, has_indexer, L);
+    HMLA_CHECK(!c.runs_indexer(L) || own[L], ConfigError, "layer ", L, " runs ",
+               mode_name(c.layer_modes[L]), " without an indexer");
+  }
+  MemoryPlan plan;
+  plan_parameters(plan, c, own, false, compute_dtype(device));
+  plan.check("the model", device);
+  Model m;
+  m.cfg = c;
+  m.has_indexer = own;
+  m.table = model_param_table(c, own);
+  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
+  m.params = arena_views(m.table, m.arena);
+  m.w = model_tensors(m.params, c.num_hidden_layers, c.tie_word_embeddings);
+  m.wc = compute_tensors(m);
+  return m;
+}
+
+void refresh_compute_weights(Model& m) {
+  if (m.compute_arena.defined()) convert(m.arena, m.compute_arena);  // one launch for every weight
+}
+
+void init_model(Model& m, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
+  const Tensor host = Tensor::empty({m.arena.numel()}, DType::f32);  // drawn on the host, then copied
+  float* v = host.data<float>();
+  for (const ParamSpec& p : m.table) {
+    const int64_t n = shape_numel(p.shape);
+    const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos;
+    const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos ||
+                       p.name.ends_with(".e_score_correction_bias");
+    for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
+    v += n;
+  }
+  m.arena.copy_from(host);
+  refresh_compute_weights(m);
+}
+
+}  // namespace hmla

@@ -1,0 +1,79 @@
+// Checkpoint tensors into a built model (model.h): names and shapes checked against the table,
+// no tensor the config's model lacks (IndexShare's shared layers named), bf16 widened, every
+// weight finite, the compute copy refreshed; the kept multi-token-prediction tensors moved in.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "hmla/model/model.h"
+#include "hmla/model/params.h"
+
+namespace hmla {
+
+namespace {
+
+// README: a tensor a command would ignore is an error. A checkpoint with more layers than the
+// config, a sink or an indexer the config does not run, is refused before anything is copied.
+void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std::string& what) {
+  const std::vector<std::string> extra = unexpected_tensors(m.table, tensors);
+  if (extra.empty()) return;
+  for (int64_t L = 0; L < m.cfg.num_hidden_layers; ++L) {  // IndexShare: a shared layer has no indexer
+    const std::string pre = layer_prefix(L) + "self_attn.indexer.";
+    for (const std::string& n : extra)
+      HMLA_CHECK(!m.cfg.indexer_shared(L) || n.compare(0, pre.size(), pre) != 0, IoError, what, ": tensor '", n,
+                 "': layer ", L, " is 'shared' in indexer_types (it reuses layer ", m.cfg.indexer_source(L),
+                 "'s top-k) and has no indexer; remove the tensor or make the layer full");
+  }
+  std::string names;
+  for (size_t i = 0; i < std::min<size_t>(extra.size(), 3); ++i) names += (i ? ", '" : "'") + extra[i] + "'";
+  if (extra.size() > 3) names += " and " + std::to_string(extra.size() - 3) + " more";
+  throw IoError(what + ": " + std::to_string(extra.size()) + " tensor" + (extra.size() > 1 ? "s" : "") +
+                " the config's model does not have (" + names + "); an ignored tensor is an error: check that the "
+                "config (num_hidden_layers = " + std::to_string(m.cfg.num_hidden_layers) +
+                ", num_nextn_predict_layers = " + std::to_string(m.cfg.form.num_nextn_predict_layers) + ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
+}
+
+}  // namespace
+
+void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
+                     const std::vector<std::string>& may_be_missing) {
+  check_no_unexpected(m, tensors, what);
+  for (const ParamSpec& p : m.table) {
+    auto it = tensors.find(p.name);
+    if (it == tensors.end()) {
+      bool ok = false;
+      for (const auto& n : may_be_missing) ok |= n == p.name;
+      HMLA_CHECK(ok, IoError, what, ": tensor '", p.name, "' is missing");
+      continue;
+    }
+    const Tensor& t = it->second;
+    HMLA_CHECK(t.shape() == p.shape, IoError, what, ": tensor '", p.name, "' is ", shape_str(t.shape()),
+               ", the config needs ", shape_str(p.shape));
+    Tensor dst = Tensor::empty(p.shape, DType::f32);  // on the host, checked, then into the arena
+    if (t.dtype() == DType::f32) {
+      dst.copy_from(t);
+    } else {
+      HMLA_CHECK(t.dtype() == DType::bf16, IoError, what, ": tensor '", p.name, "' is ", dtype_name(t.dtype()),
+                 "; weights must be f32 or bf16");
+      const bf16* src = t.data<bf16>();
+      for (int64_t i = 0; i < t.numel(); ++i) dst.data<float>()[i] = bf16_to_f32(src[i]);
+    }
+    check_finite_weight(dst, what, p.name);
+    m.params.at(p.name).copy_from(dst);
+  }
+  refresh_compute_weights(m);
+}
+
+void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : ck.kept) bytes += int64_t(t.bytes.size());
+  MemoryPlan plan;
+  plan.add_bytes("the multi-token-prediction layers, kept as read", bytes,
+                 std::to_string(ck.kept.size()) + " tensors of num_nextn_predict_layers = " +
+                     std::to_string(m.cfg.form.num_nextn_predict_layers));
+  plan.check(what + ": the tensors hmla carries");
+  load_into_model(m, ck.tensors, what);
+  m.kept = std::move(ck.kept);
+}
+
+}  // namespace hmla
