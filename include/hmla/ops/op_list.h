@@ -29,24 +29,17 @@ inline constexpr int kOpCount = int(sizeof(kAllOps) / sizeof(kAllOps[0]));
 
 // The entry's name ("attn_dense_fwd"), its params struct's ("AttnDenseParams") and its family's
 // ("attn_dense": HMLA_ATTN_DENSE_OPS).
-constexpr const char* op_name(Op op) {
-  switch (op) {
-#define HMLA_OP_NAME(ret, name, P) \
-  case Op::name: return #name;
-    HMLA_OP_LIST(HMLA_OP_NAME)
-#undef HMLA_OP_NAME
-  }
-  return "?";
-}
-constexpr const char* op_params_name(Op op) {
-  switch (op) {
-#define HMLA_OP_PARAMS_NAME(ret, name, P) \
-  case Op::name: return #P;
-    HMLA_OP_LIST(HMLA_OP_PARAMS_NAME)
-#undef HMLA_OP_PARAMS_NAME
-  }
-  return "?";
-}
+struct OpNames {
+  const char* entry;
+  const char* params;
+};
+inline constexpr OpNames kOpNames[] = {
+#define HMLA_OP_NAMES(ret, name, P) {#name, #P},
+    HMLA_OP_LIST(HMLA_OP_NAMES)
+#undef HMLA_OP_NAMES
+};
+constexpr const char* op_name(Op op) { return kOpNames[int(op)].entry; }
+constexpr const char* op_params_name(Op op) { return kOpNames[int(op)].params; }
 constexpr const char* op_family(Op op) {
 #define HMLA_OP_FAMILY(family, LIST)                  \
   for (Op member : std::initializer_list<Op>{LIST(HMLA_OP_REF)}) \
