@@ -1,9 +1,9 @@
 // The CUDA backend's kernels and plans, all declared here (one kernel per op of op_list.h, one plan
 // per params struct, each family's in its own .cu: dense attention attn_dense_fwd.cu /
 // attn_dense_bwd.cu (and cuDNN's, attn_cudnn.cpp), sparse latent MQA attn_sparse.cu, the indexer's
-// selection indexer_topk.cu and KLs indexer_kl.cu / indexer_kl_sparse.cu, products gemm.cu
-// (cuBLASLt), the dense ops and optimizer steps nn.cu, the MoE ops moe.cu and
-// moe_balance.cu). The backend (backend.cu) asks a family's plan, then calls its kernel with
+// selection indexer_topk.cu and KLs indexer_kl.cu (the plan and the dispatch; the paths:
+// indexer_kl_simt.cu, indexer_kl_mma.cu, indexer_kl_sparse.cu), products gemm.cu (cuBLASLt), the
+// dense ops and optimizer steps nn.cu, the MoE ops moe.cu and moe_balance.cu). The backend (backend.cu) asks a family's plan, then calls its kernel with
 // validated params; the kernel's launcher runs the variant the same plan names. Limits: traits.h.
 #pragma once
 #include <cstdint>
