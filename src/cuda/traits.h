@@ -11,7 +11,7 @@ namespace hmla::cuda {
 // Every kernel's mma.sync tiles are 16 x 8 x 16 (bf16): operand widths come in multiples of 16.
 inline constexpr int kMmaK = 16;
 
-// Sparse latent MQA (attn_sparse.cu). Forward: a block owns one query row, 16 x (at most
+// Sparse latent MQA (attn_sparse_fwd.cu, attn_sparse_bwd.cu). Forward: a block owns one query row, 16 x (at most
 // kFwdHeadWarps) heads and up to kFwdChunks value chunks of kFwdChunk columns (all of 512: the
 // scores of a key tile are computed once per block, never per chunk), one warp per (16 heads,
 // chunk); key tiles of kFwdBk gathered keys, whose scores the warps of a head subgroup split by
