@@ -3,7 +3,7 @@
 // attn_dense_bwd.cu (and cuDNN's, attn_cudnn.cpp), sparse latent MQA attn_sparse_fwd.cu /
 // attn_sparse_bwd.cu, the indexer's selection indexer_topk.cu and KLs indexer_kl.cu (the plan and
 // the dispatch; the paths: indexer_kl_simt.cu, indexer_kl_mma.cu, indexer_kl_sparse.cu), products
-// gemm.cu (cuBLASLt), the dense ops and optimizer steps nn.cu, the MoE ops moe.cu and
+// gemm.cu (cuBLASLt), the dense ops nn.cu, the optimizer steps optim.cu, the MoE ops moe.cu and
 // moe_balance.cu). The backend (backend.cu) asks a family's plan, then calls its kernel with
 // validated params; the kernel's launcher runs the variant the same plan names. Limits: traits.h.
 #pragma once

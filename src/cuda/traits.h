@@ -161,7 +161,7 @@ static_assert(IndexerKlTraits::mma_sparse(true, 128, 64, 576, 128, 2048) &&
                   IndexerKlTraits::mma_sparse(true, 64, 32, 576, 128, 2048),
               "the reference geometries run the sparse KL on the tensor cores");
 
-// The dense ops (nn.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
+// The dense ops and optimizer steps (nn.cu, optim.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
 // and sums of squares in partials of kSumChunk values, summed in a fixed order (deterministic).
 struct NnTraits {
   static constexpr int kThreads = 256;
