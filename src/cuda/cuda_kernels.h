@@ -1,8 +1,9 @@
 // The CUDA backend's kernels and plans, all declared here (one kernel per op of op_list.h, one plan
 // per params struct, each family's in its own .cu: dense attention attn_dense_fwd.cu /
-// attn_dense_bwd.cu (and cuDNN's, attn_cudnn.cpp), sparse latent MQA attn_sparse.cu, the indexer's
-// selection indexer_topk.cu and KLs indexer_kl.cu / indexer_kl_sparse.cu, products gemm.cu
-// (cuBLASLt), the dense ops and optimizer steps nn.cu, the MoE ops moe.cu and
+// attn_dense_bwd.cu (and cuDNN's, attn_cudnn.cpp), sparse latent MQA attn_sparse_fwd.cu /
+// attn_sparse_bwd.cu, the indexer's selection indexer_topk.cu and KLs indexer_kl.cu (the plan and
+// the dispatch; the paths: indexer_kl_simt.cu, indexer_kl_mma.cu, indexer_kl_sparse.cu), products
+// gemm.cu (cuBLASLt), the dense ops nn.cu, the optimizer steps optim.cu, the MoE ops moe.cu and
 // moe_balance.cu). The backend (backend.cu) asks a family's plan, then calls its kernel with
 // validated params; the kernel's launcher runs the variant the same plan names. Limits: traits.h.
 #pragma once
@@ -29,7 +30,7 @@ void indexer_kl_sparse_mma(const IndexerKlParams& p, float* kl);
 int64_t set_indexer_kl_workspace_bytes(int64_t bytes);
 
 // The sparse backward's inverse index of the rows [r0, r0 + nr) as its device builder makes it
-// (attn_sparse.cu), read back: per key k = batch * skv + j, entries[offsets[k] .. offsets[k + 1])
+// (attn_sparse_bwd.cu), read back: per key k = batch * skv + j, entries[offsets[k] .. offsets[k + 1])
 // = local row * KW + position (compact order: listed candidates, then listed window keys) for each
 // row listing j, in (row, position) order. A test seam; the backward itself never reads it back.
 struct SparseInverseIndex {

@@ -1,5 +1,5 @@
-// The dense ops and optimizer steps on the GPU, f32 (hmla/ops/nn.h, hmla/ops/optim.h), with the
-// CPU's formulas. The norms, RoPE and SwiGLU also take bf16 activations: kernels templated on
+// The dense ops on the GPU, f32 (hmla/ops/nn.h), with the CPU's formulas (the optimizer steps:
+// optim.cu). The norms, RoPE and SwiGLU also take bf16 activations: kernels templated on
 // those operands' element types read them exactly (widen), compute in f32 as the f32 instantiation
 // does, and round a bf16 output once (put, RNE), so they give the f32 kernel's bits up to that
 // final rounding. Deterministic by construction: no atomics; every reduction has a fixed shape.
@@ -7,10 +7,9 @@
 //   - Column sums (the norms' dw/db): partial sums over fixed chunks of rows, then each column
 //     adds its partials in chunk order (two launches).
 //   - The embedding's backward: one thread per column walks the tokens in order (the CPU's order).
-//   - Scalars (cross-entropy's loss, sum_squares): per-row or per-chunk partials in f64, added in
-//     order into the caller's device accumulator by one thread (the host loop's order, so the
-//     bits are those the host sum had; nothing is read back). The step's stats ops (norms, clip
-//     scales, the finite flag) are one thread each too.
+//   - Cross-entropy's loss: per-row partials in f64, added in order into the caller's device
+//     accumulator by one thread (the host loop's order, so the bits are those the host sum had;
+//     nothing is read back).
 // Element-wise ops are grid-stride loops. docs/cuda.md says what is left for speed.
 #include <cuda_bf16.h>
 
@@ -19,21 +18,23 @@
 #include <cstdint>
 
 #include "cuda_kernels.h"
-#include "traits.h"
 #include "hmla/core/allocator.h"
-#include "runtime.h"
+#include "nn.cuh"
 #include "reduce.cuh"
+#include "runtime.h"
 #include "strided.cuh"
+#include "traits.h"
 
 namespace hmla::cuda {
 
 namespace {
 
+using detail::launch;
+using detail::ordered_sum;
+using detail::stream;
+
 constexpr int kThreads = NnTraits::kThreads;          // every kernel of this file
 constexpr int64_t kColChunk = NnTraits::kColChunk;  // rows per partial of a column sum
-constexpr int64_t kSumChunk = NnTraits::kSumChunk;  // values per partial of sum_squares
-
-cudaStream_t stream() { return current_stream().get(); }
 
 // Activations as the kernels read them: f32 as is, bf16 widened exactly. Stores are strided.cuh's
 // put (bf16: round to nearest even).
@@ -48,9 +49,6 @@ void with_type(DType dt, F&& f) {
   else
     f(float{});
 }
-
-#define HMLA_GRID_STRIDE(i, n) \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
 
 // ---- norms ------------------------------------------------------------------------------------
 
@@ -270,17 +268,6 @@ __global__ void cross_entropy_kernel(CrossEntropyParams p, double* loss) {
     for (int64_t v = threadIdx.x; v < p.V; v += kThreads) d[v] = w * float(exp(double(l[v]) - lse)) - (v == t ? w : 0.f);
 }
 
-// ---- optimizer steps ----------------------------------------------------------------------------
-
-__global__ void sum_squares_kernel(const float* x, int64_t n, double* part) {
-  __shared__ double red[kThreads];
-  const int64_t i0 = int64_t(blockIdx.x) * kSumChunk, i1 = i0 + kSumChunk < n ? i0 + kSumChunk : n;
-  double s = 0;
-  for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) s += double(x[i]) * x[i];
-  s = block_sum<kThreads>(s, red);
-  if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
 // One thread: *acc += part[0] + part[1] + ... left to right.
 __global__ void ordered_sum_kernel(const double* part, int64_t n, double* acc) {
   double s = *acc;
@@ -288,95 +275,15 @@ __global__ void ordered_sum_kernel(const double* part, int64_t n, double* acc) {
   *acc = s;
 }
 
-__global__ void stats_add_kernel(StatsParams p) { p.s[p.dst] += p.s[p.src] / p.div; }
-
-// x - x is 0 for every finite x and NaN for inf and NaN (the same test on nvcc and the emulator).
-__device__ bool finite(double x) { return x - x == 0; }
-
-__global__ void stats_losses_kernel(StatsParams p) {
-  p.bad[0] = finite(p.s[kStatLm]) && finite(p.s[kStatKl]) ? 0.f : 1.f;
-}
-
-// IEEE sqrt and division in f64, as the host's std::sqrt and operator/ (the same bits).
-__device__ float clip_scale(double clip, double norm) { return (clip > 0 && norm > clip) ? float(clip / norm) : 1.f; }
-
-__global__ void stats_clip_kernel(StatsParams p) {
-  double* s = p.s;
-  s[kStatNormBackbone] = sqrt(s[kStatSsBackbone]);
-  s[kStatNormIndexer] = sqrt(s[kStatSsIndexer]);
-  s[kStatScaleBackbone] = clip_scale(p.clip_backbone, s[kStatNormBackbone]);
-  s[kStatScaleIndexer] = clip_scale(p.clip_indexer, s[kStatNormIndexer]);
-  const bool ok = p.bad[0] == 0.f && finite(s[kStatNormBackbone]) && finite(s[kStatNormIndexer]);
-  s[kStatFinite] = ok ? 1 : 0;
-}
-
-// The step's gate (hmla/ops/optim.h): every thread reads the two device scalars.
-#define HMLA_GATE(p, gs)                                   \
-  const bool open_ = !(p.finite_at && *p.finite_at == 0);  \
-  const float gs = p.gscale_at ? float(*p.gscale_at) : p.gscale;
-
-__global__ void adamw_kernel(AdamWParams p) {
-  HMLA_GATE(p, gscale)
-  if (!open_) return;
-  HMLA_GRID_STRIDE(i, p.n) {
-    const float gi = p.g[i] * gscale;
-    p.m[i] = p.b1 * p.m[i] + (1 - p.b1) * gi;
-    p.v[i] = p.b2 * p.v[i] + (1 - p.b2) * gi * gi;
-    const float mh = p.m[i] / float(p.bc1), vh = p.v[i] / float(p.bc2);
-    p.w[i] -= p.lr * (mh / (sqrtf(vh) + p.eps) + p.wd * p.w[i]);
-  }
-}
-
-__global__ void muon_momentum_kernel(MuonParams p) {
-  HMLA_GATE(p, gscale)
-  HMLA_GRID_STRIDE(i, p.n) {
-    if (!open_) {  // m kept; u defined for the orthogonalisation that follows
-      p.u[i] = 0.f;
-      continue;
-    }
-    p.m[i] = p.beta * p.m[i] + p.g[i] * gscale;
-    p.u[i] = p.g[i] * gscale + p.beta * p.m[i];
-  }
-}
-
-__global__ void muon_normalize_kernel(MuonParams p) {
-  const float inv = float(1.0 / (sqrt(*p.ss) + 1e-7));
-  HMLA_GRID_STRIDE(i, p.n) p.u[i] = inv * p.g[i];
-}
-
-__global__ void muon_update_kernel(MuonParams p) {
-  HMLA_GATE(p, unused)
-  (void)unused;
-  if (!open_) return;
-  HMLA_GRID_STRIDE(i, p.n) p.w[i] -= p.lr * (p.scale * p.u[i] + p.wd * p.w[i]);
-}
-
-#undef HMLA_GATE
-
 #undef HMLA_GRID_STRIDE
 
-// A grid-stride kernel over n items (none: no launch).
-template <class K, class P>
-void launch(K kernel, int64_t n, const P& p, const char* what) {
-  if (n <= 0) return;
-  HMLA_LAUNCH(kernel, grid_for(n), kThreads, 0, stream(), p);
-  check_launch(what);
-}
+}  // namespace
 
-// *acc += part[0 .. n) in order, on the device.
-void ordered_sum(const double* part, int64_t n, double* acc, const char* what) {
+// *acc += part[0 .. n) in order, on the device (nn.cuh).
+void detail::ordered_sum(const double* part, int64_t n, double* acc, const char* what) {
   HMLA_LAUNCH(ordered_sum_kernel, 1, 1, 0, stream(), part, n, acc);
   check_launch(what);
 }
-
-// The step's scalar steps: one thread each.
-template <class K>
-void one_thread(K kernel, const StatsParams& p, const char* what) {
-  HMLA_LAUNCH(kernel, 1, 1, 0, stream(), p);
-  check_launch(what);
-}
-
-}  // namespace
 
 void rmsnorm_fwd(const NormParams& p) { norm_fwd(p); }
 void layernorm_fwd(const NormParams& p) { norm_fwd(p); }
@@ -429,24 +336,6 @@ void cross_entropy(const CrossEntropyParams& p) {
   ordered_sum(loss.get(), p.N, p.acc, "cross_entropy sum");  // rows in order, as the CPU
 }
 
-void sum_squares(const SumSquaresParams& p) {
-  if (p.n == 0) return;
-  const int64_t chunks = (p.n + kSumChunk - 1) / kSumChunk;
-  Scratch<double> part(chunks);
-  HMLA_LAUNCH(sum_squares_kernel, unsigned(chunks), kThreads, 0, stream(), p.x, p.n, part.get());
-  check_launch("sum_squares");
-  ordered_sum(part.get(), chunks, p.acc, "sum_squares sum");
-}
-
-void stats_add(const StatsParams& p) { one_thread(stats_add_kernel, p, "stats_add"); }
-void stats_losses(const StatsParams& p) { one_thread(stats_losses_kernel, p, "stats_losses"); }
-void stats_clip(const StatsParams& p) { one_thread(stats_clip_kernel, p, "stats_clip"); }
-
-void adamw_update(const AdamWParams& p) { launch(adamw_kernel, p.n, p, "adamw"); }
-void muon_momentum(const MuonParams& p) { launch(muon_momentum_kernel, p.n, p, "muon momentum"); }
-void muon_normalize(const MuonParams& p) { launch(muon_normalize_kernel, p.n, p, "muon normalize"); }
-void muon_update(const MuonParams& p) { launch(muon_update_kernel, p.n, p, "muon update"); }
-
 // The plans (cuda_kernels.h): the activations of the row and element ops f32 or bf16 (with_type's
 // instantiations); the fused add reads the residual stream x in f32 only. Every shape.
 Plan plan(Op, const NormParams& p) {
@@ -462,9 +351,5 @@ Plan plan(Op, const AxpyParams&) { return {Variant::simt, {}}; }
 Plan plan(Op, const ConvertParams& p) {
   return plan_if(p.src_dtype == p.dst_dtype || (f32_or_bf16(p.src_dtype) && f32_or_bf16(p.dst_dtype)), Variant::simt);
 }
-Plan plan(Op, const SumSquaresParams&) { return {Variant::simt, {}}; }
-Plan plan(Op, const StatsParams&) { return {Variant::simt, {}}; }
-Plan plan(Op, const AdamWParams&) { return {Variant::simt, {}}; }
-Plan plan(Op, const MuonParams&) { return {Variant::simt, {}}; }
 
 }  // namespace hmla::cuda

@@ -1,5 +1,5 @@
 // Index tables as the sparse kernels walk them (DESIGN.md section 4: [b, sq, K + W] key positions,
-// -1 = no key), shared by the sparse attention (attn_sparse.cu) and the sparse indexer KL
+// -1 = no key), shared by the sparse attention (attn_sparse_fwd.cu, attn_sparse_bwd.cu) and the sparse indexer KL
 // (indexer_kl_sparse.cu):
 //   compact()     a row's listed keys into shared memory, candidates (slots < K) first, then the
 //                 window's, each in slot order, -1 slots dropped: the positions every kernel of a

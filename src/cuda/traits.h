@@ -11,7 +11,7 @@ namespace hmla::cuda {
 // Every kernel's mma.sync tiles are 16 x 8 x 16 (bf16): operand widths come in multiples of 16.
 inline constexpr int kMmaK = 16;
 
-// Sparse latent MQA (attn_sparse.cu). Forward: a block owns one query row, 16 x (at most
+// Sparse latent MQA (attn_sparse_fwd.cu, attn_sparse_bwd.cu). Forward: a block owns one query row, 16 x (at most
 // kFwdHeadWarps) heads and up to kFwdChunks value chunks of kFwdChunk columns (all of 512: the
 // scores of a key tile are computed once per block, never per chunk), one warp per (16 heads,
 // chunk); key tiles of kFwdBk gathered keys, whose scores the warps of a head subgroup split by
@@ -80,7 +80,7 @@ struct TopkTraits {
   static_assert(kKeyTile % kMmaK == 0, "mma tiles are 16 x 8 x 16");
 };
 
-// The fused indexer KLs (indexer_kl.cu), two paths.
+// The fused indexer KLs (indexer_kl.cu), two paths (indexer_kl_simt.cu, indexer_kl_mma.cu).
 // SIMT (f32 math; every input combination but bf16 qI/kI with bf16 q/k on the dense KL, and every
 // sparse KL): kTile threads per block, one per key (rows pass) or row (keys pass); shared memory
 // holds S [HI, kTile], dI [kTile], lC [H] (f32) and, in the sparse rows pass, the row's candidates
@@ -161,7 +161,7 @@ static_assert(IndexerKlTraits::mma_sparse(true, 128, 64, 576, 128, 2048) &&
                   IndexerKlTraits::mma_sparse(true, 64, 32, 576, 128, 2048),
               "the reference geometries run the sparse KL on the tensor cores");
 
-// The dense ops (nn.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
+// The dense ops and optimizer steps (nn.cu, optim.cu): kThreads per block everywhere; column sums in partials of kColChunk rows
 // and sums of squares in partials of kSumChunk values, summed in a fixed order (deterministic).
 struct NnTraits {
   static constexpr int kThreads = 256;

@@ -1,6 +1,6 @@
-// Entry points of the dense ops (hmla/ops/nn.h) and the optimizer steps (hmla/ops/optim.h):
-// validate shapes, strides and devices once, fill the family's params struct, and call the
-// backend of the tensors' device.
+// Entry points of the dense ops (hmla/ops/nn.h): validate shapes, strides and devices once, fill
+// the family's params struct, and call the backend of the tensors' device (the optimizer steps':
+// optim.cpp).
 #include "hmla/ops/nn.h"
 
 #include <initializer_list>
@@ -8,26 +8,19 @@
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
-#include "hmla/ops/optim.h"
+#include "nn_common.h"
 
 namespace hmla {
 
 namespace {
 
-std::string desc(const Tensor& t) {
-  return t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.shape()) + " on " + device_name(t.device())
-                     : "undefined";
-}
-
-// hmla::dispatch on the tensors' device.
-void run(const char* op, Op entry, const auto& p, std::initializer_list<const Tensor*> ts) {
-  dispatch(device_of(op, ts), entry, p, op, "these tensors");
-}
-
-void check_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
-  HMLA_CHECK(t.defined() && t.dtype() == dt, ShapeError, op, ": ", name, " must be ", dtype_name(dt), ", got ",
-             desc(t));
-}
+using detail::check_contiguous;
+using detail::check_dtype;
+using detail::check_layout;
+using detail::check_scalar;
+using detail::desc;
+using detail::run;
+using detail::scalar_holding;
 
 // An activation operand of the element and row ops: f32, or bf16 (the CUDA kernels read it exactly
 // and round a bf16 output once; the CPU backend's supports() refuses it).
@@ -37,33 +30,10 @@ void check_act(const Tensor& t, const char* op, const char* name) {
              " must be ", kActDtypes, ", got ", desc(t));
 }
 
-void check_layout(const Tensor& t, const char* dtypes, const Shape& want, const char* op, const char* name) {
-  HMLA_CHECK(t.is_contiguous() && t.shape() == want, ShapeError, op, ": ", name, " must be a contiguous ", dtypes,
-             shape_str(want), " tensor, got ", desc(t), t.is_contiguous() ? "" : " (strided)");
-}
-
-void check_contiguous(const Tensor& t, DType dt, const Shape& want, const char* op, const char* name) {
-  check_dtype(t, dt, op, name);
-  check_layout(t, dtype_name(dt), want, op, name);
-}
-
 void check_act_contiguous(const Tensor& t, const Shape& want, const char* op, const char* name) {
   check_act(t, op, name);
   check_layout(t, kActDtypes, want, op, name);
 }
-
-// An f64 scalar accumulator: one value (a view of a stats buffer allowed).
-void check_scalar(const Tensor& acc, const char* op) {
-  HMLA_CHECK(acc.defined() && acc.dtype() == DType::f64 && acc.numel() == 1, ShapeError, op,
-             ": the accumulator must be one f64 value, got ", desc(acc));
-}
-
-void check_stats(const Tensor& s, const char* op) {
-  check_contiguous(s, DType::f64, {kStatCount}, op, "the stats buffer");
-}
-
-// A one-value accumulator on dev holding v (the host-returning entries' start).
-Tensor scalar_holding(double v, Device dev) { return Tensor::from_vector<double>({1}, {v}).on(dev); }
 
 // A tensor [..., D] read as N rows of width D with row stride ld.
 struct Rows {
@@ -438,99 +408,6 @@ Tensor converted(const Tensor& t, DType dtype) {
 Tensor compute_operand(const Tensor& t) {
   const DType dt = compute_dtype(t.device());
   return t.dtype() == dt ? t : converted(t, dt);
-}
-
-// ---- optimizer steps ----------------------------------------------------------------------------
-
-void sum_squares_into(const Tensor& x, const Tensor& acc) {
-  check_contiguous(x, DType::f32, x.shape(), "sum_squares", "x");
-  check_scalar(acc, "sum_squares");
-  SumSquaresParams p;
-  p.n = x.numel(), p.x = x.data<float>(), p.acc = acc.data<double>();
-  run("sum_squares", Op::sum_squares, p, {&x, &acc});
-}
-
-double sum_squares(const Tensor& x, double init) {
-  HMLA_CHECK(x.defined(), ShapeError, "sum_squares: x is undefined");
-  const Tensor acc = scalar_holding(init, x.device());
-  sum_squares_into(x, acc);
-  return acc.to_vector<double>()[0];
-}
-
-void stats_add(const Tensor& s, StatSlot dst, StatSlot src, double div) {
-  check_stats(s, "stats_add");
-  StatsParams p;
-  p.s = s.data<double>(), p.dst = dst, p.src = src, p.div = div;
-  run("stats_add", Op::stats_add, p, {&s});
-}
-
-void stats_losses(const Tensor& s, const Tensor& bad) {
-  check_stats(s, "stats_losses");
-  check_contiguous(bad, DType::f32, {1}, "stats_losses", "bad");
-  StatsParams p;
-  p.s = s.data<double>(), p.bad = bad.data<float>();
-  run("stats_losses", Op::stats_losses, p, {&s, &bad});
-}
-
-void stats_clip(const Tensor& s, const Tensor& bad, double clip_backbone, double clip_indexer) {
-  check_stats(s, "stats_clip");
-  check_contiguous(bad, DType::f32, {1}, "stats_clip", "bad");
-  StatsParams p;
-  p.s = s.data<double>(), p.bad = bad.data<float>(), p.clip_backbone = clip_backbone, p.clip_indexer = clip_indexer;
-  run("stats_clip", Op::stats_clip, p, {&s, &bad});
-}
-
-namespace {
-// The update's gate from the step's stats buffer (none: gscale as given, always applied).
-template <class P>
-void gate(P& p, const Tensor& stats, StatSlot scale, const char* op) {
-  if (!stats.defined()) return;
-  check_stats(stats, op);
-  HMLA_CHECK(scale == kStatScaleBackbone || scale == kStatScaleIndexer, ShapeError, op,
-             ": the clip scale's slot must be kStatScaleBackbone or kStatScaleIndexer");
-  p.gscale_at = stats.data<double>() + scale, p.finite_at = stats.data<double>() + kStatFinite;
-}
-}  // namespace
-
-void adamw_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamWParams& hyper,
-                  const Tensor& stats, StatSlot scale) {
-  for (auto [t, name] : {std::pair{&w, "w"}, std::pair{&g, "g"}, std::pair{&m, "m"}, std::pair{&v, "v"}})
-    check_contiguous(*t, DType::f32, w.shape(), "adamw", name);
-  AdamWParams p = hyper;
-  p.n = w.numel(), p.w = w.data<float>(), p.g = g.data<float>(), p.m = m.data<float>(), p.v = v.data<float>();
-  p.gscale_at = p.finite_at = nullptr;
-  gate(p, stats, scale, "adamw");
-  run("adamw", Op::adamw_update, p, {&w, &g, &m, &v, &stats});
-}
-
-void muon_momentum(const Tensor& g, const Tensor& m, const Tensor& u, float gscale, float beta, const Tensor& stats,
-                   StatSlot scale) {
-  for (auto [t, name] : {std::pair{&g, "g"}, std::pair{&m, "m"}, std::pair{&u, "u"}})
-    check_contiguous(*t, DType::f32, g.shape(), "muon momentum", name);
-  MuonParams p;
-  p.n = g.numel(), p.g = g.data<float>(), p.m = m.data<float>(), p.u = u.data<float>();
-  p.gscale = gscale, p.beta = beta;
-  gate(p, stats, scale, "muon momentum");
-  run("muon momentum", Op::muon_momentum, p, {&g, &m, &u, &stats});
-}
-
-void muon_normalize(const Tensor& x, const Tensor& ss, const Tensor& u) {
-  check_contiguous(x, DType::f32, x.shape(), "muon normalize", "x");
-  check_contiguous(u, DType::f32, x.shape(), "muon normalize", "u");
-  check_scalar(ss, "muon normalize");
-  MuonParams p;
-  p.n = x.numel(), p.g = x.data<float>(), p.u = u.data<float>(), p.ss = ss.data<double>();
-  run("muon normalize", Op::muon_normalize, p, {&x, &u, &ss});
-}
-
-void muon_update(const Tensor& w, const Tensor& upd, float lr, float scale_, float wd, const Tensor& stats) {
-  check_contiguous(w, DType::f32, w.shape(), "muon update", "w");
-  check_contiguous(upd, DType::f32, w.shape(), "muon update", "upd");
-  MuonParams p;
-  p.n = w.numel(), p.w = w.data<float>(), p.u = upd.data<float>();
-  p.lr = lr, p.scale = scale_, p.wd = wd;
-  gate(p, stats, kStatScaleBackbone, "muon update");
-  run("muon update", Op::muon_update, p, {&w, &upd, &stats});
 }
 
 }  // namespace hmla

@@ -323,7 +323,7 @@ class MixedKl : public ::testing::TestWithParam<op_cases::IndexerKlCase> {};
 // One bf16 input pair (qI/kI or q/k) with the other f32: the SIMT kernels in f32, so the bits of
 // the f32 KL on the same values (gradients, kl_sum, loss), and that f32 KL within the STYLE.md
 // rule of the f64 oracle on those values. Both pairs bf16 (what the training step passes): the
-// dense and the sparse KL run on the tensor cores (indexer_kl.cu, indexer_kl_sparse.cu) and are
+// dense and the sparse KL run on the tensor cores (indexer_kl_mma.cu, indexer_kl_sparse.cu) and are
 // held to the rule below instead.
 TEST_P(MixedKl, Bf16InputsGiveTheBitsOfF32TensorsOfTheSameValues) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
