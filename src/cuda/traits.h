@@ -80,9 +80,9 @@ struct TopkTraits {
   static_assert(kKeyTile % kMmaK == 0, "mma tiles are 16 x 8 x 16");
 };
 
-// The fused indexer KLs (indexer_kl.cu), two paths (indexer_kl_simt.cu, indexer_kl_mma.cu).
-// SIMT (f32 math; every input combination but bf16 qI/kI with bf16 q/k on the dense KL, and every
-// sparse KL): kTile threads per block, one per key (rows pass) or row (keys pass); shared memory
+// The fused indexer KLs (indexer_kl.cu), three paths (indexer_kl_simt.cu, indexer_kl_mma.cu,
+// indexer_kl_sparse.cu). SIMT (f32 math; every input combination but bf16 qI/kI with bf16 q/k
+// within the tensor-core limits, mma_dense and mma_sparse): kTile threads per block, one per key (rows pass) or row (keys pass); shared memory
 // holds S [HI, kTile], dI [kTile], lC [H] (f32) and, in the sparse rows pass, the row's candidates
 // (i32, K rounded up to a power of two): smem_bytes.
 // Tensor cores (the dense KL on bf16 qI, kI, q, k: what the CUDA training step passes): tiles of
