@@ -1,9 +1,10 @@
 // The activation table is the forward's allocation, to the byte (STYLE.md: one table of (name,
 // shape, dtype) per lifetime class, the only place the order of saved tensors is written): for
-// every mode, with and without recomputing the attention core, on each device of the build (the
-// CPU in test_model; the emulated CUDA device in test_train_emu, label emu), the memory plan counts
-// the table, the arena holds exactly its bytes, every tensor the attention saves is the arena's
-// view, and after the forward nothing else it keeps is live.
+// every mode, with and without recomputing the attention core, for both layer kinds (a dense MLP,
+// DeepSeekMoE), on each device of the build (the CPU in test_model; the emulated CUDA device in
+// test_train_emu, label emu; a GPU in test_train_cuda), the memory plan counts the table, the arena
+// holds exactly its bytes, every tensor the attention saves is the arena's view, and after the
+// forward nothing else it keeps is live.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,13 +26,19 @@ std::vector<Device> devices() {
   return d;
 }
 
-// A tiny model whose widths the CUDA kernels take (multiples of 16: tests/cuda/emu/emu_model.json's).
-ModelConfig cuda_sized(const char* mode) {
+// A tiny model whose widths the CUDA kernels take (multiples of 16: tests/cuda/emu/emu_model.json's);
+// moe: its second layer's MLP is DeepSeekMoE (the other layer kind).
+ModelConfig cuda_sized(const char* mode, bool moe) {
   testing::TinyConfig t;
   t.modes = {mode, mode};
   t.hidden = 64, t.heads = 4, t.q_lora = 32, t.kv_lora = 16, t.nope = 16, t.rope = 16, t.v = 16;
   t.indexer = testing::TinyIndexer{16, 32, 8};
-  return testing::tiny_config(t);
+  if (!moe) return testing::tiny_config(t);
+  nlohmann::json j = testing::tiny_config_json(t);
+  j["mlp_layer_types"] = {"dense", "sparse"};
+  j["n_routed_experts"] = 4, j["n_group"] = 2, j["topk_group"] = 1, j["num_experts_per_tok"] = 2;
+  j["moe_intermediate_size"] = 16, j["n_shared_experts"] = 1;
+  return parse_model_config(j, "tiny moe");
 }
 
 bool in_arena(const Tensor& t, const ArenaCursor& cur) {
@@ -78,30 +85,34 @@ int64_t forward_keeps(const Model& m, const ActRows& rows, const DocLayout& layo
   }
 }
 
+// One case: a device, a mode, recomputation or not, and the second layer's MLP.
+void expect_plan_is_allocation(Device dev, const char* mode, bool recompute, bool moe) {
+  SCOPED_TRACE(std::string(device_name(dev)) + ", " + mode + (recompute ? ", recompute" : "") + (moe ? ", moe" : ""));
+  const ModelConfig c = cuda_sized(mode, moe);
+  const bool dsa = is_dsa(c.layer_modes[0]);
+  Model m = build_model(c, {dsa, dsa}, dev);
+  const int64_t b = 2, s = 12;
+  const DType compute = compute_dtype(dev);
+  const ActRows rows{b, s, s, recompute};
+  const std::vector<ActSpec> table = activation_table(c, rows, compute);
+  MemoryPlan plan;
+  plan_activation_table(plan, c, {"b", b}, {"s", s}, compute, recompute);
+  EXPECT_EQ(plan.total(), table_bytes(table)) << "the plan counts the table";
+  const DocLayout layout = layout_from_cu_seqlens(s, {{0, 5, s}, {0, s}});
+  layout.doc_start_on(dev), layout.doc_end_on(dev), m.rope(s, 0);  // their caches, before counting
+  bool all_in_arena = true;
+  forward_keeps(m, rows, layout, allocator(dev).live_bytes(), all_in_arena);  // warms any lazy workspace
+  const size_t live0 = allocator(dev).live_bytes();
+  EXPECT_EQ(forward_keeps(m, rows, layout, live0, all_in_arena), table_bytes(table))
+      << "what the forward keeps beyond its arena";
+  EXPECT_TRUE(all_in_arena);
+}
+
 TEST(ActivationArena, ThePlanIsTheAllocationToTheByte) {
   for (Device dev : devices())
     for (const char* mode : {"mha", "mqa_full_causal", "dsa_warmup", "dsa_sparse"})
-      for (bool recompute : {false, true}) {
-        SCOPED_TRACE(std::string(device_name(dev)) + ", " + mode + (recompute ? ", recompute" : ""));
-        const ModelConfig c = cuda_sized(mode);
-        const bool dsa = is_dsa(c.layer_modes[0]);
-        Model m = build_model(c, {dsa, dsa}, dev);
-        const int64_t b = 2, s = 12;
-        const DType compute = compute_dtype(dev);
-        const ActRows rows{b, s, s, recompute};
-        const std::vector<ActSpec> table = activation_table(c, rows, compute);
-        MemoryPlan plan;
-        plan_activation_table(plan, c, {"b", b}, {"s", s}, compute, recompute);
-        EXPECT_EQ(plan.total(), table_bytes(table)) << "the plan counts the table";
-        const DocLayout layout = layout_from_cu_seqlens(s, {{0, 5, s}, {0, s}});
-        layout.doc_start_on(dev), layout.doc_end_on(dev), m.rope(s, 0);  // their caches, before counting
-        bool all_in_arena = true;
-        forward_keeps(m, rows, layout, allocator(dev).live_bytes(), all_in_arena);  // warms any lazy workspace
-        const size_t live0 = allocator(dev).live_bytes();
-        EXPECT_EQ(forward_keeps(m, rows, layout, live0, all_in_arena), table_bytes(table))
-            << "what the forward keeps beyond its arena";
-        EXPECT_TRUE(all_in_arena);
-      }
+      for (bool recompute : {false, true})
+        for (bool moe : {false, true}) expect_plan_is_allocation(dev, mode, recompute, moe);
 }
 
 // The table's attention rows by mode: the MHA form keeps per-head keys and values, the latent
