@@ -32,15 +32,18 @@ inline std::vector<BackendRows> rows_by_backend() {
   return out;
 }
 
-// What breaks the coverage rule, one line each ("" none): an Op no row lists on any backend, and
-// an Op a backend implements (every backend of the build implements every Op: op_list.h) that no
-// row it runs uses.
+// What breaks the coverage rule, one line each ("" none): a row nobody runs (no runner file, no
+// check), an Op no row lists on any backend, and an Op a backend implements (every backend of the
+// build implements every Op: op_list.h) that no row it runs uses.
 inline std::vector<std::string> coverage_problems(const std::vector<BackendRows>& all) {
   std::vector<std::string> problems;
   std::set<Op> listed;
   for (const BackendRows& br : all)
-    for (const RowUse& r : br.rows)
+    for (const RowUse& r : br.rows) {
+      if (r.runner.empty() && !r.check)
+        problems.push_back("row " + r.table + "/" + r.name + " has no runner on the " + br.be->name() + " backend");
       for (const auto& [op, v] : r.ops) listed.insert(op);
+    }
   for (Op op : kAllOps)
     if (!listed.count(op)) problems.push_back(std::string("op ") + op_name(op) + " (" + op_family(op) + ") has no case row");
   for (const BackendRows& br : all) {

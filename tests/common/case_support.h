@@ -5,6 +5,7 @@
 // reads (a sink, a given lse) are set to a marker; plans read no memory. Header-only, no test
 // framework (hmla_cuda_check).
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -104,18 +105,35 @@ inline void uses(Uses& u, const IndexerKlCase& c, DType) {
 }
 
 // A row as the registry lists it (tests/common/case_registry.h): its table, name and oracle, each
-// (op, variant) it asks of a backend, and whether that backend runs it.
+// (op, variant) it asks of a backend, whether that backend runs it, and who runs it: the test file
+// whose runner instantiates over the table (`runner`), or the registry's own driver
+// (tests/ops/test_case_rows.cpp) through `check`, which runs the row on a device against its
+// oracle and returns "" or what differs.
 struct RowUse {
   std::string table, name, oracle;
   std::vector<std::pair<Op, Variant>> ops;
   bool runs = false;
+  std::string runner;
+  std::function<std::string(Device)> check = {};
 };
 template <class Row>
-void add_rows(std::vector<RowUse>& out, const char* table, const Backend& be, DType dt, const std::vector<Row>& rows) {
+void add_rows(std::vector<RowUse>& out, const char* table, const char* runner, const Backend& be, DType dt,
+              const std::vector<Row>& rows) {
   for (const Row& c : rows) {
     Uses u{be};
     uses(u, c, dt);
-    out.push_back({table, c.name, oracle_name(c.oracle), u.ops, u.all()});
+    out.push_back({table, c.name, oracle_name(c.oracle), u.ops, u.all(), runner});
+  }
+}
+// Rows the registry's driver runs: each Row type gives check(row, device) (found by ADL).
+template <class Row>
+void add_checked_rows(std::vector<RowUse>& out, const char* table, const Backend& be, DType dt,
+                      const std::vector<Row>& rows) {
+  for (const Row& c : rows) {
+    Uses u{be};
+    uses(u, c, dt);
+    out.push_back({table, c.name, oracle_name(c.oracle), u.ops, u.all(), "tests/ops/test_case_rows.cpp",
+                   [c](Device dev) { return check(c, dev); }});
   }
 }
 

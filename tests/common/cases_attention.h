@@ -9,7 +9,9 @@
 
 namespace hmla::op_cases {
 inline void case_rows_attention(const Backend& be, std::vector<RowUse>& out) {
-  add_rows(out, "attn_dense", be, be.compute_dtype(), attn_dense());
-  add_rows(out, "attn_sparse", be, be.compute_dtype(), attn_sparse());
+  add_rows(out, "attn_dense", be.device() == Device::cpu ? "tests/cpu/test_attn_dense.cpp" : "tests/cuda/attn_cuda_check.cpp", be,
+           be.compute_dtype(), attn_dense());
+  add_rows(out, "attn_sparse", be.device() == Device::cpu ? "tests/cpu/test_attn_sparse.cpp" : "tests/cuda/sparse_cuda_check.cpp",
+           be, be.compute_dtype(), attn_sparse());
 }
 }  // namespace hmla::op_cases

@@ -16,9 +16,11 @@ inline std::vector<IndexerKlCase> indexer_kl_bf16() {
   return t;
 }
 inline void case_rows_indexer(const Backend& be, std::vector<RowUse>& out) {
-  add_rows(out, "indexer_select", be, be.compute_dtype(), indexer_select());
-  add_rows(out, "indexer_topk", be, be.compute_dtype(), indexer_topk());
-  add_rows(out, "indexer_kl", be, be.compute_dtype(), indexer_kl());
-  add_rows(out, "indexer_kl_bf16", be, be.compute_dtype(), indexer_kl_bf16());
+  const bool cpu = be.device() == Device::cpu;
+  add_rows(out, "indexer_select", "tests/cuda/test_cuda_attention.cpp", be, be.compute_dtype(), indexer_select());
+  add_rows(out, "indexer_topk", "tests/cuda/test_cuda_attention.cpp", be, be.compute_dtype(), indexer_topk());
+  add_rows(out, "indexer_kl", cpu ? "tests/cpu/test_indexer.cpp" : "tests/cuda/indexer_cuda_check.cpp", be,
+           be.compute_dtype(), indexer_kl());
+  add_rows(out, "indexer_kl_bf16", "tests/cuda/emu/test_mixed_dtype_emu.cpp", be, be.compute_dtype(), indexer_kl_bf16());
 }
 }  // namespace hmla::op_cases

@@ -164,5 +164,7 @@ inline void uses(Uses& u, const NnCase& c, DType) {
 }  // namespace hmla::op_cases
 
 namespace hmla::op_cases {
-inline void case_rows_nn(const Backend& be, std::vector<RowUse>& out) { add_rows(out, "nn", be, DType::f32, nn_ops()); }
+inline void case_rows_nn(const Backend& be, std::vector<RowUse>& out) {
+  add_rows(out, "nn", "tests/ops/test_nn_ops.cpp", be, DType::f32, nn_ops());
+}
 }  // namespace hmla::op_cases

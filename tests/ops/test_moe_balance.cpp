@@ -13,6 +13,7 @@
 
 #include "hmla/core/error.h"
 #include "hmla/ops/moe.h"
+#include "cases_moe.h"
 
 namespace hmla {
 namespace {
@@ -60,34 +61,8 @@ TEST(MoeBalance, TheBiasMovesBySignOfMeanMinusLoad) {
   EXPECT_EQ(updated(bias, {0, 0, 0, 0}, 0.01f), bias);
 }
 
-// The balance loss of moe_aux_loss from its definition, in T (double: the oracle; float: the naive
-// instance whose error sets the STYLE.md bound): per token of a masked segment row, c = scale / T_r^2,
-// s' = sigmoid(u) / sum sigmoid(u); loss = sum_t c sum_e F s'; du from the chain rule.
-template <class T, class U>
-T aux_oracle(const std::vector<U>& u, const std::vector<double>& F, const std::vector<float>& mask, int64_t N,
-             int64_t E, int64_t k, int64_t rows, double scale, std::vector<T>* du) {
-  const int64_t per = N / rows;
-  T loss = 0;
-  if (du) du->assign(size_t(N * E), T(0));
-  for (int64_t t = 0; t < N; ++t) {
-    if (!(mask[size_t(t)] > 0)) continue;
-    const double* f = F.data() + (t / per) * E;
-    T tokens = 0;
-    for (int64_t e = 0; e < E; ++e) tokens += T(f[e]);
-    tokens /= T(k);
-    const T c = T(scale) / (tokens * tokens);
-    std::vector<T> s(static_cast<size_t>(E));
-    T S = 0;
-    for (int64_t e = 0; e < E; ++e) S += s[size_t(e)] = T(1) / (T(1) + std::exp(-T(u[size_t(t * E + e)])));
-    T q = 0;
-    for (int64_t e = 0; e < E; ++e) q += T(f[e]) * s[size_t(e)] / S;
-    loss += c * q;
-    if (du)
-      for (int64_t e = 0; e < E; ++e)
-        (*du)[size_t(t * E + e)] = c * (T(f[e]) - q) / S * s[size_t(e)] * (T(1) - s[size_t(e)]);
-  }
-  return loss;
-}
+// The float64 oracle (and its naive float instance): op_cases::moe_aux_oracle (tests/common/cases_moe.h).
+using op_cases::moe_aux_oracle;
 
 TEST(MoeBalance, TheBalanceLossAndItsGradientMatchTheFloat64Oracle) {
   const int64_t rows = 2, N = rows * 7, E = 8, k = 3;
@@ -106,8 +81,8 @@ TEST(MoeBalance, TheBalanceLossAndItsGradientMatchTheFloat64Oracle) {
                Tensor::from_vector<float>({N}, mask), k, scale, dl, loss);
   std::vector<double> g64;
   std::vector<float> g32;
-  const double l64 = aux_oracle<double>(u, F, mask, N, E, k, rows, scale, &g64);
-  const float l32 = aux_oracle<float>(u, F, mask, N, E, k, rows, scale, &g32);
+  const double l64 = moe_aux_oracle<double>(u, F, mask, N, E, k, rows, scale, &g64);
+  const float l32 = moe_aux_oracle<float>(u, F, mask, N, E, k, rows, scale, &g32);
   // The oracle's gradient against central differences of its own loss (h = 1e-4 on u ~ 1: the
   // truncation error h^2 |f'''| ~ 1e-8 relative, far below the 1e-6 asserted).
   for (int64_t i = 0; i < N * E; i += 5) {
@@ -115,7 +90,7 @@ TEST(MoeBalance, TheBalanceLossAndItsGradientMatchTheFloat64Oracle) {
     auto at = [&](double d) {
       std::vector<double> ud(u.begin(), u.end());
       ud[size_t(i)] += d;
-      return aux_oracle<double>(ud, F, mask, N, E, k, rows, scale, nullptr);
+      return moe_aux_oracle<double>(ud, F, mask, N, E, k, rows, scale, nullptr);
     };
     const double fd = (at(h) - at(-h)) / (2 * h);
     EXPECT_NEAR(g64[size_t(i)], fd, 1e-6 * std::abs(scale) + 1e-9) << "entry " << i;

@@ -49,6 +49,15 @@ TEST(OpCoverage, ABackendThatRunsNoRowOfItsOpFails) {
             std::string::npos);
 }
 
+// A row with neither a runner file nor a check of its own is run by nobody: the rule names it.
+TEST(OpCoverage, ARowNobodyRunsFails) {
+  std::vector<BackendRows> all = op_cases::rows_by_backend();
+  all[0].rows[0].runner.clear(), all[0].rows[0].check = nullptr;
+  const std::string row = all[0].rows[0].table + "/" + all[0].rows[0].name;
+  EXPECT_NE(joined(op_cases::coverage_problems(all)).find("row " + row + " has no runner on the cpu backend"),
+            std::string::npos);
+}
+
 // Op identity: names, families and params structs come from the op list, one per enumerator.
 TEST(OpCoverage, OpsHaveNamesFamiliesAndParams) {
   EXPECT_EQ(std::string(op_name(Op::attn_dense_fwd)), "attn_dense_fwd");
