@@ -30,20 +30,29 @@ void add_split_grads(const MlaLayer& layer, AttnTensors into, MlaGrads& g) {
     if (src[i]->defined()) add(*dst[i], *src[i], *dst[i]);
 }
 
-// The layer's own activations, in arena order; LayerSaved's fields in the same order.
-std::vector<ActField> own_fields(int64_t hidden) {
-  return {{"a", hidden}, {"h_mid", hidden, true}, {"mn", hidden}, {"out", hidden, true}, {"rstd1", 0}, {"rstd2", 0}};
+// The layer's own activations, in arena order, each with its slot in LayerSaved: the one place
+// both are written.
+struct OwnField {
+  ActField f;
+  Tensor& (*slot)(LayerSaved&);
+};
+std::vector<OwnField> own_fields(int64_t hidden) {
+  return {{{"a", hidden}, [](LayerSaved& s) -> Tensor& { return s.a; }},
+          {{"h_mid", hidden, true}, [](LayerSaved& s) -> Tensor& { return s.h_mid; }},
+          {{"mn", hidden}, [](LayerSaved& s) -> Tensor& { return s.mn; }},
+          {{"out", hidden, true}, [](LayerSaved& s) -> Tensor& { return s.out; }},
+          {{"rstd1", 0}, [](LayerSaved& s) -> Tensor& { return s.rstd1; }},
+          {{"rstd2", 0}, [](LayerSaved& s) -> Tensor& { return s.rstd2; }}};
 }
-std::vector<Tensor*> own_views(LayerSaved& sv) { return {&sv.a, &sv.h_mid, &sv.mn, &sv.out, &sv.rstd1, &sv.rstd2}; }
 
 Shape field_shape(const ActField& f, int64_t N) { return f.width ? Shape{N, f.width} : Shape{N}; }
 
 }  // namespace
 
 std::vector<ActField> layer_fields(const ModelConfig& c, int64_t L) {
-  std::vector<ActField> f = own_fields(c.hidden_size);
-  static const LayerTensors none;  // the fields do not depend on the weights
-  for (const ActField& m : make_mlp(c, L, none)->fields()) f.push_back(m);
+  std::vector<ActField> f;
+  for (const OwnField& o : own_fields(c.hidden_size)) f.push_back(o.f);
+  for (const ActField& m : mlp_fields(c, L)) f.push_back(m);
   return f;
 }
 
@@ -76,18 +85,15 @@ void append_layer_table(std::vector<ActSpec>& table, const ModelConfig& c, int64
 }
 
 void take_layer_views(ArenaCursor& cur, const ModelConfig& c, int64_t L, const ActRows& r, DType compute, LayerSaved& sv) {
-  const std::vector<ActField> fields = layer_fields(c, L);
-  const std::vector<Tensor*> own = own_views(sv);
   const int64_t b = r.b, s = r.s, hidden = c.hidden_size;
-  sv.mlp.clear();
-  for (size_t i = 0; i < fields.size(); ++i) {
-    const Tensor t = cur.next(field_shape(fields[i], b * s));
+  for (const OwnField& o : own_fields(hidden)) {
+    const Tensor t = cur.next(field_shape(o.f, b * s));
+    Tensor& slot = o.slot(sv);
     // The layer's hidden-width fields as [b, s, hidden], but mn: the MLP reads it as [N, hidden] rows.
-    if (i >= own.size())
-      sv.mlp.push_back(t);
-    else
-      *own[i] = fields[i].width == hidden && own[i] != &sv.mn ? t.view({b, s, hidden}) : t;
+    slot = o.f.width == hidden && &slot != &sv.mn ? t.view({b, s, hidden}) : t;
   }
+  sv.mlp.clear();
+  for (const ActField& f : mlp_fields(c, L)) sv.mlp.push_back(cur.next(field_shape(f, b * s)));
   for (const MlaField& f : mla_fields(c, L, b, s, r.S, compute, r.recompute)) f.slot(sv.attn) = cur.next(f.shape);
   sv.attn.in_arena = true;
 }

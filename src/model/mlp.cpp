@@ -35,11 +35,21 @@ void swiglu_mlp_bwd(const SwigluTensors& w, const SwigluTensors& gw, const Tenso
   linear_bwd(du, x, w.up_proj, gw.up_proj, dx, 1.f);
 }
 
+// The fields each MLP kind keeps (mlp_fields, Mlp::fields), in arena order.
+std::vector<ActField> dense_fields(int64_t I) { return {{"g", I}, {"u", I}, {"act", I}}; }
+std::vector<ActField> moe_fields(const MoeConfig& m) {
+  const int64_t k = m.num_experts_per_tok, kI = k * m.moe_intermediate_size, Is = m.shared_intermediate();
+  std::vector<ActField> f{{"router.idx", k, false, true},    {"router.weight", k, true}, {"router.score", k, true},
+                          {"experts.g", kI},                 {"experts.u", kI},          {"experts.act", kI}};
+  if (Is > 0) f.insert(f.end(), {{"shared.g", Is}, {"shared.u", Is}, {"shared.act", Is}});
+  return f;
+}
+
 class DenseMlp final : public Mlp {
  public:
   DenseMlp(const ModelConfig& c, const LayerTensors& w, const LayerTensors* g) : I_(c.intermediate_size), w_(w), g_(g) {}
 
-  std::vector<ActField> fields() const override { return {{"g", I_}, {"u", I_}, {"act", I_}}; }
+  std::vector<ActField> fields() const override { return dense_fields(I_); }
 
   void forward(const Tensor& x, const std::vector<Tensor>& sv, const Tensor& y) const override {
     swiglu_mlp_fwd(weights(w_), x, sv[kG], sv[kU], sv[kAct], y);
@@ -66,13 +76,7 @@ class MoeMlp final : public Mlp {
   MoeMlp(const ModelConfig& c, const LayerTensors& w, const LayerTensors* g)
       : m_(c.moe), hid_(c.hidden_size), w_(w.moe), g_(g ? &g->moe : nullptr) {}
 
-  std::vector<ActField> fields() const override {
-    const int64_t k = m_.num_experts_per_tok, kI = k * m_.moe_intermediate_size, Is = m_.shared_intermediate();
-    std::vector<ActField> f{{"router.idx", k, false, true},    {"router.weight", k, true}, {"router.score", k, true},
-                            {"experts.g", kI},                 {"experts.u", kI},          {"experts.act", kI}};
-    if (Is > 0) f.insert(f.end(), {{"shared.g", Is}, {"shared.u", Is}, {"shared.act", Is}});
-    return f;
-  }
+  std::vector<ActField> fields() const override { return moe_fields(m_); }
 
   void forward(const Tensor& x, const std::vector<Tensor>& sv, const Tensor& y_in) const override {
     const int64_t N = x.size(0), E = m_.n_routed_experts, k = m_.num_experts_per_tok;
@@ -157,6 +161,10 @@ class MoeMlp final : public Mlp {
 };
 
 }  // namespace
+
+std::vector<ActField> mlp_fields(const ModelConfig& c, int64_t L) {
+  return c.is_moe_layer(L) ? moe_fields(c.moe) : dense_fields(c.intermediate_size);
+}
 
 std::unique_ptr<Mlp> make_mlp(const ModelConfig& c, int64_t L, const LayerTensors& w, const LayerTensors* g) {
   if (c.is_moe_layer(L)) return std::make_unique<MoeMlp>(c, w, g);

@@ -74,5 +74,7 @@ class Mlp {
 // Layer L's MLP on its weights `w` (and, for a backward, the views `g` of their gradients): the
 // MoE MLP where c.is_moe_layer(L), else the dense one.
 std::unique_ptr<Mlp> make_mlp(const ModelConfig& c, int64_t L, const LayerTensors& w, const LayerTensors* g = nullptr);
+// Layer L's MLP's fields (its Mlp::fields), without making the MLP.
+std::vector<ActField> mlp_fields(const ModelConfig& c, int64_t L);
 
 }  // namespace hmla
