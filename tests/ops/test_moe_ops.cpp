@@ -336,11 +336,12 @@ std::vector<Tensor> experts_of(const Tensor& arena, int64_t E, int64_t out, int6
   return w;
 }
 
-// The grouped products on the device: y = x W_e^T, dx = dy W_e (+ dx), dW_e += dy_e^T x_e, from
+// The grouped products: y = x W_e^T, dx = dy W_e (+ dx), dW_e += dy_e^T x_e. On a CUDA device from
 // f32 and from bf16 operands (the MoE MLP's mixes), against float64 on the bf16-rounded operands
-// (the products' contract). A product of two bf16 values is exact in f32, so the only error is the
+// (the products' contract): a product of two bf16 values is exact in f32, so the only error is the
 // sum's: at most (K - 1) u times the sum of the terms' magnitudes for K terms, plus the one
-// rounding of the added value and of a bf16 output (2^-8).
+// rounding of the added value and of a bf16 output (2^-8). On the CPU from f32 operands: K u over
+// K rounded products and their sum, and an added gradient as added_bound says.
 TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
   const MoeCase& c = GetParam().c;
   const Device dev = GetParam().dev;
@@ -351,6 +352,13 @@ TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
                            dx0 = values(S * in, 12), dW0 = values(E * out * in, 13);
   // CUDA's products round their operands to bf16 (the products' contract: nn.h); the CPU's are f32.
   const bool rounds = dev == Device::cuda;
+  // An added gradient C = C0 + sum of K products: CUDA's kernel sums the K products, then adds C0
+  // once (K u on the products, one rounding of the add); the CPU's GEMM adds into C over its K
+  // panels (docs/ops.md), so C0 is one more summand of a sum of K + 1 values in some order, each
+  // through at most K + 1 roundings: (K + 1) u times all their magnitudes.
+  auto added_bound = [&](int64_t K, double mag, double sum, double c0) {
+    return rounds ? double(K) * kU * mag + kU * (std::abs(sum) + std::abs(c0)) : double(K + 1) * kU * (mag + std::abs(c0));
+  };
   const std::vector<float> xr = rounds ? rounded(x) : x, Wr = rounds ? rounded(Wv) : Wv, dyr = rounds ? rounded(dy) : dy;
   auto expert_of = [&](int64_t r) {
     int64_t e = 0;
@@ -394,7 +402,7 @@ TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
         }
         const size_t at = size_t(r * in + i);
         dxr[at] = sum + dx0[at];
-        dxb[at] = double(out) * kU * mag + kU * (std::abs(sum) + std::abs(dx0[at]));
+        dxb[at] = added_bound(out, mag, sum, dx0[at]);
       }
     for (int64_t e = 0; e < E; ++e)
       for (int64_t o = 0; o < out; ++o)
@@ -406,7 +414,7 @@ TEST_P(MoeTable, TheGroupedProductsAreWithinTheirSumsRounding) {
           }
           const size_t at = size_t((e * out + o) * in + i);
           dWr[at] = sum + dW0[at];
-          dWb[at] = double(off[size_t(e + 1)] - off[size_t(e)]) * kU * mag + kU * (std::abs(sum) + std::abs(dW0[at]));
+          dWb[at] = added_bound(off[size_t(e + 1)] - off[size_t(e)], mag, sum, dW0[at]);
         }
     expect_within(host(dx), dxr, dxb, std::string("dx, ") + dtype_name(dt));
     expect_within(host(dWa), dWr, dWb, std::string("dW, ") + dtype_name(dt));
