@@ -123,7 +123,6 @@ AttnBackend parse_attn_backend(const std::string& name, const std::string& what)
   throw ConfigError(what + ": attention backend '" + name + "' (known: auto, cudnn, hmla)");
 }
 
-
 bool attn_cudnn_built() {
 #ifdef HMLA_HAVE_CUDNN
   return true;

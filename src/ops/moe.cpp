@@ -9,18 +9,16 @@
 
 #include "hmla/core/error.h"
 #include "hmla/ops/backend.h"
+#include "entry_point.h"
 
 namespace hmla {
 
 namespace {
 
-std::string desc(const Tensor& t) {
-  return t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.shape()) + " on " + device_name(t.device())
-                     : "undefined";
-}
+using detail::desc;
 
 void run(const char* op, Op entry, const auto& p, std::initializer_list<const Tensor*> ts) {
-  dispatch(device_of(op, ts), entry, p, op, "these MoE tensors (bf16 is CUDA's, for the activations moe.h names)");
+  detail::run(op, entry, p, ts, "these MoE tensors (bf16 is CUDA's, for the activations moe.h names)");
 }
 
 void need(const Tensor& t, DType dt, const Shape& shape, const char* op, const char* name) {

@@ -1,27 +1,14 @@
 // What the entry points of the dense ops (ops/nn.cpp) and the optimizer steps (ops/optim.cpp)
-// share: the dispatch on the tensors' device and the checks of contiguous operands and f64
-// scalars, whose messages name the op and the operand.
+// share beyond entry_point.h: the checks of contiguous operands and f64 scalars, whose messages
+// name the op and the operand.
 #pragma once
-
-#include <initializer_list>
-#include <string>
 
 #include "hmla/core/error.h"
 #include "hmla/core/tensor.h"
-#include "hmla/ops/backend.h"
 #include "hmla/ops/optim.h"
+#include "entry_point.h"
 
 namespace hmla::detail {
-
-inline std::string desc(const Tensor& t) {
-  return t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.shape()) + " on " + device_name(t.device())
-                     : "undefined";
-}
-
-// hmla::dispatch on the tensors' device.
-void run(const char* op, Op entry, const auto& p, std::initializer_list<const Tensor*> ts) {
-  dispatch(device_of(op, ts), entry, p, op, "these tensors");
-}
 
 inline void check_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
   HMLA_CHECK(t.defined() && t.dtype() == dt, ShapeError, op, ": ", name, " must be ", dtype_name(dt), ", got ",

@@ -1,0 +1,24 @@
+// What every op family's entry points share (src/ops): a tensor as an error message names it, and
+// the dispatch on the one device of the call's tensors (hmla::dispatch, hmla::device_of).
+#pragma once
+
+#include <initializer_list>
+#include <string>
+
+#include "hmla/core/tensor.h"
+#include "hmla/ops/backend.h"
+
+namespace hmla::detail {
+
+inline std::string desc(const Tensor& t) {
+  return t.defined() ? std::string(dtype_name(t.dtype())) + shape_str(t.shape()) + " on " + device_name(t.device())
+                     : "undefined";
+}
+
+// hmla::dispatch of `entry` on the tensors' device; `why` ends the error when no plan takes p.
+void run(const char* op, Op entry, const auto& p, std::initializer_list<const Tensor*> ts,
+         const char* why = "these tensors") {
+  dispatch(device_of(op, ts), entry, p, op, why);
+}
+
+}  // namespace hmla::detail
