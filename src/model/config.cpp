@@ -11,6 +11,7 @@
 #include "hmla/core/size_check.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
+#include "config_fields.h"
 
 namespace hmla {
 
@@ -34,10 +35,15 @@ LayerMode parse_mode(const std::string& s, const std::string& field) {
 }
 
 const char* family_name(ModelFamily f) {
-  return f == ModelFamily::glm_moe_dsa ? "glm_moe_dsa" : "deepseek_v32";
+  switch (f) {
+    case ModelFamily::deepseek_v32: return "deepseek_v32";
+    case ModelFamily::glm_moe_dsa: return "glm_moe_dsa";
+    case ModelFamily::deepseek_v4: return "deepseek_v4";
+  }
+  return "?";
 }
 
-namespace {
+namespace cfg {
 
 // Reads an optional integer field; null counts as absent.
 int64_t get_int(const json& j, const char* key, int64_t def, const std::string& what) {
@@ -95,51 +101,57 @@ void check_yarn(const RopeConfig& r, const std::string& f) {
                *r.attention_factor, ": it must be finite and positive");
 }
 
+RopeConfig parse_rope_params(const json& p, RopeConfig r, const std::string& f) {
+  HMLA_CHECK(p.is_object(), ConfigError, f, " must be an object");
+  r.theta = get_num(p, "rope_theta", r.theta, f);
+  std::string type = "default";
+  for (const char* k : {"type", "rope_type"})
+    if (p.contains(k)) {
+      HMLA_CHECK(p[k].is_string(), ConfigError, f, ".", k, " must be a string, got ", p[k].dump());
+      type = p[k].get<std::string>();
+    }
+  HMLA_CHECK(type == "default" || type == "yarn", ConfigError, f, ".rope_type = '", type,
+             "': hmla supports 'default' and 'yarn'");
+  r.type = type;
+  r.factor = get_num(p, "factor", 1.0, f);
+  r.original_max_position_embeddings = get_int(p, "original_max_position_embeddings", 0, f);
+  r.beta_fast = get_num(p, "beta_fast", 32.0, f);
+  r.beta_slow = get_num(p, "beta_slow", 1.0, f);
+  r.mscale = get_num(p, "mscale", 0.0, f);
+  r.mscale_all_dim = get_num(p, "mscale_all_dim", 0.0, f);
+  if (p.contains("attention_factor") && !p["attention_factor"].is_null())
+    r.attention_factor = get_num(p, "attention_factor", 1.0, f);
+  r.truncate = get_bool(p, "truncate", true, f);
+  if (type == "yarn") {
+    const bool given = p.contains("original_max_position_embeddings") && !p["original_max_position_embeddings"].is_null();
+    HMLA_CHECK(!given || r.original_max_position_embeddings >= 1, ConfigError, f,
+               ".original_max_position_embeddings = ", r.original_max_position_embeddings,
+               ": it must be >= 1 (omit it to use max_position_embeddings)");
+    check_yarn(r, f);
+  }
+  return r;
+}
+
+const json* rope_object(const json& j, const char** field) {
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (j.contains(k) && !j[k].is_null()) {
+      *field = k;
+      return &j[k];
+    }
+  return nullptr;
+}
+
+namespace {
 RopeConfig parse_rope(const json& j, const std::string& what) {
   RopeConfig r;
   r.theta = get_num(j, "rope_theta", 10000.0, what);
-  const json* p = nullptr;
-  const char* field = "rope_parameters";
-  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
-    p = &j["rope_parameters"];
-  } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
-    p = &j["rope_scaling"];
-    field = "rope_scaling";
-  }
-  if (p) {
-    const std::string f = what + ": " + field;
-    HMLA_CHECK(p->is_object(), ConfigError, f, " must be an object");
-    r.theta = get_num(*p, "rope_theta", r.theta, f);
-    std::string type = "default";
-    for (const char* k : {"type", "rope_type"})
-      if (p->contains(k)) {
-        HMLA_CHECK((*p)[k].is_string(), ConfigError, f, ".", k, " must be a string, got ", (*p)[k].dump());
-        type = (*p)[k].get<std::string>();
-      }
-    HMLA_CHECK(type == "default" || type == "yarn", ConfigError, f, ".rope_type = '", type,
-               "': hmla supports 'default' and 'yarn'");
-    r.type = type;
-    r.factor = get_num(*p, "factor", 1.0, f);
-    r.original_max_position_embeddings = get_int(*p, "original_max_position_embeddings", 0, f);
-    r.beta_fast = get_num(*p, "beta_fast", 32.0, f);
-    r.beta_slow = get_num(*p, "beta_slow", 1.0, f);
-    r.mscale = get_num(*p, "mscale", 0.0, f);
-    r.mscale_all_dim = get_num(*p, "mscale_all_dim", 0.0, f);
-    if (p->contains("attention_factor") && !(*p)["attention_factor"].is_null())
-      r.attention_factor = get_num(*p, "attention_factor", 1.0, f);
-    r.truncate = get_bool(*p, "truncate", true, f);
-    if (type == "yarn") {
-      const bool given = p->contains("original_max_position_embeddings") && !(*p)["original_max_position_embeddings"].is_null();
-      HMLA_CHECK(!given || r.original_max_position_embeddings >= 1, ConfigError, f,
-                 ".original_max_position_embeddings = ", r.original_max_position_embeddings,
-                 ": it must be >= 1 (omit it to use max_position_embeddings)");
-      check_yarn(r, f);
-    }
-  }
+  const char* field = "";
+  if (const json* p = rope_object(j, &field)) r = parse_rope_params(*p, r, what + ": " + field);
   HMLA_CHECK(std::isfinite(r.theta) && r.theta > 0, ConfigError, what, ": rope_theta = ", r.theta,
              ": it must be finite and positive");
   return r;
 }
+}  // namespace
 
 // An optional string field that has one accepted value (null counts as absent).
 void check_only(const json& j, const char* key, const char* value, const std::string& what, const char* why) {
@@ -147,6 +159,11 @@ void check_only(const json& j, const char* key, const char* value, const std::st
   HMLA_CHECK(j[key].is_string() && j[key].get<std::string>() == value, ConfigError, what, ": ", key, " = ",
              j[key].dump(), ": hmla supports only \"", value, "\" (", why, ")");
 }
+
+}  // namespace cfg
+
+namespace {
+using namespace cfg;
 
 // The MoE fields as transformers 5.24's DeepseekV32Config reads them: its defaults, `num_experts`
 // (its backward-compatible name) overriding n_routed_experts, and `num_local_experts` (its
@@ -191,6 +208,10 @@ MoeConfig parse_moe(const json& j, const std::string& what, ModelFamily family) 
   return m;
 }
 
+}  // namespace
+
+namespace cfg {
+
 // quantization_config as DeepSeek-V3.2's release writes it (transformers' FineGrainedFP8Config):
 // quant_method "fp8", fmt "e4m3" (absent: e4m3), weight_block_size two positive ints (absent:
 // [128, 128], transformers' default), activation_scheme "dynamic" (a static scheme carries input
@@ -224,6 +245,10 @@ CheckpointForm parse_checkpoint_form(const json& j, const std::string& what) {
   return f;
 }
 
+}  // namespace cfg
+
+namespace {
+
 // Every weight's element count from the fields that drive it, in checked arithmetic: a config
 // whose sizes overflow int64 is refused here, naming the fields, before any table or shape is
 // built from them. (Whether the sizes fit in memory is the MemoryPlan's question.)
@@ -253,10 +278,10 @@ void check_sizes(const ModelConfig& c, const std::string& what) {
 
 ModelFamily parse_family(const json& j, const std::string& what) {
   if (!j.contains("model_type") || j["model_type"].is_null()) return ModelFamily::deepseek_v32;
-  for (ModelFamily f : {ModelFamily::deepseek_v32, ModelFamily::glm_moe_dsa})
+  for (ModelFamily f : {ModelFamily::deepseek_v32, ModelFamily::glm_moe_dsa, ModelFamily::deepseek_v4})
     if (j["model_type"] == family_name(f)) return f;
   throw ConfigError(what + ": model_type = " + j["model_type"].dump().substr(0, 60) +
-                    ": hmla reads \"deepseek_v32\" and \"glm_moe_dsa\"");
+                    ": hmla reads \"deepseek_v32\", \"glm_moe_dsa\" and \"deepseek_v4\"");
 }
 
 // glm_moe_dsa's indexer_types as GlmMoeDsaConfig reads them: the list itself; without it
@@ -355,6 +380,7 @@ void validate(const ModelConfig& c, const std::string& what) {
 
 static ModelConfig parse_fields(const json& j, const std::string& what, LayerModesFrom modes) {
   HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
+  if (parse_family(j, what) == ModelFamily::deepseek_v4) return cfg::parse_v4_fields(j, what);
   ModelConfig c;
   c.source = j;
   c.family = parse_family(j, what);
@@ -433,7 +459,13 @@ ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
   return parse_model_config(io::load_json(path), path, modes);
 }
 
+void check_builds_layers(const ModelConfig& c, const std::string& what) {
+  HMLA_CHECK(!c.is_v4(), ConfigError, what, ": model_type deepseek_v4: hmla reads, validates and writes this config, "
+             "but does not build DeepSeek-V4 layers yet (no forward, backward, training or generation)");
+}
+
 void set_all_modes(ModelConfig& c, LayerMode m) {
+  check_builds_layers(c, "config");
   c.layer_modes.assign(c.num_hidden_layers, m);
   validate(c, "config");
 }

@@ -12,7 +12,79 @@ namespace hmla {
 
 using nlohmann::json;
 
+namespace {
+
+json rope_params_json(const RopeConfig& r) {
+  json o = {{"rope_type", r.type}, {"rope_theta", r.theta}};
+  if (r.type != "yarn") return o;
+  o["factor"] = r.factor;
+  o["beta_fast"] = r.beta_fast;
+  o["beta_slow"] = r.beta_slow;
+  if (r.original_max_position_embeddings > 0) o["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  if (r.mscale != 0) o["mscale"] = r.mscale;
+  if (r.mscale_all_dim != 0) o["mscale_all_dim"] = r.mscale_all_dim;
+  if (r.attention_factor) o["attention_factor"] = *r.attention_factor;
+  if (!r.truncate) o["truncate"] = false;
+  return o;
+}
+
+// A deepseek_v4 config as transformers 5.24 writes one: modern names only (the legacy ones it
+// folds in are dropped), rope_parameters nested {main, compress}.
+json v4_config_to_json(const ModelConfig& c) {
+  json j = c.source.is_object() ? c.source : json::object();
+  for (const char* legacy : {"compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers",
+                             "qk_rope_head_dim", "rope_scaling", "num_local_experts", "quantization_config"})
+    j.erase(legacy);
+  const V4Config& v = c.v4;
+  j["model_type"] = family_name(c.family);
+  for (auto [key, val] : {std::pair{"vocab_size", c.vocab_size}, std::pair{"hidden_size", c.hidden_size},
+                          std::pair{"num_hidden_layers", c.num_hidden_layers}, std::pair{"num_attention_heads", c.num_attention_heads},
+                          std::pair{"num_key_value_heads", int64_t(1)}, std::pair{"head_dim", v.head_dim},
+                          std::pair{"q_lora_rank", c.q_lora_rank}, std::pair{"o_groups", v.o_groups},
+                          std::pair{"o_lora_rank", v.o_lora_rank}, std::pair{"sliding_window", v.sliding_window},
+                          std::pair{"index_n_heads", c.index_n_heads}, std::pair{"index_head_dim", c.index_head_dim},
+                          std::pair{"index_topk", c.index_topk}, std::pair{"hc_mult", v.hc_mult},
+                          std::pair{"hc_sinkhorn_iters", v.hc_sinkhorn_iters},
+                          std::pair{"max_position_embeddings", c.max_position_embeddings},
+                          std::pair{"n_routed_experts", c.moe.n_routed_experts}, std::pair{"n_shared_experts", c.moe.n_shared_experts},
+                          std::pair{"moe_intermediate_size", c.moe.moe_intermediate_size},
+                          std::pair{"num_experts_per_tok", c.moe.num_experts_per_tok},
+                          std::pair{"num_nextn_predict_layers", c.form.num_nextn_predict_layers},
+                          std::pair{"pad_token_id", c.pad_token_id}})
+    j[key] = val;
+  std::vector<std::string> kinds, mlp;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    kinds.push_back(v4_kind_name(v.layer_types[size_t(L)]));
+    mlp.push_back(v.hash[size_t(L)] ? "hash_moe" : "moe");
+  }
+  j["layer_types"] = kinds;
+  j["mlp_layer_types"] = mlp;
+  j["compress_rates"] = {{v4_kind_name(V4Kind::csa), v.csa_rate}, {v4_kind_name(V4Kind::hca), v.hca_rate}};
+  j["hc_eps"] = v.hc_eps;
+  j["swiglu_limit"] = v.swiglu_limit;
+  j["scoring_func"] = scoring_func_name(v.scoring);
+  j["norm_topk_prob"] = c.moe.norm_topk_prob;
+  j["routed_scaling_factor"] = c.moe.routed_scaling_factor;
+  j["rms_norm_eps"] = c.rms_norm_eps;
+  j["initializer_range"] = c.initializer_range;
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  const double prf = double(v.qk_rope_head_dim) / double(v.head_dim);
+  j["partial_rotary_factor"] = prf;
+  j["rope_theta"] = c.rope.theta;
+  j["compress_rope_theta"] = v.compress_rope.theta;
+  json main = rope_params_json(c.rope), comp = rope_params_json(v.compress_rope);
+  main["partial_rotary_factor"] = comp["partial_rotary_factor"] = prf;
+  j["rope_parameters"] = {{"main", main}, {"compress", comp}};
+  std::vector<std::string> modes;
+  for (LayerMode m : c.layer_modes) modes.push_back(mode_name(m));
+  j["hmla_layer_modes"] = modes;
+  return j;
+}
+
+}  // namespace
+
 json model_config_to_json(const ModelConfig& c) {
+  if (c.is_v4()) return v4_config_to_json(c);
   json j = c.source.is_object() ? c.source : json::object();
   j["model_type"] = family_name(c.family);
   if (!c.indexer_types.empty()) j["indexer_types"] = c.indexer_types;  // as transformers writes it
@@ -56,19 +128,7 @@ json model_config_to_json(const ModelConfig& c) {
     j["routed_scaling_factor"] = c.moe.routed_scaling_factor;
   }
   j["rope_theta"] = c.rope.theta;
-  if (c.rope.type == "yarn") {
-    json r = {{"rope_type", "yarn"}, {"rope_theta", c.rope.theta}, {"factor", c.rope.factor},
-              {"beta_fast", c.rope.beta_fast}, {"beta_slow", c.rope.beta_slow}};
-    if (c.rope.original_max_position_embeddings > 0)
-      r["original_max_position_embeddings"] = c.rope.original_max_position_embeddings;
-    if (c.rope.mscale != 0) r["mscale"] = c.rope.mscale;
-    if (c.rope.mscale_all_dim != 0) r["mscale_all_dim"] = c.rope.mscale_all_dim;
-    if (c.rope.attention_factor) r["attention_factor"] = *c.rope.attention_factor;
-    if (!c.rope.truncate) r["truncate"] = false;
-    j["rope_parameters"] = r;
-  } else {
-    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", c.rope.theta}};
-  }
+  j["rope_parameters"] = rope_params_json(c.rope);
   j.erase("rope_scaling");
   j.erase("quantization_config");  // hmla writes the dequantized weights (f32): README
   std::vector<std::string> modes;

@@ -52,6 +52,7 @@ bool own_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int
 }
 
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer) {
+  check_builds_layers(c, "the model");
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, own_indexer(c, has_indexer, L));
   for (ParamSpec& p : head_params(c)) t.push_back(p);
@@ -116,6 +117,7 @@ std::string param_fields(const std::string& name) {
 // expert more), itself per-layer memory that may be built only once the plan has passed.
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
                      DType compute) {
+  check_builds_layers(c, "the memory plan");
   HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
   // The table's entries in its order, each with how many layers repeat it: the embedding, the
   // first layer of each kind (its later layers repeat it), the final norm and the head.
@@ -222,6 +224,7 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
 
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
                       bool training, DType compute, bool recompute) {
+  check_builds_layers(c, "the memory plan");
   const int64_t f = sizeof(float);
   const SizeFactor V{"vocab_size", c.vocab_size};
   if (training) {  // the LM head runs over chunks of rows (lm_head_loss)

@@ -16,15 +16,15 @@ double yarn_get_mscale(double scale, double mscale) {
 }
 }  // namespace
 
-RopeTables rope_tables(const ModelConfig& c) {
-  const int64_t dim = c.qk_rope_head_dim;
-  const double base = c.rope.theta;
+RopeTables rope_tables(const ModelConfig& c) { return rope_tables(c.rope, c.qk_rope_head_dim, c.max_position_embeddings); }
+
+RopeTables rope_tables(const RopeConfig& r, int64_t dim, int64_t max_position_embeddings) {
+  const double base = r.theta;
   RopeTables t;
   t.inv_freq.resize(dim / 2);
   for (int64_t i = 0; i < dim / 2; ++i) t.inv_freq[i] = 1.0 / std::pow(base, double(2 * i) / dim);
-  if (c.rope.type != "yarn") return t;
+  if (r.type != "yarn") return t;
 
-  const RopeConfig& r = c.rope;
   const double factor = r.factor;
   if (r.attention_factor) {
     t.attention_factor = *r.attention_factor;
@@ -34,7 +34,7 @@ RopeTables rope_tables(const ModelConfig& c) {
     t.attention_factor = yarn_get_mscale(factor, 1.0);
   }
   const double max_pos = double(r.original_max_position_embeddings > 0 ? r.original_max_position_embeddings
-                                                                        : c.max_position_embeddings);
+                                                                        : max_position_embeddings);
   auto correction_dim = [&](double rotations) {
     return (dim * std::log(max_pos / (rotations * 2 * std::numbers::pi))) / (2 * std::log(base));
   };
@@ -63,9 +63,10 @@ double softmax_scale(const ModelConfig& c) {
   return m * m / std::sqrt(double(c.qk_head_dim()));
 }
 
-RopeCache rope_cache(const ModelConfig& c, int64_t s, int64_t pos0) {
-  RopeTables t = rope_tables(c);
-  const int64_t half = c.qk_rope_head_dim / 2;
+RopeCache rope_cache(const ModelConfig& c, int64_t s, int64_t pos0) { return rope_cache(rope_tables(c), s, pos0); }
+
+RopeCache rope_cache(const RopeTables& t, int64_t s, int64_t pos0) {
+  const int64_t half = int64_t(t.inv_freq.size());
   std::vector<float> cos(s * half), sin(s * half);
   for (int64_t pos = 0; pos < s; ++pos)
     for (int64_t i = 0; i < half; ++i) {

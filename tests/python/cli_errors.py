@@ -125,9 +125,13 @@ def main():
     st.save(p("att_kv.safetensors"), {"q": q, "k": q, "grad_output": q})
     # Checkpoints for forward/generate: the config is read (and the inputs checked) before weights.
     tiny = json.load(open(os.path.join(HERE, "..", "train", "tiny_model.json")))
+    v4 = {"model_type": "deepseek_v4", "num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4,
+          "head_dim": 16, "qk_rope_head_dim": 8, "o_groups": 2, "vocab_size": 64}
     for name, over in (("ck", {}), ("ck_vocab", {"vocab_size": 10**9}), ("ck_overflow", {"vocab_size": 10**18})):
         os.makedirs(p(name))
         write_json(p(f"{name}/config.json"), dict(tiny, **over))
+    os.makedirs(p("ck_v4"))
+    write_json(p("ck_v4/config.json"), v4)
     st.save(p("ids_huge.safetensors"), {"input_ids": np.array([[5, 2**32 + 41, 41]], dtype=np.int64)})
     st.save(p("ids_neg.safetensors"), {"input_ids": np.array([[5, -1]], dtype=np.int32)})
     st.save(p("ids_ok.safetensors"), {"input_ids": np.array([[5, 6]], dtype=np.int32)})
@@ -209,6 +213,8 @@ def main():
          "dup.json: key 'hidden_size' appears twice in the top-level object"),
         # Sizes: checked arithmetic and a memory budget before anything is allocated.
         ("forward: vocab_size 1e9", fwd("ck_vocab", "ids_ok.safetensors"), "vocab_size x hidden_size"),
+        ("forward: a deepseek_v4 checkpoint (no V4 layers yet)", fwd("ck_v4", "ids_ok.safetensors"),
+         "does not build DeepSeek-V4 layers yet"),
         ("forward: vocab_size 1e18 overflows", fwd("ck_overflow", "ids_ok.safetensors"),
          "vocab_size x hidden_size = 1000000000000000000 x 32 overflows int64"),
         ("train: seq_len 1e9", train("huge_seq.yaml"), "seq_len"),

@@ -57,11 +57,43 @@ struct CheckpointForm {
   int64_t num_nextn_predict_layers = 0;
 };
 
-// The two model families (DESIGN.md section 2): config.json's model_type. They differ in the
-// indexer's RoPE layout (DeepSeek-V3.2 rotate-half, GLM-5 interleaved pairs), in IndexShare
-// (glm_moe_dsa's indexer_types) and in some of transformers' defaults (docs/config.md).
-enum class ModelFamily { deepseek_v32, glm_moe_dsa };
+// The model families (DESIGN.md sections 2 and 10): config.json's model_type. The two MLA families
+// differ in the indexer's RoPE layout (DeepSeek-V3.2 rotate-half, GLM-5 interleaved pairs), in
+// IndexShare (glm_moe_dsa's indexer_types) and in some of transformers' defaults (docs/config.md);
+// deepseek_v4 is the DeepSeek-V4 stack (V4Config below, docs/deepseek_v4.md).
+enum class ModelFamily { deepseek_v32, glm_moe_dsa, deepseek_v4 };
 const char* family_name(ModelFamily f);
+
+// DeepSeek-V4's per-layer attention kinds (DESIGN.md section 10), as transformers 5.24's
+// layer_types names them; `compress_rate` is 0 for the sliding window.
+enum class V4Kind { sliding, csa, hca };
+const char* v4_kind_name(V4Kind k);
+// The router's score function (scoring_func): sqrt(softplus(u)), sigmoid(u), softmax over experts.
+enum class ScoringFunc { sqrtsoftplus, sigmoid, softmax };
+const char* scoring_func_name(ScoringFunc f);
+
+// What a deepseek_v4 config adds (transformers 5.24's DeepseekV4Config, its defaults; read by
+// config_v4.cpp). The main RoPE (sliding layers) is ModelConfig::rope, the compress RoPE (layers
+// with a compressor: their q, window keys, entries and indexer) is compress_rope; both rotate the
+// last qk_rope_head_dim channels of head_dim as interleaved pairs. Every layer's MLP is MoE
+// (ModelConfig::moe, one group, one shared expert of moe_intermediate_size); `hash` marks the
+// hash_moe layers, which route by the frozen tid2eid[input_id].
+struct V4Config {
+  int64_t head_dim = 512, qk_rope_head_dim = 64;
+  int64_t o_groups = 8, o_lora_rank = 1024, sliding_window = 128;
+  int64_t csa_rate = 4, hca_rate = 128;  // compress_rates
+  std::vector<V4Kind> layer_types;       // one per layer
+  std::vector<bool> hash;                // one per layer: mlp_layer_types == "hash_moe"
+  int64_t hc_mult = 4, hc_sinkhorn_iters = 20;
+  double hc_eps = 1e-6;
+  ScoringFunc scoring = ScoringFunc::sqrtsoftplus;
+  double swiglu_limit = 10.0;
+  RopeConfig compress_rope;
+  int64_t compress_rate(int64_t L) const {
+    const V4Kind k = layer_types.at(size_t(L));
+    return k == V4Kind::csa ? csa_rate : k == V4Kind::hca ? hca_rate : 0;
+  }
+};
 
 struct ModelConfig {
   ModelFamily family = ModelFamily::deepseek_v32;
@@ -85,13 +117,16 @@ struct ModelConfig {
   std::vector<std::string> indexer_types;
   double indexer_loss_coeff = 0.01;
   bool attention_sink = false;
+  V4Config v4;            // family deepseek_v4 only
   nlohmann::json source;  // the file as read: unknown fields ride along on write
 
+  bool is_v4() const { return family == ModelFamily::deepseek_v4; }
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool has_indexer_fields() const { return index_n_heads > 0 && index_head_dim > 0 && index_topk > 0; }
   // Layer L's MLP is MoE exactly when transformers builds DeepseekV32MoE there:
   // mlp_layer_types[L] == "sparse", or without that field L >= first_k_dense_replace (default 3).
   bool is_moe_layer(int64_t L) const {
+    if (family == ModelFamily::deepseek_v4) return true;
     return mlp_layer_types.empty() ? L >= first_k_dense_replace : mlp_layer_types.at(size_t(L)) == "sparse";
   }
   bool indexer_shared(int64_t L) const { return !indexer_types.empty() && indexer_types.at(size_t(L)) == "shared"; }
@@ -127,6 +162,10 @@ ModelConfig load_model_config(const std::string& path, LayerModesFrom modes = La
 nlohmann::json model_config_to_json(const ModelConfig& c);
 void save_model_config(const std::string& path, const ModelConfig& c);
 
+// ConfigError unless c is an MLA family (deepseek_v32, glm_moe_dsa): hmla reads, validates and
+// writes deepseek_v4 configs, but builds no DeepSeek-V4 layers yet (docs/deepseek_v4.md).
+void check_builds_layers(const ModelConfig& c, const std::string& what);
+
 // Sets every layer's mode (as `hmla layer --mode` does) and validates again.
 void set_all_modes(ModelConfig& c, LayerMode m);
 
@@ -140,6 +179,9 @@ struct RopeTables {
   double attention_factor = 1.0;
 };
 RopeTables rope_tables(const ModelConfig& c);
+// The same for any RoPE of `dim` rotated channels (DeepSeek-V4's main and compress RoPEs);
+// max_position_embeddings stands in for YaRN's original_max_position_embeddings when unset.
+RopeTables rope_tables(const RopeConfig& r, int64_t dim, int64_t max_position_embeddings);
 
 // cos/sin tables [s, Dr / 2] for positions pos0 .. pos0 + s - 1 (the token's index in its packed
 // row; pos0 > 0 for a context-parallel shard), with the attention factor folded in: what the rope
@@ -148,6 +190,7 @@ struct RopeCache {
   Tensor cos, sin;  // f32 [s, Dr / 2]
 };
 RopeCache rope_cache(const ModelConfig& c, int64_t s, int64_t pos0 = 0);
+RopeCache rope_cache(const RopeTables& t, int64_t s, int64_t pos0 = 0);
 double softmax_scale(const ModelConfig& c);
 
 }  // namespace hmla
