@@ -113,6 +113,7 @@ void add_model_commands(CLI::App& app) {
     HMLA_CHECK(!f->inputs.empty() || !f->text.empty(), ConfigError, "forward: give --inputs or --text");
     io::check_output_file(f->out, "--out");  // before the work, not only when writing
     const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");
+    check_builds_layers(cfg, f->checkpoint);
     Tensor ids;
     io::Metadata meta;  // --text: the tokenizer that made input_ids
     if (!f->text.empty()) {
@@ -158,6 +159,7 @@ void add_model_commands(CLI::App& app) {
                "--moe-aux-loss-coeff = ", b->moe_aux_loss_coeff, ": it must be finite and >= 0");
     io::check_output_file(b->out, "--out");
     const ModelConfig cfg = load_model_config(b->checkpoint + "/config.json");
+    check_builds_layers(cfg, b->checkpoint);
     io::TensorMap in = io::load_safetensors(b->inputs);
     check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, b->inputs);
     const Batch batch = one_document_rows(token_ids(in.at("input_ids"), cfg.vocab_size, b->inputs + ": input_ids"));
@@ -206,6 +208,7 @@ void add_model_commands(CLI::App& app) {
   gen->callback([g] {
     const std::string config = g->checkpoint + "/config.json";
     const ModelConfig cfg = load_model_config(config);
+    check_builds_layers(cfg, config);
     const std::unique_ptr<text::Tokenizer> tok = command_tokenizer(g->tokenizer, g->checkpoint, cfg, "generate");
     const std::vector<int32_t> ids = tok->encode(g->prompt, true);
     HMLA_CHECK(!ids.empty(), ConfigError, "generate: --prompt encodes to no tokens");

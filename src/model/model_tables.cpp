@@ -8,6 +8,7 @@
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
+#include "hmla/model/v4_tables.h"
 #include "model_internal.h"
 
 namespace hmla {
@@ -52,7 +53,7 @@ bool own_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int
 }
 
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer) {
-  check_builds_layers(c, "the model");
+  if (c.is_v4()) return v4_param_table(c);
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, own_indexer(c, has_indexer, L));
   for (ParamSpec& p : head_params(c)) t.push_back(p);
@@ -101,7 +102,9 @@ namespace {
 // The fields behind the model-level tensors, which are the ones vocab_size and intermediate_size
 // blow up (the attention's tensors read their fields off the name and shape).
 std::string param_fields(const std::string& name) {
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return " = vocab_size x hidden_size";
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight" || name == "head.weight")
+    return " = vocab_size x hidden_size";
+  if (name.find(".ffn.experts.") != std::string::npos) return " = moe_intermediate_size x hidden_size";
   if (name.find(".mlp.gate.") != std::string::npos) return " = n_routed_experts x hidden_size";
   if (name.find(".mlp.experts.") != std::string::npos) return " = moe_intermediate_size x hidden_size";
   if (name.find(".mlp.shared_experts.") != std::string::npos)
@@ -115,33 +118,63 @@ std::string param_fields(const std::string& name) {
 // Counted per kind of layer (with or without an indexer, dense or MoE MLP), from one layer of
 // each kind: the whole table holds num_hidden_layers x ~15 named entries (a MoE layer's 3 per
 // expert more), itself per-layer memory that may be built only once the plan has passed.
-void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
-                     DType compute) {
-  check_builds_layers(c, "the memory plan");
-  HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
-  // The table's entries in its order, each with how many layers repeat it: the embedding, the
-  // first layer of each kind (its later layers repeat it), the final norm and the head.
-  std::vector<std::pair<ParamSpec, int64_t>> entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1}};
-  // Each kind's first layer, in layer order, and how many layers are of its kind.
-  std::map<std::pair<bool, bool>, std::pair<int64_t, int64_t>> kinds;  // (indexer, moe) -> (first, count)
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    auto [it, fresh] = kinds.try_emplace({own_indexer(c, has_indexer, L), c.is_moe_layer(L)}, L, 0);
-    ++it->second.second;
-  }
+namespace {
+
+// The parameter table's entries in its order, each with how many layers repeat it: the embedding,
+// the first layer of each kind (its later layers repeat it; a routed expert's entries n_routed_experts
+// times more), the final entries.
+using RepeatedEntries = std::vector<std::pair<ParamSpec, int64_t>>;
+template <class Key, class LayerParams>
+void add_layer_kinds(RepeatedEntries& entries, const ModelConfig& c, Key key_of, LayerParams params_of,
+                     const std::string& expert_infix) {
+  std::map<decltype(key_of(int64_t(0))), std::pair<int64_t, int64_t>> kinds;  // kind -> (first, count)
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) ++kinds.try_emplace(key_of(L), L, 0).first->second.second;
   std::vector<std::pair<int64_t, int64_t>> firsts;
   for (const auto& [kind, fc] : kinds) firsts.push_back(fc);
   std::sort(firsts.begin(), firsts.end());
-  for (const auto& [L, count] : firsts) {
-    std::vector<ParamSpec> layer;
-    add_layer_params(layer, c, L, own_indexer(c, has_indexer, L), true);
-    for (ParamSpec& p : layer) {
-      const bool expert = p.name.find(".mlp.experts.0.") != std::string::npos;
+  for (const auto& [L, count] : firsts)
+    for (ParamSpec& p : params_of(L)) {
+      const bool expert = p.name.find(expert_infix) != std::string::npos;
       entries.push_back({p, expert ? checked_product({{"layers", count}, {"n_routed_experts", c.moe.n_routed_experts}},
                                                      "the parameter count")
                                    : count});
     }
+}
+
+RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has_indexer) {
+  RepeatedEntries entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1}};
+  if (c.is_v4()) {
+    add_layer_kinds(
+        entries, c, [&](int64_t L) { return std::pair{c.v4.layer_types[size_t(L)], bool(c.v4.hash[size_t(L)])}; },
+        [&](int64_t L) { return v4_layer_params(c, L, true); }, ".ffn.experts.0.");
+    const std::vector<ParamSpec> all = v4_param_table(c, true);  // its entries after the last layer's
+    size_t tail = all.size();
+    while (tail > 0 && !all[tail - 1].name.starts_with("model.layers.")) --tail;
+    for (size_t i = tail; i < all.size(); ++i) entries.push_back({all[i], 1});
+    return entries;
   }
+  add_layer_kinds(
+      entries, c, [&](int64_t L) { return std::pair{own_indexer(c, has_indexer, L), c.is_moe_layer(L)}; },
+      [&](int64_t L) {
+        std::vector<ParamSpec> layer;
+        add_layer_params(layer, c, L, own_indexer(c, has_indexer, L), true);
+        return layer;
+      },
+      ".mlp.experts.0.");
   for (ParamSpec& p : head_params(c)) entries.push_back({p, 1});
+  return entries;
+}
+
+}  // namespace
+
+// Counted per kind of layer (MLA: with or without an indexer, dense or MoE MLP; V4: its attention
+// kind and hash or learned routing), from one layer of each kind: the whole table holds
+// num_hidden_layers x ~15 named entries (a MoE layer's 3 per expert more), itself per-layer memory
+// that may be built only once the plan has passed.
+void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
+                     DType compute) {
+  HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
+  const RepeatedEntries entries = param_entries(c, has_indexer);
   int64_t total = 0;
   const ParamSpec* big = nullptr;
   for (const auto& [p, repeats] : entries) {
@@ -155,6 +188,11 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
   plan.add_bytes(training ? "the parameters, their gradients and the optimizer's moments" : "the parameters",
                  checked_product({{"parameters", total}, {"copies", copies}, {"bytes", 4}}, "the parameters"),
                  std::to_string(total) + " values" + (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
+  int64_t ints = 0;  // V4's hash routing tables, held as i32
+  for (const ParamSpec& p : v4_int_tables(c)) ints = checked_add(ints, shape_numel(p.shape), "the tid2eid tables");
+  if (ints > 0)
+    plan.add_bytes("the hash layers' tid2eid tables", checked_product({{"values", ints}, {"bytes", 4}}, "tid2eid"),
+                   std::to_string(ints) + " values of 4 bytes (i32, no gradient)");
   if (compute != DType::f32)  // Model::compute_arena: every parameter, in the compute dtype
     plan.add_bytes(std::string("the weights' ") + dtype_name(compute) + " compute copy",
                    checked_product({{"parameters", total}, {"bytes", int64_t(dtype_size(compute))}}, "the parameters"),

@@ -158,3 +158,63 @@ TEST(V4Config, ShippedGeometriesRead) {
 
 }  // namespace
 }  // namespace hmla
+
+#include "hmla/core/size_check.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/model.h"
+#include "hmla/model/v4_tables.h"
+
+namespace hmla {
+namespace {
+
+// The parameter table names and shapes exactly the tensors transformers 5.24's save_pretrained
+// writes for a tiny DeepseekV4ForCausalLM with every layer kind, hash and learned MoE (the v4
+// fixture): every f32 tensor a parameter, tid2eid the integer tables, nothing else.
+TEST(V4Tables, NameEveryTensorTransformersSaves) {
+  const std::string dir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/v4";
+  const ModelConfig c = load_model_config(dir + "/config.json");
+  const io::TensorMap saved = io::load_safetensors(dir + "/model.safetensors");
+  std::map<std::string, std::pair<Shape, DType>> want;
+  for (const ParamSpec& p : v4_param_table(c)) want[p.name] = {p.shape, DType::f32};
+  for (const ParamSpec& p : v4_int_tables(c)) want[p.name] = {p.shape, DType::i64};
+  EXPECT_EQ(want.size(), v4_param_table(c).size() + v4_int_tables(c).size()) << "a name twice in the table";
+  for (const auto& [name, t] : saved) {
+    auto it = want.find(name);
+    if (it == want.end()) {
+      ADD_FAILURE() << "transformers saves " << name << ", which hmla's table lacks";
+      continue;
+    }
+    EXPECT_EQ(t.shape(), it->second.first) << name;
+    EXPECT_EQ(t.dtype(), it->second.second) << name;
+  }
+  for (const auto& [name, spec] : want) EXPECT_TRUE(saved.count(name)) << "hmla's table has " << name << ", transformers saves none";
+  EXPECT_EQ(model_param_table(c, std::vector<bool>(size_t(c.num_hidden_layers))).size(), v4_param_table(c).size());
+}
+
+int64_t planned_values(const ModelConfig& c) {
+  MemoryPlan plan;
+  plan_parameters(plan, c, std::vector<bool>(size_t(c.num_hidden_layers)), false, DType::f32);
+  const int64_t ints = [&] {
+    int64_t n = 0;
+    for (const ParamSpec& p : v4_int_tables(c)) n += shape_numel(p.shape);
+    return n;
+  }();
+  return (plan.total() - 4 * ints) / 4;
+}
+
+// The memory plan counts the table, one layer of each kind repeated: for the fixture's config it
+// equals the whole table's count; V4-Flash's and V4-Pro's are their published sizes (284B and
+// 1.6T parameters with the MTP layer, which the table leaves out: within 3% below).
+TEST(V4Tables, MemoryPlanCountsTheTable) {
+  const ModelConfig c = load_model_config(std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/v4/config.json");
+  EXPECT_EQ(planned_values(c), table_numel(v4_param_table(c)));
+  for (auto [file, published] : {std::pair{"deepseek_v4_flash.json", 284e9}, std::pair{"deepseek_v4_pro.json", 1.6e12}}) {
+    const ModelConfig g = load_model_config(std::string(HMLA_SOURCE_DIR) + "/configs/" + file);
+    const double n = double(planned_values(g)), layer = n / double(g.num_hidden_layers);
+    EXPECT_GT(n + layer, 0.97 * published) << file << ": " << n;
+    EXPECT_LT(n, 1.03 * published) << file << ": " << n;
+  }
+}
+
+}  // namespace
+}  // namespace hmla

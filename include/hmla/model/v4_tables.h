@@ -1,0 +1,22 @@
+// DeepSeek-V4's parameter table (DESIGN.md section 10; docs/deepseek_v4.md): the tensors of a
+// deepseek_v4 model in DeepSeek's checkpoint names as transformers 5.24 saves them
+// (model.embed_tokens, model.layers.{L}.attn.*, .ffn.*, .hc_{attn,ffn}_{fn,base,scale},
+// model.hc_head.*, model.norm, head), in table order, and its integer tables (the hash layers'
+// frozen ffn.gate.tid2eid), which are no parameters: no gradient, no moments.
+#pragma once
+#include <vector>
+
+#include "hmla/model/config.h"
+#include "hmla/model/params.h"
+
+namespace hmla {
+
+// The f32 parameters. one_expert: a layer's routed expert 0 only (the memory plan counts it
+// n_routed_experts times).
+std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert = false);
+// Layer L's entries only (full names), in table order.
+std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert = false);
+// The hash layers' tid2eid [vocab_size, num_experts_per_tok] (integers in the checkpoint).
+std::vector<ParamSpec> v4_int_tables(const ModelConfig& c);
+
+}  // namespace hmla

@@ -1,0 +1,93 @@
+// DeepSeek-V4's parameter table (v4_tables.h), shapes from docs/deepseek_v4_math.md: a compressor
+// of rate m over width w projects to coff * w (coff 2 for CSA's two overlapped series, 1 for HCA)
+// with a per-slot bias ape [m, coff * w]; the CSA indexer has its own compressor of width
+// index_head_dim.
+#include "hmla/model/v4_tables.h"
+
+#include <string>
+
+#include "hmla/model/model.h"
+
+namespace hmla {
+
+namespace {
+
+void add_compressor(std::vector<ParamSpec>& t, const std::string& at, int64_t rate, int64_t coff, int64_t width,
+                    int64_t hid) {
+  t.push_back({at + "ape", {rate, coff * width}});
+  t.push_back({at + "norm.weight", {width}});
+  t.push_back({at + "wgate.weight", {coff * width, hid}});
+  t.push_back({at + "wkv.weight", {coff * width, hid}});
+}
+
+void add_swiglu(std::vector<ParamSpec>& t, const std::string& at, int64_t I, int64_t hid) {
+  t.push_back({at + "w1.weight", {I, hid}});
+  t.push_back({at + "w2.weight", {hid, I}});
+  t.push_back({at + "w3.weight", {I, hid}});
+}
+
+void add_hc(std::vector<ParamSpec>& t, const std::string& at, const ModelConfig& c) {
+  const int64_t n = c.v4.hc_mult, mix = (2 + n) * n;
+  t.push_back({at + "_fn", {mix, n * c.hidden_size}});
+  t.push_back({at + "_base", {mix}});
+  t.push_back({at + "_scale", {3}});
+}
+
+}  // namespace
+
+std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert) {
+  const V4Config& v = c.v4;
+  const int64_t hid = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
+  const std::string pre = layer_prefix(L), at = pre + "attn.";
+  std::vector<ParamSpec> t;
+  add_hc(t, pre + "hc_attn", c);
+  t.push_back({pre + "attn_norm.weight", {hid}});
+  t.push_back({at + "wq_a.weight", {Rq, hid}});
+  t.push_back({at + "q_norm.weight", {Rq}});
+  t.push_back({at + "wq_b.weight", {H * d, Rq}});
+  t.push_back({at + "wkv.weight", {d, hid}});
+  t.push_back({at + "norm.weight", {d}});
+  t.push_back({at + "wo_a.weight", {v.o_groups * v.o_lora_rank, H * d / v.o_groups}});
+  t.push_back({at + "wo_b.weight", {hid, v.o_groups * v.o_lora_rank}});
+  t.push_back({at + "attn_sink", {H}});
+  const V4Kind kind = v.layer_types.at(size_t(L));
+  if (kind != V4Kind::sliding) add_compressor(t, at + "compressor.", v.compress_rate(L), kind == V4Kind::csa ? 2 : 1, d, hid);
+  if (kind == V4Kind::csa) {
+    add_compressor(t, at + "indexer.compressor.", v.csa_rate, 2, c.index_head_dim, hid);
+    t.push_back({at + "indexer.weights_proj.weight", {c.index_n_heads, hid}});
+    t.push_back({at + "indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, Rq}});
+  }
+  add_hc(t, pre + "hc_ffn", c);
+  t.push_back({pre + "ffn_norm.weight", {hid}});
+  const MoeConfig& m = c.moe;
+  t.push_back({pre + "ffn.gate.weight", {m.n_routed_experts, hid}});
+  if (!v.hash.at(size_t(L))) t.push_back({pre + "ffn.gate.bias", {m.n_routed_experts}});
+  for (int64_t e = 0; e < (one_expert ? 1 : m.n_routed_experts); ++e)
+    add_swiglu(t, pre + "ffn.experts." + std::to_string(e) + ".", m.moe_intermediate_size, hid);
+  add_swiglu(t, pre + "ffn.shared_experts.", m.moe_intermediate_size, hid);
+  return t;
+}
+
+std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert) {
+  std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    for (ParamSpec& p : v4_layer_params(c, L, one_expert)) t.push_back(std::move(p));
+  const int64_t n = c.v4.hc_mult;
+  t.push_back({"model.hc_head.hc_fn", {n, n * c.hidden_size}});
+  t.push_back({"model.hc_head.hc_base", {n}});
+  t.push_back({"model.hc_head.hc_scale", {1}});
+  t.push_back({"model.norm.weight", {c.hidden_size}});
+  if (!c.tie_word_embeddings) t.push_back({"head.weight", {c.vocab_size, c.hidden_size}});
+  return t;
+}
+
+std::vector<ParamSpec> v4_int_tables(const ModelConfig& c) {
+  std::vector<ParamSpec> t;
+  if (!c.is_v4()) return t;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    if (c.v4.hash.at(size_t(L)))
+      t.push_back({layer_prefix(L) + "ffn.gate.tid2eid", {c.vocab_size, c.moe.num_experts_per_tok}});
+  return t;
+}
+
+}  // namespace hmla
