@@ -16,12 +16,35 @@ inline bool before(float va, int64_t a, float vb, int64_t b) { return va > vb ||
 
 float sigmoid(float u) { return 1.f / (1.f + std::exp(-u)); }
 
+// torch's softplus (beta 1, threshold 20): u itself above the threshold.
+float softplus(float u) { return u > 20.f ? u : std::log1p(std::exp(u)); }
+
+float score_of(MoeScore f, float u) { return f == MoeScore::sigmoid ? sigmoid(u) : std::sqrt(softplus(u)); }
+
+// ds/du at the logit u whose score is s: s (1 - s) for sigmoid; softplus'(u) / 2s for
+// sqrt(softplus(u)) (softplus' = sigmoid(u), 1 above the threshold), 0 where s underflowed to 0.
+float dscore(MoeScore f, float u, float s) {
+  if (f == MoeScore::sigmoid) return s * (1.f - s);
+  return s > 0.f ? (u > 20.f ? 1.f : sigmoid(u)) / (2.f * s) : 0.f;
+}
+
 // The normaliser of a token's chosen scores, summed in slot order (as the forward and the
 // backward both form it).
 float denominator(const float* s, int64_t k) {
   float sum = 0.f;
   for (int64_t j = 0; j < k; ++j) sum += s[j];
   return sum + 1e-20f;
+}
+
+// Token t's scores at its chosen experts and their gating weights.
+void weigh(const MoeRouteParams& p, const float* s, int64_t t) {
+  const int64_t k = p.k;
+  const int32_t* idx = p.idx + t * k;
+  float* sc = p.score + t * k;
+  float* w = p.weight + t * k;
+  for (int64_t j = 0; j < k; ++j) sc[j] = s[idx[j]];
+  const float den = p.norm_topk_prob ? denominator(sc, k) : 1.f;
+  for (int64_t j = 0; j < k; ++j) w[j] = (p.norm_topk_prob ? sc[j] / den : sc[j]) * p.scaling;
 }
 
 }  // namespace
@@ -36,8 +59,14 @@ void moe_route_fwd(const MoeRouteParams& p) {
     for (int64_t t = 0; t < p.N; ++t) {
       const float* u = p.logits + t * E;
       for (int64_t e = 0; e < E; ++e) {
-        s[e] = sigmoid(u[e]);
-        c[e] = s[e] + p.bias[e];
+        s[e] = score_of(p.score_fn, u[e]);
+        c[e] = p.bias ? s[e] + p.bias[e] : s[e];
+      }
+      int32_t* idx = p.idx + t * k;
+      if (p.fixed) {  // hash routing: the experts are given
+        for (int64_t j = 0; j < k; ++j) idx[j] = p.fixed[t * k + j];
+        weigh(p, s.data(), t);
+        continue;
       }
       // A group's score: its largest choice value plus its second largest.
       for (int64_t g = 0; g < G; ++g) {
@@ -59,7 +88,6 @@ void moe_route_fwd(const MoeRouteParams& p) {
         if (best < G) keep[best] = 1;
       }
       // The k experts of the kept groups by descending choice value (selection, k passes).
-      int32_t* idx = p.idx + t * k;
       for (int64_t j = 0; j < k; ++j) {
         int64_t best = -1;
         for (int64_t e = 0; e < E; ++e) {
@@ -70,17 +98,13 @@ void moe_route_fwd(const MoeRouteParams& p) {
         }
         idx[j] = int32_t(best);
       }
-      float* sc = p.score + t * k;
-      float* w = p.weight + t * k;
-      for (int64_t j = 0; j < k; ++j) sc[j] = s[idx[j]];
-      const float den = p.norm_topk_prob ? denominator(sc, k) : 1.f;
-      for (int64_t j = 0; j < k; ++j) w[j] = (p.norm_topk_prob ? sc[j] / den : sc[j]) * p.scaling;
+      weigh(p, s.data(), t);
     }
   }
 }
 
 // w_j = scaling s_j / D (D = sum_i s_i + 1e-20; D = 1 without normalisation and no second term):
-// dL/ds_j = (scaling dw_j - sum_i dw_i w_i) / D, and du_j = dL/ds_j s_j (1 - s_j).
+// dL/ds_j = (scaling dw_j - sum_i dw_i w_i) / D, and du_j = dL/ds_j ds/du (dscore).
 void moe_route_bwd(const MoeRouteParams& p) {
   const int64_t E = p.E, k = p.k;
 #pragma omp parallel for schedule(static)
@@ -97,7 +121,8 @@ void moe_route_bwd(const MoeRouteParams& p) {
     }
     for (int64_t j = 0; j < k; ++j) {
       const float ds = (p.scaling * dw[j] - q) / den;
-      du[idx[j]] = ds * s[j] * (1.f - s[j]);
+      const float u = p.logits ? p.logits[t * E + idx[j]] : 0.f;
+      du[idx[j]] = ds * dscore(p.score_fn, u, s[j]);
     }
   }
 }

@@ -146,6 +146,15 @@ void swiglu_fwd(const SwigluParams& p) {
   float* y = static_cast<float*>(p.y);
   const float *g = static_cast<const float*>(p.g), *u = static_cast<const float*>(p.u);
   const int64_t n = p.n;
+  const float L = p.limit;
+  if (L > 0.f) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float gc = g[i] > L ? L : g[i], uc = u[i] > L ? L : u[i] < -L ? -L : u[i];
+      y[i] = gc / (1.f + std::exp(-gc)) * uc;
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) y[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
 }
@@ -154,6 +163,18 @@ void swiglu_bwd(const SwigluParams& p) {
   float *dg = p.dg, *du = p.du;
   const float *dy = p.dy, *g = static_cast<const float*>(p.g), *u = static_cast<const float*>(p.u);
   const int64_t n = p.n;
+  const float L = p.limit;
+  if (L > 0.f) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const bool g_in = !(g[i] > L), u_in = !(u[i] > L || u[i] < -L);
+      const float gc = g_in ? g[i] : L, uc = u_in ? u[i] : u[i] > L ? L : -L;
+      const float sig = 1.f / (1.f + std::exp(-gc));
+      du[i] = u_in ? dy[i] * gc * sig : 0.f;
+      dg[i] = g_in ? dy[i] * uc * sig * (1.f + gc * (1.f - sig)) : 0.f;
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float sig = 1.f / (1.f + std::exp(-g[i]));

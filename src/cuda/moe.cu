@@ -63,7 +63,7 @@ __device__ __forceinline__ bool before(float va, int64_t a, float vb, int64_t b)
 __device__ __forceinline__ float sigmoid(float u) { return 1.f / (1.f + expf(-u)); }
 // Expert e's choice value c = s + bias.
 __device__ __forceinline__ float choice(const MoeRouteParams& p, const float* u, int64_t e) {
-  return sigmoid(u[e]) + p.bias[e];
+  return p.bias ? sigmoid(u[e]) + p.bias[e] : sigmoid(u[e]);
 }
 // Group g's score: its largest choice value plus its second largest (the CPU's scan).
 __device__ float group_score(const MoeRouteParams& p, const float* u, int64_t g, int64_t per) {
@@ -358,7 +358,13 @@ void moe_grouped_bwd(const MoeGroupedParams& p) {
 // The plans (cuda_kernels.h): the kept groups in a 64-bit mask; the gather's source and the row
 // dot's operands may be bf16 activations; the grouped products take linear's dtypes, their
 // experts' matrices at one stride (one arena) and a grid that fits.
-Plan plan(Op, const MoeRouteParams& p) { return plan_if(p.n_group <= MoeTraits::kMaxGroups, Variant::simt); }
+// DeepSeek-V4's routing (sqrtsoftplus scores, hash routing) runs on the CPU so far: the CUDA
+// kernels score by sigmoid and choose (a null bias is no correction).
+Plan plan(Op, const MoeRouteParams& p) {
+  if (p.score_fn != MoeScore::sigmoid || p.fixed)
+    return {Variant::none, "the CUDA router scores by sigmoid and chooses (DeepSeek-V4's routing is the CPU's so far)"};
+  return plan_if(p.n_group <= MoeTraits::kMaxGroups, Variant::simt);
+}
 Plan plan(Op, const MoeDispatchParams&) { return {Variant::simt, {}}; }
 Plan plan(Op, const MoeRowsParams& p) {
   return plan_if(f32_or_bf16(p.src_dtype) && f32_or_bf16(p.a_dtype) && f32_or_bf16(p.b_dtype), Variant::simt);

@@ -197,17 +197,25 @@ template <class T>
 __global__ void swiglu_fwd_kernel(SwigluParams p) {
   const T *g = static_cast<const T*>(p.g), *u = static_cast<const T*>(p.u);
   T* y = static_cast<T*>(p.y);
-  HMLA_GRID_STRIDE(i, p.n) put(y[i], widen(g[i]) / (1.f + expf(-widen(g[i]))) * widen(u[i]));
+  const float L = p.limit;
+  HMLA_GRID_STRIDE(i, p.n) {
+    float gv = widen(g[i]), uv = widen(u[i]);
+    if (L > 0.f) gv = gv > L ? L : gv, uv = uv > L ? L : uv < -L ? -L : uv;  // DeepSeek-V4's clamp
+    put(y[i], gv / (1.f + expf(-gv)) * uv);
+  }
 }
 
 // g, u T; dy, dg, du f32.
 template <class T>
 __global__ void swiglu_bwd_kernel(SwigluParams p) {
   const T *gp = static_cast<const T*>(p.g), *u = static_cast<const T*>(p.u);
+  const float L = p.limit;
   HMLA_GRID_STRIDE(i, p.n) {
-    const float g = widen(gp[i]), sig = 1.f / (1.f + expf(-g));
-    p.du[i] = p.dy[i] * g * sig;
-    p.dg[i] = p.dy[i] * widen(u[i]) * sig * (1.f + g * (1.f - sig));
+    const float g0 = widen(gp[i]), u0 = widen(u[i]);
+    const bool g_in = !(L > 0.f && g0 > L), u_in = !(L > 0.f && (u0 > L || u0 < -L));
+    const float g = g_in ? g0 : L, uc = u_in ? u0 : u0 > L ? L : -L, sig = 1.f / (1.f + expf(-g));
+    p.du[i] = u_in ? p.dy[i] * g * sig : 0.f;
+    p.dg[i] = g_in ? p.dy[i] * uc * sig * (1.f + g * (1.f - sig)) : 0.f;
   }
 }
 

@@ -27,7 +27,6 @@ const char* scoring_func_name(ScoringFunc f) {
   switch (f) {
     case ScoringFunc::sqrtsoftplus: return "sqrtsoftplus";
     case ScoringFunc::sigmoid: return "sigmoid";
-    case ScoringFunc::softmax: return "softmax";
   }
   return "?";
 }
@@ -191,9 +190,10 @@ void parse_v4_moe(const json& j, ModelConfig& c, const std::string& what) {
                          : has(j, "scoring_func")                               ? j["scoring_func"].dump()
                                                                                 : "sqrtsoftplus";
   bool known = false;
-  for (ScoringFunc f : {ScoringFunc::sqrtsoftplus, ScoringFunc::sigmoid, ScoringFunc::softmax})
+  for (ScoringFunc f : {ScoringFunc::sqrtsoftplus, ScoringFunc::sigmoid})
     if (sf == scoring_func_name(f)) c.v4.scoring = f, known = true;
-  HMLA_CHECK(known, ConfigError, what, ": scoring_func = ", sf.substr(0, 40), ": use sqrtsoftplus, sigmoid or softmax");
+  HMLA_CHECK(known, ConfigError, what, ": scoring_func = ", sf.substr(0, 40),
+             ": use sqrtsoftplus or sigmoid (transformers 5.24's DeepSeek-V4 builds no other router activation)");
   c.v4.swiglu_limit = get_num(j, "swiglu_limit", 10.0, what);
   HMLA_CHECK(std::isfinite(c.v4.swiglu_limit) && c.v4.swiglu_limit > 0, ConfigError, what, ": swiglu_limit = ",
              c.v4.swiglu_limit, ": it must be finite and positive (the SwiGLU clamps gate <= limit, |up| <= limit)");

@@ -85,8 +85,7 @@ class MoeMlp final : public Mlp {
     const Tensor y = y_in.view({N, hid_});  // the decoder's [b, s, hidden] output as rows
     Tensor logits = f32_tmp({N, E}, dev);
     linear_fwd(x, w_.gate, logits);  // f32: the gate is kept f32 (Model::wc)
-    moe_route_fwd(logits, w_.e_score_correction_bias, m_.n_group, m_.topk_group, m_.norm_topk_prob,
-                  float(m_.routed_scaling_factor), r);
+    moe_route_fwd(logits, w_.e_score_correction_bias, router(), r);
     const MoeDispatch d = moe_dispatch(r.idx, E);
     Tensor xs = f32_tmp({N * k, hid_}, dev), ys = f32_tmp({N * k, hid_}, dev);
     moe_gather(x, d, k, Tensor(), true, xs);
@@ -131,7 +130,7 @@ class MoeMlp final : public Mlp {
       swiglu_mlp_bwd(w_.shared, g_->shared, dy, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], dx, 1.f);
     // The gate: through the weights only (the bias chose, it has no gradient).
     Tensor dlogits = f32_tmp({N, E}, dev);
-    moe_route_bwd(dw.view({N, k}), r, m_.norm_topk_prob, float(m_.routed_scaling_factor), dlogits);
+    moe_route_bwd(dw.view({N, k}), r, router(), dlogits);
     if (aux.counts.defined()) {  // the balance loss's gradient through the scores, on the same logits
       Tensor u = f32_tmp({N, E}, dev);
       linear_fwd(x, w_.gate, u);
@@ -145,6 +144,7 @@ class MoeMlp final : public Mlp {
  private:
   enum { kIdx, kWeight, kScore, kG, kU, kAct, kSharedG, kSharedU, kSharedAct };  // fields()' order
   static MoeRouting routing(const std::vector<Tensor>& sv) { return {sv[kIdx], sv[kWeight], sv[kScore]}; }
+  MoeRouter router() const { return {m_.n_group, m_.topk_group, m_.norm_topk_prob, float(m_.routed_scaling_factor)}; }
   // One matrix (gate_proj, up_proj or down_proj) of every routed expert, for the grouped products.
   static std::vector<Tensor> each(const std::vector<SwigluTensors>& ex, Tensor SwigluTensors::*m) {
     std::vector<Tensor> t;

@@ -45,6 +45,20 @@ void need_act(const Tensor& t, const Shape& shape, const char* op, const char* n
              " must be a contiguous f32 or bf16 ", shape_str(shape), " tensor, got ", desc(t));
 }
 
+// Every row of idx [N, k] i32 (on the host) names k distinct experts in [0, E).
+void check_expert_rows(const Tensor& idx, int64_t E, const char* op, const char* name) {
+  const int64_t N = idx.size(0), k = idx.size(1);
+  const int32_t* id = idx.data<int32_t>();
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      HMLA_CHECK(id[t * k + j] >= 0 && id[t * k + j] < E, ShapeError, op, ": ", name, ": token ", t, " has expert ",
+                 id[t * k + j], ", outside [0, ", E, ")");
+      for (int64_t i = 0; i < j; ++i)
+        HMLA_CHECK(id[t * k + i] != id[t * k + j], ShapeError, op, ": ", name, ": token ", t, " has expert ",
+                   id[t * k + j], " twice");
+    }
+}
+
 void check_dispatch(const MoeDispatch& d, int64_t slots, const char* op) {
   need(d.order, DType::i32, {slots}, op, "the dispatch order");
   need(d.pos, DType::i32, {slots}, op, "the dispatch positions");
@@ -52,33 +66,37 @@ void check_dispatch(const MoeDispatch& d, int64_t slots, const char* op) {
 
 }  // namespace
 
-void moe_route_fwd(const Tensor& logits, const Tensor& bias, int64_t n_group, int64_t topk_group, bool norm_topk_prob,
-                   float scaling, const MoeRouting& r) {
+void moe_route_fwd(const Tensor& logits, const Tensor& bias, const MoeRouter& router, const MoeRouting& r,
+                   const Tensor& fixed) {
   const char* op = "moe_route";
   HMLA_CHECK(logits.defined() && logits.dim() == 2, ShapeError, op, ": logits must be [N, E], got ", desc(logits));
   const int64_t N = logits.size(0), E = logits.size(1);
   need(logits, DType::f32, {N, E}, op, "logits");
-  need(bias, DType::f32, {E}, op, "the correction bias");
+  if (bias.defined()) need(bias, DType::f32, {E}, op, "the correction bias");
   HMLA_CHECK(r.idx.defined() && r.idx.dim() == 2 && r.idx.size(0) == N, ShapeError, op, ": idx must be [N = ", N,
              ", k], got ", desc(r.idx));
-  const int64_t k = r.idx.size(1);
+  const int64_t k = r.idx.size(1), G = router.n_group, TG = router.topk_group;
   need(r.idx, DType::i32, {N, k}, op, "idx");
   need(r.weight, DType::f32, {N, k}, op, "weight");
   need(r.score, DType::f32, {N, k}, op, "score");
-  HMLA_CHECK(n_group >= 1 && E % n_group == 0 && E / n_group >= 2 && topk_group >= 1 && topk_group <= n_group &&
-                 k >= 1 && k <= topk_group * (E / n_group),
-             ShapeError, op, ": E = ", E, ", n_group = ", n_group, ", topk_group = ", topk_group, ", k = ", k,
+  HMLA_CHECK(G >= 1 && E % G == 0 && (G == 1 || E / G >= 2) && TG >= 1 && TG <= G && k >= 1 && k <= TG * (E / G),
+             ShapeError, op, ": E = ", E, ", n_group = ", G, ", topk_group = ", TG, ", k = ", k,
              ": groups of at least 2 experts, 1 <= topk_group <= n_group and 1 <= k <= topk_group x E / n_group");
+  if (fixed.defined()) {
+    need(fixed, DType::i32, {N, k}, op, "the hash routing's experts");
+    if (fixed.device() == Device::cpu) check_expert_rows(fixed, E, op, "the hash routing's experts");
+  }
   MoeRouteParams p;
-  p.N = N, p.E = E, p.k = k, p.n_group = n_group, p.topk_group = topk_group;
-  p.norm_topk_prob = norm_topk_prob, p.scaling = scaling;
-  p.logits = logits.data<float>(), p.bias = bias.data<float>();
+  p.N = N, p.E = E, p.k = k, p.n_group = G, p.topk_group = TG;
+  p.norm_topk_prob = router.norm_topk_prob, p.scaling = router.scaling, p.score_fn = router.score;
+  p.logits = logits.data<float>(), p.bias = bias.defined() ? bias.data<float>() : nullptr;
+  p.fixed = fixed.defined() ? fixed.data<int32_t>() : nullptr;
   p.idx = r.idx.data<int32_t>(), p.weight = r.weight.data<float>(), p.score = r.score.data<float>();
-  run(op, Op::moe_route_fwd, p, {&logits, &bias, &r.idx, &r.weight, &r.score});
+  run(op, Op::moe_route_fwd, p, {&logits, &bias, &fixed, &r.idx, &r.weight, &r.score});
 }
 
-void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_prob, float scaling,
-                   const Tensor& dlogits) {
+void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, const MoeRouter& router, const Tensor& dlogits,
+                   const Tensor& logits) {
   const char* op = "moe_route backward";
   HMLA_CHECK(r.idx.defined() && r.idx.dim() == 2 && dlogits.defined() && dlogits.dim() == 2, ShapeError, op,
              ": idx [N, k] and dlogits [N, E], got ", desc(r.idx), " and ", desc(dlogits));
@@ -87,11 +105,14 @@ void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_pr
   need(r.score, DType::f32, {N, k}, op, "score");
   need(dweight, DType::f32, {N, k}, op, "dweight");
   need(dlogits, DType::f32, {N, E}, op, "dlogits");
+  if (router.score != MoeScore::sigmoid) need(logits, DType::f32, {N, E}, op, "the forward's logits");
   MoeRouteParams p;
-  p.N = N, p.E = E, p.k = k, p.norm_topk_prob = norm_topk_prob, p.scaling = scaling;
+  p.N = N, p.E = E, p.k = k, p.norm_topk_prob = router.norm_topk_prob, p.scaling = router.scaling;
+  p.score_fn = router.score;
+  p.logits = logits.defined() ? logits.data<float>() : nullptr;
   p.idx_in = r.idx.data<int32_t>(), p.score_in = r.score.data<float>(), p.dweight = dweight.data<float>();
   p.dlogits = dlogits.data<float>();
-  run(op, Op::moe_route_bwd, p, {&dweight, &r.idx, &r.score, &dlogits});
+  run(op, Op::moe_route_bwd, p, {&dweight, &r.idx, &r.score, &dlogits, &logits});
 }
 
 MoeDispatch moe_dispatch(const Tensor& idx, int64_t E) {
@@ -101,17 +122,8 @@ MoeDispatch moe_dispatch(const Tensor& idx, int64_t E) {
   need(idx, DType::i32, {N, k}, op, "idx");
   HMLA_CHECK(E >= 1 && N * k < (int64_t(1) << 31), ShapeError, op, ": ", N, " x ", k,
              " slots: the dispatch numbers them in int32");
-  if (idx.device() == Device::cpu) {  // a device's idx is the router's own, valid by construction
-    const int32_t* id = idx.data<int32_t>();
-    for (int64_t t = 0; t < N; ++t)
-      for (int64_t j = 0; j < k; ++j) {
-        HMLA_CHECK(id[t * k + j] >= 0 && id[t * k + j] < E, ShapeError, op, ": token ", t, " chose expert ",
-                   id[t * k + j], ", outside [0, ", E, ")");
-        for (int64_t i = 0; i < j; ++i)
-          HMLA_CHECK(id[t * k + i] != id[t * k + j], ShapeError, op, ": token ", t, " chose expert ", id[t * k + j],
-                     " twice");
-      }
-  }
+  // a device's idx is the router's own, valid by construction
+  if (idx.device() == Device::cpu) check_expert_rows(idx, E, op, "idx");
   MoeDispatch d;
   d.order = Tensor::empty({N * k}, DType::i32, idx.device());
   d.pos = Tensor::empty({N * k}, DType::i32, idx.device());

@@ -274,22 +274,24 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layo
   run("rope", Op::rope, p, {&x, &cos, &sin});
 }
 
-void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y) {
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y, float limit) {
+  HMLA_CHECK(limit >= 0.f, ShapeError, "swiglu: limit = ", limit, ": use 0 (no clamp) or a positive limit");
   check_act_contiguous(g, g.shape(), "swiglu", "g");
   for (auto [t, name] : {std::pair{&u, "u"}, std::pair{&y, "y"}})
     check_contiguous(*t, g.dtype(), g.shape(), "swiglu", name);  // the activations' one dtype
   SwigluParams p;
-  p.n = g.numel(), p.dtype = g.dtype(), p.g = g.raw_data(), p.u = u.raw_data(), p.y = y.raw_data();
+  p.n = g.numel(), p.dtype = g.dtype(), p.limit = limit, p.g = g.raw_data(), p.u = u.raw_data(), p.y = y.raw_data();
   run("swiglu", Op::swiglu_fwd, p, {&g, &u, &y});
 }
 
-void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du) {
+void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du, float limit) {
+  HMLA_CHECK(limit >= 0.f, ShapeError, "swiglu backward: limit = ", limit, ": use 0 (no clamp) or a positive limit");
   check_act_contiguous(g, g.shape(), "swiglu backward", "g");
   check_contiguous(u, g.dtype(), g.shape(), "swiglu backward", "u");
   for (auto [t, name] : {std::pair{&dy, "dy"}, std::pair{&dg, "dg"}, std::pair{&du, "du"}})
     check_contiguous(*t, DType::f32, g.shape(), "swiglu backward", name);
   SwigluParams p;
-  p.n = g.numel(), p.dtype = g.dtype(), p.g = g.raw_data(), p.u = u.raw_data();
+  p.n = g.numel(), p.dtype = g.dtype(), p.limit = limit, p.g = g.raw_data(), p.u = u.raw_data();
   p.dy = dy.data<float>(), p.dg = dg.data<float>(), p.du = du.data<float>();
   run("swiglu backward", Op::swiglu_bwd, p, {&dy, &g, &u, &dg, &du});
 }

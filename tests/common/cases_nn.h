@@ -34,6 +34,7 @@ struct NnCase {
   bool ta = false, tb = false;  // matmul: op(A) = A^T, op(B) = B^T
   float beta = 0.f;             // matmul: C = alpha op(A) op(B) + beta C0
   RopeLayout layout = RopeLayout::interleaved;
+  float limit = 0.f;            // swiglu: DeepSeek-V4's clamp (0: none)
 };
 inline void PrintTo(const NnCase& c, std::ostream* os) { print_row(c, os); }
 inline std::vector<NnCase> nn_ops() {
@@ -52,6 +53,7 @@ inline std::vector<NnCase> nn_ops() {
       {"rope_half", O::rope_ref, NnOp::rope, {.rows = 2, .cols = 6, .inner = 5, .heads = 3, .pitch = 9}, false, false,
        0.f, RopeLayout::half},
       {"swiglu", O::swiglu_ref, NnOp::swiglu, {.cols = 37}},
+      {"swiglu_clamped", O::swiglu_ref, NnOp::swiglu, {.cols = 37}, false, false, 0.f, RopeLayout::interleaved, 1.5f},
       {"embedding_repeated_ids", O::embedding_ref, NnOp::embedding, {.rows = 6, .cols = 5, .inner = 7}},
       {"cross_entropy_row_weights", O::cross_entropy_ref, NnOp::cross_entropy, {.rows = 6, .cols = 11}},
       {"axpy_scale_aliased_slices", O::axpy_ref, NnOp::axpy_scale, {.rows = 5, .cols = 4, .pitch = 7}},
@@ -121,6 +123,7 @@ inline void uses(Uses& u, const NnCase& c, DType) {
     case NnOp::swiglu: {
       SwigluParams f, b;
       f.n = b.n = s.cols;
+      f.limit = b.limit = c.limit;
       b.dy = &x, b.dg = &x, b.du = &x;
       u(Op::swiglu_fwd, f)(Op::swiglu_bwd, b);
       return;

@@ -28,6 +28,7 @@ namespace hmla::op_cases {
 // or, for the CUDA selection, the CPU backend's selection on the same scores (bit for bit).
 enum class Oracle {
   attn_dense_ref,      // ref::attn_dense_ref
+  compress_ref,        // the compressor pooling's definition in float64 (cases_compress.h)
   attn_sparse_ref,     // ref::attn_sparse_ref
   indexer_select_cpu,  // the CPU backend's indexer_select on the same scores, exactly
   indexer_topk_ref,    // ref::indexer_scores_ref + ref::indexer_topk_ref (sets where gaps allow)
@@ -50,6 +51,7 @@ enum class Oracle {
 inline const char* oracle_name(Oracle o) {
   switch (o) {
     case Oracle::attn_dense_ref: return "attn_dense_ref";
+    case Oracle::compress_ref: return "compress_ref";
     case Oracle::attn_sparse_ref: return "attn_sparse_ref";
     case Oracle::indexer_select_cpu: return "indexer_select_cpu";
     case Oracle::indexer_topk_ref: return "indexer_topk_ref";

@@ -118,6 +118,7 @@ TEST(V4Config, RefusesWhatTransformersCannotBuildNamingTheField) {
   expect_error(with("num_key_value_heads", 2), "num_key_value_heads must be 1");
   expect_error(with("n_shared_experts", 2), "n_shared_experts = 2");
   expect_error(with("scoring_func", "tanh"), "scoring_func = tanh");
+  expect_error(with("scoring_func", "softmax"), "scoring_func = softmax");
   expect_error(with("swiglu_limit", -1), "swiglu_limit = -1");
   expect_error(with("partial_rotary_factor", 1.5), "partial_rotary_factor = 1.5");
   expect_error(with("qk_rope_head_dim", 7), "qk_rope_head_dim = int(head_dim * partial_rotary_factor) = 7");

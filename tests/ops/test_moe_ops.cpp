@@ -37,7 +37,7 @@ Routed route(const std::vector<float>& logits, const std::vector<float>& bias, i
              bool norm = true, float rsf = 1.f) {
   const int64_t E = int64_t(bias.size()), N = int64_t(logits.size()) / E;
   MoeRouting r{Tensor::empty({N, k}, DType::i32), Tensor::empty({N, k}, DType::f32), Tensor::empty({N, k}, DType::f32)};
-  moe_route_fwd(Tensor::from_vector<float>({N, E}, logits), Tensor::from_vector<float>({E}, bias), G, TG, norm, rsf, r);
+  moe_route_fwd(Tensor::from_vector<float>({N, E}, logits), Tensor::from_vector<float>({E}, bias), {G, TG, norm, rsf}, r);
   return {r.idx.to_vector<int32_t>(), r.weight.to_vector<float>()};
 }
 
@@ -63,6 +63,94 @@ TEST(MoeRouter, TheBiasChoosesAndTheScoresWeigh) {
   // Normalised: the chosen weights sum to routed_scaling_factor.
   const Routed n = route(u, {0.f, 0.f, 0.f, 1.f}, 1, 1, 2, true, 2.5f);
   EXPECT_NEAR(n.weight[0] + n.weight[1], 2.5f, 4 * FLT_EPSILON * 2.5f);
+}
+
+// DeepSeek-V4's router: s = sqrt(softplus(u)) (u above 20 passes softplus unchanged), one group,
+// hash routing (the experts given), no bias. Forward: the choice and the weights from the
+// definition; backward against the chain rule in float64 (itself checked by central differences
+// of the float64 forward), hmla's f32 within twice the naive f32 chain rule's error plus 8 ulps.
+template <class T>
+T sqrtsoftplus(T u) { return std::sqrt(u > T(20) ? u : std::log1p(std::exp(u))); }
+template <class T>
+std::vector<T> v4_weights(const std::vector<T>& u, const std::vector<int32_t>& idx, int64_t E, int64_t k, T scale) {
+  const int64_t N = int64_t(idx.size()) / k;
+  std::vector<T> w(idx.size());
+  for (int64_t t = 0; t < N; ++t) {
+    T sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += sqrtsoftplus(u[size_t(t * E + idx[size_t(t * k + j)])]);
+    for (int64_t j = 0; j < k; ++j) w[size_t(t * k + j)] = sqrtsoftplus(u[size_t(t * E + idx[size_t(t * k + j)])]) / (sum + T(1e-20)) * scale;
+  }
+  return w;
+}
+template <class T>
+std::vector<T> v4_dlogits(const std::vector<T>& u, const std::vector<int32_t>& idx, const std::vector<T>& dw, int64_t E,
+                          int64_t k, T scale) {
+  const int64_t N = int64_t(idx.size()) / k;
+  std::vector<T> du(u.size(), T(0));
+  for (int64_t t = 0; t < N; ++t) {
+    T S = 0, q = 0;
+    for (int64_t j = 0; j < k; ++j) S += sqrtsoftplus(u[size_t(t * E + idx[size_t(t * k + j)])]);
+    S += T(1e-20);
+    for (int64_t j = 0; j < k; ++j) q += dw[size_t(t * k + j)] * sqrtsoftplus(u[size_t(t * E + idx[size_t(t * k + j)])]) / S * scale;
+    for (int64_t j = 0; j < k; ++j) {
+      const T x = u[size_t(t * E + idx[size_t(t * k + j)])], sj = sqrtsoftplus(x);
+      const T dsp = x > T(20) ? T(1) : T(1) / (T(1) + std::exp(-x));
+      du[size_t(t * E + idx[size_t(t * k + j)])] = (scale * dw[size_t(t * k + j)] - q) / S * dsp / (T(2) * sj);
+    }
+  }
+  return du;
+}
+
+TEST(MoeRouter, DeepSeekV4SqrtSoftplusHashAndNoBias) {
+  const int64_t N = 5, E = 6, k = 2;
+  const float scale = 1.5f;
+  std::vector<float> u(N * E);
+  for (int64_t i = 0; i < N * E; ++i) u[size_t(i)] = float(std::sin(double(i) * 1.3) * 3.0);
+  u[2] = 25.f;  // past softplus's threshold: chosen by token 0
+  const std::vector<float> bias{0.f, 0.2f, -0.1f, 0.f, 0.3f, 0.f};
+  const MoeRouter router{1, 1, true, scale, MoeScore::sqrtsoftplus};
+  for (bool hash : {false, true}) {
+    std::vector<int32_t> fixed;
+    for (int64_t t = 0; t < N; ++t) fixed.push_back(int32_t(t % E)), fixed.push_back(int32_t((t + 3) % E));
+    const MoeRouting r{Tensor::empty({N, k}, DType::i32), Tensor::empty({N, k}, DType::f32), Tensor::empty({N, k}, DType::f32)};
+    const Tensor logits = Tensor::from_vector<float>({N, E}, u);
+    moe_route_fwd(logits, hash ? Tensor() : Tensor::from_vector<float>({E}, bias), router, r,
+                  hash ? Tensor::from_vector<int32_t>({N, k}, fixed) : Tensor());
+    const std::vector<int32_t> idx = r.idx.to_vector<int32_t>();
+    std::vector<int32_t> want = fixed;
+    if (!hash)  // the top-k of s + bias, by the definition
+      for (int64_t t = 0; t < N; ++t) {
+        std::vector<std::pair<double, int32_t>> c;
+        for (int32_t e = 0; e < E; ++e) c.push_back({-(sqrtsoftplus(double(u[size_t(t * E + e)])) + bias[size_t(e)]), e});
+        std::sort(c.begin(), c.end());
+        for (int64_t j = 0; j < k; ++j) want[size_t(t * k + j)] = c[size_t(j)].second;
+      }
+    EXPECT_EQ(idx, want) << (hash ? "hash" : "learned");
+    const std::vector<double> u64(u.begin(), u.end());
+    const std::vector<double> w64 = v4_weights<double>(u64, idx, E, k, scale);
+    const std::vector<float> w32 = v4_weights<float>(u, idx, E, k, scale), got = r.weight.to_vector<float>();
+    for (size_t i = 0; i < w64.size(); ++i)
+      EXPECT_NEAR(got[i], w64[i], 2 * std::abs(double(w32[i]) - w64[i]) + 8 * std::ldexp(std::abs(w64[i]), -23)) << i;
+    // Backward.
+    std::vector<float> dw(N * k);
+    for (size_t i = 0; i < dw.size(); ++i) dw[i] = float(std::cos(double(i) * 0.7));
+    const std::vector<double> dw64(dw.begin(), dw.end());
+    const std::vector<double> du64 = v4_dlogits<double>(u64, idx, dw64, E, k, scale);
+    for (int64_t i = 0; i < N * E; ++i) {  // the float64 chain rule against central differences
+      const double h = 1e-6;
+      std::vector<double> up = u64, um = u64;
+      up[size_t(i)] += h, um[size_t(i)] -= h;
+      const std::vector<double> wp = v4_weights<double>(up, idx, E, k, scale), wm = v4_weights<double>(um, idx, E, k, scale);
+      double fd = 0;
+      for (size_t j = 0; j < wp.size(); ++j) fd += dw64[j] * (wp[j] - wm[j]) / (2 * h);
+      EXPECT_NEAR(du64[size_t(i)], fd, 1e-7) << "the float64 chain rule at logit " << i;
+    }
+    Tensor dlogits = Tensor::empty({N, E}, DType::f32);
+    moe_route_bwd(Tensor::from_vector<float>({N, k}, dw), r, router, dlogits, logits);
+    const std::vector<float> du32 = v4_dlogits<float>(u, idx, dw, E, k, scale), gd = dlogits.to_vector<float>();
+    for (size_t i = 0; i < gd.size(); ++i)
+      EXPECT_NEAR(gd[i], du64[i], 2 * std::abs(double(du32[i]) - du64[i]) + 8 * std::ldexp(std::abs(du64[i]), -23)) << i;
+  }
 }
 
 TEST(MoeOps, TheDispatchGroupsSlotsByExpertInTokenOrder) {
@@ -139,7 +227,7 @@ Routing route_on(const MoeCase& c, Device dev) {
   o.bias = make({c.E}, b, dev);
   o.r = {Tensor::empty({c.N, c.k}, DType::i32, dev), Tensor::empty({c.N, c.k}, DType::f32, dev),
          Tensor::empty({c.N, c.k}, DType::f32, dev)};
-  moe_route_fwd(o.logits, o.bias, c.G, c.TG, c.norm, c.rsf, o.r);
+  moe_route_fwd(o.logits, o.bias, {c.G, c.TG, c.norm, c.rsf}, o.r);
   o.d = moe_dispatch(o.r.idx, c.E);
   return o;
 }
@@ -253,7 +341,7 @@ TEST_P(MoeTable, TheRoutersBackwardIsWithinItsRounding) {
   const std::vector<float> s = host(gpu.r.score), dw = values(c.N * c.k, 3);
   const std::vector<int32_t> idx = host_i(gpu.r.idx);
   const Tensor dlogits = Tensor::empty({c.N, c.E}, DType::f32, dev);
-  moe_route_bwd(make({c.N, c.k}, dw, dev), gpu.r, c.norm, c.rsf, dlogits);
+  moe_route_bwd(make({c.N, c.k}, dw, dev), gpu.r, {1, 1, c.norm, c.rsf}, dlogits);
   std::vector<double> ref(size_t(c.N * c.E), 0.0), bound(ref.size(), 0.0);
   for (int64_t t = 0; t < c.N; ++t) {
     double den = 1.0, q = 0.0, qmag = 0.0;

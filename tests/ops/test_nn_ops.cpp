@@ -290,20 +290,29 @@ void rope_case(const On& on, const NnCase& row) {
   }
 }
 
+// The clamped rows (limit > 0, DeepSeek-V4): G's spread (2) and U's (1) put some of both beyond the
+// limit 1.5, so the clamps act in both directions and stop their gradients there.
 void swiglu_case(const On& on, const NnCase& row) {
   const int64_t n = row.shape.cols;
+  const double L = row.limit;
   const Vec G = randn(n, 18, 2.f), U = randn(n, 19), DY = randn(n, 20);
   Tensor y = on.empty({n}, DType::f32), dg = on.empty({n}, DType::f32), du = on.empty({n}, DType::f32);
-  swiglu_fwd(on.t({n}, G), on.t({n}, U), y);
-  swiglu_bwd(on.t({n}, DY), on.t({n}, G), on.t({n}, U), dg, du);
+  swiglu_fwd(on.t({n}, G), on.t({n}, U), y, row.limit);
+  swiglu_bwd(on.t({n}, DY), on.t({n}, G), on.t({n}, U), dg, du, row.limit);
+  int clamped_g = 0, clamped_u = 0;
+  for (int64_t i = 0; i < n; ++i) clamped_g += L > 0 && G[i] > L, clamped_u += L > 0 && std::abs(U[i]) > L;
+  if (L > 0) EXPECT_TRUE(clamped_g > 0 && clamped_u > 0) << "the row exercises both clamps";
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);
       V<T> o(n);
       for (int64_t i = 0; i < n; ++i) {
-        const T g = G[i], sig = T(1) / (T(1) + std::exp(-g));
-        o[i] = which == 0 ? g * sig * T(U[i]) : which == 1 ? T(DY[i]) * T(U[i]) * sig * (T(1) + g * (T(1) - sig))
-                                                             : T(DY[i]) * g * sig;
+        const bool g_in = !(L > 0 && G[i] > L), u_in = !(L > 0 && std::abs(U[i]) > L);
+        const T g = g_in ? T(G[i]) : T(L), u = u_in ? T(U[i]) : T(U[i] > 0 ? L : -L);
+        const T sig = T(1) / (T(1) + std::exp(-g));
+        o[i] = which == 0   ? g * sig * u
+               : which == 1 ? (g_in ? T(DY[i]) * u * sig * (T(1) + g * (T(1) - sig)) : T(0))
+                            : (u_in ? T(DY[i]) * g * sig : T(0));
       }
       return o;
     };

@@ -68,8 +68,9 @@ const char* family_name(ModelFamily f);
 // layer_types names them; `compress_rate` is 0 for the sliding window.
 enum class V4Kind { sliding, csa, hca };
 const char* v4_kind_name(V4Kind k);
-// The router's score function (scoring_func): sqrt(softplus(u)), sigmoid(u), softmax over experts.
-enum class ScoringFunc { sqrtsoftplus, sigmoid, softmax };
+// The router's score function (scoring_func): sqrt(softplus(u)) or sigmoid(u). (DeepSeek's own
+// code also has softmax; transformers 5.24's DeepseekV4 cannot build it: no such activation.)
+enum class ScoringFunc { sqrtsoftplus, sigmoid };
 const char* scoring_func_name(ScoringFunc f);
 
 // What a deepseek_v4 config adds (transformers 5.24's DeepseekV4Config, its defaults; read by

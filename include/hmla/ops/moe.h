@@ -16,19 +16,28 @@
 
 namespace hmla {
 
-// The router (transformers' DeepseekV32TopkRouter): s = sigmoid(u) of the logits u, choice
-// c = s + bias; the groups (E / n_group experts each, consecutive) ranked by the sum of their two
-// largest c, the best topk_group kept; then the k experts of largest c among the kept groups.
-// Ties (exact, in a group's rank or an expert's) go to the smaller index. idx lists the chosen by
-// descending c (equal c: ascending expert). weight = s at the chosen, divided by (sum of those s
-// + 1e-20) when norm_topk_prob, times `scaling`. The backward writes dlogits [N, E] (0 outside the
-// chosen): the gradient of weight only (the choice is piecewise constant, the bias gets none).
+// The router's score of a logit u (scoring_func): sigmoid(u) (DeepSeek-V3.2, GLM-5, V4's option) or
+// DeepSeek-V4's sqrt(softplus(u)), softplus as torch computes it (log1p(exp(u)), u itself above 20).
+enum class MoeScore : uint8_t { sigmoid, sqrtsoftplus };
+
+// The router (transformers' DeepseekV32TopkRouter; DeepseekV4TopKRouter with one group, and its
+// DeepseekV4HashRouter): s = score(u) of the logits u, choice c = s + bias (no bias: c = s); the
+// groups (E / n_group experts each, consecutive) ranked by the sum of their two largest c, the
+// best topk_group kept; then the k experts of largest c among the kept groups. Ties (exact, in a
+// group's rank or an expert's) go to the smaller index. idx lists the chosen by descending c
+// (equal c: ascending expert). Hash routing (`fixed`, the frozen tid2eid rows of the tokens):
+// idx = fixed, no choice. weight = s at the chosen, divided by (sum of those s + 1e-20) when
+// norm_topk_prob, times `scaling`. The backward writes dlogits [N, E] (0 outside the chosen): the
+// gradient of weight only (the choice is piecewise constant, the bias gets none); for sqrtsoftplus
+// it reads the logits (ds/du = softplus'(u) / 2s).
 struct MoeRouteParams {
   int64_t N = 0, E = 0, k = 0, n_group = 1, topk_group = 1;
   bool norm_topk_prob = true;
   float scaling = 1.f;             // routed_scaling_factor
-  const float* logits = nullptr;   // [N, E] u = x W_gate^T, contiguous
-  const float* bias = nullptr;     // [E] e_score_correction_bias
+  MoeScore score_fn = MoeScore::sigmoid;
+  const float* logits = nullptr;   // [N, E] u = x W_gate^T, contiguous (forward; sqrtsoftplus's backward)
+  const float* bias = nullptr;     // [E] e_score_correction_bias, or null
+  const int32_t* fixed = nullptr;  // [N, k] hash routing's experts, or null
   int32_t* idx = nullptr;          // [N, k] the chosen experts
   float* weight = nullptr;         // [N, k] their gating weights
   float* score = nullptr;          // [N, k] their s (the backward's input)
@@ -105,12 +114,23 @@ struct MoeDispatch {
   Tensor offsets;     // [E + 1] i32
 };
 
-// logits [N, E] and bias [E] f32 contiguous; r's tensors [N, k] contiguous (written).
-void moe_route_fwd(const Tensor& logits, const Tensor& bias, int64_t n_group, int64_t topk_group, bool norm_topk_prob,
-                   float scaling, const MoeRouting& r);
-// dlogits [N, E] written from dweight [N, k] and the forward's r.idx, r.score.
-void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, bool norm_topk_prob, float scaling,
-                   const Tensor& dlogits);
+// A router's settings (config.h's MoeConfig and V4Config).
+struct MoeRouter {
+  int64_t n_group = 1, topk_group = 1;
+  bool norm_topk_prob = true;
+  float scaling = 1.f;
+  MoeScore score = MoeScore::sigmoid;
+};
+
+// logits [N, E] and bias [E] (or undefined: no correction) f32 contiguous; fixed [N, k] i32 (hash
+// routing: each row k distinct experts in [0, E)) or undefined; r's tensors [N, k] contiguous
+// (written).
+void moe_route_fwd(const Tensor& logits, const Tensor& bias, const MoeRouter& router, const MoeRouting& r,
+                   const Tensor& fixed = Tensor());
+// dlogits [N, E] written from dweight [N, k] and the forward's r.idx, r.score (and its logits for
+// sqrtsoftplus).
+void moe_route_bwd(const Tensor& dweight, const MoeRouting& r, const MoeRouter& router, const Tensor& dlogits,
+                   const Tensor& logits = Tensor());
 // idx [N, k] i32 checked on the host when it lives there (every entry in [0, E), none twice in a row).
 MoeDispatch moe_dispatch(const Tensor& idx, int64_t E);
 // gather: src [N, D] row matrix (from_tokens) or [N * k, D]; out [N * k, D] contiguous; w [N * k] or undefined.

@@ -125,6 +125,7 @@ void rope(const Tensor& x, const Tensor& cos, const Tensor& sin, RopeLayout layo
 struct SwigluParams {  // every pointer [n] contiguous
   int64_t n = 0;
   DType dtype = DType::f32;  // of g, u, y
+  float limit = 0.f;         // > 0: DeepSeek-V4's clamp (swiglu_limit), 0: none
   const void* g = nullptr;
   const void* u = nullptr;
   void* y = nullptr;
@@ -132,8 +133,12 @@ struct SwigluParams {  // every pointer [n] contiguous
   float* dg = nullptr;
   float* du = nullptr;
 };
-void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y);
-void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du);
+// y = silu(g) u; with limit > 0 (DeepSeek-V4's swiglu_limit, as transformers clamps) g is first
+// clamped to <= limit and u to [-limit, limit], and the gradient does not pass a clamp that acted
+// (torch's clamp passes it at equality).
+void swiglu_fwd(const Tensor& g, const Tensor& u, const Tensor& y, float limit = 0.f);
+void swiglu_bwd(const Tensor& dy, const Tensor& g, const Tensor& u, const Tensor& dg, const Tensor& du,
+                float limit = 0.f);
 
 // Embedding rows: out[n] = E[ids[n]]; the backward adds dout[n] into dE[ids[n]], rows in token
 // order (deterministic).
