@@ -22,6 +22,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/text/tokenizer.h"
 #include "hmla/text/utf8.h"
+#include "unicode_recent.h"
 
 namespace hmla::text {
 
@@ -117,18 +118,26 @@ MatchState& match_state() {
 
 class Regex {
  public:
+  // The file's pattern is compiled first so that its errors name its own offsets; the one that runs
+  // has the code points of Unicode 15.0-16.0 folded in (unicode_recent.h).
   Regex(const std::string& pattern, const std::string& file) {
-    int err = 0;
-    PCRE2_SIZE at = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                          &at, nullptr);
-    if (code_ == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      HMLA_CHECK(false, IoError, file, ": pre_tokenizer regex ", json(pattern).dump(), " does not compile at offset ",
-                 at, ": ", reinterpret_cast<const char*>(msg));
+    code_ = compile(pattern, file);
+    if (const std::string wide = with_recent_unicode(pattern); wide != pattern) {
+      pcre2_code_free(code_);
+      code_ = compile(wide, file);
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  }
+  static pcre2_code* compile(const std::string& pattern, const std::string& file) {
+    int err = 0;
+    PCRE2_SIZE at = 0;
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                     PCRE2_UTF | PCRE2_UCP, &err, &at, nullptr);
+    PCRE2_UCHAR msg[256];
+    if (code == nullptr) pcre2_get_error_message(err, msg, sizeof msg);
+    HMLA_CHECK(code != nullptr, IoError, file, ": pre_tokenizer regex ", json(pattern).dump(),
+               " does not compile at offset ", at, ": ", reinterpret_cast<const char*>(msg));
+    return code;
   }
   ~Regex() { pcre2_code_free(code_); }
   Regex(const Regex&) = delete;

@@ -13,6 +13,7 @@
 #include "hmla/core/error.h"
 #include "hmla/text/tokenizer.h"
 #include "hmla/text/utf8.h"
+#include "unicode_recent.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -148,6 +149,34 @@ TEST(HfTokenizer, RegexesAreUnicodeAware) {
   const auto tok = load_tokenizer(write_tiny("ucp", pre, {"ab"}, json::array({json{"a", "b"}})).string(), "a");
   EXPECT_EQ(tok->encode("a\u3000b"), (std::vector<int32_t>{'a', 'b'}));
   EXPECT_EQ(tok->encode("a\u00a0b ab"), (std::vector<int32_t>{'a', 'b', 256}));
+}
+
+TEST(HfTokenizer, RegexesKnowUnicode16) {
+  // Code points assigned in Unicode 15.0-16.0, which PCRE2 10.42 has as unassigned: each pattern's
+  // matches are removed, and what is left must be what tokenizers 0.23.3 leaves.
+  const auto left = [](const std::string& name, const std::string& pattern, const std::string& text) {
+    const json pre = {{"type", "Sequence"},
+                      {"pretokenizers",
+                       {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Removed"}},
+                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    const auto tok = load_tokenizer(write_tiny(name, pre, {}, json::array()).string(), "a");
+    return tok->decode(tok->encode(text), false);
+  };
+  EXPECT_EQ(left("l", "\\p{L}", "x\u1c89\U00011f04\U00031350!"), "!");  // Lu 16.0, Lo 15.0, CJK Ext. H
+  EXPECT_EQ(left("n", "\\p{N}", "1\U00011f51\U0001d2c0z"), "z");           // Kawi Nd, Kaktovik No (15.0)
+  EXPECT_EQ(left("neg", "[^\\s\\p{L}\\p{N}]+", "\U00011f04 \U0001fae8"), "\U00011f04 ");  // new So only
+  EXPECT_EQ(left("notl", "\\P{L}", "a\U00011f04.\U0001fae8"), "a\U00011f04");
+  EXPECT_EQ(left("d", "\\d", "\U00010d40x"), "x");                          // Garay digit (16.0)
+  EXPECT_EQ(left("w", "\\w+", "\U00011f04\u0897 ."), " .");                 // Lo 15.0, Mn 16.0
+  EXPECT_EQ(left("ps", "[\\p{P}\\p{S}]", "\U00011f43\U0001fae8\u2ffca"), "a");
+  EXPECT_EQ(left("lu", "\\p{Lu}", "\u1c89\u1c8a"), "\u1c8a");
+
+  using hmla::text::with_recent_unicode;
+  EXPECT_EQ(with_recent_unicode("abc|\\s+(?!\\S)"), "abc|\\s+(?!\\S)");
+  EXPECT_EQ(with_recent_unicode("\\p{Han}\\Q\\p{L}\\E[\\P{L}]"), "\\p{Han}\\Q\\p{L}\\E[\\P{L}]");  // the limits
+  EXPECT_EQ(with_recent_unicode("[[:alpha:]\\p{L}]").rfind("[[:alpha:]\\p{L}\\x{", 0), 0u);
+  EXPECT_EQ(with_recent_unicode("\\c[\\p{L}").rfind("\\c[[\\p{L}\\x{", 0), 0u);  // \c[ opens no class
+  EXPECT_EQ(with_recent_unicode("[\\]\\p{N}]").rfind("[\\]\\p{N}\\x{", 0), 0u);
 }
 
 TEST(HfTokenizer, LongRunsStayFast) {
