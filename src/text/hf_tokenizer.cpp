@@ -321,7 +321,7 @@ uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
 
 class HfTokenizer final : public Tokenizer {
  public:
-  HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token);
+  HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token, bool eos_required);
   using Tokenizer::encode;
   void encode(std::string_view text, bool add_special, std::vector<int32_t>& out) const override;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
@@ -329,8 +329,8 @@ class HfTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return eos_; }
   bool is_stop(int32_t id) const override { return id == eos_; }
   std::string describe() const override {
-    return "hf-bpe " + file_ + "; vocab " + std::to_string(vocab_size_) + ", eos " + eos_text_ + " (" +
-           std::to_string(eos_) + ")";
+    return "hf-bpe " + file_ + "; vocab " + std::to_string(vocab_size_) + ", eos " +
+           (eos_ < 0 ? std::string("none") : eos_text_ + " (" + std::to_string(eos_) + ")");
   }
   std::string fingerprint() const override { return fingerprint_; }
 
@@ -340,7 +340,7 @@ class HfTokenizer final : public Tokenizer {
   void load_model(const json& m, const Reader& r);
   void load_post_processor(const json& p, const Reader& r);
   void load_decoder(const json& d, const Reader& r);
-  void resolve_eos(const std::string& path, const std::optional<std::string>& eos_token);
+  void resolve_eos(const std::string& path, const std::optional<std::string>& eos_token, bool required);
   int32_t token_id(std::string_view tok) const;
 
   std::string normalize(std::string_view s) const;
@@ -384,7 +384,7 @@ class HfTokenizer final : public Tokenizer {
 
 // ---- loading --------------------------------------------------------------------------------------
 
-HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token) {
+HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token, bool eos_required) {
   std::error_code ec;
   file_ = fs::is_directory(path, ec) ? (fs::path(path) / "tokenizer.json").string() : path;
   HMLA_CHECK(fs::exists(file_, ec), IoError, file_, ": no such file (a tokenizer.json or a directory holding one)");
@@ -457,7 +457,7 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::strin
   } catch (const json::exception& e) {
     HMLA_CHECK(false, IoError, file_, ": ", e.what());
   }
-  resolve_eos(file_, eos_token);
+  resolve_eos(file_, eos_token, eos_required);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(fnv1a(eos_text_, fnv1a(std::string_view("\0", 1), fnv1a(bytes_)))));
@@ -663,7 +663,7 @@ int32_t HfTokenizer::token_id(std::string_view tok) const {
   return it == vocab_.end() ? -1 : it->second;
 }
 
-void HfTokenizer::resolve_eos(const std::string& file, const std::optional<std::string>& eos_token) {
+void HfTokenizer::resolve_eos(const std::string& file, const std::optional<std::string>& eos_token, bool required) {
   const fs::path dir = fs::path(file).parent_path();
   std::error_code ec;
   if (eos_token) {
@@ -692,8 +692,8 @@ void HfTokenizer::resolve_eos(const std::string& file, const std::optional<std::
     HMLA_CHECK(eos_ < vocab_size_, IoError, cc.string(), ": eos_token_id ", eos_, " is not an id of ", file);
     if (auto it = added_by_id_.find(eos_); it != added_by_id_.end()) eos_text_ = added_[it->second].content;
     else eos_text_ = eos_ < int32_t(id_to_token_.size()) ? id_to_token_[eos_] : "";
-  } else {
-    HMLA_CHECK(false, ConfigError, file, ": no eos token (no tokenizer_config.json eos_token or config.json ",
+  } else {  // none: eos_id() is -1, and the fingerprint hashes an empty eos text
+    HMLA_CHECK(!required, ConfigError, file, ": no eos token (no tokenizer_config.json eos_token or config.json ",
                "eos_token_id beside it): pass --eos-token");
   }
 }
@@ -1030,8 +1030,9 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special)
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::optional<std::string>& eos_token) {
-  return std::make_unique<HfTokenizer>(path, eos_token);
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::optional<std::string>& eos_token,
+                                          bool eos_required) {
+  return std::make_unique<HfTokenizer>(path, eos_token, eos_required);
 }
 
 }  // namespace hmla::text

@@ -45,7 +45,7 @@ TEST_P(Fixture, IdsAndDecodesEqualTokenizers) {
   const fs::path dir = kFixtures / GetParam();
   const json want = read_json(dir / "expected.json");
   ASSERT_EQ(want["tokenizers"], "0.23.3") << "fixtures from another tokenizers version: rerun the script";
-  const auto tok = load_tokenizer(dir.string(), case_eos(GetParam()));
+  const auto tok = load_tokenizer(dir.string(), case_eos(GetParam()), /*eos_required=*/false);
   int n = 0;
   for (const json& t : want["texts"]) {
     const std::string text = from_hex(t["hex"]);
@@ -64,8 +64,26 @@ TEST_P(Fixture, IdsAndDecodesEqualTokenizers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Fixture,
-                         testing::Values("deepseek_v3", "glm", "nfkc_ignore_merges", "split_behaviours",
-                                         "bpe_prefix_fallback"));
+                         testing::Values("deepseek_v3", "deepseek_v4", "glm", "nfkc_ignore_merges",
+                                         "split_behaviours", "bpe_prefix_fallback"));
+
+TEST(HfTokenizer, NoEosNeededUnlessAsked) {
+  // deepseek_v4 has no tokenizer_config.json or config.json beside it, as hmla tokenize may meet.
+  const std::string v4 = (kFixtures / "deepseek_v4").string();
+  const auto tok = load_tokenizer(v4, std::nullopt, /*eos_required=*/false);
+  EXPECT_EQ(tok->eos_id(), -1);
+  EXPECT_FALSE(tok->is_stop(0) || tok->is_stop(1));
+  EXPECT_NE(tok->describe().find("eos none"), std::string::npos) << tok->describe();
+  EXPECT_NE(tok->fingerprint(), load_tokenizer(v4, "<｜end▁of▁sentence｜>")->fingerprint());
+  EXPECT_EQ(load_tokenizer(v4, "<｜end▁of▁sentence｜>", false)->eos_id(), 1);
+  try {
+    load_tokenizer(v4);
+    ADD_FAILURE() << "no error without an eos";
+  } catch (const hmla::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("pass --eos-token"), std::string::npos) << e.what();
+  }
+}
 
 TEST(HfTokenizer, EosVocabAndFingerprint) {
   const auto ds = load_tokenizer((kFixtures / "deepseek_v3").string());  // tokenizer_config {"content": ...}
