@@ -118,37 +118,22 @@ MatchState& match_state() {
 
 class Regex {
  public:
-  // The file's pattern is compiled first so that its errors name its own offsets; the one that runs
-  // has the code points of Unicode 15.0-16.0 folded in (unicode_recent.h).
-  Regex(const std::string& pattern, const std::string& file) {
-    code_ = compile(pattern, file);
-    if (const std::string wide = with_recent_unicode(pattern); wide != pattern) {
-      pcre2_code_free(code_);
-      code_ = compile(wide, file);
-    }
-    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  // Two compilations: the file's pattern, and (when they differ) the pattern with the code points
+  // of Unicode 15.0-16.0 folded in (unicode_recent.h). The wide one is several times slower on
+  // every text, so it runs only on pieces that hold such a code point; elsewhere both match alike.
+  // The file's pattern compiles first, so that its errors name its own offsets.
+  Regex(const std::string& pattern, const std::string& file) : narrow_(pattern, file) {
+    if (const std::string w = with_recent_unicode(pattern); w != pattern) wide_ = std::make_unique<Code>(w, file);
   }
-  static pcre2_code* compile(const std::string& pattern, const std::string& file) {
-    int err = 0;
-    PCRE2_SIZE at = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                     PCRE2_UTF | PCRE2_UCP, &err, &at, nullptr);
-    PCRE2_UCHAR msg[256];
-    if (code == nullptr) pcre2_get_error_message(err, msg, sizeof msg);
-    HMLA_CHECK(code != nullptr, IoError, file, ": pre_tokenizer regex ", json(pattern).dump(),
-               " does not compile at offset ", at, ": ", reinterpret_cast<const char*>(msg));
-    return code;
-  }
-  ~Regex() { pcre2_code_free(code_); }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
+  bool widened() const { return wide_ != nullptr; }
 
   // The first match in s at or after `from`: [b, e); false when there is none.
-  bool find(std::string_view s, size_t from, size_t& b, size_t& e) const {
+  bool find(std::string_view s, size_t from, size_t& b, size_t& e, bool wide) const {
+    const Code& c = wide && wide_ ? *wide_ : narrow_;
     MatchState& m = match_state();
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-    const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), from, 0, m.data, m.ctx)
-                        : pcre2_match(code_, subject, s.size(), from, PCRE2_NO_UTF_CHECK, m.data, m.ctx);
+    const int rc = c.jit ? pcre2_jit_match(c.code, subject, s.size(), from, 0, m.data, m.ctx)
+                         : pcre2_match(c.code, subject, s.size(), from, PCRE2_NO_UTF_CHECK, m.data, m.ctx);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     HMLA_CHECK(rc >= 0, IoError, "pre_tokenizer regex: PCRE2 match error ", rc, " (a text too deep for the regex)");
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.data);
@@ -158,8 +143,26 @@ class Regex {
   }
 
  private:
-  pcre2_code* code_ = nullptr;
-  bool jit_ = false;
+  struct Code {
+    pcre2_code* code = nullptr;
+    bool jit = false;
+    Code(const std::string& pattern, const std::string& file) {
+      int err = 0;
+      PCRE2_SIZE at = 0;
+      code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                           &err, &at, nullptr);
+      PCRE2_UCHAR msg[256];
+      if (code == nullptr) pcre2_get_error_message(err, msg, sizeof msg);
+      HMLA_CHECK(code != nullptr, IoError, file, ": pre_tokenizer regex ", json(pattern).dump(),
+                 " does not compile at offset ", at, ": ", reinterpret_cast<const char*>(msg));
+      jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+    }
+    ~Code() { pcre2_code_free(code); }
+    Code(const Code&) = delete;
+    Code& operator=(const Code&) = delete;
+  };
+  Code narrow_;
+  std::unique_ptr<Code> wide_;
 };
 
 // GPT-2's pre-tokenizer regex (ByteLevel's use_regex).
@@ -803,9 +806,10 @@ void HfTokenizer::split_piece(const Step& st, std::string_view s, std::vector<st
   marks.clear();
   pieces.clear();
   size_t prev = 0, from = 0, b = 0, e = 0;
+  const bool wide = st.regex && st.regex->widened() && has_recent_code_point(s);
   while (from <= s.size()) {
     if (st.regex) {
-      if (!st.regex->find(s, from, b, e)) break;
+      if (!st.regex->find(s, from, b, e, wide)) break;
     } else {
       b = s.find(st.literal, from);
       if (b == std::string_view::npos) break;

@@ -117,4 +117,26 @@ std::string with_recent_unicode(std::string_view p) {
   return out;
 }
 
+bool has_recent_code_point(std::string_view s) {
+  const char32_t lowest = kRecentRanges[0].first;  // U+0897: three bytes, so two-byte leads are skipped
+  const unsigned char lead_min = lowest < 0x800 ? 0xC0 : lowest < 0x10000 ? 0xE0 : 0xF0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < lead_min) continue;  // ASCII, continuation bytes and leads of smaller code points
+    const size_t n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+    if (i + n > s.size()) break;
+    char32_t cp = c & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    i += n - 1;
+    size_t lo = 0, hi = kRecentRangeCount;  // the first range whose last >= cp
+    while (lo < hi) {
+      const size_t mid = (lo + hi) / 2;
+      if (kRecentRanges[mid].last < cp) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < kRecentRangeCount && kRecentRanges[lo].first <= cp) return true;
+  }
+  return false;
+}
+
 }  // namespace hmla::text

@@ -23,4 +23,8 @@ extern const size_t kRecentRangeCount;
 // as Cn). A pattern naming none of these comes back unchanged.
 std::string with_recent_unicode(std::string_view pattern);
 
+// Whether valid UTF-8 `s` holds a code point of kRecentRanges (where the widened pattern can match
+// otherwise than the file's own).
+bool has_recent_code_point(std::string_view s);
+
 }  // namespace hmla::text

@@ -189,6 +189,10 @@ TEST(HfTokenizer, RegexesKnowUnicode16) {
   EXPECT_EQ(left("ps", "[\\p{P}\\p{S}]", "\U00011f43\U0001fae8\u2ffca"), "a");
   EXPECT_EQ(left("lu", "\\p{Lu}", "\u1c89\u1c8a"), "\u1c8a");
 
+  using hmla::text::has_recent_code_point;  // which pieces run the widened regex
+  EXPECT_FALSE(has_recent_code_point("ab \u0896\u4e00\U0001f979"));  // U+0896 unassigned; 14.0 emoji
+  EXPECT_TRUE(has_recent_code_point("ab \u0897"));                     // the first 15.0-16.0 code point
+  EXPECT_TRUE(has_recent_code_point("\u4e00\U0002ebf0x"));             // CJK Ext. I (15.1)
   using hmla::text::with_recent_unicode;
   EXPECT_EQ(with_recent_unicode("abc|\\s+(?!\\S)"), "abc|\\s+(?!\\S)");
   EXPECT_EQ(with_recent_unicode("\\p{Han}\\Q\\p{L}\\E[\\P{L}]"), "\\p{Han}\\Q\\p{L}\\E[\\P{L}]");  // the limits
