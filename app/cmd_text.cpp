@@ -48,8 +48,10 @@ void run_decode(const text::Tokenizer& tok, bool skip_special) {
 }
 
 void run_tokenize(const TokenizeOptions& o) {
-  const auto tok = text::load_tokenizer(o.tokenizer, o.eos_token.empty() ? std::nullopt
-                                                                        : std::optional<std::string>(o.eos_token));
+  // Only --add-special asks for the eos: its ids are meant as model input, recorded (with --out)
+  // under a fingerprint that covers the eos, as prepare-data's are.
+  const auto tok = text::load_tokenizer(
+      o.tokenizer, o.eos_token.empty() ? std::nullopt : std::optional<std::string>(o.eos_token), o.add_special);
   if (o.decode) return run_decode(*tok, o.skip_special);
   std::vector<int32_t> ids;
   std::vector<int64_t> offsets{0};
@@ -80,7 +82,7 @@ void add_text_commands(CLI::App& app) {
       "one line of space-separated ids per input, or --out F.safetensors (ids i32, doc_offsets i64).\n"
       "--decode reads lines of ids on stdin and prints their text.");
   t->add_option("--tokenizer", o->tokenizer, "a tokenizer.json or a directory holding one")->required();
-  t->add_option("--eos-token", o->eos_token, "the eos token (default: tokenizer_config.json's, config.json's)");
+  t->add_option("--eos-token", o->eos_token, "the eos token (default: tokenizer_config.json's, config.json's; only --add-special needs one)");
   t->add_flag("--add-special", o->add_special, "add the post-processor's special tokens (a bos, for instance)");
   t->add_option("--out", o->out, "write ids and doc_offsets to this safetensors file instead of stdout");
   t->add_flag("--decode", o->decode, "ids on stdin -> text");

@@ -52,7 +52,7 @@ uint64_t ids_hash(const std::vector<std::vector<int32_t>>& per_line) {
 }  // namespace
 
 void run_tokenizer_bench(const TokenizerBenchOptions& o, std::ostream& out) {
-  const auto tok = text::load_tokenizer(o.tokenizer);
+  const auto tok = text::load_tokenizer(o.tokenizer, std::nullopt, false);  // it only encodes: no eos needed
   std::error_code ec;
   const std::string file = std::filesystem::is_directory(o.tokenizer, ec)
                                ? (std::filesystem::path(o.tokenizer) / "tokenizer.json").string()

@@ -22,6 +22,7 @@
 #include "hmla/io/safetensors.h"
 #include "hmla/text/tokenizer.h"
 #include "hmla/text/utf8.h"
+#include "unicode_recent.h"
 
 namespace hmla::text {
 
@@ -117,29 +118,22 @@ MatchState& match_state() {
 
 class Regex {
  public:
-  Regex(const std::string& pattern, const std::string& file) {
-    int err = 0;
-    PCRE2_SIZE at = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &err,
-                          &at, nullptr);
-    if (code_ == nullptr) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      HMLA_CHECK(false, IoError, file, ": pre_tokenizer regex ", json(pattern).dump(), " does not compile at offset ",
-                 at, ": ", reinterpret_cast<const char*>(msg));
-    }
-    jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+  // Two compilations: the file's pattern, and (when they differ) the pattern with the code points
+  // of Unicode 15.0-16.0 folded in (unicode_recent.h). The wide one is several times slower on
+  // every text, so it runs only on pieces that hold such a code point; elsewhere both match alike.
+  // The file's pattern compiles first, so that its errors name its own offsets.
+  Regex(const std::string& pattern, const std::string& file) : narrow_(pattern, file) {
+    if (const std::string w = with_recent_unicode(pattern); w != pattern) wide_ = std::make_unique<Code>(w, file);
   }
-  ~Regex() { pcre2_code_free(code_); }
-  Regex(const Regex&) = delete;
-  Regex& operator=(const Regex&) = delete;
+  bool widened() const { return wide_ != nullptr; }
 
   // The first match in s at or after `from`: [b, e); false when there is none.
-  bool find(std::string_view s, size_t from, size_t& b, size_t& e) const {
+  bool find(std::string_view s, size_t from, size_t& b, size_t& e, bool wide) const {
+    const Code& c = wide && wide_ ? *wide_ : narrow_;
     MatchState& m = match_state();
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
-    const int rc = jit_ ? pcre2_jit_match(code_, subject, s.size(), from, 0, m.data, m.ctx)
-                        : pcre2_match(code_, subject, s.size(), from, PCRE2_NO_UTF_CHECK, m.data, m.ctx);
+    const int rc = c.jit ? pcre2_jit_match(c.code, subject, s.size(), from, 0, m.data, m.ctx)
+                         : pcre2_match(c.code, subject, s.size(), from, PCRE2_NO_UTF_CHECK, m.data, m.ctx);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
     HMLA_CHECK(rc >= 0, IoError, "pre_tokenizer regex: PCRE2 match error ", rc, " (a text too deep for the regex)");
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.data);
@@ -149,8 +143,26 @@ class Regex {
   }
 
  private:
-  pcre2_code* code_ = nullptr;
-  bool jit_ = false;
+  struct Code {
+    pcre2_code* code = nullptr;
+    bool jit = false;
+    Code(const std::string& pattern, const std::string& file) {
+      int err = 0;
+      PCRE2_SIZE at = 0;
+      code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                           &err, &at, nullptr);
+      PCRE2_UCHAR msg[256];
+      if (code == nullptr) pcre2_get_error_message(err, msg, sizeof msg);
+      HMLA_CHECK(code != nullptr, IoError, file, ": pre_tokenizer regex ", json(pattern).dump(),
+                 " does not compile at offset ", at, ": ", reinterpret_cast<const char*>(msg));
+      jit = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;
+    }
+    ~Code() { pcre2_code_free(code); }
+    Code(const Code&) = delete;
+    Code& operator=(const Code&) = delete;
+  };
+  Code narrow_;
+  std::unique_ptr<Code> wide_;
 };
 
 // GPT-2's pre-tokenizer regex (ByteLevel's use_regex).
@@ -312,7 +324,7 @@ uint64_t fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
 
 class HfTokenizer final : public Tokenizer {
  public:
-  HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token);
+  HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token, bool eos_required);
   using Tokenizer::encode;
   void encode(std::string_view text, bool add_special, std::vector<int32_t>& out) const override;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
@@ -320,8 +332,8 @@ class HfTokenizer final : public Tokenizer {
   int32_t eos_id() const override { return eos_; }
   bool is_stop(int32_t id) const override { return id == eos_; }
   std::string describe() const override {
-    return "hf-bpe " + file_ + "; vocab " + std::to_string(vocab_size_) + ", eos " + eos_text_ + " (" +
-           std::to_string(eos_) + ")";
+    return "hf-bpe " + file_ + "; vocab " + std::to_string(vocab_size_) + ", eos " +
+           (eos_ < 0 ? std::string("none") : eos_text_ + " (" + std::to_string(eos_) + ")");
   }
   std::string fingerprint() const override { return fingerprint_; }
 
@@ -331,7 +343,7 @@ class HfTokenizer final : public Tokenizer {
   void load_model(const json& m, const Reader& r);
   void load_post_processor(const json& p, const Reader& r);
   void load_decoder(const json& d, const Reader& r);
-  void resolve_eos(const std::string& path, const std::optional<std::string>& eos_token);
+  void resolve_eos(const std::string& path, const std::optional<std::string>& eos_token, bool required);
   int32_t token_id(std::string_view tok) const;
 
   std::string normalize(std::string_view s) const;
@@ -375,7 +387,7 @@ class HfTokenizer final : public Tokenizer {
 
 // ---- loading --------------------------------------------------------------------------------------
 
-HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token) {
+HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::string>& eos_token, bool eos_required) {
   std::error_code ec;
   file_ = fs::is_directory(path, ec) ? (fs::path(path) / "tokenizer.json").string() : path;
   HMLA_CHECK(fs::exists(file_, ec), IoError, file_, ": no such file (a tokenizer.json or a directory holding one)");
@@ -448,7 +460,7 @@ HfTokenizer::HfTokenizer(const std::string& path, const std::optional<std::strin
   } catch (const json::exception& e) {
     HMLA_CHECK(false, IoError, file_, ": ", e.what());
   }
-  resolve_eos(file_, eos_token);
+  resolve_eos(file_, eos_token, eos_required);
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx",
                 static_cast<unsigned long long>(fnv1a(eos_text_, fnv1a(std::string_view("\0", 1), fnv1a(bytes_)))));
@@ -654,7 +666,7 @@ int32_t HfTokenizer::token_id(std::string_view tok) const {
   return it == vocab_.end() ? -1 : it->second;
 }
 
-void HfTokenizer::resolve_eos(const std::string& file, const std::optional<std::string>& eos_token) {
+void HfTokenizer::resolve_eos(const std::string& file, const std::optional<std::string>& eos_token, bool required) {
   const fs::path dir = fs::path(file).parent_path();
   std::error_code ec;
   if (eos_token) {
@@ -683,8 +695,8 @@ void HfTokenizer::resolve_eos(const std::string& file, const std::optional<std::
     HMLA_CHECK(eos_ < vocab_size_, IoError, cc.string(), ": eos_token_id ", eos_, " is not an id of ", file);
     if (auto it = added_by_id_.find(eos_); it != added_by_id_.end()) eos_text_ = added_[it->second].content;
     else eos_text_ = eos_ < int32_t(id_to_token_.size()) ? id_to_token_[eos_] : "";
-  } else {
-    HMLA_CHECK(false, ConfigError, file, ": no eos token (no tokenizer_config.json eos_token or config.json ",
+  } else {  // none: eos_id() is -1, and the fingerprint hashes an empty eos text
+    HMLA_CHECK(!required, ConfigError, file, ": no eos token (no tokenizer_config.json eos_token or config.json ",
                "eos_token_id beside it): pass --eos-token");
   }
 }
@@ -794,9 +806,10 @@ void HfTokenizer::split_piece(const Step& st, std::string_view s, std::vector<st
   marks.clear();
   pieces.clear();
   size_t prev = 0, from = 0, b = 0, e = 0;
+  const bool wide = st.regex && st.regex->widened() && has_recent_code_point(s);
   while (from <= s.size()) {
     if (st.regex) {
-      if (!st.regex->find(s, from, b, e)) break;
+      if (!st.regex->find(s, from, b, e, wide)) break;
     } else {
       b = s.find(st.literal, from);
       if (b == std::string_view::npos) break;
@@ -1021,8 +1034,9 @@ std::string HfTokenizer::decode(std::span<const int32_t> ids, bool skip_special)
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::optional<std::string>& eos_token) {
-  return std::make_unique<HfTokenizer>(path, eos_token);
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::optional<std::string>& eos_token,
+                                          bool eos_required) {
+  return std::make_unique<HfTokenizer>(path, eos_token, eos_required);
 }
 
 }  // namespace hmla::text

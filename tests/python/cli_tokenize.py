@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """`hmla tokenize` at the CLI against the tokenizer fixtures (tests/text/fixtures, tokenizers 0.23.3):
 each file one text, ids per line equal to tokenizers'; --add-special; --out writes ids and doc_offsets;
---decode round trips; bad input is a one-line error that writes nothing."""
+--decode round trips; deepseek_v4 (no eos file beside it) needs --eos-token only with --add-special;
+bad input is a one-line error that writes nothing."""
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ FIX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 
 def main():
     a = parse_args(__doc__)
     check = Checker()
-    for case in ("deepseek_v3", "glm"):
+    for case in ("deepseek_v3", "deepseek_v4", "glm"):
         tok = os.path.join(FIX, case)
         with open(os.path.join(tok, "expected.json"), encoding="utf-8") as f:
             texts = json.load(f)["texts"]
@@ -28,7 +29,8 @@ def main():
                 f.write(bytes.fromhex(t["hex"]))
             files.append(p)
         for special, key in ((False, "ids"), (True, "ids_special")):
-            cmd = [a.hmla, "tokenize", "--tokenizer", tok] + (["--add-special"] if special else []) + files
+            eos = ["--eos-token", "<｜end▁of▁sentence｜>"] if special and case == "deepseek_v4" else []
+            cmd = [a.hmla, "tokenize", "--tokenizer", tok] + (["--add-special"] if special else []) + eos + files
             r = subprocess.run(cmd, capture_output=True, text=True)
             got = [[int(x) for x in ln.split()] for ln in r.stdout.split("\n")[:-1]]
             check(f"{case} ids ({key})", r.returncode == 0 and got == [t[key] for t in texts], r.stderr.strip())
@@ -49,7 +51,8 @@ def main():
                 bad.append(i)
         check(f"{case} --decode", not bad, f"texts {bad}")
     glm = os.path.join(FIX, "glm")
-    check_refused(check, "no eos", [a.hmla, "tokenize", "--tokenizer", os.path.join(FIX, "split_behaviours")],
+    check_refused(check, "no eos for --add-special",
+                  [a.hmla, "tokenize", "--tokenizer", os.path.join(FIX, "deepseek_v4"), "--add-special"],
                   "--eos-token", a.workdir)
     check_refused(check, "unknown eos", [a.hmla, "tokenize", "--tokenizer", glm, "--eos-token", "<x>"],
                   "not a token", a.workdir)

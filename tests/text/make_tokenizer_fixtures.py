@@ -37,6 +37,13 @@ DS_MAIN = (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p
 # GLM-4.5/GLM-5's (one Isolated Split, then ByteLevel without its regex).
 GLM_MAIN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
             r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# The pre_tokenizer exactly as DeepSeek-V3/V3.2's released tokenizer.json writes it (field order and the
+# ByteLevel's trim_offsets included); their normalizer is an empty Sequence, their decoder ByteLevel.
+DS_RELEASED_PRE = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": DS_DIGITS}, "behavior": "Isolated", "invert": False},
+    {"type": "Split", "pattern": {"Regex": DS_CJK}, "behavior": "Isolated", "invert": False},
+    {"type": "Split", "pattern": {"Regex": DS_MAIN}, "behavior": "Isolated", "invert": False},
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
 DS_BOS, DS_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 GLM_SPECIAL = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>",
                "<|assistant|>", "<|observation|>", "<think>", "</think>"]
@@ -64,7 +71,7 @@ def multilingual():
         return f.read()
 
 
-def train(pre, special, vocab_size, normalizer=None):
+def train(pre, special, vocab_size, normalizer=None, extra=()):
     tok = Tokenizer(models.BPE())
     if normalizer is not None:
         tok.normalizer = normalizer
@@ -72,7 +79,7 @@ def train(pre, special, vocab_size, normalizer=None):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    corpus = demo_texts()[:1500] + [multilingual()] * 20
+    corpus = demo_texts()[:1500] + [multilingual()] * 20 + list(extra)
     tok.train_from_iterator(corpus, trainer=trainer)
     return tok
 
@@ -89,6 +96,20 @@ TEXTS = [
     "line one\r\nline two\r\n\r\n\n\nafter", "   \n\n   \t  ",
     "x-y-z a::b::c foo--bar ::lead trail:: 1a2b33c",
     "Q: What? A: Nothing. -- fortune(6)",
+]
+
+
+# Code points Unicode assigned after 14.0 (PCRE2 10.42's version) and by 16.0 (tokenizers'), in the
+# classes the Split regexes test: letters (Cyrillic TJE U+1C89, Kawi, Todhri, CJK Ext. H and I, a
+# modifier letter), marks (Kannada U+0CF3, Arabic U+0897), digits (Kawi and Garay Nd beside ASCII
+# digits, Kaktovik No), punctuation (Kawi, Balinese, Garay hyphen) and symbols (emoji 15/16, an
+# ideographic description character, a Garay math sign). src/text/unicode_recent_table.cpp has them all.
+POST14 = [
+    "a\u1c89b \u1c8a\u1c89x \U00011f04\U00011f05 \U000105c0\U000105c1 \U00031350\U0002ebf0\u4e00 x\U0001e030y",
+    "ka\u0cf3 \u0897\u0628 q\u0897 \U00011f04\U00011f3e",
+    "12\U00011f51\U00011f523 \U00011f50\U00011f51\U00011f52\U00011f53 7\U00010d40\U00010d41 \U0001d2c0\U0001d2c19",
+    "x\U00011f43y \U00011f43\U00011f44 \u1b4e\u1b4f. a\U00010d6eb",
+    "\U0001fae8 \U0001fa77\U0001fa77! \U0001fa89 \u2ffc\u2ffd \U00010d8e1 \u31e4 hi\U0001fae8\n",
 ]
 
 
@@ -149,8 +170,29 @@ def main():
     tok = train(ds_pre, [DS_BOS, DS_EOS], 2000, normalizer=normalizers.Sequence([]))
     tok.post_processor = processors.TemplateProcessing(single=f"{DS_BOS} $A", pair=f"{DS_BOS} $A {DS_BOS} $B",
                                                        special_tokens=[(DS_BOS, tok.token_to_id(DS_BOS))])
-    write_case("deepseek_v3", tok.to_str(), TEXTS + ml + special_texts([DS_BOS, DS_EOS]) + INVALID,
+    write_case("deepseek_v3", tok.to_str(), TEXTS + ml + special_texts([DS_BOS, DS_EOS]) + INVALID + POST14,
                tokenizer_config={"eos_token": {"content": DS_EOS, "lstrip": False}})
+
+    # (f) DeepSeek-V3.2/V4's layout as released: the pre_tokenizer, normalizer and decoder JSON above,
+    # merges as "a b" strings and no ignore_merges (older files), a pad and non-special <think> tokens,
+    # a ByteLevel post-processor (no bos), and no tokenizer_config.json or config.json beside it: hmla
+    # tokenize needs no eos without --add-special.
+    # Its BPE also learns the POST14 texts, so that its merges span their new code points: a split that
+    # PCRE2 makes and tokenizers does not (or the reverse) then changes the ids.
+    tok = train(ds_pre, [DS_BOS, DS_EOS, "<｜▁pad▁｜>"], 2000, normalizer=normalizers.Sequence([]),
+                extra=POST14 * 200)
+    tok.add_tokens([AddedToken("<think>", normalized=False), AddedToken("</think>", normalized=False)])
+
+    def edit_f(spec):
+        spec["normalizer"] = {"type": "Sequence", "normalizers": []}
+        spec["pre_tokenizer"] = DS_RELEASED_PRE
+        spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False,
+                                  "use_regex": True}
+        spec["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+        spec["model"]["merges"] = [" ".join(m) for m in spec["model"]["merges"]]
+        spec["model"].pop("ignore_merges", None)
+    write_case("deepseek_v4", tok.to_str(), TEXTS + ml + special_texts([DS_BOS, "<think>", "</think>", DS_EOS])
+               + INVALID + POST14, edit=edit_f)
 
     # (b) GLM-4.5/GLM-5.
     glm_pre = pre_tokenizers.Sequence([
@@ -162,7 +204,7 @@ def main():
         processors.TemplateProcessing(single="[gMASK] <sop> $A", pair="[gMASK] <sop> $A $B",
                                       special_tokens=[("[gMASK]", tok.token_to_id("[gMASK]")),
                                                       ("<sop>", tok.token_to_id("<sop>"))])])
-    write_case("glm", tok.to_str(), TEXTS + ml + special_texts(["[gMASK]", "<sop>", "<|user|>"]) + INVALID,
+    write_case("glm", tok.to_str(), TEXTS + ml + special_texts(["[gMASK]", "<sop>", "<|user|>"]) + INVALID + POST14,
                tokenizer_config={"eos_token": "<|endoftext|>"})
 
     # (c) NFKC, GPT-2's regex through ByteLevel(use_regex), ignore_merges, "a b" merges, added-token flags;

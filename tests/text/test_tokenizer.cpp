@@ -13,6 +13,7 @@
 #include "hmla/core/error.h"
 #include "hmla/text/tokenizer.h"
 #include "hmla/text/utf8.h"
+#include "unicode_recent.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -44,7 +45,7 @@ TEST_P(Fixture, IdsAndDecodesEqualTokenizers) {
   const fs::path dir = kFixtures / GetParam();
   const json want = read_json(dir / "expected.json");
   ASSERT_EQ(want["tokenizers"], "0.23.3") << "fixtures from another tokenizers version: rerun the script";
-  const auto tok = load_tokenizer(dir.string(), case_eos(GetParam()));
+  const auto tok = load_tokenizer(dir.string(), case_eos(GetParam()), /*eos_required=*/false);
   int n = 0;
   for (const json& t : want["texts"]) {
     const std::string text = from_hex(t["hex"]);
@@ -63,8 +64,26 @@ TEST_P(Fixture, IdsAndDecodesEqualTokenizers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, Fixture,
-                         testing::Values("deepseek_v3", "glm", "nfkc_ignore_merges", "split_behaviours",
-                                         "bpe_prefix_fallback"));
+                         testing::Values("deepseek_v3", "deepseek_v4", "glm", "nfkc_ignore_merges",
+                                         "split_behaviours", "bpe_prefix_fallback"));
+
+TEST(HfTokenizer, NoEosNeededUnlessAsked) {
+  // deepseek_v4 has no tokenizer_config.json or config.json beside it, as hmla tokenize may meet.
+  const std::string v4 = (kFixtures / "deepseek_v4").string();
+  const auto tok = load_tokenizer(v4, std::nullopt, /*eos_required=*/false);
+  EXPECT_EQ(tok->eos_id(), -1);
+  EXPECT_FALSE(tok->is_stop(0) || tok->is_stop(1));
+  EXPECT_NE(tok->describe().find("eos none"), std::string::npos) << tok->describe();
+  EXPECT_NE(tok->fingerprint(), load_tokenizer(v4, "<｜end▁of▁sentence｜>")->fingerprint());
+  EXPECT_EQ(load_tokenizer(v4, "<｜end▁of▁sentence｜>", false)->eos_id(), 1);
+  try {
+    load_tokenizer(v4);
+    ADD_FAILURE() << "no error without an eos";
+  } catch (const hmla::ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("pass --eos-token"), std::string::npos) << e.what();
+  }
+}
 
 TEST(HfTokenizer, EosVocabAndFingerprint) {
   const auto ds = load_tokenizer((kFixtures / "deepseek_v3").string());  // tokenizer_config {"content": ...}
@@ -148,6 +167,38 @@ TEST(HfTokenizer, RegexesAreUnicodeAware) {
   const auto tok = load_tokenizer(write_tiny("ucp", pre, {"ab"}, json::array({json{"a", "b"}})).string(), "a");
   EXPECT_EQ(tok->encode("a\u3000b"), (std::vector<int32_t>{'a', 'b'}));
   EXPECT_EQ(tok->encode("a\u00a0b ab"), (std::vector<int32_t>{'a', 'b', 256}));
+}
+
+TEST(HfTokenizer, RegexesKnowUnicode16) {
+  // Code points assigned in Unicode 15.0-16.0, which PCRE2 10.42 has as unassigned: each pattern's
+  // matches are removed, and what is left must be what tokenizers 0.23.3 leaves.
+  const auto left = [](const std::string& name, const std::string& pattern, const std::string& text) {
+    const json pre = {{"type", "Sequence"},
+                      {"pretokenizers",
+                       {{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Removed"}},
+                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    const auto tok = load_tokenizer(write_tiny(name, pre, {}, json::array()).string(), "a");
+    return tok->decode(tok->encode(text), false);
+  };
+  EXPECT_EQ(left("l", "\\p{L}", "x\u1c89\U00011f04\U00031350!"), "!");  // Lu 16.0, Lo 15.0, CJK Ext. H
+  EXPECT_EQ(left("n", "\\p{N}", "1\U00011f51\U0001d2c0z"), "z");           // Kawi Nd, Kaktovik No (15.0)
+  EXPECT_EQ(left("neg", "[^\\s\\p{L}\\p{N}]+", "\U00011f04 \U0001fae8"), "\U00011f04 ");  // new So only
+  EXPECT_EQ(left("notl", "\\P{L}", "a\U00011f04.\U0001fae8"), "a\U00011f04");
+  EXPECT_EQ(left("d", "\\d", "\U00010d40x"), "x");                          // Garay digit (16.0)
+  EXPECT_EQ(left("w", "\\w+", "\U00011f04\u0897 ."), " .");                 // Lo 15.0, Mn 16.0
+  EXPECT_EQ(left("ps", "[\\p{P}\\p{S}]", "\U00011f43\U0001fae8\u2ffca"), "a");
+  EXPECT_EQ(left("lu", "\\p{Lu}", "\u1c89\u1c8a"), "\u1c8a");
+
+  using hmla::text::has_recent_code_point;  // which pieces run the widened regex
+  EXPECT_FALSE(has_recent_code_point("ab \u0896\u4e00\U0001f979"));  // U+0896 unassigned; 14.0 emoji
+  EXPECT_TRUE(has_recent_code_point("ab \u0897"));                     // the first 15.0-16.0 code point
+  EXPECT_TRUE(has_recent_code_point("\u4e00\U0002ebf0x"));             // CJK Ext. I (15.1)
+  using hmla::text::with_recent_unicode;
+  EXPECT_EQ(with_recent_unicode("abc|\\s+(?!\\S)"), "abc|\\s+(?!\\S)");
+  EXPECT_EQ(with_recent_unicode("\\p{Han}\\Q\\p{L}\\E[\\P{L}]"), "\\p{Han}\\Q\\p{L}\\E[\\P{L}]");  // the limits
+  EXPECT_EQ(with_recent_unicode("[[:alpha:]\\p{L}]").rfind("[[:alpha:]\\p{L}\\x{", 0), 0u);
+  EXPECT_EQ(with_recent_unicode("\\c[\\p{L}").rfind("\\c[[\\p{L}\\x{", 0), 0u);  // \c[ opens no class
+  EXPECT_EQ(with_recent_unicode("[\\]\\p{N}]").rfind("[\\]\\p{N}\\x{", 0), 0u);
 }
 
 TEST(HfTokenizer, LongRunsStayFast) {

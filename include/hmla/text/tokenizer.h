@@ -25,7 +25,8 @@ class Tokenizer {
   // The text of ids (skip_special: leave out special tokens, as tokenizers' decode does).
   virtual std::string decode(std::span<const int32_t> ids, bool skip_special) const = 0;
   virtual int64_t vocab_size() const = 0;  // one past the largest id it can produce
-  // The id a document ends with (prepare-data appends it to every document).
+  // The id a document ends with (prepare-data appends it to every document); -1 for a tokenizer
+  // loaded without one (load_tokenizer's eos_required = false).
   virtual int32_t eos_id() const = 0;
   // Ids generation stops at (eos, and pad where there is one).
   virtual bool is_stop(int32_t id) const = 0;
@@ -54,8 +55,10 @@ struct TokenizerRecord {
 // A Hugging Face tokenizer: `path` is a tokenizer.json or a directory holding one (a checkpoint
 // directory, with its tokenizer_config.json and config.json beside it). The eos is `eos_token`
 // when given, else tokenizer_config.json's eos_token, else config.json's eos_token_id; none of
-// them is a ConfigError saying so. Bad files are IoErrors naming the file and what is wrong.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::optional<std::string>& eos_token = {});
+// them is a ConfigError saying so when `eos_required`, else eos_id() is -1 (a caller that only
+// encodes and decodes needs no eos). Bad files are IoErrors naming the file and what is wrong.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, const std::optional<std::string>& eos_token = {},
+                                          bool eos_required = true);
 
 // The tokenizer a checkpoint directory's model reads: its tokenizer.json when present, else the
 // byte tokenizer.
