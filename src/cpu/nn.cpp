@@ -1,6 +1,7 @@
 // The CPU's dense ops in f32 (hmla/ops/nn.h): RMSNorm and LayerNorm forward and backward, the
-// fused add + RMSNorm, RoPE (both layouts), SwiGLU, embedding, cross-entropy, axpy and dtype
-// conversion; weight gradients added into, activation gradients written. Their plans at the end.
+// fused add + RMSNorm, RoPE (both layouts), SwiGLU, embedding, axpy and dtype conversion (the
+// cross-entropy is cross_entropy.cpp's); weight gradients added into, activation gradients
+// written. Their plans at the end.
 #include "cpu_kernels.h"
 
 #include <algorithm>
@@ -181,36 +182,6 @@ void swiglu_bwd(const SwigluParams& p) {
     du[i] = dy[i] * g[i] * sig;
     dg[i] = dy[i] * u[i] * sig * (1.f + g[i] * (1.f - sig));
   }
-}
-
-void cross_entropy(const CrossEntropyParams& p) {
-  const float *logits = p.logits, *w = p.w;
-  const int32_t* target = p.target;
-  const int64_t N = p.N, V = p.V;
-  float* dlogits = p.dlogits;
-  std::vector<double> row_loss(N, 0.0);
-#pragma omp parallel for schedule(static)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* l = logits + n * V;
-    float* d = dlogits ? dlogits + n * V : nullptr;
-    if (w[n] == 0.f) {
-      if (d) std::fill(d, d + V, 0.f);
-      continue;
-    }
-    float mx = l[0];
-    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
-    double z = 0;
-    for (int64_t v = 0; v < V; ++v) z += std::exp(double(l[v] - mx));
-    const double lse = double(mx) + std::log(z);
-    row_loss[n] = double(w[n]) * (lse - double(l[target[n]]));
-    if (d) {
-      for (int64_t v = 0; v < V; ++v) d[v] = w[n] * float(std::exp(double(l[v]) - lse));
-      d[target[n]] -= w[n];
-    }
-  }
-  double sum = *p.acc;  // rows in order after what acc holds (chunks chain as one call)
-  for (double x : row_loss) sum += x;
-  *p.acc = sum;
 }
 
 void embedding_fwd(const EmbeddingParams& p) {

@@ -262,6 +262,10 @@ __global__ void cross_entropy_kernel(CrossEntropyParams p, double* loss) {
     if (threadIdx.x == 0) loss[n] = 0;
     return;
   }
+  const int32_t t = p.target[n];
+  const bool ok = t >= 0 && t < p.V;  // device targets are not checked on the host: a bad one's loss is NaN
+  // Read before the block's barriers: d may be l itself, and another thread's d[t] comes after them.
+  const float lt = ok && threadIdx.x == 0 ? l[t] : 0.f;
   float mx = -INFINITY;
   for (int64_t v = threadIdx.x; v < p.V; v += kThreads) mx = fmaxf(mx, l[v]);
   mx = block_max<kThreads>(mx, red);
@@ -269,9 +273,7 @@ __global__ void cross_entropy_kernel(CrossEntropyParams p, double* loss) {
   for (int64_t v = threadIdx.x; v < p.V; v += kThreads) z += exp(double(l[v] - mx));
   z = block_sum<kThreads>(z, redd);
   const double lse = double(mx) + log(z);
-  const int32_t t = p.target[n];
-  const bool ok = t >= 0 && t < p.V;  // device targets are not checked on the host: a bad one's loss is NaN
-  if (threadIdx.x == 0) loss[n] = ok ? double(w) * (lse - double(l[t])) : double(NAN);
+  if (threadIdx.x == 0) loss[n] = ok ? double(w) * (lse - double(lt)) : double(NAN);
   if (d)
     for (int64_t v = threadIdx.x; v < p.V; v += kThreads) d[v] = w * float(exp(double(l[v]) - lse)) - (v == t ? w : 0.f);
 }

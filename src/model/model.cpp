@@ -28,19 +28,18 @@ struct Forward {
 
 // The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order)
 // added into the device scalar acc; with dn defined, the head's weight gradient is added into gW
-// and the rows' gradient written into dn [N, hidden].
+// (one product per chunk, its depth the chunk's rows) and the rows' gradient written into dn
+// [N, hidden]. The logits' gradient is written over the chunk's logits.
 void lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
                   const Tensor& dn, const Tensor& acc) {
   const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
   const Tensor logits = Tensor::empty({rows, V}, DType::f32, m.device());
-  const Tensor dl = dn.defined() ? Tensor::empty({rows, V}, DType::f32, m.device()) : Tensor();
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t r1 = std::min(N, r0 + rows);
     const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
-    const Tensor d = dl.defined() ? dl.slice(0, 0, r1 - r0) : Tensor();
     linear_fwd(nc, m.wc.lm_head, lg);
-    cross_entropy_into(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), d, acc);
-    if (d.defined()) linear_bwd(d, nc, m.wc.lm_head, gW, dn.slice(0, r0, r1));
+    cross_entropy_into(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), dn.defined() ? lg : Tensor(), acc);
+    if (dn.defined()) linear_bwd(lg, nc, m.wc.lm_head, gW, dn.slice(0, r0, r1));
   }
 }
 

@@ -13,10 +13,13 @@
 
 namespace hmla {
 
-// The LM head and its loss run over this many rows at a time, so their logits and the logits'
-// gradient (2 x rows x vocab_size f32) stay within 2 x 32 MiB: the [tokens, vocab] matrix of a
-// step is never whole. A batch within one chunk computes exactly as one unchunked call.
-inline constexpr int64_t kHeadChunkElems = int64_t(1) << 23;
+// The LM head and its loss run over this many rows at a time, so their logits (the gradient is
+// written over them: rows x vocab_size f32) stay within 128 MiB: the [tokens, vocab] matrix of a
+// step is never whole. A batch within one chunk computes exactly as one unchunked call. The size
+// is the products': at hidden 128 and vocab 129280 (issue 44) the three products of a chunk ran
+// at 64, 85, 100 and 104 GFLOP/s with 64, 128, 256 and 512 rows (2 threads, OpenBLAS SkylakeX, per
+// second of process CPU time on a shared machine; a 2048^3 sgemm: 165), so 2^25 takes most of it.
+inline constexpr int64_t kHeadChunkElems = int64_t(1) << 25;
 inline int64_t head_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, kHeadChunkElems / vocab); }
 
 // A saved tensor's storage: the view the caller put in `slot` (the activation arena's: its shape

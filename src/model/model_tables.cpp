@@ -265,10 +265,10 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   check_builds_layers(c, "the memory plan");
   const int64_t f = sizeof(float);
   const SizeFactor V{"vocab_size", c.vocab_size};
-  if (training) {  // the LM head runs over chunks of rows (lm_head_loss)
+  if (training) {  // the LM head runs over chunks of rows (lm_head_loss), the gradient over the logits
     const int64_t n = std::min(checked_product({rows, s}, "the rows"), head_chunk_rows(c.vocab_size));
-    plan.add("the logits and their gradient of a chunk of rows",
-             {{"2", 2}, {"min(rows, " + std::to_string(head_chunk_rows(c.vocab_size)) + ")", n}, V}, f);
+    plan.add("the logits (then their gradient) of a chunk of rows",
+             {{"min(rows, " + std::to_string(head_chunk_rows(c.vocab_size)) + ")", n}, V}, f);
   } else {
     plan.add("the logits", {rows, s, V}, f);
   }

@@ -369,6 +369,10 @@ void cross_entropy_case(const On& on, const NnCase& row) {  // a zero-weight row
   check("cross_entropy loss", {float(loss)}, [&](auto z) { return ref(z, false); });
   check("cross_entropy dlogits", vec(dl), [&](auto z) { return ref(z, true); });
   for (int64_t v = 0; v < V_; ++v) EXPECT_EQ(vec(dl)[2 * V_ + v], 0.f);
+  // Written over the logits (as the LM head does): the same loss and gradient, bit for bit.
+  const Tensor lg = on.t({N, V_}, L);
+  EXPECT_EQ(cross_entropy(lg, on.ti({N}, tgt), on.t({N}, w), lg), loss) << "in place";
+  EXPECT_EQ(vec(lg), vec(dl)) << "in place";
 }
 
 void axpy_case(const On& on, const NnCase& row) {  // on column slices; out aliases a

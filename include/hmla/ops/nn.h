@@ -157,8 +157,9 @@ void embedding_bwd(const Tensor& ids, const Tensor& dout, const Tensor& dE);  //
 // Cross-entropy of logits [N, V] against targets [N] with row weights w [N] (0 skips a row):
 // ADDS sum_n w[n] (logsumexp(logits[n]) - logits[n, target[n]]) into the f64 scalar acc, row by
 // row in row order (chunks of rows into one acc sum as one call would), and, when dlogits is
-// given, writes w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows). acc lives on the
-// op's device (a slot of the step's stats buffer, hmla/ops/optim.h), so nothing is read back.
+// given, writes w[n] (softmax(logits[n]) - onehot(target[n])) (0 for w = 0 rows); dlogits may be
+// logits itself (the LM head writes the gradient over its chunk's logits). acc lives on the op's
+// device (a slot of the step's stats buffer, hmla/ops/optim.h), so nothing is read back.
 struct CrossEntropyParams {
   int64_t N = 0, V = 0;
   const float* logits = nullptr;   // [N, V]
