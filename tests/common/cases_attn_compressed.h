@@ -1,7 +1,7 @@
 // DeepSeek-V4's attention core (hmla/ops/compressed_attention.h) in the registry: rows of packed
 // documents (one shorter than the window, one shorter than the rate, tail padding), W = 1 and
 // W > s, H = 1 and 4, dense and selected modes (-1 pads, invisible picks, repeated picks), with and
-// without entries and sink. Each row carries its check (run by tests/ops/test_case_rows.cpp on the
+// without entries and sink, rows of more than 128 keys and heads of more than 128 channels. Each row carries its check (run by tests/ops/test_case_rows.cpp on the
 // CPU and the emulated CUDA device): forward and every gradient against attn_compressed_ref, the
 // float64 definition with the full masked score matrix (fine in an oracle), by STYLE.md's rule.
 // The oracle's own gradients are checked by central differences in tests/ops/test_attn_compressed.cpp.
@@ -47,6 +47,11 @@ inline std::vector<AttnCompressedCase> attn_compressed_cases() {
       {"selected_pads_dups", o, 1, 36, 4, 16, 8, 4, {packed}, 5},
       {"selected_h1_two_rows", o, 2, 26, 1, 8, 3, 2, {{0, 11, 26}, {0, 26}}, 3},
       {"selected_w_over_s", o, 1, 20, 2, 8, 64, 3, {{0, 7, 20}}, 8},
+      // Over 128 keys per row (the CPU's blocks, CUDA's chunks: the online softmax's rescaling) and
+      // over 128 channels (CUDA's channel loop).
+      {"dense_many_keys", o, 1, 300, 2, 8, 200, 2, {{0, 290}}},
+      {"selected_many_keys", o, 1, 260, 1, 8, 150, 2, {{0, 10, 260}}, 140},
+      {"wide_head", o, 1, 20, 2, 160, 6, 4, {{0, 20}}, 3},
   };
 }
 
