@@ -46,6 +46,7 @@ enum class Oracle {
   moe_ref,             // the routing, dispatch and gathers exactly; route backward, combine, rowdot and the
                        // grouped products against float64 (test_moe_ops.cpp)
   moe_balance_ref,     // the loads and bias exactly, the balance loss against float64 (test_moe_balance.cpp)
+  attn_compressed_ref, // op_cases::attn_compressed_ref (cases_attn_compressed.h): V4's window + entries + sink
 };
 
 inline const char* oracle_name(Oracle o) {
@@ -68,6 +69,7 @@ inline const char* oracle_name(Oracle o) {
     case Oracle::bf16_rounding: return "bf16_rounding";
     case Oracle::moe_ref: return "moe_ref";
     case Oracle::moe_balance_ref: return "moe_balance_ref";
+    case Oracle::attn_compressed_ref: return "attn_compressed_ref";
   }
   return "?";
 }
