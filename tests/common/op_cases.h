@@ -45,6 +45,7 @@ enum class Oracle {
   moe_ref,             // the routing, dispatch and gathers exactly; route backward, combine, rowdot and the
                        // grouped products against float64 (test_moe_ops.cpp)
   moe_balance_ref,     // the loads and bias exactly, the balance loss against float64 (test_moe_balance.cpp)
+  mhc_ref,             // tests/common/mhc_oracle.h: mHC's pre, post and head and their gradients in float64
 };
 
 inline const char* oracle_name(Oracle o) {
@@ -66,6 +67,7 @@ inline const char* oracle_name(Oracle o) {
     case Oracle::bf16_rounding: return "bf16_rounding";
     case Oracle::moe_ref: return "moe_ref";
     case Oracle::moe_balance_ref: return "moe_balance_ref";
+    case Oracle::mhc_ref: return "mhc_ref";
   }
   return "?";
 }
