@@ -49,10 +49,13 @@ void saved(const MhcSaved& s, const MhcParams& p, bool head, const char* op) {
   need(s.z, {p.N, head ? p.n : (2 + p.n) * p.n}, op, "the saved z");
 }
 
-void check_eps(float norm_eps, float hc_eps, int64_t iters, const char* op) {
-  HMLA_CHECK(std::isfinite(norm_eps) && norm_eps > 0 && std::isfinite(hc_eps) && hc_eps >= 0 && iters >= 1,
-             ConfigError, op, ": rms_norm_eps = ", norm_eps, ", hc_eps = ", hc_eps, ", hc_sinkhorn_iters = ", iters,
-             ": rms_norm_eps must be > 0, hc_eps >= 0 (both finite) and the iterations >= 1");
+void check_hc(float hc_eps, int64_t iters, const char* op) {
+  HMLA_CHECK(std::isfinite(hc_eps) && hc_eps >= 0 && iters >= 1, ConfigError, op, ": hc_eps = ", hc_eps,
+             ", hc_sinkhorn_iters = ", iters, ": hc_eps must be finite and >= 0, the iterations >= 1");
+}
+void check_norm_eps(float norm_eps, const char* op) {
+  HMLA_CHECK(std::isfinite(norm_eps) && norm_eps > 0, ConfigError, op, ": rms_norm_eps = ", norm_eps,
+             ": it must be finite and > 0");
 }
 
 }  // namespace
@@ -62,7 +65,8 @@ void mhc_pre_fwd(const Tensor& x, const MhcWeights& w, int64_t iters, float norm
   const char* op = "mhc_pre";
   MhcParams p;
   streams(x, op, p);
-  check_eps(norm_eps, hc_eps, iters, op);
+  check_norm_eps(norm_eps, op);
+  check_hc(hc_eps, iters, op);
   weights(w, p, false, op, "the mixer's");
   saved(s, p, false, op);
   need(y, {p.N, p.D}, op, "y");
@@ -80,7 +84,7 @@ void mhc_pre_bwd(const Tensor& dy, const Tensor& dpost, const Tensor& dcomb, con
   const char* op = "mhc_pre backward";
   MhcParams p;
   streams(x, op, p);
-  check_eps(1.f, hc_eps, iters, op);
+  check_hc(hc_eps, iters, op);
   weights(w, p, false, op, "the mixer's");
   weights(dw, p, false, op, "the gradient of the mixer's");
   saved(s, p, false, op);
@@ -134,7 +138,8 @@ void mhc_head_fwd(const Tensor& x, const MhcWeights& w, float norm_eps, float hc
   const char* op = "mhc_head";
   MhcParams p;
   streams(x, op, p);
-  check_eps(norm_eps, hc_eps, 1, op);
+  check_norm_eps(norm_eps, op);
+  check_hc(hc_eps, 1, op);
   weights(w, p, true, op, "hc_head's");
   saved(s, p, true, op);
   need(y, {p.N, p.D}, op, "y");
@@ -149,7 +154,7 @@ void mhc_head_bwd(const Tensor& dy, const Tensor& x, const MhcWeights& w, const 
   const char* op = "mhc_head backward";
   MhcParams p;
   streams(x, op, p);
-  check_eps(1.f, hc_eps, 1, op);
+  check_hc(hc_eps, 1, op);
   weights(w, p, true, op, "hc_head's");
   weights(dw, p, true, op, "the gradient of hc_head's");
   saved(s, p, true, op);

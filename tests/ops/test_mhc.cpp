@@ -109,7 +109,7 @@ TEST(MhcRows, WithinTheRulePrintingTheirErrors) {
     }
 }
 
-// The entry points' checks: the bound on n and a shape error name what was wrong.
+// The entry points' checks: the bound on n, a shape and the iterations, each named.
 TEST(MhcOps, BadShapesAreRefusedWithTheirName) {
   const Tensor x = Tensor::zeros({2, 9, 4}, DType::f32);
   const MhcWeights w{Tensor::zeros({9, 36}, DType::f32), Tensor::zeros({9}, DType::f32), Tensor::zeros({1}, DType::f32)};
@@ -127,6 +127,15 @@ TEST(MhcOps, BadShapesAreRefusedWithTheirName) {
     FAIL() << "a head scale of 3 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("hc_head's scale"), std::string::npos) << e.what();
+  }
+  const int64_t m = 8;  // (2 + n) n for n = 2
+  const MhcWeights w3{Tensor::zeros({m, 8}, DType::f32), Tensor::zeros({m}, DType::f32), Tensor::zeros({3}, DType::f32)};
+  try {
+    mhc_pre_fwd(x2, w3, 0, 1e-6f, 1e-6f, Tensor::zeros({2, 4}, DType::f32), Tensor::zeros({2, 2}, DType::f32),
+                Tensor::zeros({2, 2, 2}, DType::f32), {Tensor::zeros({2}, DType::f32), Tensor::zeros({2, m}, DType::f32)});
+    FAIL() << "0 Sinkhorn iterations accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hc_sinkhorn_iters = 0"), std::string::npos) << e.what();
   }
 }
 
