@@ -19,18 +19,14 @@
 
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
+#include "hf_fixture.h"
 #include "hmla/model/model.h"
 #include "testing.h"
 
 namespace hmla {
 namespace {
 
-std::vector<double> joined(const io::TensorMap& f, const std::string& name) {
-  auto hi = f.at(name + "_hi").to_vector<float>(), lo = f.at(name + "_lo").to_vector<float>();
-  std::vector<double> out(hi.size());
-  for (size_t i = 0; i < hi.size(); ++i) out[i] = std::isinf(hi[i]) ? double(hi[i]) : double(hi[i]) + double(lo[i]);
-  return out;
-}
+using testing::joined;
 
 // Layer L's selection `mine` [b, s, K + W] against transformers' top-k as a set, wherever the K-th
 // and (K+1)-th scores are apart; most rows must be compared.

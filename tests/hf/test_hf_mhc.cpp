@@ -16,6 +16,7 @@
 
 #include "hmla/io/json_strict.h"
 #include "hmla/io/safetensors.h"
+#include "hf_fixture.h"
 #include "hmla/ops/mhc.h"
 
 namespace hmla {
@@ -23,12 +24,7 @@ namespace {
 
 const std::string kDir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
 
-std::vector<double> joined(const io::TensorMap& f, const std::string& name) {
-  auto hi = f.at(name + "_hi").to_vector<float>(), lo = f.at(name + "_lo").to_vector<float>();
-  std::vector<double> out(hi.size());
-  for (size_t i = 0; i < hi.size(); ++i) out[i] = double(hi[i]) + double(lo[i]);
-  return out;
-}
+using testing::joined;
 // The float64 tensor rounded to f32, in the fixture's shape.
 Tensor rounded(const io::TensorMap& f, const std::string& name) {
   const std::vector<double> v = joined(f, name);

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "hmla/io/safetensors.h"
+#include "hf_fixture.h"
 #include "hmla/model/config.h"
 #include "hmla/ops/moe.h"
 
@@ -18,12 +19,7 @@ namespace {
 
 const std::string kDir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
 
-std::vector<double> joined(const io::TensorMap& f, const std::string& name) {
-  auto hi = f.at(name + "_hi").to_vector<float>(), lo = f.at(name + "_lo").to_vector<float>();
-  std::vector<double> out(hi.size());
-  for (size_t i = 0; i < hi.size(); ++i) out[i] = double(hi[i]) + double(lo[i]);
-  return out;
-}
+using testing::joined;
 
 // The router of one layer over rows x [N, D] (the MLP input), in T: logits x W^T, s =
 // sqrt(softplus(u)) (torch's threshold 20), the experts (hash: given; else top-k of s + bias, ties
