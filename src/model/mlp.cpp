@@ -16,21 +16,22 @@ Tensor f32_tmp(const Shape& sh, Device dev) { return Tensor::empty(sh, DType::f3
 
 // One SwiGLU MLP on rows x [n, hidden]: g, u, act [n, I] saved, y [n, hidden] written.
 void swiglu_mlp_fwd(const SwigluTensors& w, const Tensor& x, const Tensor& g, const Tensor& u, const Tensor& act,
-                    const Tensor& y) {
+                    const Tensor& y, float limit = 0.f) {
   linear_fwd(x, w.gate_proj, g);
   linear_fwd(x, w.up_proj, u);
-  swiglu_fwd(g, u, act);
+  swiglu_fwd(g, u, act, limit);
   linear_fwd(act, w.down_proj, y);
 }
 
 // Its backward: the weights' gradients added into gw, dx = the gradient reaching x (+ dx when
 // dx_beta is 1).
 void swiglu_mlp_bwd(const SwigluTensors& w, const SwigluTensors& gw, const Tensor& dy, const Tensor& x,
-                    const Tensor& g, const Tensor& u, const Tensor& act, const Tensor& dx, float dx_beta) {
+                    const Tensor& g, const Tensor& u, const Tensor& act, const Tensor& dx, float dx_beta,
+                    float limit = 0.f) {
   const int64_t N = g.size(0), I = g.size(1);
   Tensor dact = f32_tmp({N, I}, x.device()), dg = f32_tmp({N, I}, x.device()), du = f32_tmp({N, I}, x.device());
   linear_bwd(dy, act, w.down_proj, gw.down_proj, dact);
-  swiglu_bwd(dact, g, u, dg, du);
+  swiglu_bwd(dact, g, u, dg, du, limit);
   linear_bwd(dg, x, w.gate_proj, gw.gate_proj, dx, dx_beta);
   linear_bwd(du, x, w.up_proj, gw.up_proj, dx, 1.f);
 }
@@ -74,7 +75,8 @@ class DenseMlp final : public Mlp {
 class MoeMlp final : public Mlp {
  public:
   MoeMlp(const ModelConfig& c, const LayerTensors& w, const LayerTensors* g)
-      : m_(c.moe), hid_(c.hidden_size), w_(w.moe), g_(g ? &g->moe : nullptr) {}
+      : m_(c.moe), hid_(c.hidden_size), w_(w.moe), g_(g ? &g->moe : nullptr), router_(router_of(c)),
+        limit_(c.is_v4() ? float(c.v4.swiglu_limit) : 0.f) {}
 
   std::vector<ActField> fields() const override { return moe_fields(m_); }
 
@@ -85,7 +87,7 @@ class MoeMlp final : public Mlp {
     const Tensor y = y_in.view({N, hid_});  // the decoder's [b, s, hidden] output as rows
     Tensor logits = f32_tmp({N, E}, dev);
     linear_fwd(x, w_.gate, logits);  // f32: the gate is kept f32 (Model::wc)
-    moe_route_fwd(logits, w_.e_score_correction_bias, router(), r);
+    moe_route_fwd(logits, w_.e_score_correction_bias, router_, r, fixed);
     const MoeDispatch d = moe_dispatch(r.idx, E);
     Tensor xs = f32_tmp({N * k, hid_}, dev), ys = f32_tmp({N * k, hid_}, dev);
     moe_gather(x, d, k, Tensor(), true, xs);
@@ -93,10 +95,10 @@ class MoeMlp final : public Mlp {
     // Each expert's SwiGLU over its rows, as grouped products (the bounds stay on the device).
     moe_grouped_fwd(xs, each(w_.experts, &SwigluTensors::gate_proj), d, G);
     moe_grouped_fwd(xs, each(w_.experts, &SwigluTensors::up_proj), d, U);
-    swiglu_fwd(G, U, A);
+    swiglu_fwd(G, U, A, limit_);
     moe_grouped_fwd(A, each(w_.experts, &SwigluTensors::down_proj), d, ys);
     const bool shared = m_.shared_intermediate() > 0;
-    if (shared) swiglu_mlp_fwd(w_.shared, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], y);
+    if (shared) swiglu_mlp_fwd(w_.shared, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], y, limit_);
     moe_combine(ys, d, k, r.weight.view({N * k}), shared, y);  // y = shared + sum_j w_j expert_j(x)
   }
 
@@ -120,17 +122,22 @@ class MoeMlp final : public Mlp {
                     each(g_->experts, &SwigluTensors::down_proj), d, dz);
     moe_rowdot(dz, A, d, k, dw);
     moe_gather(dz, d, k, w, false, dact);
-    swiglu_bwd(dact, G, U, dG, dU);
+    swiglu_bwd(dact, G, U, dG, dU, limit_);
     moe_grouped_bwd(dG, xs, each(w_.experts, &SwigluTensors::gate_proj), each(g_->experts, &SwigluTensors::gate_proj),
                     d, dxs);
     moe_grouped_bwd(dU, xs, each(w_.experts, &SwigluTensors::up_proj), each(g_->experts, &SwigluTensors::up_proj), d,
                     dxs, 1.f);
     moe_combine(dxs, d, k, Tensor(), false, dx);  // each token's slots in slot order
     if (m_.shared_intermediate() > 0)
-      swiglu_mlp_bwd(w_.shared, g_->shared, dy, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], dx, 1.f);
-    // The gate: through the weights only (the bias chose, it has no gradient).
-    Tensor dlogits = f32_tmp({N, E}, dev);
-    moe_route_bwd(dw.view({N, k}), r, router(), dlogits);
+      swiglu_mlp_bwd(w_.shared, g_->shared, dy, x, sv[kSharedG], sv[kSharedU], sv[kSharedAct], dx, 1.f, limit_);
+    // The gate: through the weights only (the bias chose, it has no gradient); sqrt(softplus)'s
+    // derivative reads the logits again.
+    Tensor dlogits = f32_tmp({N, E}, dev), u;
+    if (router_.score == MoeScore::sqrtsoftplus) {
+      u = f32_tmp({N, E}, dev);
+      linear_fwd(x, w_.gate, u);
+    }
+    moe_route_bwd(dw.view({N, k}), r, router_, dlogits, u);
     if (aux.counts.defined()) {  // the balance loss's gradient through the scores, on the same logits
       Tensor u = f32_tmp({N, E}, dev);
       linear_fwd(x, w_.gate, u);
@@ -144,7 +151,14 @@ class MoeMlp final : public Mlp {
  private:
   enum { kIdx, kWeight, kScore, kG, kU, kAct, kSharedG, kSharedU, kSharedAct };  // fields()' order
   static MoeRouting routing(const std::vector<Tensor>& sv) { return {sv[kIdx], sv[kWeight], sv[kScore]}; }
-  MoeRouter router() const { return {m_.n_group, m_.topk_group, m_.norm_topk_prob, float(m_.routed_scaling_factor)}; }
+  // DeepSeek-V4: one group, scores by scoring_func, weights always normalised (transformers
+  // ignores norm_topk_prob there: docs/deepseek_v4_math.md section 0).
+  static MoeRouter router_of(const ModelConfig& c) {
+    const MoeConfig& m = c.moe;
+    if (!c.is_v4()) return {m.n_group, m.topk_group, m.norm_topk_prob, float(m.routed_scaling_factor)};
+    const MoeScore sc = c.v4.scoring == ScoringFunc::sqrtsoftplus ? MoeScore::sqrtsoftplus : MoeScore::sigmoid;
+    return {1, 1, true, float(m.routed_scaling_factor), sc};
+  }
   // One matrix (gate_proj, up_proj or down_proj) of every routed expert, for the grouped products.
   static std::vector<Tensor> each(const std::vector<SwigluTensors>& ex, Tensor SwigluTensors::*m) {
     std::vector<Tensor> t;
@@ -158,6 +172,8 @@ class MoeMlp final : public Mlp {
   int64_t hid_;
   const MoeTensors& w_;
   const MoeTensors* g_;
+  MoeRouter router_;
+  float limit_;  // DeepSeek-V4's swiglu_limit on routed and shared experts; 0: no clamp
 };
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "hmla/dist/cp.h"
 #include "hmla/model/decoder_layer.h"
+#include "hmla/model/v4_model.h"
 #include "hmla/ops/backend.h"
 #include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
@@ -26,26 +27,11 @@ struct Forward {
   Tensor logits;                        // [N, V], only when asked for (model_logits)
 };
 
-// The LM loss over rows n_final [N, hidden] (sum of keep-weighted cross-entropies, rows in order)
-// added into the device scalar acc; with dn defined, the head's weight gradient is added into gW
-// (one product per chunk, its depth the chunk's rows) and the rows' gradient written into dn
-// [N, hidden]. The logits' gradient is written over the chunk's logits.
-void lm_head_loss(const Model& m, const Tensor& n_final, const Tensor& target, const Tensor& keep, const Tensor& gW,
-                  const Tensor& dn, const Tensor& acc) {
-  const int64_t N = n_final.size(0), V = m.cfg.vocab_size, rows = std::max<int64_t>(1, std::min(N, head_chunk_rows(V)));
-  const Tensor logits = Tensor::empty({rows, V}, DType::f32, m.device());
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t r1 = std::min(N, r0 + rows);
-    const Tensor nc = n_final.slice(0, r0, r1), lg = logits.slice(0, 0, r1 - r0);
-    linear_fwd(nc, m.wc.lm_head, lg);
-    cross_entropy_into(lg, target.slice(0, r0, r1), keep.slice(0, r0, r1), dn.defined() ? lg : Tensor(), acc);
-    if (dn.defined()) linear_bwd(lg, nc, m.wc.lm_head, gW, dn.slice(0, r0, r1));
-  }
-}
-
 // Before a forward allocates anything: does it fit, next to the parameters (and, training,
 // their gradients and the optimizer's moments)?
 void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bool training) {
+  HMLA_CHECK(!m.cfg.is_v4() || cp.size() == 1, ConfigError,
+             "deepseek_v4: context parallelism over V4 layers is not built yet (docs/deepseek_v4.md)");
   const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
   MemoryPlan plan;
   const DType compute = compute_dtype(m.device());
@@ -102,6 +88,7 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
                     std::vector<Tensor>* experts) {
   check_forward_memory(m, batch, cp, false);
   const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
+  if (m.cfg.is_v4()) return v4_logits(m, in, topk, experts).view({batch.input_ids.size(0), -1, m.cfg.vocab_size});
   Forward f = forward(m, in, cp, false, true);
   if (topk) {
     topk->clear();
@@ -120,9 +107,10 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
   const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
+  if (m.cfg.is_v4()) return v4_lm_loss(m, in);
   Forward f = forward(m, in, cp);
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
-  lm_head_loss(m, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
+  lm_head_loss(m, m.wc.lm_head, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
   return acc.to_vector<double>()[0];
 }
 
@@ -173,6 +161,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   const ModelConfig& c = m.cfg;
   check_forward_memory(m, batch, cp, true);
   const DeviceBatch in = device_batch(m, batch, cp, opt.lm_targets, opt.valid_rows);
+  if (c.is_v4()) return v4_step(m, in, opt, grads);
   Forward f = forward(m, in, cp, opt.recompute_attention);
   const std::vector<MoeAuxInputs> aux = count_expert_load(m, opt, f, in, cp);
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, hid = c.hidden_size;
@@ -189,7 +178,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
 
   // Head (with the LM loss, chunk by chunk) and final norm.
   Tensor dn = opt.backbone ? tmp({N, hid}) : Tensor(), dh;
-  lm_head_loss(m, f.n_final, in.target, in.keep, gw.lm_head, dn, slot(kStatMbLm));
+  lm_head_loss(m, m.wc.lm_head, f.n_final, in.target, in.keep, gw.lm_head, dn, slot(kStatMbLm));
   if (opt.backbone) {
     dh = tmp({b, s, hid});
     rmsnorm_bwd(dn, f.h_final, m.w.norm, f.rstd_final, dh, gw.norm);

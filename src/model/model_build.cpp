@@ -6,6 +6,7 @@
 #include <string>
 
 #include "hmla/model/model.h"
+#include "hmla/model/v4_tables.h"
 #include "hmla/ops/backend.h"
 #include "hmla/ops/nn.h"
 
@@ -39,7 +40,31 @@ const RopeCache& Model::rope(int64_t s, int64_t pos0) const {
   return it->second;
 }
 
+namespace {
+
+// A DeepSeek-V4 model (v4_model.h): its table's arena, named views only (the typed views are
+// v4_tensors, made per step), and its integer tables (zeros until loaded or initialised). The CSA
+// layers have their indexers (has_indexer is per layer CSA).
+Model build_v4_model(const ModelConfig& c, Device device) {
+  HMLA_CHECK(device == Device::cpu, ConfigError,
+             "deepseek_v4: the V4 layers run on the CPU so far (CUDA: a later issue, docs/deepseek_v4.md)");
+  Model m;
+  m.cfg = c;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) m.has_indexer.push_back(c.v4.layer_types[size_t(L)] == V4Kind::csa);
+  MemoryPlan plan;
+  plan_parameters(plan, c, m.has_indexer, false, compute_dtype(device));
+  plan.check("the model", device);
+  m.table = model_param_table(c, m.has_indexer);
+  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
+  m.params = arena_views(m.table, m.arena);
+  for (const ParamSpec& p : v4_int_tables(c)) m.ints[p.name] = Tensor::zeros(p.shape, DType::i32, device);
+  return m;
+}
+
+}  // namespace
+
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
+  if (c.is_v4()) return build_v4_model(c, device);
   check_builds_layers(c, "the model");
   bool dense_mlp = false;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) dense_mlp |= !c.is_moe_layer(L);

@@ -22,6 +22,14 @@ namespace hmla {
 inline constexpr int64_t kHeadChunkElems = int64_t(1) << 25;
 inline int64_t head_chunk_rows(int64_t vocab) { return std::max<int64_t>(1, kHeadChunkElems / vocab); }
 
+// The LM loss over rows n_final [N, hidden] against the head W [vocab, hidden] (sum of
+// keep-weighted cross-entropies, rows in order) added into the device scalar acc; with dn defined,
+// the head's weight gradient is added into gW (one product per chunk, its depth the chunk's rows)
+// and the rows' gradient written into dn [N, hidden]. The logits' gradient is written over the
+// chunk's logits (lm_head.cpp).
+void lm_head_loss(const Model& m, const Tensor& W, const Tensor& n_final, const Tensor& target, const Tensor& keep,
+                  const Tensor& gW, const Tensor& dn, const Tensor& acc);
+
 // A saved tensor's storage: the view the caller put in `slot` (the activation arena's: its shape
 // and dtype must be these), else a new tensor, which the slot then holds.
 inline Tensor& saved_slot(Tensor& slot, const Shape& shape, DType dt, Device dev) {

@@ -15,7 +15,8 @@ namespace {
 // README: a tensor a command would ignore is an error. A checkpoint with more layers than the
 // config, a sink or an indexer the config does not run, is refused before anything is copied.
 void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std::string& what) {
-  const std::vector<std::string> extra = unexpected_tensors(m.table, tensors);
+  std::vector<std::string> extra = unexpected_tensors(m.table, tensors);
+  std::erase_if(extra, [&m](const std::string& n) { return m.ints.count(n) > 0; });  // integer tables
   if (extra.empty()) return;
   for (int64_t L = 0; L < m.cfg.num_hidden_layers; ++L) {  // IndexShare: a shared layer has no indexer
     const std::string pre = layer_prefix(L) + "self_attn.indexer.";
@@ -31,6 +32,30 @@ void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std
                 " the config's model does not have (" + names + "); an ignored tensor is an error: check that the "
                 "config (num_hidden_layers = " + std::to_string(m.cfg.num_hidden_layers) +
                 ", num_nextn_predict_layers = " + std::to_string(m.cfg.form.num_nextn_predict_layers) + ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
+}
+
+// An integer table (DeepSeek-V4's tid2eid: each row num_experts_per_tok distinct experts in
+// [0, n_routed_experts)), checked, into m.ints as i32.
+void load_int_table(Model& m, const std::string& name, const Tensor& t, const std::string& what) {
+  Tensor& dst = m.ints.at(name);
+  HMLA_CHECK(t.shape() == dst.shape(), IoError, what, ": tensor '", name, "' is ", shape_str(t.shape()),
+             ", the config needs ", shape_str(dst.shape()));
+  HMLA_CHECK(t.dtype() == DType::i64 || t.dtype() == DType::i32, IoError, what, ": tensor '", name, "' is ",
+             dtype_name(t.dtype()), "; an expert table must be I64 or I32");
+  const int64_t rows = t.size(0), k = t.size(1), E = m.cfg.moe.n_routed_experts;
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t e = t.dtype() == DType::i64 ? t.data<int64_t>()[i] : t.data<int32_t>()[i];
+    HMLA_CHECK(e >= 0 && e < E, IoError, what, ": tensor '", name, "' row ", i / k, " names expert ", e,
+               ", outside [0, n_routed_experts = ", E, ")");
+    v[size_t(i)] = int32_t(e);
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t i = 0; i < j; ++i)
+        HMLA_CHECK(v[size_t(r * k + i)] != v[size_t(r * k + j)], IoError, what, ": tensor '", name, "' row ", r,
+                   " names expert ", v[size_t(r * k + j)], " twice");
+  dst.copy_from(Tensor::from_vector<int32_t>(dst.shape(), v));
 }
 
 }  // namespace
@@ -60,6 +85,12 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
     }
     check_finite_weight(dst, what, p.name);
     m.params.at(p.name).copy_from(dst);
+  }
+  for (const auto& [name, table] : m.ints) {
+    const auto it = tensors.find(name);
+    if (it != tensors.end()) load_int_table(m, name, it->second, what);
+    else HMLA_CHECK(std::find(may_be_missing.begin(), may_be_missing.end(), name) != may_be_missing.end(), IoError,
+                    what, ": tensor '", name, "' is missing");
   }
   refresh_compute_weights(m);
 }

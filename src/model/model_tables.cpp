@@ -262,7 +262,6 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
 
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
                       bool training, DType compute, bool recompute) {
-  check_builds_layers(c, "the memory plan");
   const int64_t f = sizeof(float);
   const SizeFactor V{"vocab_size", c.vocab_size};
   if (training) {  // the LM head runs over chunks of rows (lm_head_loss), the gradient over the logits
@@ -272,7 +271,8 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   } else {
     plan.add("the logits", {rows, s, V}, f);
   }
-  plan_activation_table(plan, c, rows, s, compute, recompute);
+  if (c.is_v4()) plan_v4_activations(plan, c, rows, s);
+  else plan_activation_table(plan, c, rows, s, compute, recompute);
   if (c.has_moe_layers()) {  // one MoE layer's f32 workspace at a time (MoeMlp in mlp.cpp)
     const MoeConfig& m = c.moe;
     const SizeFactor k{"num_experts_per_tok", m.num_experts_per_tok};

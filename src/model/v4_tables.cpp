@@ -4,8 +4,10 @@
 // index_head_dim.
 #include "hmla/model/v4_tables.h"
 
+#include <map>
 #include <string>
 
+#include "hmla/model/mlp.h"
 #include "hmla/model/model.h"
 
 namespace hmla {
@@ -88,6 +90,31 @@ std::vector<ParamSpec> v4_int_tables(const ModelConfig& c) {
     if (c.v4.hash.at(size_t(L)))
       t.push_back({layer_prefix(L) + "ffn.gate.tid2eid", {c.vocab_size, c.moe.num_experts_per_tok}});
   return t;
+}
+
+void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s) {
+  // What v4_model.cpp's forward keeps per token (f32), summed over the layers: the streams after
+  // each block, each block's mixers and norms, the attention's chain (v4_internal.h V4AttnSaved),
+  // the compressors' projections, the MoE's fields; per entry the pooled rows and the entries.
+  const V4Config& v = c.v4;
+  const int64_t n = v.hc_mult, D = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
+  const int64_t block = 2 * D + 2 + (2 + n) * n + n + n * n;
+  int64_t per_token = n * D, idx = 0;  // the embedding's streams
+  std::map<int64_t, int64_t> per_entry;  // rate -> values per entry over the layers of that rate
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    int64_t t = 2 * n * D + 2 * block + 2 * Rq + 1 + 4 * H * d + 2 * H + 2 * d + 1 + v.o_groups * v.o_lora_rank + 2 * D;
+    for (const ActField& f : mlp_fields(c, L)) t += std::max<int64_t>(f.width, 1);
+    const int64_t m = v.compress_rate(L), coff = v.layer_types[size_t(L)] == V4Kind::csa ? 2 : 1;
+    if (m > 0) t += 2 * coff * d, per_entry[m] += 2 * d + 1;
+    if (v.layer_types[size_t(L)] == V4Kind::csa) idx += c.index_topk;
+    per_token = checked_add(per_token, t, "the V4 activations");
+  }
+  plan.add("the V4 layers' saved activations (f32)", {rows, s, {"values per token", per_token}}, 4);
+  for (const auto& [m, values] : per_entry)
+    plan.add("the compressed entries of rate " + std::to_string(m) + " (f32)",
+             {rows, {"s / " + std::to_string(m), s.value / m}, {"values per entry", values}}, 4);
+  if (idx > 0) plan.add("the CSA layers' top-k tables (i32)", {rows, s, {"index_topk x CSA layers", idx}}, 4);
+  plan.add("the final streams, hc_head and norm (f32)", {rows, s, {"values per token", 3 * D + 2 + n}}, 4);
 }
 
 }  // namespace hmla

@@ -57,6 +57,7 @@ class Mlp {
  public:
   virtual ~Mlp() = default;
   MoeAuxInputs aux;  // read by a MoE MLP's backward only
+  Tensor fixed;      // a MoE MLP's hash routing (DeepSeek-V4's hash_moe): [N, k] i32 experts per row
   // What the forward keeps for the backward, in arena order.
   virtual std::vector<ActField> fields() const = 0;
   // y [N, hidden] = mlp(x [N, hidden]), written; `saved` are the views of fields() (N rows).

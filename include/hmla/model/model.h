@@ -80,6 +80,9 @@ struct Model {
   // Tensors the model carries without computing with them, as the checkpoint stored them, written
   // back on every save: the multi-token-prediction layers (CheckpointTensors::kept).
   io::StoredMap kept;
+  // Integer tables the model computes with but never trains (DeepSeek-V4's hash layers'
+  // ffn.gate.tid2eid, v4_int_tables): i32 on the model's device, stored as the checkpoint's I64.
+  io::TensorMap ints;
   Device device() const { return arena.device(); }  // where it computes (every tensor of a step)
   // The RoPE tables (rope_cache) of s rows from position pos0, on the model's device: made and
   // uploaded once per shape, so a step uploads none. They depend on the config's RoPE fields

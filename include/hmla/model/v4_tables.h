@@ -6,6 +6,7 @@
 #pragma once
 #include <vector>
 
+#include "hmla/core/size_check.h"
 #include "hmla/model/config.h"
 #include "hmla/model/params.h"
 
@@ -18,5 +19,9 @@ std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert = fa
 std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert = false);
 // The hash layers' tid2eid [vocab_size, num_experts_per_tok] (integers in the checkpoint).
 std::vector<ParamSpec> v4_int_tables(const ModelConfig& c);
+
+// What a V4 forward over rows x s tokens keeps (v4_model.cpp), by kind: the part of
+// plan_activations (model.h) that the MLA models' activation table is.
+void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s);
 
 }  // namespace hmla

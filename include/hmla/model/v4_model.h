@@ -1,0 +1,66 @@
+// DeepSeek-V4 stacks on the ops (DESIGN.md section 10; docs/deepseek_v4_math.md is the math,
+// docs/deepseek_v4.md the layout): the embedding copied to hc_mult streams, per layer the attention
+// block and the MoE block each between an mHC entry (mhc_pre) and exit (mhc_post), hc_head, the
+// final norm and the head. Forward and backward are explicit like the MLA model's (model.cpp): the
+// forward keeps each block's named fields (V4LayerSaved), the backward runs the layers in reverse
+// and adds every weight's gradient into the gradient views. model_logits and model_step dispatch
+// here for a deepseek_v4 config.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "hmla/core/layout.h"
+#include "hmla/core/tensor.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/config.h"
+#include "hmla/model/params.h"
+#include "hmla/ops/mhc.h"
+
+namespace hmla {
+
+struct Model;
+struct StepOptions;
+struct StepStats;
+struct DeviceBatch;
+
+// A compressor's tensors (attn.compressor.* or attn.indexer.compressor.*).
+struct V4CompressorTensors {
+  Tensor wkv, wgate, ape, norm;
+};
+
+// "attn.*" of one layer. Sliding layers have no compressor, HCA layers no indexer.
+struct V4AttnTensors {
+  Tensor wq_a, q_norm, wq_b, wkv, norm, wo_a, wo_b, sink;
+  V4CompressorTensors comp;
+  V4CompressorTensors icomp;  // the CSA indexer's own compressor
+  Tensor iwq_b, iweights;     // attn.indexer.wq_b, attn.indexer.weights_proj
+};
+
+// "model.layers.{L}.*": the two mixers, the two norms, the attention, and the MoE in the MLA
+// model's typed form (LayerTensors::moe: gate = ffn.gate.weight, e_score_correction_bias =
+// ffn.gate.bias on learned layers, experts' gate/up/down_proj = w1/w3/w2, shared = shared_experts).
+struct V4LayerTensors {
+  MhcWeights hc_attn, hc_ffn;
+  Tensor attn_norm, ffn_norm;
+  V4AttnTensors attn;
+  LayerTensors mlp;
+};
+
+struct V4Tensors {
+  Tensor embed, norm, head;
+  MhcWeights hc_head;
+  std::vector<V4LayerTensors> layers;
+};
+
+// Typed views of one V4 table's tensors (weights or their gradients: same names and shapes).
+V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c);
+
+// model_logits / model_step for a deepseek_v4 model (model.h's contracts; no context parallelism:
+// cp must be one rank). topk: per layer the CSA layers' selection [b, s, index_topk] i32 (-1 pads),
+// undefined elsewhere; experts: per layer [b * s, k] i32 (by descending choice; hash layers: the
+// tid2eid row).
+Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts);
+double v4_lm_loss(const Model& m, const DeviceBatch& in);
+StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads);
+
+}  // namespace hmla

@@ -1,0 +1,248 @@
+// The DeepSeek-V4 attention block on ops (v4_internal.h; docs/deepseek_v4_math.md sections 4-6):
+//   qr = q_norm(x wq_a^T); q = RoPE(unweighted_rms_per_head(qr wq_b^T)); kv = RoPE(norm(x wkv^T));
+//   entries (CSA / HCA) = RoPE(norm(compress(x wkv_c^T, x wgate_c^T))) at each window's first row;
+//   CSA: the indexer's top-k over its own entries (qI = RoPE(qr wq_b_I^T), w = x weights_proj^T);
+//   core = attn_compressed (window + entries + sink, K = V); o = RoPE^T(core) at the query's row;
+//   y = (o grouped wo_a^T) wo_b^T.
+// Rows are N = b s, every activation f32 and contiguous; RoPE rotates the last r channels of a
+// head as interleaved pairs. The backward runs the same chain in reverse; the inverse RoPE on the
+// output is the transposed rotation (with the attention factor folded into cos and sin, exactly
+// transformers' apply_rotary_pos_emb(out, cos, -sin)), so its backward is the forward rotation.
+#include <cmath>
+#include <vector>
+
+#include "hmla/ops/compressed_attention.h"
+#include "hmla/ops/compressed_index.h"
+#include "hmla/ops/nn.h"
+#include "v4_internal.h"
+
+namespace hmla {
+
+namespace {
+
+struct Dims {
+  int64_t b, s, N, D, H, d, r, Rq, G, Ro;
+  Device dev;
+};
+
+Dims dims(const ModelConfig& c, const Tensor& x) {
+  return {x.size(0), x.size(1), x.size(0) * x.size(1), c.hidden_size, c.num_attention_heads, c.v4.head_dim,
+          c.qk_rope_head_dim, c.q_lora_rank, c.v4.o_groups, c.v4.o_lora_rank, x.device()};
+}
+
+Tensor f32(const Dims& d, const Shape& sh) { return Tensor::empty(sh, DType::f32, d.dev); }
+
+// RoPE on the last r channels of every head of t [rows, heads * width], rows of `rows_per_seq`
+// positions each (the table's rows); transpose: the transposed rotation.
+void rope_last(const Tensor& t, int64_t heads, int64_t width, int64_t r, int64_t rows_per_seq, const RopeCache& rc,
+               bool transpose) {
+  const int64_t seqs = t.size(0) / rows_per_seq;
+  rope(t.view({seqs, rows_per_seq, heads, width}).slice(3, width - r, width), rc.cos, rc.sin, RopeLayout::interleaved,
+       transpose);
+}
+
+// The per-head norm without a weight: rmsnorm against ones (its weight gradient goes to scratch).
+Tensor ones(const Dims& d, int64_t n) {
+  Tensor o = Tensor::empty({n}, DType::f32);
+  for (int64_t i = 0; i < n; ++i) o.data<float>()[i] = 1.f;
+  return o.on(d.dev);
+}
+
+// The entries' RoPE tables: row e of the table holds the angle of its window's first row
+// (padding entries: row 0; their pooled rows are 0 and stay 0).
+RopeCache entry_rope(const RopeCache& rc, const CompressedEntries& e) {
+  const Tensor cos = rc.cos.on(Device::cpu), sin = rc.sin.on(Device::cpu);
+  const int64_t half = cos.size(1), n = e.first.numel();
+  Tensor ec = Tensor::empty({n, half}, DType::f32), es = Tensor::empty({n, half}, DType::f32);
+  const int32_t* first = e.first.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = std::max<int32_t>(first[i], 0);
+    for (int64_t j = 0; j < half; ++j) {
+      ec.data<float>()[i * half + j] = cos.data<float>()[p * half + j];
+      es.data<float>()[i * half + j] = sin.data<float>()[p * half + j];
+    }
+  }
+  return {ec.on(rc.cos.device()), es.on(rc.cos.device())};
+}
+
+// A compressor (rate m, width w, CSA's two series when overlap) over x [b, s, D].
+V4Compressed compress_entries(const Dims& d, const V4CompressorTensors& w, const Tensor& x, const DocLayout& layout,
+                              int64_t m, int64_t width, bool overlap, float eps, const RopeCache& rc) {
+  V4Compressed c;
+  c.e = compressed_entries(layout, m);
+  if (c.e.n == 0) return c;
+  const int64_t C = (overlap ? 2 : 1) * width, n = c.e.n;
+  const Tensor xr = x.view({d.N, d.D});
+  c.kvc = f32(d, {d.b, d.s, C});
+  c.gc = f32(d, {d.b, d.s, C});
+  linear_fwd(xr, w.wkv, c.kvc.view({d.N, C}));
+  linear_fwd(xr, w.wgate, c.gc.view({d.N, C}));
+  c.pooled = f32(d, {d.b, n, width});
+  compress_fwd(c.kvc, c.gc, w.ape, c.e, layout, overlap, c.pooled);
+  c.rstd = f32(d, {d.b * n});
+  c.ent = f32(d, {d.b, n, width});
+  rmsnorm_fwd(c.pooled.view({d.b * n, width}), w.norm, eps, c.ent.view({d.b * n, width}), c.rstd);
+  c.rope = entry_rope(rc, c.e);
+  rope_last(c.ent.view({d.b * n, width}), 1, width, d.r, d.b * n, c.rope, false);
+  return c;
+}
+
+void compress_backward(const Dims& d, const V4CompressorTensors& w, const V4CompressorTensors& g, const Tensor& x,
+                       const DocLayout& layout, const V4Compressed& c, bool overlap, const Tensor& dent,
+                       const Tensor& dx) {
+  const int64_t n = c.e.n, width = c.ent.size(2), C = c.kvc.size(2);
+  const Tensor de = dent.clone().view({d.b * n, width});
+  rope_last(de, 1, width, d.r, d.b * n, c.rope, true);
+  Tensor dpooled = f32(d, {d.b, n, width}), dkvc = f32(d, {d.b, d.s, C}), dgc = f32(d, {d.b, d.s, C});
+  rmsnorm_bwd(de, c.pooled.view({d.b * n, width}), w.norm, c.rstd, dpooled.view({d.b * n, width}), g.norm);
+  compress_bwd(dpooled, c.kvc, c.gc, w.ape, c.e, layout, overlap, dkvc, dgc, g.ape);
+  const Tensor xr = x.view({d.N, d.D});
+  linear_bwd(dkvc.view({d.N, C}), xr, w.wkv, g.wkv, dx, 1.f);
+  linear_bwd(dgc.view({d.N, C}), xr, w.wgate, g.wgate, dx, 1.f);
+}
+
+// attn_compressed's entry metadata from the compressor's list: the window's last row and its
+// document's start (-1: a padding slot).
+void entry_metadata(const CompressedEntries& e, int64_t m, const DocLayout& layout, Tensor& last, Tensor& doc) {
+  const int64_t b = e.first.size(0), n = e.n;
+  last = Tensor::empty({b, n}, DType::i32);
+  doc = Tensor::empty({b, n}, DType::i32);
+  const int32_t* first = e.first.data<int32_t>();
+  const int32_t* st = layout.doc_start.data<int32_t>();
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t f = first[r * n + i];
+      last.data<int32_t>()[r * n + i] = f < 0 ? -1 : int32_t(f + m - 1);
+      doc.data<int32_t>()[r * n + i] = f < 0 ? -1 : st[r * layout.s + f];
+    }
+}
+
+// The CSA indexer's top-k over its own compressor's entries (forward only: no LM gradient).
+Tensor index_topk(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const Tensor& x, const V4AttnSaved& sv,
+                  const DocLayout& layout, const RopeCache& rc) {
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  const V4Compressed ic = compress_entries(d, w.icomp, x, layout, sv.m, dI, true, float(c.rms_norm_eps), rc);
+  const Tensor qI = f32(d, {d.N, nI * dI}), wt = f32(d, {d.N, nI});
+  linear_fwd(sv.qr, w.iwq_b, qI);
+  rope_last(qI, nI, dI, d.r, d.s, rc, false);
+  linear_fwd(x.view({d.N, d.D}), w.iweights, wt);
+  scale(wt, float(1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI))), wt);
+  CompressedIndexInputs in;
+  in.qI = qI.view({d.b, d.s, nI, dI});
+  in.kI = ic.ent;
+  in.w = wt.view({d.b, d.s, nI});
+  in.ent_last = sv.ent_last;
+  in.ent_doc = sv.ent_doc;
+  in.layout = &layout;
+  return compressed_index_topk(in, c.index_topk);
+}
+
+AttnCompressedInputs core_inputs(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const V4AttnSaved& sv,
+                                 const DocLayout& layout) {
+  AttnCompressedInputs in;
+  in.q = sv.q.view({d.b, d.s, d.H, d.d});
+  in.kv = sv.kv.view({d.b, d.s, d.d});
+  if (sv.comp.e.n > 0) {
+    in.ent = sv.comp.ent;
+    in.ent_last = sv.ent_last;
+    in.ent_doc = sv.ent_doc;
+    in.idx = sv.idx;  // CSA: the selection; HCA: undefined, every visible entry
+  }
+  in.layout = &layout;
+  in.sink = w.sink;
+  in.scale = float(1.0 / std::sqrt(double(d.d)));
+  in.window = c.v4.sliding_window;
+  return in;
+}
+
+// The grouped output's first product as one batched matmul over the G groups: group g's
+// [N, H d / G] slice of o against rows [g Ro, (g + 1) Ro) of wo_a.
+Tensor groups(const Tensor& t, const Dims& d, int64_t width) { return t.view({d.N, d.G, width}).transpose(0, 1); }
+
+}  // namespace
+
+V4Ropes v4_ropes(const ModelConfig& c, int64_t s, Device dev) {
+  const int64_t r = c.qk_rope_head_dim, mp = c.max_position_embeddings;
+  const RopeCache a = rope_cache(rope_tables(c.rope, r, mp), s), b = rope_cache(rope_tables(c.v4.compress_rope, r, mp), s);
+  return {{a.cos.on(dev), a.sin.on(dev)}, {b.cos.on(dev), b.sin.on(dev)}};
+}
+
+void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
+                      const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y) {
+  const Dims d = dims(c, x);
+  const float eps = float(c.rms_norm_eps);
+  const V4Kind kind = c.v4.layer_types.at(size_t(L));
+  const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
+  const Tensor xr = x.view({d.N, d.D});
+  sv.m = c.v4.compress_rate(L);
+  sv.qa = f32(d, {d.N, d.Rq});
+  sv.rstd_qa = f32(d, {d.N});
+  sv.qr = f32(d, {d.N, d.Rq});
+  linear_fwd(xr, w.wq_a, sv.qa);
+  rmsnorm_fwd(sv.qa, w.q_norm, eps, sv.qr, sv.rstd_qa);
+  sv.qb = f32(d, {d.N, d.H * d.d});
+  sv.rstd_q = f32(d, {d.N * d.H});
+  sv.q = f32(d, {d.N, d.H * d.d});
+  linear_fwd(sv.qr, w.wq_b, sv.qb);
+  rmsnorm_fwd(sv.qb.view({d.N * d.H, d.d}), ones(d, d.d), eps, sv.q.view({d.N * d.H, d.d}), sv.rstd_q);
+  rope_last(sv.q, d.H, d.d, d.r, d.s, rc, false);
+  sv.kvr = f32(d, {d.N, d.d});
+  sv.rstd_kv = f32(d, {d.N});
+  sv.kv = f32(d, {d.N, d.d});
+  linear_fwd(xr, w.wkv, sv.kvr);
+  rmsnorm_fwd(sv.kvr, w.norm, eps, sv.kv, sv.rstd_kv);
+  rope_last(sv.kv, 1, d.d, d.r, d.s, rc, false);
+  if (sv.m > 0) {
+    sv.comp = compress_entries(d, w.comp, x, layout, sv.m, d.d, kind == V4Kind::csa, eps, rc);
+    if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
+    if (kind == V4Kind::csa && sv.comp.e.n > 0) sv.idx = index_topk(c, d, w, x, sv, layout, rc);
+  }
+  sv.core = f32(d, {d.b, d.s, d.H, d.d});
+  sv.lse = f32(d, {d.b, d.H, d.s});
+  attn_compressed_fwd(core_inputs(c, d, w, sv, layout), AttnCompressedSaved{sv.core, sv.lse});
+  sv.o = sv.core.clone().view({d.N, d.H * d.d});
+  rope_last(sv.o, d.H, d.d, d.r, d.s, rc, true);
+  const int64_t Hg = d.H * d.d / d.G;
+  sv.ya = f32(d, {d.N, d.G * d.Ro});
+  matmul(groups(sv.o, d, Hg), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::yes, groups(sv.ya, d, d.Ro));
+  linear_fwd(sv.ya, w.wo_b, y);
+}
+
+void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
+                      const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
+                      const Tensor& dx) {
+  const Dims d = dims(c, x);
+  const RopeCache& rc = sv.m == 0 ? ropes.main : ropes.compress;
+  const Tensor xr = x.view({d.N, d.D});
+  const int64_t Hg = d.H * d.d / d.G;
+  // The grouped output: dya = dy wo_b; per group dwo_a[g] += dya_g^T o_g, do_g = dya_g wo_a[g].
+  Tensor dya = f32(d, {d.N, d.G * d.Ro}), dout = f32(d, {d.N, d.H * d.d});
+  linear_bwd(dy, sv.ya, w.wo_b, g.wo_b, dya);
+  matmul(groups(dya, d, d.Ro), Trans::yes, groups(sv.o, d, Hg), Trans::no, g.wo_a.view({d.G, d.Ro, Hg}), 1.f, 1.f);
+  matmul(groups(dya, d, d.Ro), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::no, groups(dout, d, Hg));
+  rope_last(dout, d.H, d.d, d.r, d.s, rc, false);  // o = R^T core, so dcore = R do
+  const AttnCompressedGrads cg = attn_compressed_bwd(core_inputs(c, d, w, sv, layout),
+                                                     AttnCompressedSaved{sv.core, sv.lse},
+                                                     dout.view({d.b, d.s, d.H, d.d}), g.sink);
+  // q: RoPE^T, the per-head norm, wq_b, q_norm, wq_a.
+  const float eps_unused = 0.f;
+  (void)eps_unused;
+  const Tensor dq = cg.dq.view({d.N, d.H * d.d});
+  rope_last(dq, d.H, d.d, d.r, d.s, rc, true);
+  Tensor dqb = f32(d, {d.N, d.H * d.d}), dones = Tensor::zeros({d.d}, DType::f32, d.dev);
+  rmsnorm_bwd(dq.view({d.N * d.H, d.d}), sv.qb.view({d.N * d.H, d.d}), ones(d, d.d), sv.rstd_q,
+              dqb.view({d.N * d.H, d.d}), dones);
+  Tensor dqr = f32(d, {d.N, d.Rq}), dqa = f32(d, {d.N, d.Rq});
+  linear_bwd(dqb, sv.qr, w.wq_b, g.wq_b, dqr);
+  rmsnorm_bwd(dqr, sv.qa, w.q_norm, sv.rstd_qa, dqa, g.q_norm);
+  linear_bwd(dqa, xr, w.wq_a, g.wq_a, dx);
+  // K = V: RoPE^T, norm, wkv.
+  const Tensor dkv = cg.dkv.view({d.N, d.d});
+  rope_last(dkv, 1, d.d, d.r, d.s, rc, true);
+  Tensor dkvr = f32(d, {d.N, d.d});
+  rmsnorm_bwd(dkv, sv.kvr, w.norm, sv.rstd_kv, dkvr, g.norm);
+  linear_bwd(dkvr, xr, w.wkv, g.wkv, dx, 1.f);
+  if (sv.comp.e.n > 0) compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.idx.defined(), cg.dent, dx);
+}
+
+}  // namespace hmla

@@ -1,0 +1,54 @@
+// What the DeepSeek-V4 model's files share, private to src/model: the attention block as a
+// forward/backward pair (v4_attention.cpp) and the saved state the model (v4_model.cpp) keeps for
+// it. docs/deepseek_v4_math.md section 4 is the math, section 0 its surprises.
+#pragma once
+#include <cstdint>
+
+#include "hmla/core/layout.h"
+#include "hmla/core/tensor.h"
+#include "hmla/model/config.h"
+#include "hmla/model/v4_model.h"
+#include "hmla/ops/compress.h"
+
+namespace hmla {
+
+// The two RoPE tables of a forward over s rows ([s, r / 2], attention factor folded in): main
+// (sliding layers) and compress (layers with a compressor, their entries and indexer).
+struct V4Ropes {
+  RopeCache main, compress;
+};
+V4Ropes v4_ropes(const ModelConfig& c, int64_t s, Device dev);
+
+// A compressor's pooled entries and what their backward reads: the projections kvc, gc
+// [b, s, coff * w], the entries' list, the pooled rows before the norm [b, n, w] and their rstd
+// [b * n], the entries after norm and RoPE [b, n, w], and the entries' RoPE tables [b * n, r / 2].
+struct V4Compressed {
+  Tensor kvc, gc;
+  CompressedEntries e;
+  Tensor pooled, rstd, ent;
+  RopeCache rope;
+};
+
+// The attention block's saved state over N = b s rows (x is the block's input, attn_norm's output).
+struct V4AttnSaved {
+  int64_t m = 0;                  // the layer's compress rate (0: sliding)
+  Tensor qa, rstd_qa, qr;         // [N, Rq], [N], [N, Rq]: q LoRA before and after q_norm
+  Tensor qb, rstd_q, q;           // [N, H d], [N H], [N, H d]: before the per-head norm; normed and roped
+  Tensor kvr, rstd_kv, kv;        // [N, d], [N], [N, d]
+  V4Compressed comp;              // CSA / HCA
+  Tensor ent_last, ent_doc;       // [b, n_e] i32 (attn_compressed's metadata)
+  Tensor idx;                     // CSA: [b, s, index_topk] i32
+  Tensor core, lse;               // [b, s, H, d], [b, H, s]: the attention core's output
+  Tensor o, ya;                   // [N, H d] after the inverse RoPE, [N, G Ro] the grouped projection
+};
+
+// y [N, D] = the attention block of x [b, s, D] (layer L, weights w), sv filled.
+void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
+                      const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y);
+// dx [N, D] written from dy [N, D]; every weight's gradient added into g (the indexer's: none, it
+// gets no gradient from the LM loss: docs/deepseek_v4_math.md section 0, item 7).
+void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
+                      const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
+                      const Tensor& dx);
+
+}  // namespace hmla

@@ -1,0 +1,277 @@
+// The DeepSeek-V4 model on ops (v4_model.h; docs/deepseek_v4_math.md sections 7-8). Per layer, on
+// the streams X [N, n, D]:
+//   attention block: (post, comb, xa) = mhc_pre(X); a = attn_norm(xa); y = attention(a);
+//                    X_mid = mhc_post(X, y, post, comb)
+//   MoE block:       the same around ffn_norm and the MoE (hash layers route by tid2eid[input id]);
+// then hh = hc_head(X), the final norm and the head. The streams start as n copies of the
+// embedding. Backward: each block's exit (mhc_post_bwd) gives the stream gradient through comb and
+// the sublayer's output gradient; the sublayer's input gradient goes back through its norm and the
+// entry (mhc_pre_bwd); the two stream gradients are summed. Everything f32 (the CPU).
+#include "hmla/model/v4_model.h"
+
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "hmla/model/mlp.h"
+#include "hmla/model/model.h"
+#include "hmla/ops/nn.h"
+#include "hmla/ops/optim.h"
+#include "model_internal.h"
+#include "v4_internal.h"
+
+namespace hmla {
+
+namespace {
+
+MhcWeights hc_weights(const io::TensorMap& t, const std::string& at) {
+  return {t.at(at + "_fn"), t.at(at + "_base"), t.at(at + "_scale")};
+}
+
+Tensor maybe(const io::TensorMap& t, const std::string& name) {
+  const auto it = t.find(name);
+  return it == t.end() ? Tensor() : it->second;
+}
+
+V4CompressorTensors compressor(const io::TensorMap& t, const std::string& at) {
+  return {maybe(t, at + "wkv.weight"), maybe(t, at + "wgate.weight"), maybe(t, at + "ape"), maybe(t, at + "norm.weight")};
+}
+
+SwigluTensors swiglu(const io::TensorMap& t, const std::string& at) {
+  return {t.at(at + "w1.weight"), t.at(at + "w3.weight"), t.at(at + "w2.weight")};
+}
+
+V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L) {
+  const std::string pre = layer_prefix(L), at = pre + "attn.", ffn = pre + "ffn.";
+  V4LayerTensors l;
+  l.hc_attn = hc_weights(t, pre + "hc_attn");
+  l.hc_ffn = hc_weights(t, pre + "hc_ffn");
+  l.attn_norm = t.at(pre + "attn_norm.weight");
+  l.ffn_norm = t.at(pre + "ffn_norm.weight");
+  V4AttnTensors& a = l.attn;
+  a.wq_a = t.at(at + "wq_a.weight");
+  a.q_norm = t.at(at + "q_norm.weight");
+  a.wq_b = t.at(at + "wq_b.weight");
+  a.wkv = t.at(at + "wkv.weight");
+  a.norm = t.at(at + "norm.weight");
+  a.wo_a = t.at(at + "wo_a.weight");
+  a.wo_b = t.at(at + "wo_b.weight");
+  a.sink = t.at(at + "attn_sink");
+  a.comp = compressor(t, at + "compressor.");
+  a.icomp = compressor(t, at + "indexer.compressor.");
+  a.iwq_b = maybe(t, at + "indexer.wq_b.weight");
+  a.iweights = maybe(t, at + "indexer.weights_proj.weight");
+  MoeTensors& m = l.mlp.moe;
+  m.gate = t.at(ffn + "gate.weight");
+  m.e_score_correction_bias = maybe(t, ffn + "gate.bias");
+  for (int64_t e = 0; e < c.moe.n_routed_experts; ++e) m.experts.push_back(swiglu(t, ffn + "experts." + std::to_string(e) + "."));
+  m.shared = swiglu(t, ffn + "shared_experts.");
+  return l;
+}
+
+Tensor f32(Device dev, const Shape& sh) { return Tensor::empty(sh, DType::f32, dev); }
+
+// What one layer keeps for its backward (N rows, n streams of width D).
+struct LayerSaved {
+  Tensor x;                            // the layer's input streams [N, n, D]
+  MhcSaved hc1, hc2;                   // the two entries' rstd [N], z [N, (2 + n) n]
+  Tensor xa, post1, comb1, a, rstd_a;  // attention block: collapsed input, mixers, attn_norm output and rstd
+  V4AttnSaved attn;
+  Tensor ya;                           // the attention's output [N, D]
+  Tensor x_mid;                        // the streams after the attention block
+  Tensor xf, post2, comb2, f, rstd_f;  // MoE block: likewise
+  std::vector<Tensor> mlp;             // the MoE's fields (Mlp::fields)
+  Tensor yf;                           // the MoE's output [N, D]
+  Tensor x_out;                        // the layer's output streams
+};
+
+struct Forward {
+  std::vector<LayerSaved> layers;
+  Tensor x_final;                   // the last layer's streams
+  MhcSaved head;                    // hc_head's rstd, z
+  Tensor hh, rstd_n, n_final;       // hc_head's output, the final norm's rstd and output
+  V4Ropes ropes;
+  std::vector<std::unique_ptr<Mlp>> mlps;  // each layer's MoE (its hash routing set)
+};
+
+struct Block {  // one mHC block's mixers and collapsed input
+  MhcSaved& hc;
+  Tensor &xin, &post, &comb, &nx, &rstd;
+};
+
+void block_entry(const ModelConfig& c, const MhcWeights& w, const Tensor& norm_w, const Tensor& x, Block b) {
+  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
+  const Device dev = x.device();
+  b.hc = {f32(dev, {N}), f32(dev, {N, (2 + n) * n})};
+  b.xin = f32(dev, {N, D});
+  b.post = f32(dev, {N, n});
+  b.comb = f32(dev, {N, n, n});
+  b.nx = f32(dev, {N, D});
+  b.rstd = f32(dev, {N});
+  const float eps = float(c.rms_norm_eps);
+  mhc_pre_fwd(x, w, c.v4.hc_sinkhorn_iters, eps, float(c.v4.hc_eps), b.xin, b.post, b.comb, b.hc);
+  rmsnorm_fwd(b.xin, norm_w, eps, b.nx, b.rstd);
+}
+
+// The block's backward from dout (the gradient reaching its output streams) and the sublayer's
+// backward `sub` (dy -> dnx): the gradient reaching its input streams.
+template <class Sub>
+Tensor block_backward(const ModelConfig& c, const MhcWeights& w, const MhcWeights& g, const Tensor& norm_w,
+                      const Tensor& dnorm_w, const Tensor& x, const Tensor& y, const Block& b, const Tensor& dout,
+                      Sub sub) {
+  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
+  const Device dev = x.device();
+  Tensor dx = f32(dev, {N, n, D}), dy = f32(dev, {N, D}), dpost = f32(dev, {N, n}), dcomb = f32(dev, {N, n, n});
+  mhc_post_bwd(dout, x, y, b.post, b.comb, dx, dy, dpost, dcomb);
+  Tensor dnx = f32(dev, {N, D}), dxin = f32(dev, {N, D}), dx2 = f32(dev, {N, n, D});
+  sub(dy, dnx);
+  rmsnorm_bwd(dnx, b.xin, norm_w, b.rstd, dxin, dnorm_w);
+  mhc_pre_bwd(dxin, dpost, dcomb, x, w, b.hc, c.v4.hc_sinkhorn_iters, float(c.v4.hc_eps), dx2, g);
+  add(dx.view({N, n * D}), dx2.view({N, n * D}), dx.view({N, n * D}));
+  return dx;
+}
+
+// The hash layer's experts: tid2eid's rows of the tokens ([N, k] i32).
+Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids) {
+  const Tensor table = m.ints.at(layer_prefix(L) + "ffn.gate.tid2eid").on(Device::cpu);
+  const Tensor h = ids.to(Device::cpu);  // a contiguous copy
+  const int64_t N = h.numel(), k = table.size(1);
+  Tensor out = Tensor::empty({N, k}, DType::i32);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t j = 0; j < k; ++j) out.data<int32_t>()[t * k + j] = table.data<int32_t>()[h.data<int32_t>()[t] * k + j];
+  return out.on(ids.device());
+}
+
+Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
+  const ModelConfig& c = m.cfg;
+  const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
+  const Device dev = m.device();
+  const float eps = float(c.rms_norm_eps);
+  Forward f;
+  f.ropes = v4_ropes(c, s, dev);
+  Tensor e0 = f32(dev, {N, D}), x = f32(dev, {N, n, D});
+  embedding_fwd(in.ids, w.embed, e0);
+  for (int64_t i = 0; i < n; ++i) scale(e0, 1.f, x.select(1, i));
+  f.layers.resize(size_t(c.num_hidden_layers));
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    LayerSaved& sv = f.layers[size_t(L)];
+    const V4LayerTensors& lw = w.layers[size_t(L)];
+    sv.x = x;
+    block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
+    sv.ya = f32(dev, {N, D});
+    v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, sv.ya);
+    sv.x_mid = f32(dev, {N, n, D});
+    mhc_post_fwd(x, sv.ya, sv.post1, sv.comb1, sv.x_mid);
+    block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
+    f.mlps.push_back(make_mlp(c, L, lw.mlp));
+    Mlp& mlp = *f.mlps.back();
+    if (c.v4.hash.at(size_t(L))) mlp.fixed = hash_experts(m, L, in.ids);
+    for (const ActField& fl : mlp.fields())
+      sv.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, fl.ids ? DType::i32 : DType::f32, dev));
+    sv.yf = f32(dev, {N, D});
+    mlp.forward(sv.f, sv.mlp, sv.yf);
+    sv.x_out = f32(dev, {N, n, D});
+    mhc_post_fwd(sv.x_mid, sv.yf, sv.post2, sv.comb2, sv.x_out);
+    x = sv.x_out;
+  }
+  f.x_final = x;
+  f.head = {f32(dev, {N}), f32(dev, {N, n})};
+  f.hh = f32(dev, {N, D});
+  mhc_head_fwd(x, w.hc_head, eps, float(c.v4.hc_eps), f.hh, f.head);
+  f.rstd_n = f32(dev, {N});
+  f.n_final = f32(dev, {N, D});
+  rmsnorm_fwd(f.hh, w.norm, eps, f.n_final, f.rstd_n);
+  return f;
+}
+
+void check_v4_batch(const Model& m) {
+  HMLA_CHECK(m.device() == Device::cpu, ConfigError,
+             "deepseek_v4: the V4 layers run on the CPU so far (CUDA: a later issue, docs/deepseek_v4.md)");
+}
+
+}  // namespace
+
+V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c) {
+  V4Tensors t;
+  t.embed = named.at("model.embed_tokens.weight");
+  t.norm = named.at("model.norm.weight");
+  t.head = c.tie_word_embeddings ? t.embed : named.at("head.weight");
+  t.hc_head = {named.at("model.hc_head.hc_fn"), named.at("model.hc_head.hc_base"), named.at("model.hc_head.hc_scale")};
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) t.layers.push_back(layer_tensors(named, c, L));
+  return t;
+}
+
+Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts) {
+  check_v4_batch(m);
+  const V4Tensors w = v4_tensors(m.params, m.cfg);
+  Forward f = forward(m, w, in);
+  const int64_t N = in.ids.numel(), V = m.cfg.vocab_size;
+  Tensor logits = Tensor::empty({N, V}, DType::f32, m.device());
+  linear_fwd(f.n_final, w.head, logits);
+  if (topk) {
+    topk->clear();
+    for (const LayerSaved& l : f.layers) topk->push_back(l.attn.idx);
+  }
+  if (experts) {
+    experts->clear();
+    for (size_t L = 0; L < f.layers.size(); ++L) experts->push_back(f.mlps[L]->chosen_experts(f.layers[L].mlp));
+  }
+  return logits;
+}
+
+double v4_lm_loss(const Model& m, const DeviceBatch& in) {
+  check_v4_batch(m);
+  const V4Tensors w = v4_tensors(m.params, m.cfg);
+  Forward f = forward(m, w, in);
+  const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
+  lm_head_loss(m, w.head, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
+  return acc.to_vector<double>()[0];
+}
+
+StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads) {
+  check_v4_batch(m);
+  const ModelConfig& c = m.cfg;
+  HMLA_CHECK(opt.backbone, ConfigError, "deepseek_v4: indexer-only steps come with the DSA programme on V4 stacks");
+  const V4Tensors w = v4_tensors(m.params, c), g = v4_tensors(grads, c);
+  Forward f = forward(m, w, in);
+  const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
+  const Device dev = m.device();
+  StepStats st;
+  st.tokens = N;
+  const Tensor stats = opt.stats.defined() ? opt.stats : Tensor::zeros({kStatCount}, DType::f64, dev);
+  stats.slice(0, kStatMbLm, kStatMbKl + 1).fill_zero();
+  // Head, final norm, hc_head.
+  Tensor dn = f32(dev, {N, D}), dhh = f32(dev, {N, D}), dx = f32(dev, {N, n, D});
+  lm_head_loss(m, w.head, f.n_final, in.target, in.keep, g.head, dn, stats.slice(0, kStatMbLm, kStatMbLm + 1));
+  rmsnorm_bwd(dn, f.hh, w.norm, f.rstd_n, dhh, g.norm);
+  mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
+  for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
+    LayerSaved& sv = f.layers[size_t(L)];
+    const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];
+    const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
+    mlp->fixed = f.mlps[size_t(L)]->fixed;
+    dx = block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
+                        {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f}, dx,
+                        [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, sv.f, sv.mlp, dnx); });
+    dx = block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
+                        {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
+                        [&](const Tensor& dy, const Tensor& dnx) {
+                          v4_attention_bwd(c, lw.attn, lg.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, dy,
+                                           dnx);
+                        });
+  }
+  // The embedding fed every stream: its rows' gradient is the streams' sum.
+  Tensor de = f32(dev, {N, D});
+  scale(dx.select(1, 0), 1.f, de);
+  for (int64_t i = 1; i < n; ++i) add(de, dx.select(1, i), de);
+  embedding_bwd(in.ids, de, g.embed);
+  if (opt.stats.defined()) {
+    stats_add(stats, kStatLm, kStatMbLm, 1);
+    st.lm_loss = st.indexer_kl = std::numeric_limits<double>::quiet_NaN();
+  } else {
+    st.lm_loss = stats.to_vector<double>()[kStatMbLm];
+  }
+  return st;
+}
+
+}  // namespace hmla

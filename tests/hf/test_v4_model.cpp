@@ -1,0 +1,142 @@
+// The DeepSeek-V4 model (hmla/model/v4_model.h) against transformers 5.24 on the v4 fixture
+// (tests/hf/make_v4_fixtures.py: a tiny model with every layer kind, hash and learned MoE, nonzero
+// biases and sinks, YaRN on the compress RoPE, s = 36 several times the window 4 and the rates 4
+// and 8, index_topk 3 below the visible entries): the checkpoint loaded as transformers saved it,
+// then
+// - the logits against transformers' float64 (logits_hi + lo), each CSA layer's top-k and each MoE
+//   layer's experts equal;
+// - the LM loss and every parameter's gradient against transformers' float64 autograd (grads of
+//   the mean CE over the b (s - 1) next tokens); the indexer's parameters get exactly zero.
+// Tolerances by STYLE.md's rule: twice the f32 model's error on the same tensor (logits_f32, or
+// NAME_f32err for a gradient: transformers run in f32, the naive instance) plus 8 ulps of the
+// tensor's largest value. The issue's own criterion for the logits (1e-4 of max|logits|) is
+// checked as well.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hf_fixture.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/model.h"
+
+namespace hmla {
+namespace {
+
+const std::string kDir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
+using testing::joined;
+
+struct Fixture {
+  ModelConfig c = load_model_config(kDir + "v4/config.json");
+  io::TensorMap F = io::load_safetensors(kDir + "v4/fixture.safetensors");
+  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), false));
+  Batch batch;
+  Fixture() {
+    load_into_model(m, io::load_safetensors(kDir + "v4/model.safetensors"), "v4 fixture");
+    const Tensor ids = F.at("input_ids");
+    const int64_t b = ids.size(0), s = ids.size(1);
+    std::vector<int32_t> v;
+    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
+    batch.input_ids = Tensor::from_vector<int32_t>({b, s}, v);
+    batch.layout = layout_causal(b, s);
+  }
+};
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+TEST(V4Model, LogitsTopkAndExpertsMatchTransformers) {
+  Fixture fx;
+  std::vector<Tensor> topk, experts;
+  const Tensor logits = model_logits(fx.m, fx.batch, &topk, Comm::self(), &experts);
+  const std::vector<double> ref = joined(fx.F, "logits");
+  const std::vector<float> got = logits.to_vector<float>(), f32 = fx.F.at("logits_f32").to_vector<float>();
+  ASSERT_EQ(got.size(), ref.size());
+  double err = 0, f32err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    err = std::max(err, std::abs(double(got[i]) - ref[i]));
+    f32err = std::max(f32err, std::abs(double(f32[i]) - ref[i]));
+  }
+  const double mag = max_abs(ref), bound = 2 * f32err + 8 * 0x1p-23 * mag;
+  std::printf("logits: max error %.3g, bound %.3g (transformers f32: %.3g), max|logits| %.3g\n", err, bound, f32err,
+              mag);
+  EXPECT_LE(err, bound);
+  EXPECT_LE(err, 1e-4 * mag);
+  const ModelConfig& c = fx.c;
+  const int64_t b = fx.batch.input_ids.size(0), s = fx.batch.input_ids.size(1);
+  int csa = 0;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const std::string key = "layer" + std::to_string(L) + ".topk";
+    if (c.v4.layer_types[size_t(L)] != V4Kind::csa) {
+      EXPECT_FALSE(topk[size_t(L)].defined()) << L;
+      continue;
+    }
+    ++csa;
+    const Tensor want = fx.F.at(key);  // [b, s, min(K, T)] i32, descending score, -1 pads
+    ASSERT_TRUE(topk[size_t(L)].defined()) << L;
+    const std::vector<int32_t> g = topk[size_t(L)].to_vector<int32_t>(), w = want.to_vector<int32_t>();
+    const int64_t K = c.index_topk, kw = want.size(2);
+    ASSERT_EQ(topk[size_t(L)].numel(), b * s * K);
+    for (int64_t r = 0; r < b * s; ++r) {  // sets: ties inside the top-k may order either way
+      std::set<int32_t> gs(g.begin() + r * K, g.begin() + (r + 1) * K), ws(w.begin() + r * kw, w.begin() + (r + 1) * kw);
+      gs.erase(-1), ws.erase(-1);
+      EXPECT_EQ(gs, ws) << "layer " << L << " row " << r;
+    }
+  }
+  EXPECT_EQ(csa, 2);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const Tensor want = fx.F.at("layer" + std::to_string(L) + ".experts");  // [b s, k], each row ascending
+    std::vector<int32_t> g = experts[size_t(L)].to_vector<int32_t>();
+    const std::vector<int32_t> w = want.to_vector<int32_t>();
+    const int64_t k = c.moe.num_experts_per_tok;
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t r = 0; r < g.size(); r += size_t(k)) std::sort(g.begin() + long(r), g.begin() + long(r + size_t(k)));
+    EXPECT_EQ(g, w) << "layer " << L;
+  }
+}
+
+TEST(V4Model, LossAndEveryGradientMatchTransformersFloat64) {
+  Fixture fx;
+  const io::TensorMap G = io::load_safetensors(kDir + "v4_grads/grads.safetensors");
+  const int64_t b = fx.batch.input_ids.size(0), s = fx.batch.input_ids.size(1);
+  ASSERT_EQ(count_lm_targets(fx.batch, fx.c.pad_token_id), b * (s - 1));  // transformers' targets
+  const Tensor garena = Tensor::zeros({fx.m.arena.numel()}, DType::f32);
+  io::TensorMap grads = arena_views(fx.m.table, garena);
+  const StepStats st = model_step(fx.m, fx.batch, StepOptions{}, grads);
+  const double loss = joined(G, "loss")[0], loss_f32err = std::abs(double(G.at("loss_f32").to_vector<float>()[0]) - loss);
+  EXPECT_NEAR(st.lm_loss, loss, 2 * loss_f32err + 8 * 0x1p-23 * loss);
+  std::printf("loss %.9g, transformers float64 %.9g\n", st.lm_loss, loss);
+  double worst = 0;
+  std::string worst_name;
+  int checked = 0, zero = 0;
+  for (const ParamSpec& p : fx.m.table) {
+    const std::vector<float> g = grads.at(p.name).to_vector<float>();
+    if (!G.count(p.name + "_hi")) {  // transformers' zero-gradient parameters: the indexer's
+      EXPECT_NE(p.name.find(".indexer."), std::string::npos) << p.name << " has no gradient in the fixture";
+      for (float v : g) ASSERT_EQ(v, 0.f) << p.name;
+      ++zero;
+      continue;
+    }
+    const std::vector<double> ref = joined(G, p.name);
+    ASSERT_EQ(g.size(), ref.size()) << p.name;
+    double err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::abs(double(g[i]) - ref[i]));
+    const double bound = 2 * double(G.at(p.name + "_f32err").to_vector<float>()[0]) + 8 * 0x1p-23 * max_abs(ref);
+    EXPECT_LE(err, bound) << p.name;
+    if (err / bound > worst) worst = err / bound, worst_name = p.name;
+    ++checked;
+  }
+  std::printf("%d gradients within the rule (worst %.3g of its bound: %s); %d indexer tensors exactly 0\n", checked,
+              worst, worst_name.c_str(), zero);
+  EXPECT_GT(zero, 0);
+}
+
+}  // namespace
+}  // namespace hmla
