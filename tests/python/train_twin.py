@@ -10,6 +10,13 @@ torch.optim.AdamW after a per-group norm clip. f32, the bench's thread count; wi
 (`hmla bench train --device cuda`) on the GPU, its products and attention under bf16 autocast (the
 baseline a PyTorch user would run), timed with the device synchronised.
 
+DeepSeek-V4 configs (model_type deepseek_v4) run v4_twin.py's model instead (DESIGN.md section 10:
+mHC, the V4 attention block with its compressors, the V4 MoE), with the same protocol, batch and
+optimizer: weights in DeepSeek's checkpoint names (the hash layers' ffn.gate.tid2eid an integer
+table, not a parameter), modes mha and mqa_full_causal (hmla trains V4 stacks densely: CSA layers
+attend over every visible entry); twin.json's optional "csa_selection": "topk" attends over the
+CSA indexer's top-k instead (transformers' forward; no indexer loss).
+
 Protocol (--serve DIR): reads DIR/twin.json, DIR/weights.safetensors and DIR/batch.safetensors,
 then for each line "step" on stdin runs one training step and answers one line
 {"ms": wall time of the step, "loss": its LM loss, "attention", "torch"}; "quit" ends it."""
@@ -26,6 +33,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
+import v4_twin  # noqa: E402
 from mla_twin import indexer_kl, indexer_scores, rms, rope_freqs, rope_interleaved, softmax_scale, table_mask  # noqa: E402
 
 
@@ -212,14 +220,28 @@ def main():
     cfg = json.load(open(opt["config"]))
     mode = opt["mode"]
     dev = torch.device(opt.get("device", "cpu"))
-    p = {n: torch.tensor(a, dtype=torch.float32, device=dev, requires_grad=True)
-         for n, a in st.load(f"{d}/weights.safetensors").items()}
+    v4 = cfg.get("model_type") == "deepseek_v4"
+    if v4:
+        if mode not in ("mha", "mqa_full_causal"):
+            sys.exit(f"train_twin: mode {mode} on a deepseek_v4 model: hmla trains V4 stacks in mha only")
+        v4cfg = v4_twin.v4_config(cfg)
+        csa = opt.get("csa_selection", "dense")
+        if csa not in ("dense", "topk"):
+            sys.exit(f"train_twin: csa_selection = {csa!r}: use \"dense\" (hmla's mha) or \"topk\" (the indexer's)")
+        p, v4tabs = v4_twin.split_weights(st.load(f"{d}/weights.safetensors"), torch.float32, dev)
+    else:
+        p = {n: torch.tensor(a, dtype=torch.float32, device=dev, requires_grad=True)
+             for n, a in st.load(f"{d}/weights.safetensors").items()}
     bt = st.load(f"{d}/batch.safetensors")
     ids = torch.from_numpy(bt["input_ids"].astype(np.int64)).to(dev)
     ds = torch.from_numpy(bt["doc_start"].astype(np.int64)).to(dev)
     de = torch.from_numpy(bt["doc_end"].astype(np.int64)).to(dev)
     allowed, targets, keep, rw = batch_masks(cfg, ids, ds, de)
     tables = {int(n.split(".")[1]): a for n, a in bt.items() if n.startswith("table.")}
+    attention_kind = ATTENTION
+    if v4:
+        v4lay = v4_twin.layout(v4cfg, ds, de)
+        attention_kind = "masked softmax"  # window + entries + sink in one softmax: no sdpa form
     backbone = [x for n, x in p.items() if "indexer." not in n]
     indexer = [x for n, x in p.items() if "indexer." in n]
     optim = torch.optim.AdamW(list(p.values()), lr=opt["lr"], betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
@@ -229,7 +251,10 @@ def main():
         t0 = time.perf_counter()
         optim.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else contextlib.nullcontext():
-            lm, kl = step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw)
+            if v4:
+                lm, kl = v4_twin.step_loss(v4cfg, p, v4tabs, ids, v4lay, targets, keep, csa), None
+            else:
+                lm, kl = step_loss(cfg, p, ids, allowed, targets, keep, mode, tables, rw)
         (lm + kl if kl is not None else lm).backward()
         torch.nn.utils.clip_grad_norm_(backbone, 1.0)
         if indexer:
@@ -238,7 +263,7 @@ def main():
         if dev.type == "cuda":
             torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
-        print(json.dumps({"ms": ms, "loss": float(lm), "attention": ATTENTION, "torch": torch.__version__}),
+        print(json.dumps({"ms": ms, "loss": float(lm), "attention": attention_kind, "torch": torch.__version__}),
               flush=True)
 
 
