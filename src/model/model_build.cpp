@@ -4,6 +4,8 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hmla/model/model.h"
 #include "hmla/model/v4_tables.h"
@@ -27,6 +29,27 @@ ModelTensors compute_tensors(Model& m) {
   ModelTensors wc = model_tensors(views, m.cfg.num_hidden_layers, m.cfg.tie_word_embeddings);
   if (m.cfg.tie_word_embeddings) wc.lm_head = copy.at("model.embed_tokens.weight");  // a product reads it
   return wc;
+}
+
+// The hash layers' tid2eid (DeepSeek-V4): transformers leaves it 0 ("real values come from the
+// checkpoint"), which routes every token to one expert twice; hmla draws each token's
+// num_experts_per_tok distinct experts uniformly (a partial Fisher-Yates shuffle), after the
+// weights from the same generator, so a seed makes the same model.
+void init_int_tables(Model& m, std::mt19937_64& rng) {
+  const int64_t E = m.cfg.moe.n_routed_experts;
+  for (auto& [name, t] : m.ints) {
+    const int64_t rows = t.size(0), k = t.size(1);
+    std::vector<int32_t> v(static_cast<size_t>(t.numel())), perm(static_cast<size_t>(E));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t e = 0; e < E; ++e) perm[size_t(e)] = int32_t(e);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t pick = j + int64_t(rng() % uint64_t(E - j));
+        std::swap(perm[size_t(j)], perm[size_t(pick)]);
+        v[size_t(r * k + j)] = perm[size_t(j)];
+      }
+    }
+    t.copy_from(Tensor::from_vector<int32_t>(t.shape(), v));
+  }
 }
 
 }  // namespace
@@ -101,15 +124,21 @@ void init_model(Model& m, uint64_t seed) {
   std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
   const Tensor host = Tensor::empty({m.arena.numel()}, DType::f32);  // drawn on the host, then copied
   float* v = host.data<float>();
+  const bool v4 = m.cfg.is_v4();
   for (const ParamSpec& p : m.table) {
     const int64_t n = shape_numel(p.shape);
-    const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos;
+    // DeepSeek-V4 as transformers' _init_weights: the mixers' base 0 and scale 1, sinks and the
+    // compressors' position biases (ape) 0.
+    const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
+                      (v4 && p.name.ends_with("_scale"));
     const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos ||
-                       p.name.ends_with(".e_score_correction_bias");
+                       p.name.ends_with(".e_score_correction_bias") ||
+                       (v4 && (p.name.ends_with("_base") || p.name.ends_with("attn_sink") || p.name.ends_with(".ape")));
     for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
     v += n;
   }
   m.arena.copy_from(host);
+  init_int_tables(m, rng);
   refresh_compute_weights(m);
 }
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -102,6 +103,12 @@ TEST(V4Model, LogitsTopkAndExpertsMatchTransformers) {
   }
 }
 
+// A gradient's group: its layer (model.layers.L.), else the model-wide tensors.
+std::string group_of(const std::string& name) {
+  if (!name.starts_with("model.layers.")) return "model";
+  return name.substr(0, name.find('.', std::string("model.layers.").size()) + 1);
+}
+
 TEST(V4Model, LossAndEveryGradientMatchTransformersFloat64) {
   Fixture fx;
   const io::TensorMap G = io::load_safetensors(kDir + "v4_grads/grads.safetensors");
@@ -113,13 +120,26 @@ TEST(V4Model, LossAndEveryGradientMatchTransformersFloat64) {
   const double loss = joined(G, "loss")[0], loss_f32err = std::abs(double(G.at("loss_f32").to_vector<float>()[0]) - loss);
   EXPECT_NEAR(st.lm_loss, loss, 2 * loss_f32err + 8 * 0x1p-23 * loss);
   std::printf("loss %.9g, transformers float64 %.9g\n", st.lm_loss, loss);
+  // The naive instance's error on one small tensor can be lucky (a scalar such as hc_scale's
+  // gradient is a sum of terms that cancel to a few per cent of their size); what a gradient's
+  // error is made of is the gradient reaching its layer, which every tensor of the layer shares.
+  // So the rule's naive error and magnitude are the group's largest (a layer, or the model-wide
+  // tensors), as the twin's check (tests/python/v4_twin_check.py) groups them.
+  std::map<std::string, std::pair<double, double>> group;  // -> (largest f32 error, largest |gradient|)
+  for (const ParamSpec& p : fx.m.table) {
+    if (!G.count(p.name + "_hi")) continue;
+    auto& [e, mag] = group[group_of(p.name)];
+    e = std::max(e, double(G.at(p.name + "_f32err").to_vector<float>()[0]));
+    mag = std::max(mag, max_abs(joined(G, p.name)));
+  }
   double worst = 0;
   std::string worst_name;
   int checked = 0, zero = 0;
   for (const ParamSpec& p : fx.m.table) {
     const std::vector<float> g = grads.at(p.name).to_vector<float>();
-    if (!G.count(p.name + "_hi")) {  // transformers' zero-gradient parameters: the indexer's
-      EXPECT_NE(p.name.find(".indexer."), std::string::npos) << p.name << " has no gradient in the fixture";
+    if (!G.count(p.name + "_hi")) {  // no gradient in transformers: the indexer's, and the router bias (a buffer)
+      EXPECT_TRUE(p.name.find(".indexer.") != std::string::npos || p.name.ends_with(".ffn.gate.bias"))
+          << p.name << " has no gradient in the fixture";
       for (float v : g) ASSERT_EQ(v, 0.f) << p.name;
       ++zero;
       continue;
@@ -128,13 +148,14 @@ TEST(V4Model, LossAndEveryGradientMatchTransformersFloat64) {
     ASSERT_EQ(g.size(), ref.size()) << p.name;
     double err = 0;
     for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::abs(double(g[i]) - ref[i]));
-    const double bound = 2 * double(G.at(p.name + "_f32err").to_vector<float>()[0]) + 8 * 0x1p-23 * max_abs(ref);
+    const auto [gerr, gmag] = group.at(group_of(p.name));
+    const double bound = 2 * gerr + 8 * 0x1p-23 * gmag;
     EXPECT_LE(err, bound) << p.name;
     if (err / bound > worst) worst = err / bound, worst_name = p.name;
     ++checked;
   }
-  std::printf("%d gradients within the rule (worst %.3g of its bound: %s); %d indexer tensors exactly 0\n", checked,
-              worst, worst_name.c_str(), zero);
+  std::printf("%d gradients within the rule (worst %.3g of its bound: %s); %d tensors exactly 0 (indexers, router biases)\n",
+              checked, worst, worst_name.c_str(), zero);
   EXPECT_GT(zero, 0);
 }
 
