@@ -11,6 +11,34 @@
 
 namespace hmla {
 
+namespace detail {
+
+// Every used entry of batch row bb belongs to a document of the row (ent_doc a document start),
+// ends inside it, and the row's entries are sorted by document, then by last row, unused slots
+// (ent_doc -1) last: what makes the visible entries of a query one range. A host pass over b n_e.
+void check_entry_metadata(const char* op, const int32_t* doc, const int32_t* last, const DocLayout& l, int64_t b,
+                          int64_t n_e) {
+  const int32_t* ds = l.doc_start.data<int32_t>();
+  const int32_t* de = l.doc_end.data<int32_t>();
+  for (int64_t bb = 0; bb < b; ++bb)
+    for (int64_t e = 0; e < n_e; ++e) {
+      const int64_t i = bb * n_e + e, st = doc[i], en = last[i];
+      if (st == -1) {  // an unused slot: only after the row's entries
+        HMLA_CHECK(e + 1 == n_e || doc[i + 1] == -1, LayoutError, op, ": entry ", e, " of batch row ", bb,
+                   " is unused (ent_doc -1) but a used one follows: unused slots end a row");
+        continue;
+      }
+      HMLA_CHECK(st >= 0 && st < l.s && ds[bb * l.s + st] == st && en >= st && en < de[bb * l.s + st], LayoutError, op,
+                 ": entry ", e, " of batch row ", bb, " (ent_doc ", st, ", ent_last ", en,
+                 ") is not inside a document: ent_doc must be a document's first row and ent_last a row of it");
+      HMLA_CHECK(e == 0 || doc[i - 1] < st || (doc[i - 1] == st && last[i - 1] < en), LayoutError, op, ": entry ", e,
+                 " of batch row ", bb, " is out of order: a row's entries go by document, then by ent_last (the "
+                 "compressor's order)");
+    }
+}
+
+}  // namespace detail
+
 namespace {
 
 constexpr const char* kOp = "compressed attention";
@@ -19,29 +47,6 @@ void check_dense(const Tensor& t, const char* name, const Shape& want, DType dt,
   HMLA_CHECK(t.defined() && t.shape() == want && t.dtype() == dt && t.device() == dev && t.is_contiguous(), ShapeError,
              kOp, ": ", name, " must be a contiguous ", dtype_name(dt), shape_str(want), " tensor on ",
              device_name(dev), ", got ", detail::desc(t));
-}
-
-// Every used entry of batch row bb belongs to a document of the row (ent_doc a document start),
-// ends inside it, and the row's entries are sorted by document, then by last row, unused slots
-// (ent_doc -1) last: what makes the visible entries of a query one range. A host pass over b n_e.
-void check_entries(const int32_t* doc, const int32_t* last, const DocLayout& l, int64_t b, int64_t n_e) {
-  const int32_t* ds = l.doc_start.data<int32_t>();
-  const int32_t* de = l.doc_end.data<int32_t>();
-  for (int64_t bb = 0; bb < b; ++bb)
-    for (int64_t e = 0; e < n_e; ++e) {
-      const int64_t i = bb * n_e + e, st = doc[i], en = last[i];
-      if (st == -1) {  // an unused slot: only after the row's entries
-        HMLA_CHECK(e + 1 == n_e || doc[i + 1] == -1, LayoutError, kOp, ": entry ", e, " of batch row ", bb,
-                   " is unused (ent_doc -1) but a used one follows: unused slots end a row");
-        continue;
-      }
-      HMLA_CHECK(st >= 0 && st < l.s && ds[bb * l.s + st] == st && en >= st && en < de[bb * l.s + st], LayoutError, kOp,
-                 ": entry ", e, " of batch row ", bb, " (ent_doc ", st, ", ent_last ", en,
-                 ") is not inside a document: ent_doc must be a document's first row and ent_last a row of it");
-      HMLA_CHECK(e == 0 || doc[i - 1] < st || (doc[i - 1] == st && last[i - 1] < en), LayoutError, kOp, ": entry ", e,
-                 " of batch row ", bb, " is out of order: a row's entries go by document, then by ent_last (the "
-                 "compressor's order)");
-    }
 }
 
 AttnCompressedParams make_params(const AttnCompressedInputs& in) {
@@ -87,7 +92,7 @@ AttnCompressedParams make_params(const AttnCompressedInputs& in) {
     p.ent = in.ent.raw_data();
     p.ent_last = in.ent_last.data<int32_t>();
     p.ent_doc = in.ent_doc.data<int32_t>();
-    if (dev == Device::cpu) check_entries(p.ent_doc, p.ent_last, *in.layout, b, n_e);
+    if (dev == Device::cpu) detail::check_entry_metadata(kOp, p.ent_doc, p.ent_last, *in.layout, b, n_e);
   }
   p.sink = in.sink.defined() ? in.sink.data<float>() : nullptr;
   return p;

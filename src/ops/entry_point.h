@@ -8,6 +8,10 @@
 #include "hmla/core/tensor.h"
 #include "hmla/ops/backend.h"
 
+namespace hmla {
+struct DocLayout;
+}
+
 namespace hmla::detail {
 
 inline std::string desc(const Tensor& t) {
@@ -20,5 +24,11 @@ void run(const char* op, Op entry, const auto& p, std::initializer_list<const Te
          const char* why = "these tensors") {
   dispatch(device_of(op, ts), entry, p, op, why);
 }
+
+// The compressed entries' metadata contract on host tensors (ent_doc, ent_last [b, n_e]; the
+// compressed attention and the compressed indexer): what makes a query's visible entries one range.
+// Throws LayoutError naming `op` and the first entry that breaks it.
+void check_entry_metadata(const char* op, const int32_t* doc, const int32_t* last, const DocLayout& l, int64_t b,
+                          int64_t n_e);
 
 }  // namespace hmla::detail

@@ -48,6 +48,7 @@ enum class Oracle {
   moe_balance_ref,     // the loads and bias exactly, the balance loss against float64 (test_moe_balance.cpp)
   attn_compressed_ref, // op_cases::attn_compressed_ref (cases_attn_compressed.h): V4's window + entries + sink
   mhc_ref,             // tests/common/mhc_oracle.h: mHC's pre, post and head and their gradients in float64
+  compressed_index_ref, // op_cases::compressed_index_ref (cases_compressed_index.h): the CSA indexer's scores and top-k
 };
 
 inline const char* oracle_name(Oracle o) {
@@ -72,6 +73,7 @@ inline const char* oracle_name(Oracle o) {
     case Oracle::moe_balance_ref: return "moe_balance_ref";
     case Oracle::attn_compressed_ref: return "attn_compressed_ref";
     case Oracle::mhc_ref: return "mhc_ref";
+    case Oracle::compressed_index_ref: return "compressed_index_ref";
   }
   return "?";
 }
