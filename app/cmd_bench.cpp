@@ -165,7 +165,7 @@ void add_bench_command(CLI::App& app) {
   cpt->add_option("--batch", co->batch, "rows per batch")->capture_default_str()->check(Int(1));
   cpt->callback([co] {
     const ModelConfig cfg = load_model_config(co->config);
-    check_builds_layers(cfg, co->config);
+    check_mla_layers(cfg, co->config);
     const int64_t H = cfg.num_attention_heads, Dqk = cfg.qk_head_dim(), Dv = cfg.v_head_dim;
     for (int64_t s : co->seq_lens)
       for (int64_t R : co->ranks) {

@@ -72,7 +72,7 @@ void add_layer_command(CLI::App& app) {
     check_cp_split(o->cp_split);
     if (Comm::world().is_root()) io::check_output_file(o->out, "--out");  // before the work; rank 0 writes
     ModelConfig cfg = load_model_config(o->config);
-    check_builds_layers(cfg, o->config);
+    check_mla_layers(cfg, o->config);
     if (!o->mode.empty()) set_all_modes(cfg, parse_mode(o->mode, "--mode"));
     HMLA_CHECK(o->layer >= 0 && o->layer < cfg.num_hidden_layers, ConfigError, "--layer ", o->layer,
                ": the config has ", cfg.num_hidden_layers, " layers");

@@ -113,7 +113,6 @@ void add_model_commands(CLI::App& app) {
     HMLA_CHECK(!f->inputs.empty() || !f->text.empty(), ConfigError, "forward: give --inputs or --text");
     io::check_output_file(f->out, "--out");  // before the work, not only when writing
     const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");
-    check_builds_layers(cfg, f->checkpoint);
     Tensor ids;
     io::Metadata meta;  // --text: the tokenizer that made input_ids
     if (!f->text.empty()) {
@@ -129,9 +128,12 @@ void add_model_commands(CLI::App& app) {
       ids = token_ids(in.at("input_ids"), cfg.vocab_size, f->inputs + ": input_ids");
     }
     const Model m = load_checkpoint_model(f->checkpoint, cfg);
-    std::vector<Tensor> experts;
-    io::TensorMap out{{"logits", model_logits(m, one_document_rows(ids), nullptr, Comm::self(), &experts)}};
+    std::vector<Tensor> experts, topk;
+    io::TensorMap out{{"logits", model_logits(m, one_document_rows(ids), cfg.is_v4() ? &topk : nullptr, Comm::self(),
+                                              &experts)}};
     if (!f->text.empty()) out["input_ids"] = ids;
+    for (size_t L = 0; L < topk.size(); ++L)  // DeepSeek-V4's CSA layers: the indexer's selection
+      if (topk[L].defined()) out["topk." + std::to_string(L)] = topk[L];
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       if (experts[L].defined()) out["experts." + std::to_string(L)] = experts[L];
     io::save_safetensors(f->out, out, meta);
@@ -159,7 +161,6 @@ void add_model_commands(CLI::App& app) {
                "--moe-aux-loss-coeff = ", b->moe_aux_loss_coeff, ": it must be finite and >= 0");
     io::check_output_file(b->out, "--out");
     const ModelConfig cfg = load_model_config(b->checkpoint + "/config.json");
-    check_builds_layers(cfg, b->checkpoint);
     io::TensorMap in = io::load_safetensors(b->inputs);
     check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, b->inputs);
     const Batch batch = one_document_rows(token_ids(in.at("input_ids"), cfg.vocab_size, b->inputs + ": input_ids"));
@@ -182,7 +183,7 @@ void add_model_commands(CLI::App& app) {
       out["moe_aux_loss"] = Tensor::from_vector<float>({n_moe}, aux);
     }
     for (const ParamSpec& p : m.table)
-      if (!p.name.ends_with("e_score_correction_bias")) out["grad." + p.name] = grads.at(p.name);
+      if (!is_router_bias(p.name)) out["grad." + p.name] = grads.at(p.name);
     std::vector<Tensor> experts;
     model_logits(m, batch, nullptr, Comm::self(), &experts);
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)

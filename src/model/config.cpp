@@ -464,8 +464,15 @@ void check_builds_layers(const ModelConfig& c, const std::string& what) {
              "but does not build DeepSeek-V4 layers yet (no forward, backward, training or generation)");
 }
 
+void check_mla_layers(const ModelConfig& c, const std::string& what) {
+  HMLA_CHECK(!c.is_v4(), ConfigError, what, ": model_type deepseek_v4: this command is about the MLA layer "
+             "(deepseek_v32, glm_moe_dsa); V4 models run through hmla forward, backward, train and bench train");
+}
+
 void set_all_modes(ModelConfig& c, LayerMode m) {
-  check_builds_layers(c, "config");
+  HMLA_CHECK(!c.is_v4() || m == LayerMode::mha, ConfigError, "config: model_type deepseek_v4 takes mode mha only (its "
+             "layers as transformers computes them); the DSA programme's modes on V4 stacks are not built yet, got ",
+             mode_name(m));
   c.layer_modes.assign(c.num_hidden_layers, m);
   validate(c, "config");
 }

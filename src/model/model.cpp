@@ -121,6 +121,15 @@ std::vector<int64_t> moe_layers(const ModelConfig& c) {
   return v;
 }
 
+std::string moe_bias_name(const ModelConfig& c, int64_t L) {
+  if (!c.is_v4()) return layer_prefix(L) + "mlp.gate.e_score_correction_bias";
+  return c.v4.hash.at(size_t(L)) ? std::string() : layer_prefix(L) + "ffn.gate.bias";
+}
+
+bool is_router_bias(const std::string& name) {
+  return name.ends_with(".e_score_correction_bias") || name.ends_with(".ffn.gate.bias");
+}
+
 namespace {
 
 // StepOptions' load counting and, when the balance loss is on, each MoE layer's inputs to it (its

@@ -15,6 +15,7 @@
 
 #include "hmla/model/mlp.h"
 #include "hmla/model/model.h"
+#include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
 #include "model_internal.h"
@@ -232,10 +233,17 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
   check_v4_batch(m);
   const ModelConfig& c = m.cfg;
   HMLA_CHECK(opt.backbone, ConfigError, "deepseek_v4: indexer-only steps come with the DSA programme on V4 stacks");
+  HMLA_CHECK(opt.moe_aux_coeff == 0, ConfigError,
+             "deepseek_v4: moe_aux_loss_coeff > 0: the sequence-wise balance loss is built for sigmoid routers "
+             "only; V4 balances by its router bias (moe_bias_update_rate)");
   const V4Tensors w = v4_tensors(m.params, c), g = v4_tensors(grads, c);
   Forward f = forward(m, w, in);
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const Device dev = m.device();
+  if (opt.expert_load.defined())  // every layer is MoE: each one's counts over the loss rows
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+      moe_expert_load(f.mlps[size_t(L)]->chosen_experts(f.layers[size_t(L)].mlp), in.row_weight.view({N}), 1, true,
+                      opt.expert_load.slice(0, L, L + 1));
   StepStats st;
   st.tokens = N;
   const Tensor stats = opt.stats.defined() ? opt.stats : Tensor::zeros({kStatCount}, DType::f64, dev);

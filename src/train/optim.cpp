@@ -88,7 +88,7 @@ void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const 
   for (const ParamSpec& p : table_) {
     const bool idx = is_indexer_tensor(p.name);
     if (indexer_only_ && !idx) continue;
-    if (p.name.ends_with(".e_score_correction_bias")) continue;  // not a gradient parameter (DESIGN.md section 9)
+    if (is_router_bias(p.name)) continue;  // not a gradient parameter (DESIGN.md section 9)
     const StatSlot gscale = idx ? kStatScaleIndexer : kStatScaleBackbone;
     const float lr = float(lr_at(o_, idx ? o_.indexer_lr : o_.lr, step));
     const Tensor &w = m.params.at(p.name), &g = grads.at(p.name), &mm = m_.at(p.name);

@@ -61,6 +61,10 @@ void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) 
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  for (const PhaseSettings& ph : pr.phases)  // DESIGN.md section 10's programme on V4 stacks: not yet
+    HMLA_CHECK(!in.cfg.is_v4() || ph.mode == LayerMode::mha, ConfigError, pr.path, ": phase '", ph.name, "': mode ",
+               mode_name(ph.mode), " on a deepseek_v4 model; V4 stacks train dense (mode mha) so far, the DSA "
+               "programme's phases on them are not built yet");
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
   TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs

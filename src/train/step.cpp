@@ -43,9 +43,10 @@ void balance_experts(RankGrid& grid, const PhaseSettings& ph, Model& model, cons
   if (ph.mode == LayerMode::dsa_warmup || ph.moe_bias_update_rate == 0) return;  // frozen, or off
   load.resize(size_t(ms.n_moe * ms.E));  // the loads: one upload for every layer
   const Tensor dev_load = Tensor::from_vector<double>({ms.n_moe, ms.E}, load).on(model.device());
-  for (int64_t j = 0; j < ms.n_moe; ++j)
-    moe_bias_update(model.params.at(layer_prefix(layers[size_t(j)]) + "mlp.gate.e_score_correction_bias"),
-                    dev_load.select(0, j), float(ph.moe_bias_update_rate));
+  for (int64_t j = 0; j < ms.n_moe; ++j) {
+    const std::string bias = moe_bias_name(model.cfg, layers[size_t(j)]);
+    if (!bias.empty()) moe_bias_update(model.params.at(bias), dev_load.select(0, j), float(ph.moe_bias_update_rate));
+  }
 }
 
 }  // namespace

@@ -166,8 +166,13 @@ void save_model_config(const std::string& path, const ModelConfig& c);
 // ConfigError unless c is an MLA family (deepseek_v32, glm_moe_dsa): hmla reads, validates and
 // writes deepseek_v4 configs, but builds no DeepSeek-V4 layers yet (docs/deepseek_v4.md).
 void check_builds_layers(const ModelConfig& c, const std::string& what);
+// ConfigError for a deepseek_v4 config in a command about the MLA layer itself (hmla layer, the
+// context-parallel traffic bench): `what` names the config.
+void check_mla_layers(const ModelConfig& c, const std::string& what);
 
-// Sets every layer's mode (as `hmla layer --mode` does) and validates again.
+// Sets every layer's mode (as `hmla layer --mode` does) and validates again. A deepseek_v4 config
+// takes mha only: its layers run as transformers computes them (the CSA indexer's top-k, no KL);
+// the DSA programme's modes on V4 stacks are DESIGN.md section 10's next step.
 void set_all_modes(ModelConfig& c, LayerMode m);
 
 // The one dispatch predicate (DESIGN.md section 1): does `layer` build the latent MQA backend?

@@ -140,6 +140,12 @@ struct StepOptions {
 
 // The MoE layers of c, in layer order (the rows of StepOptions::expert_load).
 std::vector<int64_t> moe_layers(const ModelConfig& c);
+// MoE layer L's router correction bias, which the balancing rule updates (docs/moe.md): DeepSeek-V3.2
+// and GLM-5's mlp.gate.e_score_correction_bias, DeepSeek-V4's ffn.gate.bias; "" for a V4 hash layer
+// (it routes by tid2eid and has none).
+std::string moe_bias_name(const ModelConfig& c, int64_t L);
+// A tensor the optimizer leaves alone: a router correction bias (no gradient; moe_bias_name's).
+bool is_router_bias(const std::string& name);
 
 struct StepStats {
   double lm_loss = 0;      // sum over targets of CE / lm_targets
