@@ -1,8 +1,10 @@
 // `hmla forward` (logits of a checkpoint), `hmla backward` (a training step's loss and gradients,
-// no update) and `hmla generate` (continuations), all on a checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
+// no update), `hmla init` (a freshly drawn checkpoint), `hmla convert` (a checkpoint rewritten as hmla
+// writes its own) and `hmla generate` (continuations), all on a checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
 // or sharded; f32 or bf16). Each layer runs the mode its config records. generate runs the prompt
 // once and then one token a step against a latent KV cache (CPU).
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <random>
 
@@ -112,7 +114,7 @@ void add_model_commands(CLI::App& app) {
   fwd->callback([f] {
     HMLA_CHECK(!f->inputs.empty() || !f->text.empty(), ConfigError, "forward: give --inputs or --text");
     io::check_output_file(f->out, "--out");  // before the work, not only when writing
-    const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");
+    const ModelConfig cfg = load_model_config(f->checkpoint + "/config.json");  // DeepSeek-V4 too (CPU)
     Tensor ids;
     io::Metadata meta;  // --text: the tokenizer that made input_ids
     if (!f->text.empty()) {
@@ -160,7 +162,7 @@ void add_model_commands(CLI::App& app) {
     HMLA_CHECK(std::isfinite(b->moe_aux_loss_coeff) && b->moe_aux_loss_coeff >= 0, ConfigError,
                "--moe-aux-loss-coeff = ", b->moe_aux_loss_coeff, ": it must be finite and >= 0");
     io::check_output_file(b->out, "--out");
-    const ModelConfig cfg = load_model_config(b->checkpoint + "/config.json");
+    const ModelConfig cfg = load_model_config(b->checkpoint + "/config.json");  // DeepSeek-V4 too (CPU)
     io::TensorMap in = io::load_safetensors(b->inputs);
     check_inputs(in, {{"input_ids", {"b", "s"}, {DType::i32, DType::i64}}}, b->inputs);
     const Batch batch = one_document_rows(token_ids(in.at("input_ids"), cfg.vocab_size, b->inputs + ": input_ids"));
@@ -189,6 +191,60 @@ void add_model_commands(CLI::App& app) {
     for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)
       if (experts[L].defined()) out["experts." + std::to_string(L)] = experts[L];
     io::save_safetensors(b->out, out);
+  });
+
+  struct InitOpts {
+    std::string config, out;
+    uint64_t seed = 0;
+    int64_t shard_bytes = 0;
+  };
+  auto in = std::make_shared<InitOpts>();
+  CLI::App* init = app.add_subcommand(
+      "init", "A freshly initialised checkpoint (init_model's draw from --seed) of a model config: writes\n"
+              "OUT/config.json and OUT/model.safetensors (or, with --shard-bytes, transformers' shards and\n"
+              "model.safetensors.index.json), as training checkpoints are written.");
+  init->add_option("--config", in->config, "model config.json (MLA models or deepseek_v4)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  init->add_option("--out", in->out, "checkpoint directory to write (created)")->required()->check(NonEmpty());
+  init->add_option("--seed", in->seed, "initialisation seed")->capture_default_str()->check(Int(0));
+  init->add_option("--shard-bytes", in->shard_bytes, "shard the weights at this many bytes a file (0: one file)")
+      ->capture_default_str()
+      ->check(Int(0));
+  init->callback([in] {
+    const ModelConfig cfg = load_model_config(in->config);
+    std::vector<bool> has_indexer(size_t(cfg.num_hidden_layers));  // the layers whose mode runs one
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) has_indexer[size_t(L)] = !cfg.is_v4() && cfg.runs_indexer(L);
+    Model m = build_model(cfg, has_indexer);
+    init_model(m, in->seed);
+    std::filesystem::create_directories(in->out);
+    save_model_config(in->out + "/config.json", cfg);
+    save_model_weights(in->out, m, in->shard_bytes);
+  });
+
+  struct ConvertOpts {
+    std::string checkpoint, out;
+    int64_t shard_bytes = 0;
+  };
+  auto cv = std::make_shared<ConvertOpts>();
+  CLI::App* conv = app.add_subcommand(
+      "convert", "A checkpoint as hmla writes its own: reads CHECKPOINT (single or sharded; FP8 / FP4 weights\n"
+                 "dequantized, DeepSeek-V4's released names taken as transformers saves them) and writes\n"
+                 "OUT/config.json and f32 weights (the integer tables as I64, the multi-token-prediction\n"
+                 "tensors unchanged), what `hmla init` and training checkpoints write.");
+  conv->add_option("--checkpoint", cv->checkpoint, "checkpoint directory (config.json + safetensors)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  conv->add_option("--out", cv->out, "checkpoint directory to write (created)")->required()->check(NonEmpty());
+  conv->add_option("--shard-bytes", cv->shard_bytes, "shard the weights at this many bytes a file (0: one file)")
+      ->capture_default_str()
+      ->check(Int(0));
+  conv->callback([cv] {
+    const ModelConfig cfg = load_model_config(cv->checkpoint + "/config.json");
+    const Model m = load_checkpoint_model(cv->checkpoint, cfg);
+    std::filesystem::create_directories(cv->out);
+    save_model_config(cv->out + "/config.json", cfg);
+    save_model_weights(cv->out, m, cv->shard_bytes);
   });
 
   struct GenOpts {

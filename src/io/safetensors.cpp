@@ -49,9 +49,14 @@ bool parse_dtype(const std::string& s, DType& t) {
   return true;
 }
 
-// The F8 types of the safetensors format. hmla reads F8_E4M3 (DeepSeek-V3.2's FP8 weights,
-// torch.float8_e4m3fn) and refuses the others by name: their codes mean different numbers.
+// The F8 types of the safetensors format. hmla reads F8_E4M3 (the FP8 weights of DeepSeek-V3.2 and
+// V4, torch.float8_e4m3fn) and F8_E8M0 (V4's power-of-two block scales, torch.float8_e8m0fnu) and
+// refuses the others by name: their codes mean different numbers.
 bool is_f8(const std::string& s) { return s.rfind("F8_", 0) == 0; }
+// The one-byte types a checkpoint's quantized weights travel in (kept as stored, checkpoint_forms.h
+// dequantizes them): F8_E4M3 and F8_E8M0, I8 (DeepSeek-V4's packed FP4 experts, two e2m1 codes a
+// byte) and U8 (e8m0 scales saved as bytes).
+bool is_quantized(const std::string& s) { return s == "F8_E4M3" || s == "F8_E8M0" || s == "I8" || s == "U8"; }
 
 constexpr uint64_t kMaxHeader = kMaxJsonBytes;
 
@@ -140,15 +145,18 @@ TensorMap parse_safetensors(const std::string& bytes, const std::string& what, M
                    e.contains("data_offsets"),
                IoError, what, ": tensor '", name, "' needs dtype, shape and data_offsets");
     HMLA_CHECK(e["dtype"].is_string(), IoError, what, ": tensor '", name, "': dtype is not a string");
-    DType dt = DType::i32;  // F8_E4M3: 1 byte an element, kept in `fp8`
+    DType dt = DType::i32;  // the quantized types: 1 byte an element, kept in `fp8`
     const std::string dts = e["dtype"].get<std::string>();
-    const bool f8 = is_f8(dts);
-    HMLA_CHECK(!f8 || dts == "F8_E4M3", IoError, what, ": tensor '", name, "' has dtype ", dts,
-               "; of the FP8 types hmla reads only F8_E4M3 (e4m3 weights with block scales, as DeepSeek-V3.2 stores them)");
-    HMLA_CHECK(!f8 || fp8, IoError, what, ": tensor '", name,
-               "' is F8_E4M3, which hmla reads only as a model checkpoint's FP8 weight (with its weight_scale_inv)");
+    const bool f8 = is_quantized(dts);
+    HMLA_CHECK(!is_f8(dts) || f8, IoError, what, ": tensor '", name, "' has dtype ", dts,
+               "; of the FP8 types hmla reads only F8_E4M3 (e4m3 weights) and F8_E8M0 (their block scales), as "
+               "DeepSeek-V3.2 and V4 store them");
+    HMLA_CHECK(!f8 || fp8 || dts == "U8" || dts == "I8", IoError, what, ": tensor '", name, "' is ", dts,
+               ", which hmla reads only as a model checkpoint's quantized weight or its block scales");
     HMLA_CHECK(f8 || parse_dtype(dts, dt), IoError, what, ": tensor '", name, "' has unsupported dtype ",
                e["dtype"].dump(), " (hmla reads F32, BF16, I32, I64, and F8_E4M3 weights)");
+    HMLA_CHECK(!f8 || fp8, IoError, what, ": tensor '", name, "' has unsupported dtype ", e["dtype"].dump(),
+               " (hmla reads F32, BF16, I32, I64, and F8_E4M3 weights)");
     const uint64_t elem = f8 ? 1 : dtype_size(dt);
     HMLA_CHECK(e["shape"].is_array() && e["shape"].size() <= 8, IoError, what, ": tensor '", name,
                "': shape must be an array of at most 8 dimensions");

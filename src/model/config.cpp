@@ -225,6 +225,16 @@ void parse_quantization(CheckpointForm& f, const json& j, const std::string& wha
              q.value("quant_method", json()).dump(), ": hmla reads \"fp8\" (e4m3 weights with block scales) only");
   check_only(q, "fmt", "e4m3", w, "the weights are F8_E4M3");
   check_only(q, "activation_scheme", "dynamic", w, "hmla dequantizes the weights and reads no activation scales");
+  // DeepSeek-V4's release: power-of-two scales (F8_E8M0), and its routed experts in packed FP4
+  // (expert_dtype "fp4": top level in V4's config.json, which transformers folds in here).
+  const json scale_fmt = q.value("scale_fmt", json());
+  HMLA_CHECK(scale_fmt.is_null() || scale_fmt == "float" || scale_fmt == "ue8m0", ConfigError, w, ".scale_fmt = ",
+             scale_fmt.dump().substr(0, 60), ": hmla reads \"float\" and \"ue8m0\" (FineGrainedFP8Config's values)");
+  json expert_dtype = q.value("expert_dtype", json());
+  if (expert_dtype.is_null() && j.contains("expert_dtype")) expert_dtype = j["expert_dtype"];
+  HMLA_CHECK(expert_dtype.is_null() || expert_dtype == "fp8" || expert_dtype == "fp4", ConfigError, what,
+             ": expert_dtype = ", expert_dtype.dump().substr(0, 60), ": hmla reads \"fp8\" and \"fp4\"");
+  f.fp4_experts = expert_dtype == "fp4";
   if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
     const json& b = q["weight_block_size"];
     HMLA_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer() &&
@@ -461,7 +471,8 @@ ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
 
 void check_builds_layers(const ModelConfig& c, const std::string& what) {
   HMLA_CHECK(!c.is_v4(), ConfigError, what, ": model_type deepseek_v4: hmla reads, validates and writes this config, "
-             "but does not build DeepSeek-V4 layers yet (no forward, backward, training or generation)");
+             "but does not build DeepSeek-V4 layers yet for this command (hmla forward, backward, init and convert run "
+             "V4 checkpoints, on the CPU)");
 }
 
 void check_mla_layers(const ModelConfig& c, const std::string& what) {

@@ -33,7 +33,8 @@ json rope_params_json(const RopeConfig& r) {
 json v4_config_to_json(const ModelConfig& c) {
   json j = c.source.is_object() ? c.source : json::object();
   for (const char* legacy : {"compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers",
-                             "qk_rope_head_dim", "rope_scaling", "num_local_experts", "quantization_config"})
+                             "qk_rope_head_dim", "rope_scaling", "num_local_experts", "quantization_config",
+                             "expert_dtype"})  // hmla writes f32 weights
     j.erase(legacy);
   const V4Config& v = c.v4;
   j["model_type"] = family_name(c.family);

@@ -34,18 +34,26 @@ void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std
                 ", num_nextn_predict_layers = " + std::to_string(m.cfg.form.num_nextn_predict_layers) + ", attention_sink, tie_word_embeddings, the layer modes) matches the checkpoint");
 }
 
-// An integer table (DeepSeek-V4's tid2eid: each row num_experts_per_tok distinct experts in
-// [0, n_routed_experts)), checked, into m.ints as i32.
+// An integer table, checked, into m.ints as i32.
 void load_int_table(Model& m, const std::string& name, const Tensor& t, const std::string& what) {
   Tensor& dst = m.ints.at(name);
-  HMLA_CHECK(t.shape() == dst.shape(), IoError, what, ": tensor '", name, "' is ", shape_str(t.shape()),
-             ", the config needs ", shape_str(dst.shape()));
+  dst.copy_from(Tensor::from_vector<int32_t>(dst.shape(), expert_table(t, dst.shape(), m.cfg.moe.n_routed_experts,
+                                                                       what, name)));
+}
+
+}  // namespace
+
+std::vector<int32_t> expert_table(const Tensor& t, const Shape& need, int64_t E, const std::string& what,
+                                  const std::string& name) {
+  HMLA_CHECK(t.shape() == need, IoError, what, ": tensor '", name, "' is ", shape_str(t.shape()),
+             ", the config needs ", shape_str(need));
   HMLA_CHECK(t.dtype() == DType::i64 || t.dtype() == DType::i32, IoError, what, ": tensor '", name, "' is ",
              dtype_name(t.dtype()), "; an expert table must be I64 or I32");
-  const int64_t rows = t.size(0), k = t.size(1), E = m.cfg.moe.n_routed_experts;
-  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const int64_t e = t.dtype() == DType::i64 ? t.data<int64_t>()[i] : t.data<int32_t>()[i];
+  const Tensor h = t.on(Device::cpu);
+  const int64_t rows = h.size(0), k = h.size(1);
+  std::vector<int32_t> v(static_cast<size_t>(h.numel()));
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    const int64_t e = h.dtype() == DType::i64 ? h.data<int64_t>()[i] : h.data<int32_t>()[i];
     HMLA_CHECK(e >= 0 && e < E, IoError, what, ": tensor '", name, "' row ", i / k, " names expert ", e,
                ", outside [0, n_routed_experts = ", E, ")");
     v[size_t(i)] = int32_t(e);
@@ -55,10 +63,8 @@ void load_int_table(Model& m, const std::string& name, const Tensor& t, const st
       for (int64_t i = 0; i < j; ++i)
         HMLA_CHECK(v[size_t(r * k + i)] != v[size_t(r * k + j)], IoError, what, ": tensor '", name, "' row ", r,
                    " names expert ", v[size_t(r * k + j)], " twice");
-  dst.copy_from(Tensor::from_vector<int32_t>(dst.shape(), v));
+  return v;
 }
-
-}  // namespace
 
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing) {

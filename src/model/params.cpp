@@ -60,6 +60,57 @@ io::StoredMap take_mtp_layers(io::TensorMap& tensors, io::StoredMap& fp8, const 
   return kept;
 }
 
+// DeepSeek-V4: the MTP layers are mtp.{i}.* (transformers ignores "(^|\.)mtp\." on load); those of
+// i < num_nextn_predict_layers out of the maps, as stored (any other is an error: nothing reads it).
+io::StoredMap take_v4_mtp(io::TensorMap& tensors, io::StoredMap& fp8, const ModelConfig& c, const std::string& what) {
+  io::StoredMap kept;
+  auto mtp = [&](const std::string& n) {
+    const size_t at = n.compare(0, 4, "mtp.") == 0 ? 0 : n.compare(0, 10, "model.mtp.") == 0 ? 6 : std::string::npos;
+    if (at == std::string::npos) return false;
+    size_t i = at + 4;
+    int64_t k = 0;
+    for (; i < n.size() && i < at + 13 && std::isdigit(static_cast<unsigned char>(n[i])); ++i) k = k * 10 + (n[i] - '0');
+    HMLA_CHECK(i > at + 4 && i < n.size() && n[i] == '.' && k < c.form.num_nextn_predict_layers, IoError, what,
+               ": tensor '", n, "' is no multi-token-prediction layer of the config (num_nextn_predict_layers = ",
+               c.form.num_nextn_predict_layers, ": mtp.0 to mtp.", c.form.num_nextn_predict_layers - 1,
+               "); an ignored tensor is an error");
+    return true;
+  };
+  for (auto it = tensors.begin(); it != tensors.end();)
+    if (mtp(it->first)) kept[it->first] = io::stored_tensor(it->second), it = tensors.erase(it);
+    else ++it;
+  for (auto it = fp8.begin(); it != fp8.end();)
+    if (mtp(it->first)) kept[it->first] = std::move(it->second), it = fp8.erase(it);
+    else ++it;
+  return kept;
+}
+
+// DeepSeek-V4's released names (no "model." prefix: embed.weight, layers.{L}.*, norm.weight,
+// hc_head_{fn,base,scale}; head.weight as is) into those transformers saves and the table has,
+// as transformers' conversion_mapping renames them on load. A checkpoint holds one form.
+template <class Map>
+void v4_release_names(Map& m, const std::string& what) {
+  auto renamed = [](const std::string& n) -> std::string {
+    if (n == "embed.weight") return "model.embed_tokens.weight";
+    if (n == "norm.weight") return "model.norm.weight";
+    for (const char* p : {"hc_head_fn", "hc_head_base", "hc_head_scale"})
+      if (n == p) return "model.hc_head.hc_" + n.substr(8);
+    if (n.compare(0, 7, "layers.") == 0) return "model." + n;
+    return {};
+  };
+  std::vector<std::string> names;
+  for (const auto& [n, t] : m)
+    if (!renamed(n).empty()) names.push_back(n);
+  for (const std::string& n : names) {
+    const std::string to = renamed(n);
+    HMLA_CHECK(!m.count(to), IoError, what, ": tensors '", n, "' (DeepSeek's released name) and '", to,
+               "' (the name transformers saves) are both there; a checkpoint holds one form");
+    auto node = m.extract(n);
+    node.key() = to;
+    m.insert(std::move(node));
+  }
+}
+
 // Expert e's rows [r0, r1) of a fused [E, R, C] tensor, as a contiguous [r1 - r0, C] tensor.
 Tensor expert_rows(const Tensor& fused, int64_t e, int64_t r0, int64_t r1) {
   return fused.slice(0, e, e + 1).slice(1, r0, r1).clone().view({r1 - r0, fused.size(2)});
@@ -99,8 +150,14 @@ void split_fused_experts(io::TensorMap& w, const ModelConfig& c, int64_t L, cons
 CheckpointTensors checkpoint_forms(io::TensorMap tensors, io::StoredMap fp8, const ModelConfig& c,
                                    const std::string& what) {
   CheckpointTensors out;
-  out.kept = take_mtp_layers(tensors, fp8, c);
-  const io::Fp8Blocks blocks{c.form.block_rows, c.form.block_cols};
+  if (c.is_v4()) {
+    out.kept = take_v4_mtp(tensors, fp8, c, what);
+    v4_release_names(tensors, what);
+    v4_release_names(fp8, what);
+  } else {
+    out.kept = take_mtp_layers(tensors, fp8, c);
+  }
+  const io::Fp8Blocks blocks{c.form.block_rows, c.form.block_cols, c.form.fp4_experts};
   io::dequantize_fp8_weights(tensors, fp8, c.form.fp8 ? &blocks : nullptr, what);
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
     if (c.is_moe_layer(L)) split_fused_experts(tensors, c, L, what);

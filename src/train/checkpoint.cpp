@@ -77,7 +77,7 @@ void save_checkpoint(const fs::path& ckroot, const std::string& name, const Mode
   fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
   RemoveUnlessKept cleanup{tmp};
   save_model_config((tmp / "config.json").string(), m.cfg);
-  io::save_safetensors((tmp / "model.safetensors").string(), params, {{"format", "pt"}}, m.kept);
+  save_model_weights(tmp.string(), m, params);  // parameters, integer tables (I64), the kept MTP tensors
   io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
   io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
   if (fs::exists(dir)) fs::rename(dir, old);
@@ -91,7 +91,7 @@ void save_final_model(const fs::path& out, const Model& model) {
   const io::TensorMap params = host_params(model);
   check_finite_weights(params);
   save_model_config((out / "config.json").string(), model.cfg);
-  io::save_safetensors((out / "model.safetensors").string(), params, {{"format", "pt"}}, model.kept);
+  save_model_weights(out.string(), model, params);
 }
 
 RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {

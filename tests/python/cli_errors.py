@@ -213,8 +213,8 @@ def main():
          "dup.json: key 'hidden_size' appears twice in the top-level object"),
         # Sizes: checked arithmetic and a memory budget before anything is allocated.
         ("forward: vocab_size 1e9", fwd("ck_vocab", "ids_ok.safetensors"), "vocab_size x hidden_size"),
-        ("forward: a deepseek_v4 checkpoint (no V4 layers yet)", fwd("ck_v4", "ids_ok.safetensors"),
-         "does not build DeepSeek-V4 layers yet"),
+        ("forward: a deepseek_v4 checkpoint without weights", fwd("ck_v4", "ids_ok.safetensors"),
+         "ck_v4: neither model.safetensors nor model.safetensors.index.json is there"),
         ("forward: vocab_size 1e18 overflows", fwd("ck_overflow", "ids_ok.safetensors"),
          "vocab_size x hidden_size = 1000000000000000000 x 32 overflows int64"),
         ("train: seq_len 1e9", train("huge_seq.yaml"), "seq_len"),

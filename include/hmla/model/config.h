@@ -50,10 +50,11 @@ struct MoeConfig {
 // A published checkpoint's form (docs/moe.md, "Real checkpoints"): quantization_config's FP8
 // block scales, which hmla dequantizes at read time and does not write back (it writes f32), and
 // num_nextn_predict_layers, the multi-token-prediction layers model.layers.{num_hidden_layers + i}.*
-// that hmla carries as read and writes back (the field itself rides along in `source`).
+// (DeepSeek-V4: mtp.{i}.*) that hmla carries as read and writes back (the field itself rides along in `source`).
 struct CheckpointForm {
   bool fp8 = false;                      // quantization_config {"quant_method": "fp8", ...}
   int64_t block_rows = 128, block_cols = 128;  // its weight_block_size
+  bool fp4_experts = false;              // expert_dtype "fp4" (DeepSeek-V4): I8 weights are packed e2m1
   int64_t num_nextn_predict_layers = 0;
 };
 

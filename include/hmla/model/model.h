@@ -109,6 +109,23 @@ void init_model(Model& m, uint64_t seed);
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing = {});
 
+// An expert table (DeepSeek-V4's tid2eid: I64 or I32 of shape `need`, each row distinct experts in
+// [0, E)) as i32 values; IoError "<what>: tensor 'name' ..." naming the first bad entry.
+std::vector<int32_t> expert_table(const Tensor& t, const Shape& need, int64_t E, const std::string& what,
+                                  const std::string& name);
+
+// A model's weights as its checkpoint stores them (model_save.cpp): every parameter f32 in the
+// table's names (host views of the arena: `host_params`, or made here), the integer tables as I64
+// (transformers' dtype for tid2eid), and m.kept as read; checked first (finite weights, valid expert
+// tables: IoError naming the tensor, nothing written). In `dir`: model.safetensors, or with
+// max_shard_bytes > 0 shards model-0000i-of-0000n.safetensors of at most that many bytes (a bigger
+// tensor alone in its shard) and model.safetensors.index.json, transformers' sharded form; each file
+// written atomically (the index last), and the other form's stale file removed so that a reader
+// never picks it.
+void save_model_weights(const std::string& dir, const Model& m, const io::TensorMap& host_params,
+                        int64_t max_shard_bytes = 0);
+void save_model_weights(const std::string& dir, const Model& m, int64_t max_shard_bytes = 0);
+
 // load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
 // memory plan: IoError/MemoryError before it is moved in).
 void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what);
