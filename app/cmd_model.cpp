@@ -2,7 +2,7 @@
 // no update), `hmla init` (a freshly drawn checkpoint), `hmla convert` (a checkpoint rewritten as hmla
 // writes its own) and `hmla generate` (continuations), all on a checkpoint directory: config.json (as transformers or hmla writes it) + model.safetensors (single
 // or sharded; f32 or bf16). Each layer runs the mode its config records. generate runs the prompt
-// once and then one token a step against a latent KV cache (CPU).
+// once and then one token a step against a KV cache (CPU; DeepSeek-V4: v4_decode.cpp's).
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -26,10 +26,20 @@ namespace hmla::app {
 
 namespace {
 
+// The indexers counted in a memory plan made before the weights are read: a DeepSeek-V4 model has
+// one per CSA layer whatever the checkpoint holds (build_v4_model); an MLA checkpoint's are known
+// only once it is read, so they are left out (the plan stays a lower bound).
+std::vector<bool> planned_indexers(const ModelConfig& c) {
+  std::vector<bool> has(size_t(c.num_hidden_layers), false);
+  if (c.is_v4())
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L) has[size_t(L)] = c.v4.layer_types[size_t(L)] == V4Kind::csa;
+  return has;
+}
+
 // `c` is dir/config.json, read first so that inputs can be checked against it before the weights.
 Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
-  MemoryPlan plan;  // before reading the weights: the parameters alone (indexers aside) must fit
-  plan_parameters(plan, c, std::vector<bool>(c.num_hidden_layers, false), false, DType::f32);  // on the CPU
+  MemoryPlan plan;  // before reading the weights: the parameters alone must fit
+  plan_parameters(plan, c, planned_indexers(c), false, DType::f32);  // on the CPU
   plan.check(dir + "/config.json: the model");
   CheckpointTensors ck = read_checkpoint(dir, c);
   const io::TensorMap& w = ck.tensors;
@@ -71,10 +81,15 @@ std::unique_ptr<text::Tokenizer> command_tokenizer(const std::string& option, co
                                                    const ModelConfig& c, const std::string& command) {
   std::unique_ptr<text::Tokenizer> tok =
       option.empty() ? text::checkpoint_tokenizer(checkpoint) : text::load_tokenizer(option);
+  const bool bytes = tok->fingerprint() == text::byte_tokenizer()->fingerprint();
+  HMLA_CHECK(!option.empty() || !bytes || tok->vocab_size() <= c.vocab_size, ConfigError, command, ": ", checkpoint,
+             " has no tokenizer.json, and the byte tokenizer used without one (", tok->describe(), ") needs ",
+             tok->vocab_size(), " ids, but config.json's vocab_size is ", c.vocab_size,
+             ": bytes cannot be this model's tokens; pass --tokenizer with the model's own tokenizer.json");
   HMLA_CHECK(tok->vocab_size() <= c.vocab_size, ConfigError, command, ": the tokenizer (", tok->describe(),
              ") has ", tok->vocab_size(), " ids but ", checkpoint, "/config.json's vocab_size is ", c.vocab_size,
              "; pass --tokenizer with the model's own tokenizer");
-  if (tok->fingerprint() != text::byte_tokenizer()->fingerprint())
+  if (!bytes)
     std::cerr << command << ": tokenizer " << tok->describe() << "\n";
   return tok;
 }
@@ -265,13 +280,12 @@ void add_model_commands(CLI::App& app) {
   gen->callback([g] {
     const std::string config = g->checkpoint + "/config.json";
     const ModelConfig cfg = load_model_config(config);
-    check_builds_layers(cfg, config);
     const std::unique_ptr<text::Tokenizer> tok = command_tokenizer(g->tokenizer, g->checkpoint, cfg, "generate");
     const std::vector<int32_t> ids = tok->encode(g->prompt, true);
     HMLA_CHECK(!ids.empty(), ConfigError, "generate: --prompt encodes to no tokens");
     const int64_t positions = check_generation_length(int64_t(ids.size()), g->tokens, cfg, config);
     MemoryPlan plan;  // the prefill and the cache, before the weights are read
-    plan_parameters(plan, cfg, std::vector<bool>(cfg.num_hidden_layers, false), false, DType::f32);  // on the CPU
+    plan_parameters(plan, cfg, planned_indexers(cfg), false, DType::f32);  // on the CPU
     plan_decode(plan, cfg, {"prompt + --tokens", positions});
     plan.check("generate: " + config + "'s model over " + std::to_string(positions) + " positions");
     const Model m = load_checkpoint_model(g->checkpoint, cfg);

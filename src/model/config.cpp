@@ -469,12 +469,6 @@ ModelConfig load_model_config(const std::string& path, LayerModesFrom modes) {
   return parse_model_config(io::load_json(path), path, modes);
 }
 
-void check_builds_layers(const ModelConfig& c, const std::string& what) {
-  HMLA_CHECK(!c.is_v4(), ConfigError, what, ": model_type deepseek_v4: hmla reads, validates and writes this config, "
-             "but does not build DeepSeek-V4 layers yet for this command (hmla forward, backward, init and convert run "
-             "V4 checkpoints, on the CPU)");
-}
-
 void check_mla_layers(const ModelConfig& c, const std::string& what) {
   HMLA_CHECK(!c.is_v4(), ConfigError, what, ": model_type deepseek_v4: this command is about the MLA layer "
              "(deepseek_v32, glm_moe_dsa); V4 models run through hmla forward, backward, train and bench train");

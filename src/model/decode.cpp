@@ -148,6 +148,7 @@ void layer(const Step& st, const Model& m, int64_t L, Tensor& h, KvCache& cache,
 }  // namespace
 
 void plan_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& positions) {
+  if (c.is_v4()) return plan_v4_decode(plan, c, positions);
   int64_t sparse = 0;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) sparse += c.layer_modes[L] == LayerMode::dsa_sparse && !c.indexer_shared(L);
   const int64_t f = sizeof(float);
@@ -169,6 +170,7 @@ KvCache kv_cache(const Model& m, int64_t capacity) {
              device_name(m.device()));
   HMLA_CHECK(capacity >= 1 && capacity <= c.max_position_embeddings, ShapeError, "a KV cache of ", capacity,
              " positions: it must hold 1 to max_position_embeddings = ", c.max_position_embeddings);
+  if (c.is_v4()) return v4_kv_cache(m, capacity);
   KvCache cache;
   cache.capacity = capacity;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
@@ -182,6 +184,7 @@ KvCache kv_cache(const Model& m, int64_t capacity) {
 
 Tensor decode_step(const Model& m, KvCache& cache, std::span<const int32_t> ids, std::vector<Tensor>* topk) {
   const ModelConfig& c = m.cfg;
+  if (c.is_v4()) return v4_decode_step(m, cache, ids, topk);
   const int64_t n = int64_t(ids.size()), P = cache.len;
   HMLA_CHECK(n >= 1, ShapeError, "decode_step: no tokens to run");
   HMLA_CHECK(n <= cache.capacity - P, ShapeError, "decode_step: ", n, " more tokens after ", P,

@@ -88,7 +88,6 @@ Model build_v4_model(const ModelConfig& c, Device device) {
 
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
   if (c.is_v4()) return build_v4_model(c, device);
-  check_builds_layers(c, "the model");
   bool dense_mlp = false;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) dense_mlp |= !c.is_moe_layer(L);
   HMLA_CHECK(c.vocab_size > 0 && (c.intermediate_size > 0 || !dense_mlp), ConfigError,

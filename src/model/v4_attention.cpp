@@ -66,8 +66,8 @@ RopeCache entry_rope(const RopeCache& rc, const CompressedEntries& e) {
 }
 
 // A compressor (rate m, width w, CSA's two series when overlap) over x [b, s, D].
-V4Compressed compress_entries(const Dims& d, const V4CompressorTensors& w, const Tensor& x, const DocLayout& layout,
-                              int64_t m, int64_t width, bool overlap, float eps, const RopeCache& rc) {
+V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4CompressorTensors& w, const Tensor& x,
+                              const DocLayout& layout, int64_t m, int64_t width, bool overlap, const RopeCache& rc) {
   V4Compressed c;
   c.e = compressed_entries(layout, m);
   if (c.e.n == 0) return c;
@@ -81,9 +81,8 @@ V4Compressed compress_entries(const Dims& d, const V4CompressorTensors& w, const
   compress_fwd(c.kvc, c.gc, w.ape, c.e, layout, overlap, c.pooled);
   c.rstd = f32(d, {d.b * n});
   c.ent = f32(d, {d.b, n, width});
-  rmsnorm_fwd(c.pooled.view({d.b * n, width}), w.norm, eps, c.ent.view({d.b * n, width}), c.rstd);
   c.rope = entry_rope(rc, c.e);
-  rope_last(c.ent.view({d.b * n, width}), 1, width, d.r, d.b * n, c.rope, false);
+  v4_entries_norm_rope(mc, w, c.pooled.view({d.b * n, width}), c.rope, c.ent.view({d.b * n, width}), c.rstd);
   return c;
 }
 
@@ -121,12 +120,9 @@ void entry_metadata(const CompressedEntries& e, int64_t m, const DocLayout& layo
 Tensor index_topk(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const Tensor& x, const V4AttnSaved& sv,
                   const DocLayout& layout, const RopeCache& rc) {
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  const V4Compressed ic = compress_entries(d, w.icomp, x, layout, sv.m, dI, true, float(c.rms_norm_eps), rc);
+  const V4Compressed ic = compress_entries(c, d, w.icomp, x, layout, sv.m, dI, true, rc);
   const Tensor qI = f32(d, {d.N, nI * dI}), wt = f32(d, {d.N, nI});
-  linear_fwd(sv.qr, w.iwq_b, qI);
-  rope_last(qI, nI, dI, d.r, d.s, rc, false);
-  linear_fwd(x.view({d.N, d.D}), w.iweights, wt);
-  scale(wt, float(1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI))), wt);
+  v4_index_queries(c, w, x, sv.qr, rc, qI, wt);
   CompressedIndexInputs in;
   in.qI = qI.view({d.b, d.s, nI, dI});
   in.kI = ic.ent;
@@ -167,14 +163,11 @@ V4Ropes v4_ropes(const ModelConfig& c, int64_t s, Device dev) {
   return {{a.cos.on(dev), a.sin.on(dev)}, {b.cos.on(dev), b.sin.on(dev)}};
 }
 
-void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
-                      const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y) {
+void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
+                     V4AttnSaved& sv) {
   const Dims d = dims(c, x);
   const float eps = float(c.rms_norm_eps);
-  const V4Kind kind = c.v4.layer_types.at(size_t(L));
-  const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
   const Tensor xr = x.view({d.N, d.D});
-  sv.m = c.v4.compress_rate(L);
   sv.qa = f32(d, {d.N, d.Rq});
   sv.rstd_qa = f32(d, {d.N});
   sv.qr = f32(d, {d.N, d.Rq});
@@ -192,20 +185,52 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   linear_fwd(xr, w.wkv, sv.kvr);
   rmsnorm_fwd(sv.kvr, w.norm, eps, sv.kv, sv.rstd_kv);
   rope_last(sv.kv, 1, d.d, d.r, d.s, rc, false);
-  if (sv.m > 0) {
-    sv.comp = compress_entries(d, w.comp, x, layout, sv.m, d.d, kind == V4Kind::csa, eps, rc);
-    if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
-    if (kind == V4Kind::csa && sv.comp.e.n > 0) sv.idx = index_topk(c, d, w, x, sv, layout, rc);
-  }
-  sv.core = f32(d, {d.b, d.s, d.H, d.d});
-  sv.lse = f32(d, {d.b, d.H, d.s});
-  attn_compressed_fwd(core_inputs(c, d, w, sv, layout), AttnCompressedSaved{sv.core, sv.lse});
+}
+
+void v4_attn_output(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
+                    V4AttnSaved& sv, const Tensor& y) {
+  const Dims d = dims(c, x);
   sv.o = sv.core.clone().view({d.N, d.H * d.d});
   rope_last(sv.o, d.H, d.d, d.r, d.s, rc, true);
   const int64_t Hg = d.H * d.d / d.G;
   sv.ya = f32(d, {d.N, d.G * d.Ro});
   matmul(groups(sv.o, d, Hg), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::yes, groups(sv.ya, d, d.Ro));
   linear_fwd(sv.ya, w.wo_b, y);
+}
+
+void v4_entries_norm_rope(const ModelConfig& c, const V4CompressorTensors& w, const Tensor& pooled,
+                          const RopeCache& rc, const Tensor& ent, const Tensor& rstd) {
+  const int64_t n = pooled.size(0), width = pooled.size(1);
+  rmsnorm_fwd(pooled, w.norm, float(c.rms_norm_eps), ent, rstd);
+  rope_last(ent, 1, width, c.qk_rope_head_dim, n, rc, false);
+}
+
+void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const Tensor& qr,
+                      const RopeCache& rc, const Tensor& qI, const Tensor& wt) {
+  const Dims d = dims(c, x);
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  linear_fwd(qr, w.iwq_b, qI);
+  rope_last(qI, nI, dI, d.r, d.s, rc, false);
+  linear_fwd(x.view({d.N, d.D}), w.iweights, wt);
+  scale(wt, float(1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI))), wt);
+}
+
+void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
+                      const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y) {
+  const Dims d = dims(c, x);
+  const V4Kind kind = c.v4.layer_types.at(size_t(L));
+  const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
+  sv.m = c.v4.compress_rate(L);
+  v4_attn_project(c, w, x, rc, sv);
+  if (sv.m > 0) {
+    sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, kind == V4Kind::csa, rc);
+    if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
+    if (kind == V4Kind::csa && sv.comp.e.n > 0) sv.idx = index_topk(c, d, w, x, sv, layout, rc);
+  }
+  sv.core = f32(d, {d.b, d.s, d.H, d.d});
+  sv.lse = f32(d, {d.b, d.H, d.s});
+  attn_compressed_fwd(core_inputs(c, d, w, sv, layout), AttnCompressedSaved{sv.core, sv.lse});
+  v4_attn_output(c, w, x, rc, sv, y);
 }
 
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,

@@ -42,6 +42,23 @@ struct V4AttnSaved {
   Tensor o, ya;                   // [N, H d] after the inverse RoPE, [N, G Ro] the grouped projection
 };
 
+// The block's pieces, shared by the forward below and decoding (v4_decode.cpp), on x [b, s, D]
+// (N = b s rows, each batch row at the s positions of rc [s, r / 2]):
+// q (qa, rstd_qa, qr, qb, rstd_q, q) and K = V (kvr, rstd_kv, kv) of sv, normed and roped.
+void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
+                     V4AttnSaved& sv);
+// From sv.core [b, s, H, d]: sv.o (the inverse RoPE at the query's row), sv.ya and y [N, D].
+void v4_attn_output(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
+                    V4AttnSaved& sv, const Tensor& y);
+// Compressed entries from pooled rows [n, width]: ent [n, width] = RoPE(norm(pooled)) at the rows
+// of rc [n, r / 2] (each entry's window's first position); rstd [n].
+void v4_entries_norm_rope(const ModelConfig& c, const V4CompressorTensors& w, const Tensor& pooled,
+                          const RopeCache& rc, const Tensor& ent, const Tensor& rstd);
+// The CSA indexer's queries qI [N, nI dI] (from qr = sv.qr, roped) and head weights wt [N, nI]
+// (weights_proj(x), both scales folded in), written.
+void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const Tensor& qr,
+                      const RopeCache& rc, const Tensor& qI, const Tensor& wt);
+
 // y [N, D] = the attention block of x [b, s, D] (layer L, weights w), sv filled.
 void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y);
@@ -50,5 +67,9 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
                       const Tensor& dx);
+
+// A hash_moe layer L's experts for token ids (any shape, i32): tid2eid's rows, [ids.numel(), k] i32
+// (v4_model.cpp).
+Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids);
 
 }  // namespace hmla

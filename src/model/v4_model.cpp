@@ -132,7 +132,10 @@ Tensor block_backward(const ModelConfig& c, const MhcWeights& w, const MhcWeight
   return dx;
 }
 
-// The hash layer's experts: tid2eid's rows of the tokens ([N, k] i32).
+}  // namespace
+
+// The hash layer's experts: tid2eid's rows of the tokens ([N, k] i32). Shared with decoding
+// (v4_internal.h).
 Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids) {
   const Tensor table = m.ints.at(layer_prefix(L) + "ffn.gate.tid2eid").on(Device::cpu);
   const Tensor h = ids.to(Device::cpu);  // a contiguous copy
@@ -142,6 +145,8 @@ Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids) {
     for (int64_t j = 0; j < k; ++j) out.data<int32_t>()[t * k + j] = table.data<int32_t>()[h.data<int32_t>()[t] * k + j];
   return out.on(ids.device());
 }
+
+namespace {
 
 Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
   const ModelConfig& c = m.cfg;

@@ -105,6 +105,39 @@ def generate_matches_forward(a, check, w, rng):
     return os.path.join(w, "gen0")
 
 
+def generate_v4(a, check, w):
+    """generate on a DeepSeek-V4 model (its KV cache: v4_decode.cpp, checked token by token against
+    the forward in tests/hf/test_v4_decode.cpp): the transformers fixture (vocab 64) has no
+    tokenizer.json and bytes cannot be its tokens, a clear error; widened to the byte vocabulary
+    (259 ids: the fixture's rows, then new ones) it continues a prompt past several windows."""
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hf", "fixtures", "v4")
+    refused(check, "generate (deepseek_v4 fixture): bytes do not fit vocab_size 64",
+            [a.hmla, "generate", "--checkpoint", src, "--prompt", "hi"],
+            "bytes cannot be this model's tokens; pass --tokenizer", w)
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    weights = st.load(os.path.join(src, "model.safetensors"))
+    rng = np.random.default_rng(5)
+    V = 259
+    for name, t in list(weights.items()):
+        if name in ("model.embed_tokens.weight", "head.weight"):
+            new = (rng.standard_normal((V, t.shape[1])) * t.std()).astype(np.float32)
+        elif name.endswith("tid2eid"):  # the new ids reuse the fixture's (distinct) expert pairs
+            new = t[rng.integers(0, t.shape[0], V)].astype(np.int64)
+        else:
+            continue
+        new[:t.shape[0]] = t
+        weights[name] = new
+    cfg["vocab_size"] = V
+    d = os.path.join(w, "gen_v4")
+    write_checkpoint(d, cfg, weights)
+    prompt = "a window, entries"
+    r = subprocess.run([a.hmla, "generate", "--checkpoint", d, "--prompt", prompt, "--tokens", "30"],
+                       capture_output=True, timeout=120)
+    check("generate (deepseek_v4, bytes) runs", r.returncode == 0 and r.stdout.startswith(prompt.encode()) and
+          r.stdout.endswith(b"\n") and len(r.stdout) > len(prompt) + 1, f"exit {r.returncode}: {r.stderr[:200]}")
+
+
 def refused(check, name, cmd, needle, root, timeout=120):
     """check_refused, with a command that runs on (the bug) or prints bytes that are not text
     counted as a failure of its case rather than of the script."""
@@ -123,6 +156,7 @@ def main():
     check = Checker()
     rng = np.random.default_rng(24)
     ck = generate_matches_forward(a, check, w, rng)
+    generate_v4(a, check, w)
 
     # Issue 24: the prompt (and the tokens asked for) must fit max_position_embeddings (64 here),
     # refused before any compute: a 100 KB prompt used to run a whole forward per new token.

@@ -164,9 +164,6 @@ ModelConfig load_model_config(const std::string& path, LayerModesFrom modes = La
 nlohmann::json model_config_to_json(const ModelConfig& c);
 void save_model_config(const std::string& path, const ModelConfig& c);
 
-// ConfigError unless c is an MLA family (deepseek_v32, glm_moe_dsa): hmla reads, validates and
-// writes deepseek_v4 configs, but builds no DeepSeek-V4 layers yet (docs/deepseek_v4.md).
-void check_builds_layers(const ModelConfig& c, const std::string& what);
 // ConfigError for a deepseek_v4 config in a command about the MLA layer itself (hmla layer, the
 // context-parallel traffic bench): `what` names the config.
 void check_mla_layers(const ModelConfig& c, const std::string& what);
