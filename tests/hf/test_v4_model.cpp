@@ -103,6 +103,62 @@ TEST(V4Model, LogitsTopkAndExpertsMatchTransformers) {
   }
 }
 
+// Packed documents (DESIGN.md section 10): a row holding two documents and tail padding gives each
+// document's rows the logits, CSA selections and experts of that document run alone. The
+// documents' lengths (13 and 19 of 36 rows) are off the rates (4, 8) and the window (4), so a
+// compressor window, a CSA a-slot or a sliding window crossing the boundary changes the second
+// document. Bound: both runs are f32 evaluations of the same function (the RoPE angles differ by
+// the document's offset, which the relative rotation cancels exactly in real arithmetic), each
+// within the fixture's rule B = 2 e_f32 + 8 ulp max|logits| of the exact values, so 2 B apart.
+TEST(V4Model, PackedDocumentsEqualTheDocumentsAlone) {
+  Fixture fx;
+  const int64_t s = fx.batch.input_ids.size(1), V = fx.c.vocab_size, a = 13, b = 19;
+  const std::vector<int32_t> ids = fx.batch.input_ids.to_vector<int32_t>();
+  Batch packed;
+  std::vector<int32_t> row(ids.begin(), ids.begin() + s);
+  for (int64_t t = a + b; t < s; ++t) row[size_t(t)] = int32_t(fx.c.pad_token_id);
+  packed.input_ids = Tensor::from_vector<int32_t>({1, s}, row);
+  packed.layout = layout_from_cu_seqlens(s, {{0, a, a + b}});
+  std::vector<Tensor> ptopk, pexp;
+  const std::vector<float> pl = model_logits(fx.m, packed, &ptopk, Comm::self(), &pexp).to_vector<float>();
+  const std::vector<double> ref = joined(fx.F, "logits");
+  const std::vector<float> f32 = fx.F.at("logits_f32").to_vector<float>();
+  double f32err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) f32err = std::max(f32err, std::abs(double(f32[i]) - ref[i]));
+  const double B = 2 * f32err + 8 * 0x1p-23 * max_abs(ref);
+  double worst = 0;
+  for (auto [start, len] : {std::pair<int64_t, int64_t>{0, a}, {a, b}}) {
+    Batch alone;
+    alone.input_ids = Tensor::from_vector<int32_t>({1, len}, std::vector<int32_t>(row.begin() + start, row.begin() + start + len));
+    alone.layout = layout_causal(1, len);
+    std::vector<Tensor> topk, exp;
+    const std::vector<float> l = model_logits(fx.m, alone, &topk, Comm::self(), &exp).to_vector<float>();
+    for (int64_t t = 0; t < len; ++t)
+      for (int64_t v = 0; v < V; ++v)
+        worst = std::max(worst, std::abs(double(l[size_t(t * V + v)]) - double(pl[size_t((start + t) * V + v)])));
+    const int64_t K = fx.c.index_topk, k = fx.c.moe.num_experts_per_tok;
+    for (int64_t L = 0; L < fx.c.num_hidden_layers; ++L) {
+      const std::vector<int32_t> e = exp[size_t(L)].to_vector<int32_t>(), pe = pexp[size_t(L)].to_vector<int32_t>();
+      EXPECT_TRUE(std::equal(e.begin(), e.end(), pe.begin() + start * k)) << "layer " << L << " experts, doc at " << start;
+      if (!ptopk[size_t(L)].defined()) continue;  // a sliding or HCA layer
+      const std::vector<int32_t> pg = ptopk[size_t(L)].to_vector<int32_t>();
+      const std::vector<int32_t> g = topk[size_t(L)].defined() ? topk[size_t(L)].to_vector<int32_t>()
+                                                                : std::vector<int32_t>(size_t(len * K), -1);  // no entries
+      for (int64_t t = 0; t < len; ++t) {  // entry indices count from the row's first entry: compare sets of
+        std::set<int32_t> x, y;           // entries by their rank within the document
+        for (int64_t j = 0; j < K; ++j) x.insert(g[size_t(t * K + j)]), y.insert(pg[size_t((start + t) * K + j)]);
+        x.erase(-1), y.erase(-1);
+        const int32_t first = start == 0 ? 0 : int32_t(a / fx.c.v4.compress_rate(L));
+        std::set<int32_t> ys;
+        for (int32_t e2 : y) ys.insert(e2 - first);
+        EXPECT_EQ(x, ys) << "layer " << L << " row " << start + t;
+      }
+    }
+  }
+  std::printf("packed vs alone: max |logits difference| %.3g, bound 2 B = %.3g\n", worst, 2 * B);
+  EXPECT_LE(worst, 2 * B);
+}
+
 // A gradient's group: its layer (model.layers.L.), else the model-wide tensors.
 std::string group_of(const std::string& name) {
   if (!name.starts_with("model.layers.")) return "model";
