@@ -111,7 +111,8 @@ void add_model_commands(CLI::App& app) {
       "forward", "Logits of a checkpoint: reads input_ids [b, s] (i32 or i64; one document per row) from\n"
                  "INPUTS (or tokenizes --text: one row, written back as input_ids) and writes logits\n"
                  "[b, s, vocab] (f32) to OUT, and per MoE layer L experts.<L> [b * s, num_experts_per_tok]\n"
-                 "(i32, the chosen experts by descending choice value).");
+                 "(i32, the chosen experts by descending choice value); DeepSeek-V4: per CSA layer L topk.<L> [b, s,\n"
+                 "index_topk] (i32, the indexer's selection, -1 pads).");
   fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);

@@ -31,6 +31,7 @@ void add_train_commands(CLI::App& app) {
   struct TrainOpts {
     std::string programme;
     TrainOptions t;
+    bool memory_plan = false;
   };
   auto o = std::make_shared<TrainOpts>();
   CLI::App* train = app.add_subcommand(
@@ -53,8 +54,14 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")
       ->capture_default_str()
       ->check(NonEmpty());
+  train->add_flag("--memory-plan", o->memory_plan, "print each phase's memory plan (parameters, gradients, moments,\n"
+                  "activations by kind) and exit: no data read, nothing allocated, no budget check");
   train->callback([o] {
     check_cp_split(o->t.cp_split);
+    if (o->memory_plan) {
+      std::cout << programme_memory_plan(load_programme(o->programme), o->t);
+      return;
+    }
     inject_test_failure(o->t);
     run_programme(load_programme(o->programme), o->t, std::cout);
   });

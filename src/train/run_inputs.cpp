@@ -54,6 +54,41 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
 
 }  // namespace
 
+std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
+  const ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
+  const DType compute = compute_dtype(dev);
+  std::ostringstream out;
+  auto line = [&out](const std::string& what, double bytes) {
+    out << "  " << what << std::string(what.size() < 58 ? 58 - what.size() : 1, ' ') << format_bytes(bytes) << "\n";
+  };
+  for (const PhaseSettings& ph : pr.phases) {
+    ModelConfig pc = cfg;
+    set_modes(pc, hybrid, ph.mode);
+    std::vector<bool> indexer(hybrid.size());
+    for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = cfg.is_v4() ? cfg.v4.layer_types[L] == V4Kind::csa
+                                                                        : hybrid[L] && is_dsa(ph.mode);
+    const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
+    MemoryPlan params, acts;
+    plan_parameters(params, pc, indexer, false, compute);
+    plan_activations(acts, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true, compute,
+                     ph.recompute_attention);
+    const double p = double(params.items().front().bytes);  // the f32 parameters (then tid2eid, the compute copy)
+    out << "memory plan [" << ph.name << "] (" << mode_name(ph.mode) << ", seq_len " << ph.seq_len << ", micro-batch "
+        << ph.batch / ph.micro_batches << " rows, " << device_name(dev) << "):\n";
+    line("parameters (f32)", p);
+    line("gradients (f32)", p);
+    line("optimizer moments (f32, 2 per parameter)", 2 * p);
+    for (size_t i = 1; i < params.items().size(); ++i) line(params.items()[i].what, double(params.items()[i].bytes));
+    out << "  activations of a micro-batch (lower bounds):\n";
+    for (const MemoryPlan::Item& it : acts.items()) line("  " + it.what, double(it.bytes));
+    line("total (at least)", 4 * p + double(params.total()) - p + double(acts.total()));
+    out << "  budget: " << (memory_budget(dev) < 0 ? std::string("unlimited") : format_bytes(double(memory_budget(dev))))
+        << " (" << memory_budget_source(dev) << ")\n";
+  }
+  return out.str();
+}
+
 void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) {
   for (size_t L = 0; L < hybrid.size(); ++L) c.layer_modes[L] = hybrid[L] ? mode : LayerMode::mha;
 }

@@ -25,6 +25,9 @@ struct RunInputs {
 // under --cp holds seq_len / cp rows); then the data.
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev);
 
+// programme_memory_plan's table (trainer.h) for cp ranks per replica on dev.
+std::string memory_plan_table(const Programme& pr, int cp, Device dev);
+
 // The hybrid layers in `mode`, the others mha.
 void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode);
 

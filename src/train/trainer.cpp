@@ -195,6 +195,10 @@ std::vector<MetricsRow> own_metrics(const fs::path& path) {
 
 }  // namespace
 
+std::string programme_memory_plan(const Programme& pr, const TrainOptions& opt) {
+  return train::memory_plan_table(pr, opt.cp, training_device(opt.device.empty() ? pr.device : opt.device));
+}
+
 Device training_device(const std::string& requested) {
   HMLA_CHECK(requested == "cpu" || requested == "cuda", ConfigError, "device '", requested, "': use cpu or cuda");
   if (requested == "cpu") return Device::cpu;

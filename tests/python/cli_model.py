@@ -138,6 +138,58 @@ def generate_v4(a, check, w):
           r.stdout.endswith(b"\n") and len(r.stdout) > len(prompt) + 1, f"exit {r.returncode}: {r.stderr[:200]}")
 
 
+def forward_v4(a, check, w):
+    """hmla forward and backward on the transformers-saved DeepSeek-V4 fixture (tests/hf/fixtures/v4):
+    the logits within STYLE.md's rule of transformers' float64 (twice transformers' own f32 error plus
+    8 ulps of max|logits|), topk.<L> of each CSA layer the fixture's sets (padded with -1), experts.<L>
+    of each layer the fixture's, no topk for the sliding and HCA layers; backward's lm_loss within the
+    same rule of transformers' float64 loss and a gradient per parameter but the router biases."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "hf", "fixtures")
+    src = os.path.join(root, "v4")
+    fx = st.load(os.path.join(src, "fixture.safetensors"))
+    inp, out = os.path.join(w, "v4_ids.safetensors"), os.path.join(w, "v4_out.safetensors")
+    st.save(inp, {"input_ids": fx["input_ids"]})
+    r = subprocess.run([a.hmla, "forward", "--checkpoint", src, "--inputs", inp, "--out", out], capture_output=True,
+                       timeout=120)
+    check("forward (deepseek_v4 fixture) runs", r.returncode == 0, r.stderr.decode()[:300])
+    if r.returncode != 0:
+        return
+    o = st.load(out)
+    ref = fx["logits_hi"].astype(np.float64) + fx["logits_lo"].astype(np.float64)
+    e32 = np.abs(fx["logits_f32"].astype(np.float64) - ref).max()
+    err, bound = np.abs(o["logits"].astype(np.float64) - ref).max(), 2 * e32 + 8 * F32_EPS * np.abs(ref).max()
+    check("forward (deepseek_v4): logits within the rule of transformers' float64", err <= bound,
+          f"max error {err:.3g}, bound {bound:.3g}")
+    with open(os.path.join(src, "config.json")) as f:
+        kinds = json.load(f)["layer_types"]
+    for L, kind in enumerate(kinds):
+        if kind != "compressed_sparse_attention":
+            check(f"forward (deepseek_v4): no topk.{L} for a {kind} layer", f"topk.{L}" not in o)
+            continue
+        got, want = o.get(f"topk.{L}"), fx[f"layer{L}.topk"]
+        same = got is not None and all(set(g[g >= 0]) == set(x[x >= 0]) for g, x in
+                                       zip(got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1])))
+        check(f"forward (deepseek_v4): topk.{L} is transformers' selection", same)
+    for L in range(len(kinds)):
+        exp = o.get(f"experts.{L}")
+        check(f"forward (deepseek_v4): experts.{L} are transformers'", exp is not None and
+              np.array_equal(np.sort(exp, 1), fx[f"layer{L}.experts"]))
+    r = subprocess.run([a.hmla, "backward", "--checkpoint", src, "--inputs", inp, "--out", out], capture_output=True,
+                       timeout=120)
+    check("backward (deepseek_v4 fixture) runs", r.returncode == 0, r.stderr.decode()[:300])
+    if r.returncode != 0:
+        return
+    o, g = st.load(out), st.load(os.path.join(root, "v4_grads", "grads.safetensors"))
+    loss = float(g["loss_hi"][0]) + float(g["loss_lo"][0])
+    bound = 2 * abs(float(g["loss_f32"][0]) - loss) + 8 * F32_EPS * loss
+    check("backward (deepseek_v4): lm_loss within the rule of transformers' float64",
+          abs(float(o["lm_loss"][0]) - loss) <= bound, f"{float(o['lm_loss'][0])} vs {loss}")
+    names = {k[5:] for k in o if k.startswith("grad.")}
+    check("backward (deepseek_v4): a gradient per parameter, none for the router biases",
+          "head.weight" in names and "model.layers.1.attn.wq_a.weight" in names and
+          not any(n.endswith(".ffn.gate.bias") for n in names))
+
+
 def refused(check, name, cmd, needle, root, timeout=120):
     """check_refused, with a command that runs on (the bug) or prints bytes that are not text
     counted as a failure of its case rather than of the script."""
@@ -157,6 +209,7 @@ def main():
     rng = np.random.default_rng(24)
     ck = generate_matches_forward(a, check, w, rng)
     generate_v4(a, check, w)
+    forward_v4(a, check, w)
 
     # Issue 24: the prompt (and the tokens asked for) must fit max_position_embeddings (64 here),
     # refused before any compute: a 100 KB prompt used to run a whole forward per new token.

@@ -48,11 +48,13 @@ class MemoryPlan {
   // when the total exceeds the budget.
   void check(const std::string& context, Device dev = Device::cpu) const;
 
- private:
   struct Item {
     std::string what;
     int64_t bytes;
   };
+  const std::vector<Item>& items() const { return items_; }
+
+ private:
   std::vector<Item> items_;
   int64_t total_ = 0;
 };

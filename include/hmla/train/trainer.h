@@ -39,4 +39,9 @@ struct Interrupted : Error {
 // writes the console, metrics, checkpoints and the summary.
 void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& log);
 
+// `hmla train --memory-plan`: each phase's memory plan item by item (parameters, gradients, the
+// optimizer's moments, a micro-batch's activations by kind; lower bounds), on the run's device,
+// without the budget check, the data or any allocation. Reads the programme's model config only.
+std::string programme_memory_plan(const Programme& pr, const TrainOptions& opt);
+
 }  // namespace hmla
