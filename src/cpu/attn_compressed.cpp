@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "entry_range.h"
 #include "cpu_kernels.h"
 #include "hmla/ops/compressed_attention.h"
 #include "partials.h"
@@ -39,12 +40,7 @@ struct KeyBlock {
 // The visible entry range [lo, hi) of query t (document start st) in batch row bb, by the metadata
 // contract (entries sorted by document, then by last row, unused slots last): binary searches, no table.
 void visible_range(const AttnCompressedParams& p, int64_t bb, int64_t st, int64_t t, int64_t& lo, int64_t& hi) {
-  const int32_t* doc = p.ent_doc + bb * p.n_e;
-  const int32_t* last = p.ent_last + bb * p.n_e;
-  const int64_t used = std::partition_point(doc, doc + p.n_e, [](int32_t v) { return v != -1; }) - doc;
-  lo = std::lower_bound(doc, doc + used, int32_t(st)) - doc;
-  const int64_t doc_hi = std::upper_bound(doc + lo, doc + used, int32_t(st)) - doc;
-  hi = std::upper_bound(last + lo, last + doc_hi, int32_t(t)) - last;
+  visible_entries(p.ent_doc + bb * p.n_e, p.ent_last + bb * p.n_e, p.n_e, st, t, lo, hi);
 }
 
 bool visible(const AttnCompressedParams& p, int64_t bb, int64_t st, int64_t t, int64_t e) {

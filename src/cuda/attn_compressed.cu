@@ -24,6 +24,7 @@
 #include <string>
 
 #include "cuda_kernels.h"
+#include "entry_range.cuh"
 #include "hmla/ops/compressed_attention.h"
 #include "mma.cuh"  // HMLA_DYNAMIC_SHARED
 #include "reduce.cuh"
@@ -64,24 +65,6 @@ __device__ __forceinline__ float at(const void* p, int64_t i) {
   return widen(static_cast<const T*>(p)[i]);
 }
 
-// First i in [lo, hi) with a[i] > v (a non-decreasing there).
-__device__ int64_t upper(const int32_t* a, int64_t lo, int64_t hi, int32_t v) {
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a[mid] <= v) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-__device__ int64_t lower(const int32_t* a, int64_t lo, int64_t hi, int32_t v) {
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a[mid] < v) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 __device__ bool visible(const AttnCompressedParams& p, int64_t bb, int64_t st, int64_t t, int64_t e) {
   return e >= 0 && e < p.n_e && p.ent_doc[bb * p.n_e + e] == st && p.ent_last[bb * p.n_e + e] <= t;
 }
@@ -98,16 +81,9 @@ struct RowKeys {
     lo = 0;
     int64_t ne = 0;
     if (p.n_e > 0 && p.k == 0) {
-      const int32_t* doc = p.ent_doc + bb * p.n_e;
-      int64_t used = 0, hi = p.n_e;  // unused slots (ent_doc -1) end the row
-      while (used < hi) {
-        const int64_t mid = (used + hi) / 2;
-        if (doc[mid] != -1) used = mid + 1;
-        else hi = mid;
-      }
-      lo = lower(doc, 0, used, int32_t(st));
-      const int64_t doc_hi = upper(doc, lo, used, int32_t(st));
-      ne = upper(p.ent_last + bb * p.n_e, lo, doc_hi, int32_t(t)) - lo;
+      int64_t hi = 0;
+      visible_entries(p.ent_doc + bb * p.n_e, p.ent_last + bb * p.n_e, p.n_e, st, t, lo, hi);
+      ne = hi - lo;
     } else if (p.n_e > 0) {
       ne = p.k;
     }

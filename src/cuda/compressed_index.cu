@@ -16,6 +16,7 @@
 #include <string>
 
 #include "cuda_kernels.h"
+#include "entry_range.cuh"
 #include "hmla/ops/compressed_index.h"
 #include "mma.cuh"  // HMLA_DYNAMIC_SHARED
 #include "runtime.h"
@@ -40,39 +41,12 @@ using u64 = unsigned long long;
 
 cudaStream_t stream() { return current_stream().get(); }
 
-// First i in [lo, hi) with a[i] > v (a non-decreasing there), or with a[i] >= v (lower).
-__device__ int64_t upper(const int32_t* a, int64_t lo, int64_t hi, int32_t v) {
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a[mid] <= v) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-__device__ int64_t lower(const int32_t* a, int64_t lo, int64_t hi, int32_t v) {
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a[mid] < v) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // Query row `row`'s visible entry range [lo, hi) (empty for padding rows), as the CPU finds it.
 __device__ void visible_range(const CompressedIndexParams& p, int64_t row, int64_t& lo, int64_t& hi) {
   const int64_t bb = row / p.s, t = row % p.s, st = p.doc_start[row];
   lo = hi = 0;
   if (st > t || p.n_e == 0) return;
-  const int32_t* doc = p.ent_doc + bb * p.n_e;
-  int64_t used = 0, end = p.n_e;  // unused slots (ent_doc -1) end the row
-  while (used < end) {
-    const int64_t mid = (used + end) / 2;
-    if (doc[mid] != -1) used = mid + 1;
-    else end = mid;
-  }
-  lo = lower(doc, 0, used, int32_t(st));
-  const int64_t doc_hi = upper(doc, lo, used, int32_t(st));
-  hi = upper(p.ent_last + bb * p.n_e, lo, doc_hi, int32_t(t));
+  visible_entries(p.ent_doc + bb * p.n_e, p.ent_last + bb * p.n_e, p.n_e, st, t, lo, hi);
 }
 
 // I(row, e) in the header's order.
