@@ -56,7 +56,7 @@ V4Kind kind_from_name(const json& e, const std::string& f) {
 }
 
 // layer_types > legacy compress_ratios (0 sliding, 4 CSA, 128 HCA: transformers' fixed map) >
-// transformers' default (two HCA layers, then CSA and HCA alternating, CSA first).
+// transformers' default (two HCA layers, then HCA and CSA alternating from HCA: CSA on odd i).
 std::vector<V4Kind> parse_layer_types(const json& j, int64_t n, int64_t mtp, const std::string& what) {
   std::vector<V4Kind> kinds;
   if (has(j, "layer_types")) {

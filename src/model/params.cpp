@@ -46,11 +46,11 @@ int64_t layer_of(const std::string& name) {
   return i > pre.size() && i < name.size() && name[i] == '.' ? n : -1;
 }
 
-// The MTP layers' tensors (FP8 ones and their scales included) out of the maps, as stored.
-io::StoredMap take_mtp_layers(io::TensorMap& tensors, io::StoredMap& fp8, const ModelConfig& c) {
+// The tensors (of either map: FP8 ones and their scales included) whose names `mtp` accepts,
+// moved out as stored.
+template <class Pred>
+io::StoredMap take_stored(io::TensorMap& tensors, io::StoredMap& fp8, Pred mtp) {
   io::StoredMap kept;
-  const int64_t L0 = c.num_hidden_layers, L1 = L0 + c.form.num_nextn_predict_layers;
-  auto mtp = [&](const std::string& n) { return layer_of(n) >= L0 && layer_of(n) < L1; };
   for (auto it = tensors.begin(); it != tensors.end();)
     if (mtp(it->first)) kept[it->first] = io::stored_tensor(it->second), it = tensors.erase(it);
     else ++it;
@@ -60,10 +60,16 @@ io::StoredMap take_mtp_layers(io::TensorMap& tensors, io::StoredMap& fp8, const 
   return kept;
 }
 
+// The MTP layers (model.layers.{num_hidden_layers + i}.*) out of the maps, as stored.
+io::StoredMap take_mtp_layers(io::TensorMap& tensors, io::StoredMap& fp8, const ModelConfig& c) {
+  const int64_t L0 = c.num_hidden_layers, L1 = L0 + c.form.num_nextn_predict_layers;
+  auto mtp = [&](const std::string& n) { return layer_of(n) >= L0 && layer_of(n) < L1; };
+  return take_stored(tensors, fp8, mtp);
+}
+
 // DeepSeek-V4: the MTP layers are mtp.{i}.* (transformers ignores "(^|\.)mtp\." on load); those of
 // i < num_nextn_predict_layers out of the maps, as stored (any other is an error: nothing reads it).
 io::StoredMap take_v4_mtp(io::TensorMap& tensors, io::StoredMap& fp8, const ModelConfig& c, const std::string& what) {
-  io::StoredMap kept;
   auto mtp = [&](const std::string& n) {
     const size_t at = n.compare(0, 4, "mtp.") == 0 ? 0 : n.compare(0, 10, "model.mtp.") == 0 ? 6 : std::string::npos;
     if (at == std::string::npos) return false;
@@ -76,13 +82,7 @@ io::StoredMap take_v4_mtp(io::TensorMap& tensors, io::StoredMap& fp8, const Mode
                "); an ignored tensor is an error");
     return true;
   };
-  for (auto it = tensors.begin(); it != tensors.end();)
-    if (mtp(it->first)) kept[it->first] = io::stored_tensor(it->second), it = tensors.erase(it);
-    else ++it;
-  for (auto it = fp8.begin(); it != fp8.end();)
-    if (mtp(it->first)) kept[it->first] = std::move(it->second), it = fp8.erase(it);
-    else ++it;
-  return kept;
+  return take_stored(tensors, fp8, mtp);
 }
 
 // DeepSeek-V4's released names (no "model." prefix: embed.weight, layers.{L}.*, norm.weight,
