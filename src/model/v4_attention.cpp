@@ -221,11 +221,12 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   const V4Kind kind = c.v4.layer_types.at(size_t(L));
   const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
   sv.m = c.v4.compress_rate(L);
+  sv.csa = kind == V4Kind::csa;
   v4_attn_project(c, w, x, rc, sv);
   if (sv.m > 0) {
-    sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, kind == V4Kind::csa, rc);
+    sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, sv.csa, rc);
     if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
-    if (kind == V4Kind::csa && sv.comp.e.n > 0) sv.idx = index_topk(c, d, w, x, sv, layout, rc);
+    if (sv.csa && sv.comp.e.n > 0) sv.idx = index_topk(c, d, w, x, sv, layout, rc);
   }
   sv.core = f32(d, {d.b, d.s, d.H, d.d});
   sv.lse = f32(d, {d.b, d.H, d.s});
@@ -250,8 +251,6 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
                                                      AttnCompressedSaved{sv.core, sv.lse},
                                                      dout.view({d.b, d.s, d.H, d.d}), g.sink);
   // q: RoPE^T, the per-head norm, wq_b, q_norm, wq_a.
-  const float eps_unused = 0.f;
-  (void)eps_unused;
   const Tensor dq = cg.dq.view({d.N, d.H * d.d});
   rope_last(dq, d.H, d.d, d.r, d.s, rc, true);
   Tensor dqb = f32(d, {d.N, d.H * d.d}), dones = Tensor::zeros({d.d}, DType::f32, d.dev);
@@ -267,7 +266,7 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
   Tensor dkvr = f32(d, {d.N, d.d});
   rmsnorm_bwd(dkv, sv.kvr, w.norm, sv.rstd_kv, dkvr, g.norm);
   linear_bwd(dkvr, xr, w.wkv, g.wkv, dx, 1.f);
-  if (sv.comp.e.n > 0) compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.idx.defined(), cg.dent, dx);
+  if (sv.comp.e.n > 0) compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.csa, cg.dent, dx);
 }
 
 }  // namespace hmla

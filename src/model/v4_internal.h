@@ -32,6 +32,7 @@ struct V4Compressed {
 // The attention block's saved state over N = b s rows (x is the block's input, attn_norm's output).
 struct V4AttnSaved {
   int64_t m = 0;                  // the layer's compress rate (0: sliding)
+  bool csa = false;               // a CSA layer: its compressor pools two overlapped series
   Tensor qa, rstd_qa, qr;         // [N, Rq], [N], [N, Rq]: q LoRA before and after q_norm
   Tensor qb, rstd_q, q;           // [N, H d], [N H], [N, H d]: before the per-head norm; normed and roped
   Tensor kvr, rstd_kv, kv;        // [N, d], [N], [N, d]
