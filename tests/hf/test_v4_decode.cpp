@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "hf_fixture.h"
+#include "v4_fixture.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/decode.h"
 #include "hmla/model/model.h"
@@ -28,28 +28,12 @@
 namespace hmla {
 namespace {
 
-const std::string kDir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
 using testing::joined;
 
-struct Fixture {
-  ModelConfig c = load_model_config(kDir + "v4/config.json");
-  io::TensorMap F = io::load_safetensors(kDir + "v4/fixture.safetensors");
-  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), false));
-  int64_t b = 0, s = 0;
-  std::vector<int32_t> ids;  // [b, s]
-  std::vector<double> ref;   // transformers' float64 logits [b, s, V]
-  double bound = 0;          // B (above)
-  Fixture() {
-    load_into_model(m, io::load_safetensors(kDir + "v4/model.safetensors"), "v4 fixture");
-    const Tensor t = F.at("input_ids");
-    b = t.size(0), s = t.size(1);
-    for (int64_t i = 0; i < t.numel(); ++i) ids.push_back(int32_t(t.data<int64_t>()[i]));
-    ref = joined(F, "logits");
-    const std::vector<float> f32 = F.at("logits_f32").to_vector<float>();
-    double e = 0, mag = 0;
-    for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, std::abs(double(f32[i]) - ref[i])), mag = std::max(mag, std::abs(ref[i]));
-    bound = 2 * e + 8 * 0x1p-23 * mag;
-  }
+// The fixture (v4_fixture.h) with its input_ids as a flat list.
+struct Fixture : testing::V4Fixture {
+  int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
+  std::vector<int32_t> ids = batch.input_ids.to_vector<int32_t>();  // [b, s]
   // The full forward's logits of the last row of `prefix` (one document) [V].
   std::vector<float> forward_last(const std::vector<int32_t>& prefix) const {
     const int64_t n = int64_t(prefix.size()), V = c.vocab_size;

@@ -21,31 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "hf_fixture.h"
-#include "hmla/io/safetensors.h"
-#include "hmla/model/model.h"
+#include "v4_fixture.h"
 
 namespace hmla {
 namespace {
 
-const std::string kDir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
+const std::string kDir = testing::kV4Dir;
 using testing::joined;
-
-struct Fixture {
-  ModelConfig c = load_model_config(kDir + "v4/config.json");
-  io::TensorMap F = io::load_safetensors(kDir + "v4/fixture.safetensors");
-  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), false));
-  Batch batch;
-  Fixture() {
-    load_into_model(m, io::load_safetensors(kDir + "v4/model.safetensors"), "v4 fixture");
-    const Tensor ids = F.at("input_ids");
-    const int64_t b = ids.size(0), s = ids.size(1);
-    std::vector<int32_t> v;
-    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
-    batch.input_ids = Tensor::from_vector<int32_t>({b, s}, v);
-    batch.layout = layout_causal(b, s);
-  }
-};
+using Fixture = testing::V4Fixture;
 
 double max_abs(const std::vector<double>& v) {
   double m = 0;
@@ -57,18 +40,14 @@ TEST(V4Model, LogitsTopkAndExpertsMatchTransformers) {
   Fixture fx;
   std::vector<Tensor> topk, experts;
   const Tensor logits = model_logits(fx.m, fx.batch, &topk, Comm::self(), &experts);
-  const std::vector<double> ref = joined(fx.F, "logits");
-  const std::vector<float> got = logits.to_vector<float>(), f32 = fx.F.at("logits_f32").to_vector<float>();
+  const std::vector<double>& ref = fx.ref;
+  const std::vector<float> got = logits.to_vector<float>();
   ASSERT_EQ(got.size(), ref.size());
-  double err = 0, f32err = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    err = std::max(err, std::abs(double(got[i]) - ref[i]));
-    f32err = std::max(f32err, std::abs(double(f32[i]) - ref[i]));
-  }
-  const double mag = max_abs(ref), bound = 2 * f32err + 8 * 0x1p-23 * mag;
-  std::printf("logits: max error %.3g, bound %.3g (transformers f32: %.3g), max|logits| %.3g\n", err, bound, f32err,
-              mag);
-  EXPECT_LE(err, bound);
+  double err = 0;
+  for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::abs(double(got[i]) - ref[i]));
+  const double mag = max_abs(ref);
+  std::printf("logits: max error %.3g, bound %.3g, max|logits| %.3g\n", err, fx.bound, mag);
+  EXPECT_LE(err, fx.bound);
   EXPECT_LE(err, 1e-4 * mag);
   const ModelConfig& c = fx.c;
   const int64_t b = fx.batch.input_ids.size(0), s = fx.batch.input_ids.size(1);
@@ -121,11 +100,7 @@ TEST(V4Model, PackedDocumentsEqualTheDocumentsAlone) {
   packed.layout = layout_from_cu_seqlens(s, {{0, a, a + b}});
   std::vector<Tensor> ptopk, pexp;
   const std::vector<float> pl = model_logits(fx.m, packed, &ptopk, Comm::self(), &pexp).to_vector<float>();
-  const std::vector<double> ref = joined(fx.F, "logits");
-  const std::vector<float> f32 = fx.F.at("logits_f32").to_vector<float>();
-  double f32err = 0;
-  for (size_t i = 0; i < ref.size(); ++i) f32err = std::max(f32err, std::abs(double(f32[i]) - ref[i]));
-  const double B = 2 * f32err + 8 * 0x1p-23 * max_abs(ref);
+  const double B = fx.bound;
   double worst = 0;
   for (auto [start, len] : {std::pair<int64_t, int64_t>{0, a}, {a, b}}) {
     Batch alone;

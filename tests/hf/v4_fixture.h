@@ -1,0 +1,44 @@
+// The transformers-made DeepSeek-V4 fixture as the model tests read it (tests/hf/make_v4_fixtures.py:
+// tests/hf/fixtures/v4): the config, the fixture tensors, the checkpoint loaded into a model, its
+// input_ids as a batch of one causal document per row, transformers' float64 logits and STYLE.md's
+// bound on an f32 evaluation of them, B = 2 e_f32 + 8 ulps of max|logits| (e_f32: transformers' own
+// f32 model's error, logits_f32). test_v4_model.cpp and test_v4_decode.cpp share it.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hf_fixture.h"
+#include "hmla/io/safetensors.h"
+#include "hmla/model/model.h"
+
+namespace hmla::testing {
+
+inline const std::string kV4Dir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
+
+struct V4Fixture {
+  ModelConfig c = load_model_config(kV4Dir + "v4/config.json");
+  io::TensorMap F = io::load_safetensors(kV4Dir + "v4/fixture.safetensors");
+  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), false));
+  Batch batch;              // input_ids [b, s] i32, one document per row
+  std::vector<double> ref;  // transformers' float64 logits [b, s, V]
+  double bound = 0;         // B
+  V4Fixture() {
+    load_into_model(m, io::load_safetensors(kV4Dir + "v4/model.safetensors"), "v4 fixture");
+    const Tensor ids = F.at("input_ids");
+    const int64_t b = ids.size(0), s = ids.size(1);
+    std::vector<int32_t> v;
+    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
+    batch.input_ids = Tensor::from_vector<int32_t>({b, s}, v);
+    batch.layout = layout_causal(b, s);
+    ref = joined(F, "logits");
+    const std::vector<float> f32 = F.at("logits_f32").to_vector<float>();
+    double e = 0, mag = 0;
+    for (size_t i = 0; i < ref.size(); ++i)
+      e = std::max(e, std::abs(double(f32[i]) - ref[i])), mag = std::max(mag, std::abs(ref[i]));
+    bound = 2 * e + 8 * 0x1p-23 * mag;
+  }
+};
+
+}  // namespace hmla::testing
