@@ -49,6 +49,7 @@ enum class Oracle {
   attn_compressed_ref, // op_cases::attn_compressed_ref (cases_attn_compressed.h): V4's window + entries + sink
   mhc_ref,             // tests/common/mhc_oracle.h: mHC's pre, post and head and their gradients in float64
   compressed_index_ref, // op_cases::compressed_index_ref (cases_compressed_index.h): the CSA indexer's scores and top-k
+  csa_kl_ref,           // op_cases::csa_kl_ref (csa_kl_oracle.h): the CSA indexer's KL, full CSA denominator
 };
 
 inline const char* oracle_name(Oracle o) {
@@ -74,6 +75,7 @@ inline const char* oracle_name(Oracle o) {
     case Oracle::attn_compressed_ref: return "attn_compressed_ref";
     case Oracle::mhc_ref: return "mhc_ref";
     case Oracle::compressed_index_ref: return "compressed_index_ref";
+    case Oracle::csa_kl_ref: return "csa_kl_ref";
   }
   return "?";
 }

@@ -15,6 +15,17 @@
 // (a NaN input) is not ordered: such a row's table is unspecified. The selection never builds an
 // [s, n_e] tensor: per query row the visible range's scores (scratch O(threads n_e)), then a
 // partial selection. Forward only: the indexer's gradient comes from the KL.
+//
+// The KL (docs/csa_indexer_kl.md, "full CSA denominator"): per query row t with candidates C(t)
+// (dense: every visible entry; sparse: the visible entries among topk[t]), heads h < H of the
+// attention's logits z_h(t, e) = scale q_h(t) . ent[e] and its saved lse_h(t) (window, attended
+// entries and sink):
+//   P(t, e) = sum_h exp(z_h - lse_h - log Z),  log Z = logsumexp_h(lseE_h - lse_h),
+//   lseE_h = logsumexp_{e in C} z_h (computed by the op);  Q = softmax_C(I);
+//   kl(t) = sum_C P (log P - log Q);  loss = coeff sum_t rw[t] kl(t);  dI = coeff rw (Q - P),
+// chained through I into dqI, dkI and dw. A row with no candidate, or every lse_h = +inf, has kl 0
+// and no gradient. Fused: nothing [s, n_e]; workspace O(b s) plus per-thread tiles (the CPU's sparse
+// KL also two [b, s, K] i32 tables: its rows' candidate sets and their inverse, entry -> rows).
 #pragma once
 #include <cstdint>
 
@@ -57,10 +68,53 @@ Tensor compressed_index_topk(const CompressedIndexInputs& in, int64_t K);
 // same I (-inf where not visible). Tests only (it is the [s, n_e] tensor the model never builds).
 Tensor compressed_index_scores(const CompressedIndexInputs& in);
 
+// The KLs' params: the scores' fields (K: the table's slots, sparse only) and the attention's.
+struct CompressedIndexKlParams : CompressedIndexParams {
+  int64_t H = 0, d = 0;
+  const float* q = nullptr;  // [b, s, H, d], last dim contiguous
+  int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
+  const float* ent = nullptr;          // [b, n_e, d]
+  const float* lse = nullptr;          // [b, H, s]: the attention's saved lse (+inf: padding rows)
+  const float* row_weight = nullptr;   // [b, s]
+  const int32_t* doc_end = nullptr;    // [b, s] exclusive
+  const int32_t* topk = nullptr;       // sparse only: [b, s, K] (-1, out of range, invisible: none; repeats once)
+  float scale = 0.f, coeff = 0.f;
+  float* dqI = nullptr;      // [b, s, nI, dI] output
+  float* dkI = nullptr;      // [b, n_e, dI] output
+  float* dw = nullptr;       // [b, s, nI] output
+  double* kl_acc = nullptr;  // [1] on the device: sum_t rw[t] kl(t) (rows in order) added
+};
+
+struct CompressedIndexKlInputs {
+  CompressedIndexInputs sc;  // qI [b, s, nI, dI], kI [b, n_e, dI], w [b, s, nI] (scales folded), ent_last, ent_doc, layout
+  Tensor q;                  // [b, s, H, d] f32 attention queries (detached; last dim contiguous; may be strided like attn_compressed's q)
+  Tensor ent;                // [b, n_e, d] f32 contiguous: the attention's compressed entries (detached)
+  Tensor lse;                // [b, H, s] f32: attn_compressed_fwd's saved lse (window + attended entries + sink; +inf on padding rows)
+  float scale = 0;           // the attention's scale (on q . ent)
+  Tensor row_weight;         // [b, s] f32: mask[t] / valid_rows
+  float coeff = 0.01f;
+  Tensor topk;               // sparse KL only (the dense KL ignores it): [b, s, K] i32, compressed_index_topk's table (-1 pads)
+  Tensor kl_acc;             // optional f64 [1] on the inputs' device: kl_sum ADDED into it; then the result's kl_sum/loss are NaN
+};
+
+struct CompressedIndexKlResult {
+  double kl_sum = 0;    // sum_t rw[t] kl(t), without coeff
+  double loss = 0;      // coeff * kl_sum
+  Tensor dqI, dkI, dw;  // gradients of loss; shapes of qI, kI, w (f32, written, not added)
+};
+
+// C(t) = every visible entry (dsa_warmup; the attention ran dense, so lse is over them all).
+CompressedIndexKlResult compressed_index_kl_dense(const CompressedIndexKlInputs& in);
+// C(t) = the visible entries among topk[t] (dsa_sparse; the attention ran selected on the same
+// table). The table's order changes nothing: a row's candidates are a set.
+CompressedIndexKlResult compressed_index_kl_sparse(const CompressedIndexKlInputs& in);
+
 }  // namespace hmla
 
 // The family's backend entries (op_list.h).
-#define HMLA_COMPRESSED_INDEX_PARAMS(X) X(CompressedIndexParams)
-#define HMLA_COMPRESSED_INDEX_OPS(X)                      \
-  X(void, compressed_index_topk, CompressedIndexParams)   \
-  X(void, compressed_index_scores, CompressedIndexParams)
+#define HMLA_COMPRESSED_INDEX_PARAMS(X) X(CompressedIndexParams) X(CompressedIndexKlParams)
+#define HMLA_COMPRESSED_INDEX_OPS(X)                             \
+  X(void, compressed_index_topk, CompressedIndexParams)          \
+  X(void, compressed_index_scores, CompressedIndexParams)        \
+  X(void, compressed_index_kl_dense, CompressedIndexKlParams)    \
+  X(void, compressed_index_kl_sparse, CompressedIndexKlParams)
