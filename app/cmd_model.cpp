@@ -27,12 +27,14 @@ namespace hmla::app {
 namespace {
 
 // The indexers counted in a memory plan made before the weights are read: a DeepSeek-V4 model has
-// one per CSA layer whatever the checkpoint holds (build_v4_model); an MLA checkpoint's are known
-// only once it is read, so they are left out (the plan stays a lower bound).
+// one per CSA layer whatever the checkpoint holds (build_v4_model), and one per hybrid_mla layer
+// whose mode runs it; an MLA checkpoint's are known only once it is read, so they are left out (the
+// plan stays a lower bound).
 std::vector<bool> planned_indexers(const ModelConfig& c) {
   std::vector<bool> has(size_t(c.num_hidden_layers), false);
   if (c.is_v4())
-    for (int64_t L = 0; L < c.num_hidden_layers; ++L) has[size_t(L)] = c.v4.layer_types[size_t(L)] == V4Kind::csa;
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+      has[size_t(L)] = c.v4.layer_types[size_t(L)] == V4Kind::csa || (c.v4.is_hybrid_mla(L) && c.runs_indexer(L));
   return has;
 }
 
@@ -112,7 +114,8 @@ void add_model_commands(CLI::App& app) {
                  "INPUTS (or tokenizes --text: one row, written back as input_ids) and writes logits\n"
                  "[b, s, vocab] (f32) to OUT, and per MoE layer L experts.<L> [b * s, num_experts_per_tok]\n"
                  "(i32, the chosen experts by descending choice value); DeepSeek-V4: per CSA layer L topk.<L> [b, s,\n"
-                 "index_topk] (i32, the indexer's selection, -1 pads).");
+                 "index_topk] (i32, the indexer's selection, -1 pads), and per hybrid_mla layer in a dsa mode\n"
+                 "topk.<L> [b, s, hybrid_mla_index_topk + sliding_window] (its selection, then its window).");
   fwd->add_option("--checkpoint", f->checkpoint, "checkpoint directory (config.json + safetensors)")
       ->required()
       ->check(CLI::ExistingDirectory);
@@ -230,7 +233,8 @@ void add_model_commands(CLI::App& app) {
   init->callback([in] {
     const ModelConfig cfg = load_model_config(in->config);
     std::vector<bool> has_indexer(size_t(cfg.num_hidden_layers));  // the layers whose mode runs one
-    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) has_indexer[size_t(L)] = !cfg.is_v4() && cfg.runs_indexer(L);
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)  // V4: the hybrid_mla layers' (CSA layers always have theirs)
+      has_indexer[size_t(L)] = (!cfg.is_v4() || cfg.v4.is_hybrid_mla(L)) && cfg.runs_indexer(L);
     Model m = build_model(cfg, has_indexer);
     init_model(m, in->seed);
     std::filesystem::create_directories(in->out);

@@ -1,9 +1,11 @@
 // A deepseek_v4 config.json (DESIGN.md section 10) read as transformers 5.24's DeepseekV4Config
 // reads it: its defaults, its legacy names folded in (compress_ratios, compress_rate_csa/_hca,
-// num_hash_layers, qk_rope_head_dim), the nested main/compress rope_parameters; then validated,
-// every error naming its field. Writing it back is config_write.cpp's.
+// num_hash_layers, qk_rope_head_dim), the nested main/compress rope_parameters; hmla's hybrid_mla
+// layers (layer_types "hybrid_mla", compress ratio -2) with their hybrid_mla_* geometry; then
+// validated, every error naming its field. Writing it back is config_write.cpp's.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 
 #include "config_fields.h"
@@ -19,6 +21,7 @@ const char* v4_kind_name(V4Kind k) {
     case V4Kind::sliding: return "sliding_attention";
     case V4Kind::csa: return "compressed_sparse_attention";
     case V4Kind::hca: return "heavily_compressed_attention";
+    case V4Kind::hybrid_mla: return "hybrid_mla";
   }
   return "?";
 }
@@ -49,28 +52,32 @@ const json& layer_list(const json& j, const char* key, int64_t layers, int64_t m
 }
 
 V4Kind kind_from_name(const json& e, const std::string& f) {
-  for (V4Kind k : {V4Kind::sliding, V4Kind::csa, V4Kind::hca})
+  for (V4Kind k : {V4Kind::sliding, V4Kind::csa, V4Kind::hca, V4Kind::hybrid_mla})
     if (e.is_string() && e.get<std::string>() == v4_kind_name(k)) return k;
   throw ConfigError(f + " = " + e.dump().substr(0, 60) +
-                    ": use sliding_attention, compressed_sparse_attention or heavily_compressed_attention");
+                    ": use sliding_attention, compressed_sparse_attention, heavily_compressed_attention or hybrid_mla");
 }
 
-// layer_types > legacy compress_ratios (0 sliding, 4 CSA, 128 HCA: transformers' fixed map) >
-// transformers' default (two HCA layers, then HCA and CSA alternating from HCA: CSA on odd i).
-std::vector<V4Kind> parse_layer_types(const json& j, int64_t n, int64_t mtp, const std::string& what) {
+// layer_types > legacy compress_ratios (0 sliding, 4 CSA, 128 HCA: transformers' fixed map; -2
+// hybrid_mla: PaddleFleet's) > transformers' default (two HCA layers, then HCA and CSA alternating
+// from HCA: CSA on odd i). The entries past num_hidden_layers (DeepSeek lists the MTP layers' too;
+// transformers ignores them) go to `mtp` (PaddleFleet puts a hybrid_mla layer there).
+std::vector<V4Kind> parse_layer_types(const json& j, int64_t n, int64_t mtp, std::vector<V4Kind>& mtp_kinds,
+                                      const std::string& what) {
   std::vector<V4Kind> kinds;
   if (has(j, "layer_types")) {
     const json& t = layer_list(j, "layer_types", n, mtp, what);
-    for (int64_t L = 0; L < n; ++L) kinds.push_back(kind_from_name(t[L], what + ": layer_types[" + std::to_string(L) + "]"));
+    for (int64_t L = 0; L < int64_t(t.size()); ++L)
+      (L < n ? kinds : mtp_kinds).push_back(kind_from_name(t[L], what + ": layer_types[" + std::to_string(L) + "]"));
   } else if (has(j, "compress_ratios")) {
     const json& t = layer_list(j, "compress_ratios", n, mtp, what);
-    const std::map<int64_t, V4Kind> by_ratio = {{0, V4Kind::sliding}, {4, V4Kind::csa}, {128, V4Kind::hca}};
-    for (int64_t L = 0; L < n; ++L) {
+    const std::map<int64_t, V4Kind> by_ratio = {
+        {0, V4Kind::sliding}, {4, V4Kind::csa}, {128, V4Kind::hca}, {-2, V4Kind::hybrid_mla}};
+    for (int64_t L = 0; L < int64_t(t.size()); ++L) {
       const auto it = t[L].is_number_integer() ? by_ratio.find(t[L].get<int64_t>()) : by_ratio.end();
       HMLA_CHECK(it != by_ratio.end(), ConfigError, what, ": compress_ratios[", L, "] = ", t[L].dump().substr(0, 40),
-                 ": transformers maps 0 (sliding), 4 (CSA) and 128 (HCA); hmla's hybrid MLA layer (-2) needs "
-                 "layer_types");
-      kinds.push_back(it->second);
+                 ": use 0 (sliding), 4 (CSA), 128 (HCA) or -2 (hmla's hybrid_mla)");
+      (L < n ? kinds : mtp_kinds).push_back(it->second);
     }
   } else {
     for (int64_t L = 0; L < n; ++L) kinds.push_back(L < 2 || (L - 2) % 2 == 0 ? V4Kind::hca : V4Kind::csa);
@@ -216,6 +223,68 @@ void check_v4_sizes(const ModelConfig& c, const std::string& what) {
   checked_product({{"vocab_size", c.vocab_size}, {"num_experts_per_tok", c.moe.num_experts_per_tok}}, f + " ffn.gate.tid2eid");
 }
 
+// The hybrid_mla_* keys (DESIGN.md section 10), read when some layer (or MTP layer) is hybrid_mla:
+// every geometry key is required then, but hybrid_mla_index_topk (default 2048).
+constexpr const char* kHybridKeys[] = {"hybrid_mla_q_lora_rank",     "hybrid_mla_kv_lora_rank",
+                                       "hybrid_mla_qk_nope_head_dim", "hybrid_mla_qk_rope_head_dim",
+                                       "hybrid_mla_v_head_dim",      "hybrid_mla_num_attention_heads"};
+
+void parse_hybrid_mla(const json& j, ModelConfig& c, const std::string& what) {
+  if (!c.v4.has_hybrid_mla()) return;
+  HybridMlaGeometry& h = c.v4.hybrid;
+  int64_t* dst[] = {&h.q_lora_rank, &h.kv_lora_rank, &h.qk_nope_head_dim, &h.qk_rope_head_dim, &h.v_head_dim,
+                    &h.num_attention_heads};
+  for (size_t i = 0; i < std::size(kHybridKeys); ++i) {
+    HMLA_CHECK(has(j, kHybridKeys[i]), ConfigError, what, ": ", kHybridKeys[i],
+               " is required: a layer is hybrid_mla, and its MLA geometry has no default");
+    *dst[i] = get_int(j, kHybridKeys[i], 0, what);
+  }
+  h.index_topk = get_int(j, "hybrid_mla_index_topk", 2048, what);
+  c.indexer_loss_coeff = get_num(j, "indexer_loss_coeff", 0.01, what);
+  // The MLA family's window and sink keys do not apply: the hybrid layer's are fixed.
+  HMLA_CHECK(!has(j, "index_window") || get_int(j, "index_window", 0, what) == c.v4.sliding_window, ConfigError, what,
+             ": index_window = ", j["index_window"].dump().substr(0, 40), ": a hybrid_mla layer's forced window is "
+             "sliding_window = ", c.v4.sliding_window, " (DESIGN.md section 10); remove the key");
+  HMLA_CHECK(get_bool(j, "attention_sink", true, what), ConfigError, what,
+             ": attention_sink = false: a hybrid_mla layer has its sink (self_attn.softmax_offset) like every V4 "
+             "layer; remove the key");
+}
+
+void validate_hybrid_mla(const ModelConfig& c, const std::string& what) {
+  if (!c.v4.has_hybrid_mla()) return;
+  const HybridMlaGeometry& h = c.v4.hybrid;
+  for (auto [key, v] : {std::pair{"hybrid_mla_q_lora_rank", h.q_lora_rank},
+                        std::pair{"hybrid_mla_kv_lora_rank", h.kv_lora_rank},
+                        std::pair{"hybrid_mla_qk_nope_head_dim", h.qk_nope_head_dim},
+                        std::pair{"hybrid_mla_qk_rope_head_dim", h.qk_rope_head_dim},
+                        std::pair{"hybrid_mla_v_head_dim", h.v_head_dim},
+                        std::pair{"hybrid_mla_num_attention_heads", h.num_attention_heads},
+                        std::pair{"hybrid_mla_index_topk", h.index_topk}})
+    HMLA_CHECK(v >= 1, ConfigError, what, ": ", key, " = ", v, ": it must be at least 1",
+               std::string(key) == "hybrid_mla_q_lora_rank" ? " (the hybrid layer's indexer reads the q latent)" : "");
+  HMLA_CHECK(h.qk_rope_head_dim % 2 == 0, ConfigError, what, ": hybrid_mla_qk_rope_head_dim = ", h.qk_rope_head_dim,
+             " is odd; RoPE rotates pairs, so it must be even");
+  HMLA_CHECK(c.index_head_dim >= h.qk_rope_head_dim && c.index_head_dim % 2 == 0, ConfigError, what,
+             ": index_head_dim = ", c.index_head_dim,
+             ": a hybrid_mla layer's indexer ropes hybrid_mla_qk_rope_head_dim = ", h.qk_rope_head_dim,
+             " of its channels, so it must be even and at least that");
+  HMLA_CHECK(std::isfinite(c.indexer_loss_coeff) && c.indexer_loss_coeff >= 0, ConfigError, what,
+             ": indexer_loss_coeff = ", c.indexer_loss_coeff, ": it must be finite and >= 0");
+  const std::string f = what + ": the sizes of the hybrid_mla layers'";
+  const SizeFactor H{"hybrid_mla_num_attention_heads", h.num_attention_heads}, hid{"hidden_size", c.hidden_size};
+  const SizeFactor Rq{"hybrid_mla_q_lora_rank", h.q_lora_rank}, Rkv{"hybrid_mla_kv_lora_rank", h.kv_lora_rank};
+  const int64_t qk = checked_add(h.qk_nope_head_dim, h.qk_rope_head_dim, f + " head width");
+  checked_product({H, {"qk head width", qk}, Rq}, f + " q_b_proj");
+  checked_product({H, {"nope + v head width", checked_add(h.qk_nope_head_dim, h.v_head_dim, f + " kv_b_proj")}, Rkv},
+                  f + " kv_b_proj");
+  checked_product({hid, H, {"hybrid_mla_v_head_dim", h.v_head_dim}}, f + " o_proj");
+  const int64_t kv_width = checked_add(h.kv_lora_rank, h.qk_rope_head_dim, f + " kv_a_proj");
+  checked_product({{"kv width", kv_width}, hid}, f + " kv_a_proj");
+  checked_product({Rq, hid}, f + " q_a_proj");
+  checked_product({{"index_n_heads", c.index_n_heads}, {"index_head_dim", c.index_head_dim}, Rq}, f + " indexer.wq_b");
+  checked_add(h.index_topk, c.v4.sliding_window, f + " top-k tables (hybrid_mla_index_topk + sliding_window)");
+}
+
 void validate_v4(const ModelConfig& c, const std::string& what) {
   const V4Config& v = c.v4;
   check_v4_sizes(c, what);
@@ -240,9 +309,11 @@ void validate_v4(const ModelConfig& c, const std::string& what) {
     HMLA_CHECK(c.index_head_dim >= v.qk_rope_head_dim && c.index_head_dim % 2 == 0, ConfigError, what,
                ": index_head_dim = ", c.index_head_dim, ": a CSA layer's indexer ropes qk_rope_head_dim = ",
                v.qk_rope_head_dim, " of its channels, so it must be even and at least that");
-  for (size_t L = 0; L < c.layer_modes.size(); ++L)
-    HMLA_CHECK(c.layer_modes[L] == LayerMode::mha, ConfigError, what, ": hmla_layer_modes[", L, "] = ",
-               mode_name(c.layer_modes[L]), ": hmla trains deepseek_v4 stacks densely (mha) so far");
+  for (size_t L = 0; L < c.layer_modes.size(); ++L)  // hybrid_mla layers run every mode (DESIGN.md section 10)
+    HMLA_CHECK(c.layer_modes[L] == LayerMode::mha || v.is_hybrid_mla(int64_t(L)), ConfigError, what,
+               ": hmla_layer_modes[", L, "] = ", mode_name(c.layer_modes[L]), ": layer ", L, " is ",
+               v4_kind_name(v.layer_types[L]), ", which hmla trains densely (mha) so far");
+  validate_hybrid_mla(c, what);
 }
 
 // Fields whose only value transformers' DeepseekV4 honours.
@@ -280,7 +351,7 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what) {
              ": hmla builds at most ", kMaxLayers, " layers");
   check_v4_fixed(j, what);
   const int64_t n = c.num_hidden_layers, mtp = c.form.num_nextn_predict_layers;
-  v.layer_types = parse_layer_types(j, n, mtp, what);
+  v.layer_types = parse_layer_types(j, n, mtp, v.mtp_layer_types, what);
   v.hash = parse_hash_layers(j, n, mtp, what);
   parse_compress_rates(j, v, what);
   v.hc_eps = get_num(j, "hc_eps", 1e-6, what);
@@ -293,6 +364,7 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what) {
   c.qk_rope_head_dim = v.qk_rope_head_dim;  // the main RoPE's tables (rope_cache) rotate this many
   parse_v4_rope(j, c, prf, what);
   parse_v4_moe(j, c, what);
+  parse_hybrid_mla(j, c, what);
   c.pad_token_id = get_int(j, "pad_token_id", 0, what);  // null means 0, as for the other families
   c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
@@ -310,5 +382,41 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what) {
 }
 
 }  // namespace cfg
+
+bool V4Config::has_hybrid_mla() const {
+  for (const std::vector<V4Kind>* kinds : {&layer_types, &mtp_layer_types})
+    if (std::count(kinds->begin(), kinds->end(), V4Kind::hybrid_mla) > 0) return true;
+  return false;
+}
+
+ModelConfig hybrid_mla_config(const ModelConfig& c, int64_t L) {
+  HMLA_CHECK(c.is_v4() && L >= 0 && L < c.num_hidden_layers && c.v4.is_hybrid_mla(L), ConfigError, "layer ", L,
+             " is no hybrid_mla layer of a deepseek_v4 config");
+  ModelConfig h;  // field by field: `source` (the whole file) stays empty
+  h.family = c.family;
+  h.hidden_size = c.hidden_size;
+  h.num_hidden_layers = c.num_hidden_layers;
+  h.vocab_size = c.vocab_size;
+  h.max_position_embeddings = c.max_position_embeddings;
+  const HybridMlaGeometry& g = c.v4.hybrid;
+  h.num_attention_heads = g.num_attention_heads;
+  h.q_lora_rank = g.q_lora_rank;
+  h.kv_lora_rank = g.kv_lora_rank;
+  h.qk_nope_head_dim = g.qk_nope_head_dim;
+  h.qk_rope_head_dim = g.qk_rope_head_dim;
+  h.v_head_dim = g.v_head_dim;
+  h.index_n_heads = c.index_n_heads;
+  h.index_head_dim = c.index_head_dim;
+  h.index_topk = g.index_topk;
+  h.index_window = c.v4.sliding_window;  // the seed's forced window, never an indexer candidate
+  h.attention_sink = true;              // as every V4 layer's; out of the KL target (section 6)
+  h.pad_token_id = c.pad_token_id;
+  h.rms_norm_eps = c.rms_norm_eps;
+  h.initializer_range = c.initializer_range;
+  h.rope = c.rope;  // the main RoPE (rope_theta), section 4's layouts
+  h.layer_modes = c.layer_modes;
+  h.indexer_loss_coeff = c.indexer_loss_coeff;
+  return h;
+}
 
 }  // namespace hmla

@@ -29,7 +29,8 @@ json rope_params_json(const RopeConfig& r) {
 }
 
 // A deepseek_v4 config as transformers 5.24 writes one: modern names only (the legacy ones it
-// folds in are dropped), rope_parameters nested {main, compress}.
+// folds in are dropped), rope_parameters nested {main, compress}; with hybrid_mla layers also their
+// hybrid_mla_* geometry and indexer_loss_coeff, and layer_types with the MTP layers' kinds.
 json v4_config_to_json(const ModelConfig& c) {
   json j = c.source.is_object() ? c.source : json::object();
   for (const char* legacy : {"compress_ratios", "compress_rate_csa", "compress_rate_hca", "num_hash_layers",
@@ -57,6 +58,19 @@ json v4_config_to_json(const ModelConfig& c) {
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
     kinds.push_back(v4_kind_name(v.layer_types[size_t(L)]));
     mlp.push_back(v.hash[size_t(L)] ? "hash_moe" : "moe");
+  }
+  if (v.has_hybrid_mla()) {  // hmla's own config (transformers refuses hybrid_mla): the MTP layers' kinds kept
+    for (V4Kind k : v.mtp_layer_types) kinds.push_back(v4_kind_name(k));
+    const HybridMlaGeometry& h = v.hybrid;
+    for (auto [key, val] : {std::pair{"hybrid_mla_q_lora_rank", h.q_lora_rank},
+                            std::pair{"hybrid_mla_kv_lora_rank", h.kv_lora_rank},
+                            std::pair{"hybrid_mla_qk_nope_head_dim", h.qk_nope_head_dim},
+                            std::pair{"hybrid_mla_qk_rope_head_dim", h.qk_rope_head_dim},
+                            std::pair{"hybrid_mla_v_head_dim", h.v_head_dim},
+                            std::pair{"hybrid_mla_num_attention_heads", h.num_attention_heads},
+                            std::pair{"hybrid_mla_index_topk", h.index_topk}})
+      j[key] = val;
+    j["indexer_loss_coeff"] = c.indexer_loss_coeff;
   }
   j["layer_types"] = kinds;
   j["mlp_layer_types"] = mlp;

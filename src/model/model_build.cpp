@@ -67,13 +67,21 @@ namespace {
 
 // A DeepSeek-V4 model (v4_model.h): its table's arena, named views only (the typed views are
 // v4_tensors, made per step), and its integer tables (zeros until loaded or initialised). The CSA
-// layers have their indexers (has_indexer is per layer CSA).
-Model build_v4_model(const ModelConfig& c, Device device) {
+// layers have their indexers (has_indexer is per layer CSA); a hybrid_mla layer has one where the
+// caller's has_indexer says so (one entry per layer), and must where its mode runs one.
+Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
   HMLA_CHECK(device == Device::cpu, ConfigError,
              "deepseek_v4: the V4 layers run on the CPU so far (CUDA: a later issue, docs/deepseek_v4.md)");
   Model m;
   m.cfg = c;
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) m.has_indexer.push_back(c.v4.layer_types[size_t(L)] == V4Kind::csa);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+    const bool hybrid = c.v4.is_hybrid_mla(L);
+    HMLA_CHECK(!hybrid || int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError,
+               "has_indexer needs one entry per layer");
+    HMLA_CHECK(!hybrid || has_indexer[size_t(L)] || !c.runs_indexer(L), ConfigError, "layer ", L, " (hybrid_mla) runs ",
+               mode_name(c.layer_modes[size_t(L)]), " without an indexer");
+    m.has_indexer.push_back(c.v4.layer_types[size_t(L)] == V4Kind::csa || (hybrid && has_indexer[size_t(L)]));
+  }
   MemoryPlan plan;
   plan_parameters(plan, c, m.has_indexer, false, compute_dtype(device));
   plan.check("the model", device);
@@ -87,7 +95,7 @@ Model build_v4_model(const ModelConfig& c, Device device) {
 }  // namespace
 
 Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
-  if (c.is_v4()) return build_v4_model(c, device);
+  if (c.is_v4()) return build_v4_model(c, has_indexer, device);
   bool dense_mlp = false;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) dense_mlp |= !c.is_moe_layer(L);
   HMLA_CHECK(c.vocab_size > 0 && (c.intermediate_size > 0 || !dense_mlp), ConfigError,

@@ -53,7 +53,7 @@ bool own_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int
 }
 
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer) {
-  if (c.is_v4()) return v4_param_table(c);
+  if (c.is_v4()) return v4_param_table(c, false, has_indexer);
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, own_indexer(c, has_indexer, L));
   for (ParamSpec& p : head_params(c)) t.push_back(p);
@@ -145,8 +145,13 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
   RepeatedEntries entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1}};
   if (c.is_v4()) {
     add_layer_kinds(
-        entries, c, [&](int64_t L) { return std::pair{c.v4.layer_types[size_t(L)], bool(c.v4.hash[size_t(L)])}; },
-        [&](int64_t L) { return v4_layer_params(c, L, true); }, ".ffn.experts.0.");
+        entries, c,
+        [&](int64_t L) {
+          return std::tuple{c.v4.layer_types[size_t(L)], bool(c.v4.hash[size_t(L)]),
+                            v4_hybrid_indexer(c, has_indexer, L)};
+        },
+        [&](int64_t L) { return v4_layer_params(c, L, true, v4_hybrid_indexer(c, has_indexer, L)); },
+        ".ffn.experts.0.");
     const std::vector<ParamSpec> all = v4_param_table(c, true);  // its entries after the last layer's
     size_t tail = all.size();
     while (tail > 0 && !all[tail - 1].name.starts_with("model.layers.")) --tail;
@@ -168,9 +173,9 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
 }  // namespace
 
 // Counted per kind of layer (MLA: with or without an indexer, dense or MoE MLP; V4: its attention
-// kind and hash or learned routing), from one layer of each kind: the whole table holds
-// num_hidden_layers x ~15 named entries (a MoE layer's 3 per expert more), itself per-layer memory
-// that may be built only once the plan has passed.
+// kind, hash or learned routing, and a hybrid_mla layer's indexer), from one layer of each kind:
+// the whole table holds num_hidden_layers x ~15 named entries (a MoE layer's 3 per expert more),
+// itself per-layer memory that may be built only once the plan has passed.
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
                      DType compute) {
   HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");

@@ -7,6 +7,7 @@
 // at t its entry is pooled by the forward's op (compress_fwd over this window, after the previous
 // window's a-series for CSA), normed and roped at its first position. mHC needs no cache: the
 // streams are per token. Tokens run one at a time (the prompt too); CPU only, like the V4 model.
+// hybrid_mla layers have no cache here yet: a model with one is refused (plan and cache alike).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -192,9 +193,17 @@ V4CompressorCache compressor_cache(int64_t m, int64_t width, bool overlap, int64
   return cc;
 }
 
+// Before anything is planned or allocated: no hybrid_mla layer (one line naming it).
+void check_decodable(const ModelConfig& c) {
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    HMLA_CHECK(!c.v4.is_hybrid_mla(L), ConfigError, "deepseek_v4: layer ", L, " is hybrid_mla, and decoding (hmla "
+               "generate) has no KV cache for hybrid_mla layers in V4 stacks yet; hmla forward runs the model");
+}
+
 }  // namespace
 
 void plan_v4_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& positions) {
+  check_decodable(c);
   const int64_t f = sizeof(float), d = c.v4.head_dim, dI = c.index_head_dim, W = c.v4.sliding_window;
   plan.add("the V4 cache's sliding windows",
            {{"num_hidden_layers", c.num_hidden_layers}, {"sliding_window", std::min(W, positions.value)}, {"head_dim", d}},
@@ -224,6 +233,7 @@ void plan_v4_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& po
 
 KvCache v4_kv_cache(const Model& m, int64_t capacity) {
   const ModelConfig& c = m.cfg;
+  check_decodable(c);
   KvCache cache;
   cache.capacity = capacity;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {

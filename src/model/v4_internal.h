@@ -1,12 +1,14 @@
 // What the DeepSeek-V4 model's files share, private to src/model: the attention block as a
-// forward/backward pair (v4_attention.cpp) and the saved state the model (v4_model.cpp) keeps for
-// it. docs/deepseek_v4_math.md section 4 is the math, section 0 its surprises.
+// forward/backward pair (v4_attention.cpp; a hybrid_mla layer's: v4_hybrid.cpp) and the saved state
+// the model (v4_model.cpp) keeps for it. docs/deepseek_v4_math.md section 4 is the math, section 0
+// its surprises.
 #pragma once
 #include <cstdint>
 
 #include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
 #include "hmla/model/config.h"
+#include "hmla/model/mla_layer.h"
 #include "hmla/model/v4_model.h"
 #include "hmla/ops/compress.h"
 
@@ -68,6 +70,30 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
                       const Tensor& dx);
+
+// A hybrid_mla layer's attention state: the config it runs with (hybrid_mla_config(c, layer)) and
+// the MLA layer's saved tensors (mla_layer.h), the indexer's and its selection included in dsa modes.
+struct V4HybridSaved {
+  ModelConfig cfg;
+  int64_t layer = 0;
+  MlaSaved mla;
+};
+// y [N, D] = hybrid_mla layer L's attention of x [b, s, D] (attn_norm's output; w: its self_attn.*
+// tensors), as an MLA layer in c.layer_modes[L]; sv filled.
+void v4_hybrid_fwd(const ModelConfig& c, int64_t L, const AttnTensors& w, const Tensor& x, const DocLayout& layout,
+                   V4HybridSaved& sv, const Tensor& y);
+
+struct V4HybridBackward {
+  bool backbone = true;  // false: only the indexer's backward (its KL), dy and dx unused (train_indexer_only)
+  Tensor row_weight;     // [b, s] the indexer KL's loss-row weights (needed where the layer runs its indexer)
+  Tensor kl_acc;         // optional f64 [1] on the device: the KL sum is added into it
+};
+// The backward of v4_hybrid_fwd: with the backbone dx [N, D] written from dy [N, D]; every weight
+// gradient ADDED into g (views of the gradient arena in the same names), the indexer's from its KL
+// only. Returns the layer's KL sum (sum_t rw kl, without coeff) where it runs an indexer: NaN when
+// kl_acc took it; 0 elsewhere.
+double v4_hybrid_bwd(const V4HybridSaved& sv, const AttnTensors& w, const AttnTensors& g, const Tensor& x,
+                     const DocLayout& layout, const Tensor& dy, const Tensor& dx, const V4HybridBackward& opt);
 
 // A hash_moe layer L's experts for token ids (any shape, i32): tid2eid's rows, [ids.numel(), k] i32
 // (v4_model.cpp).

@@ -42,14 +42,9 @@ SwigluTensors swiglu(const io::TensorMap& t, const std::string& at) {
   return {t.at(at + "w1.weight"), t.at(at + "w3.weight"), t.at(at + "w2.weight")};
 }
 
-V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L) {
-  const std::string pre = layer_prefix(L), at = pre + "attn.", ffn = pre + "ffn.";
-  V4LayerTensors l;
-  l.hc_attn = hc_weights(t, pre + "hc_attn");
-  l.hc_ffn = hc_weights(t, pre + "hc_ffn");
-  l.attn_norm = t.at(pre + "attn_norm.weight");
-  l.ffn_norm = t.at(pre + "ffn_norm.weight");
-  V4AttnTensors& a = l.attn;
+// A V4 attention's attn.* (every kind but hybrid_mla).
+V4AttnTensors attn_tensors_at(const io::TensorMap& t, const std::string& at) {
+  V4AttnTensors a;
   a.wq_a = t.at(at + "wq_a.weight");
   a.q_norm = t.at(at + "q_norm.weight");
   a.wq_b = t.at(at + "wq_b.weight");
@@ -62,6 +57,26 @@ V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64
   a.icomp = compressor(t, at + "indexer.compressor.");
   a.iwq_b = maybe(t, at + "indexer.wq_b.weight");
   a.iweights = maybe(t, at + "indexer.weights_proj.weight");
+  return a;
+}
+
+// A hybrid_mla layer's self_attn.* (the MLA layer's names).
+AttnTensors hybrid_tensors(const io::TensorMap& t, const std::string& at) {
+  io::TensorMap w;
+  for (auto it = t.lower_bound(at); it != t.end() && it->first.starts_with(at); ++it)
+    w[it->first.substr(at.size())] = it->second;
+  return attn_tensors(w);
+}
+
+V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L) {
+  const std::string pre = layer_prefix(L), ffn = pre + "ffn.";
+  V4LayerTensors l;
+  l.hc_attn = hc_weights(t, pre + "hc_attn");
+  l.hc_ffn = hc_weights(t, pre + "hc_ffn");
+  l.attn_norm = t.at(pre + "attn_norm.weight");
+  l.ffn_norm = t.at(pre + "ffn_norm.weight");
+  if (c.v4.is_hybrid_mla(L)) l.mla = hybrid_tensors(t, pre + "self_attn.");
+  else l.attn = attn_tensors_at(t, pre + "attn.");
   MoeTensors& m = l.mlp.moe;
   m.gate = t.at(ffn + "gate.weight");
   m.e_score_correction_bias = maybe(t, ffn + "gate.bias");
@@ -78,6 +93,7 @@ struct LayerSaved {
   MhcSaved hc1, hc2;                   // the two entries' rstd [N], z [N, (2 + n) n]
   Tensor xa, post1, comb1, a, rstd_a;  // attention block: collapsed input, mixers, attn_norm output and rstd
   V4AttnSaved attn;
+  V4HybridSaved hybrid;                // a hybrid_mla layer's attention (attn unused)
   Tensor ya;                           // the attention's output [N, D]
   Tensor x_mid;                        // the streams after the attention block
   Tensor xf, post2, comb2, f, rstd_f;  // MoE block: likewise
@@ -165,7 +181,8 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
     sv.x = x;
     block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
     sv.ya = f32(dev, {N, D});
-    v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, sv.ya);
+    if (c.v4.is_hybrid_mla(L)) v4_hybrid_fwd(c, L, lw.mla, sv.a.view({b, s, D}), in.layout, sv.hybrid, sv.ya);
+    else v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, sv.ya);
     sv.x_mid = f32(dev, {N, n, D});
     mhc_post_fwd(x, sv.ya, sv.post1, sv.comb1, sv.x_mid);
     block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
@@ -216,7 +233,7 @@ Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* top
   linear_fwd(f.n_final, w.head, logits);
   if (topk) {
     topk->clear();
-    for (const LayerSaved& l : f.layers) topk->push_back(l.attn.idx);
+    for (const LayerSaved& l : f.layers) topk->push_back(l.hybrid.mla.topk.defined() ? l.hybrid.mla.topk : l.attn.idx);
   }
   if (experts) {
     experts->clear();
@@ -258,6 +275,7 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
   lm_head_loss(m, w.head, f.n_final, in.target, in.keep, g.head, dn, stats.slice(0, kStatMbLm, kStatMbLm + 1));
   rmsnorm_bwd(dn, f.hh, w.norm, f.rstd_n, dhh, g.norm);
   mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
+  int kl_layers = 0;  // hybrid_mla layers whose KL went into the kStatMbKl slot
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];
@@ -269,6 +287,12 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     dx = block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
                         {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) {
+                          if (c.v4.is_hybrid_mla(L)) {
+                            const V4HybridBackward ho{true, in.row_weight, stats.slice(0, kStatMbKl, kStatMbKl + 1)};
+                            v4_hybrid_bwd(sv.hybrid, lw.mla, lg.mla, sv.a.view({b, s, D}), in.layout, dy, dnx, ho);
+                            kl_layers += c.runs_indexer(L);
+                            return;
+                          }
                           v4_attention_bwd(c, lw.attn, lg.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, dy,
                                            dnx);
                         });
@@ -280,9 +304,12 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
   embedding_bwd(in.ids, de, g.embed);
   if (opt.stats.defined()) {
     stats_add(stats, kStatLm, kStatMbLm, 1);
+    if (kl_layers > 0) stats_add(stats, kStatKl, kStatMbKl, kl_layers);  // the mean over them, as model_step's
     st.lm_loss = st.indexer_kl = std::numeric_limits<double>::quiet_NaN();
   } else {
-    st.lm_loss = stats.to_vector<double>()[kStatMbLm];
+    const std::vector<double> h = stats.to_vector<double>();
+    st.lm_loss = h[kStatMbLm];
+    if (kl_layers > 0) st.indexer_kl = h[kStatMbKl] / kl_layers;
   }
   return st;
 }

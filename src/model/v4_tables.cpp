@@ -1,12 +1,14 @@
 // DeepSeek-V4's parameter table (v4_tables.h), shapes from docs/deepseek_v4_math.md: a compressor
 // of rate m over width w projects to coff * w (coff 2 for CSA's two overlapped series, 1 for HCA)
 // with a per-slot bias ape [m, coff * w]; the CSA indexer has its own compressor of width
-// index_head_dim.
+// index_head_dim. A hybrid_mla layer's attention is the MLA layer's table (mla_param_table) at
+// self_attn.*, with its geometry (hybrid_mla_config).
 #include "hmla/model/v4_tables.h"
 
 #include <map>
 #include <string>
 
+#include "hmla/model/mla_layer.h"
 #include "hmla/model/mlp.h"
 #include "hmla/model/model.h"
 
@@ -35,15 +37,10 @@ void add_hc(std::vector<ParamSpec>& t, const std::string& at, const ModelConfig&
   t.push_back({at + "_scale", {3}});
 }
 
-}  // namespace
-
-std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert) {
+// The V4 attention's "attn.*" of layer L (every kind but hybrid_mla).
+void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, const std::string& at) {
   const V4Config& v = c.v4;
   const int64_t hid = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
-  const std::string pre = layer_prefix(L), at = pre + "attn.";
-  std::vector<ParamSpec> t;
-  add_hc(t, pre + "hc_attn", c);
-  t.push_back({pre + "attn_norm.weight", {hid}});
   t.push_back({at + "wq_a.weight", {Rq, hid}});
   t.push_back({at + "q_norm.weight", {Rq}});
   t.push_back({at + "wq_b.weight", {H * d, Rq}});
@@ -59,6 +56,23 @@ std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one
     t.push_back({at + "indexer.weights_proj.weight", {c.index_n_heads, hid}});
     t.push_back({at + "indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, Rq}});
   }
+}
+
+}  // namespace
+
+std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert, bool indexer) {
+  const V4Config& v = c.v4;
+  const int64_t hid = c.hidden_size;
+  const std::string pre = layer_prefix(L);
+  std::vector<ParamSpec> t;
+  add_hc(t, pre + "hc_attn", c);
+  t.push_back({pre + "attn_norm.weight", {hid}});
+  if (v.is_hybrid_mla(L)) {  // the MLA names of DESIGN.md section 2; the indexer's only when it has one
+    for (ParamSpec& p : mla_param_table(hybrid_mla_config(c, L), false, indexer))
+      t.push_back({pre + "self_attn." + p.name, p.shape});
+  } else {
+    add_v4_attention(t, c, L, pre + "attn.");
+  }
   add_hc(t, pre + "hc_ffn", c);
   t.push_back({pre + "ffn_norm.weight", {hid}});
   const MoeConfig& m = c.moe;
@@ -70,10 +84,11 @@ std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one
   return t;
 }
 
-std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert) {
+std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert, const std::vector<bool>& has_indexer) {
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-    for (ParamSpec& p : v4_layer_params(c, L, one_expert)) t.push_back(std::move(p));
+    for (ParamSpec& p : v4_layer_params(c, L, one_expert, v4_hybrid_indexer(c, has_indexer, L)))
+      t.push_back(std::move(p));
   const int64_t n = c.v4.hc_mult;
   t.push_back({"model.hc_head.hc_fn", {n, n * c.hidden_size}});
   t.push_back({"model.hc_head.hc_base", {n}});
@@ -102,7 +117,13 @@ void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFacto
   int64_t per_token = n * D, idx = 0;  // the embedding's streams
   std::map<int64_t, int64_t> per_entry;  // rate -> values per entry over the layers of that rate
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    int64_t t = 2 * n * D + 2 * block + 2 * Rq + 1 + 4 * H * d + 2 * H + 2 * d + 1 + v.o_groups * v.o_lora_rank + 2 * D;
+    int64_t t = 2 * n * D + 2 * block + 2 * D;  // the streams, the two blocks, the sublayers' outputs
+    if (v.is_hybrid_mla(L)) {  // the MLA layer's saved tensors per row (one rank: S = s), f32 and i32 alike
+      for (const MlaField& f : mla_fields(hybrid_mla_config(c, L), L, 1, 1, 1, DType::f32, false))
+        t = checked_add(t, shape_numel(f.shape), "the V4 activations");
+    } else {
+      t += 2 * Rq + 1 + 4 * H * d + 2 * H + 2 * d + 1 + v.o_groups * v.o_lora_rank;
+    }
     for (const ActField& f : mlp_fields(c, L)) t += std::max<int64_t>(f.width, 1);
     const int64_t m = v.compress_rate(L), coff = v.layer_types[size_t(L)] == V4Kind::csa ? 2 : 1;
     if (m > 0) t += 2 * coff * d, per_entry[m] += 2 * d + 1;

@@ -44,7 +44,8 @@ Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>&
   for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) {
     if (!has_indexer[L] || (L < int64_t(old.has_indexer.size()) && old.has_indexer[L])) continue;
     io::TensorMap w;
-    created += indexer_init_missing(w, cfg, seed * 1000003ull + uint64_t(L));
+    const bool hybrid = cfg.is_v4() && cfg.v4.is_hybrid_mla(L);  // a V4 stack's hybrid_mla layer: its own geometry
+    created += indexer_init_missing(w, hybrid ? hybrid_mla_config(cfg, L) : cfg, seed * 1000003ull + uint64_t(L));
     for (auto& [name, t] : w) m.params.at(layer_prefix(L) + "self_attn." + name).copy_from(t);
   }
   refresh_compute_weights(m);  // the arena was written above

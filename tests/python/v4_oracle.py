@@ -5,6 +5,9 @@
 # every parameter's gradient. Two float64 evaluations of the same function in different operation
 # orders differ by a few hundred ulps of the largest intermediate at this depth; the bound 1e-9
 # (relative to each tensor's max) is far above that and far below any real error (f32: ~1e-6).
+# hmla's hybrid_mla layers (DESIGN.md sections 2-6 and 10: the MLA layer in its mode, the lightning
+# indexer and its KL) are here too, written from DESIGN.md; tests/python/v4_hybrid_fixture.py runs
+# them (the module's functions, after setup()) and checks them by finite differences.
 # Runs on Debian's python3-torch: /usr/bin/python3 tests/python/v4_oracle.py
 import json, math, sys
 import numpy as np, torch
@@ -13,20 +16,28 @@ sys.path.insert(0, HERE)
 import safetensors_lite as st
 torch.set_default_dtype(torch.float64)
 D = HERE + "/../hf/fixtures/"
-c = json.load(open(D + "v4/config.json"))
-W = {k: torch.tensor(v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in st.load(D + "v4/model.safetensors").items()}
-for k, v in W.items():
-    if v.is_floating_point(): v.requires_grad_(True)
-F = st.load(D + "v4/fixture.safetensors"); M = st.load(D + "v4_modules/modules.safetensors"); G = st.load(D + "v4_grads/grads.safetensors")
 j = lambda d, n: d[n + "_hi"].astype(np.float64) + np.where(np.isinf(d[n + "_hi"]), 0, d[n + "_lo"].astype(np.float64))
-ids = torch.tensor(F["input_ids"]); b, s = ids.shape
-Dm, H, hd, rd = c["hidden_size"], c["num_attention_heads"], c["head_dim"], int(c["head_dim"] * c["partial_rotary_factor"])
-eps, hc, hce = c["rms_norm_eps"], c["hc_mult"], c["hc_eps"]
+def setup(config, weights, input_ids, dtype=torch.float64):
+    """The model the functions below compute: config (a dict), weights (name -> numpy; floating ones
+    become leaf tensors of `dtype` that require grad), input_ids [b, s]. float32 is the naive instance
+    STYLE.md's rule measures (every op in it); float64 the oracle."""
+    global c, W, ids, b, s, Dm, H, hd, rd, eps, hc, hce, IF, DT, MODES
+    torch.set_default_dtype(dtype)
+    DT, c = dtype, config
+    W = {k: torch.tensor(v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in weights.items()}
+    for k, v in W.items():
+        if v.is_floating_point(): W[k] = v.to(dtype).requires_grad_(True)
+    ids = torch.tensor(input_ids); b, s = ids.shape
+    Dm, H, hd, rd = c["hidden_size"], c["num_attention_heads"], c["head_dim"], int(c["head_dim"] * c["partial_rotary_factor"])
+    eps, hc, hce = c["rms_norm_eps"], c["hc_mult"], c["hc_eps"]
+    IF = {k: inv_freq(p) for k, p in c["rope_parameters"].items()}
+    if "hybrid_mla_qk_rope_head_dim" in c: IF["hybrid"] = inv_freq(c["rope_parameters"]["main"], c["hybrid_mla_qk_rope_head_dim"])
+    MODES = c.get("hmla_layer_modes", ["mha"] * c["num_hidden_layers"])
 def rms(x, w=None):
     y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
     return y if w is None else y * w
-def inv_freq(p):
-    base, dim = p["rope_theta"], rd
+def inv_freq(p, dim=None):
+    base, dim = p["rope_theta"], dim or rd
     pos = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     if p["rope_type"] == "default": return 1.0 / pos
     f, om, bf, bs = p["factor"], p["original_max_position_embeddings"], p["beta_fast"], p["beta_slow"]
@@ -36,13 +47,13 @@ def inv_freq(p):
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
     ext = 1 - ramp
     return (1 / (f * pos)) * (1 - ext) + (1 / pos) * ext
-IF = {k: inv_freq(p) for k, p in c["rope_parameters"].items()}
-def rope(x, pos, kind, sign=1.0):  # interleaved pairs on the LAST rd channels; x [..., n, d], pos [n]
-    ang = pos[:, None].double() * IF[kind][None]  # [n, rd/2]
-    co, si = torch.cos(ang), sign * torch.sin(ang)
-    r = x[..., -rd:]; x0, x1 = r[..., 0::2], r[..., 1::2]
+def rope(x, pos, kind, sign=1.0, r=None):  # interleaved pairs on the LAST r (rd) channels; x [..., n, d], pos [n]
+    r = r or rd
+    ang = pos[:, None].double() * IF[kind][None]  # [n, r/2], in float64, then the model's dtype
+    co, si = torch.cos(ang).to(DT), (sign * torch.sin(ang)).to(DT)
+    z = x[..., -r:]; x0, x1 = z[..., 0::2], z[..., 1::2]
     o = torch.stack([x0 * co - x1 * si, x1 * co + x0 * si], -1).flatten(-2)
-    return torch.cat([x[..., :-rd], o], -1)
+    return torch.cat([x[..., :-r], o], -1)
 def lin(x, w): return x @ w.T
 cap = {}
 def hcmix(X, p):  # X [b,s,hc,D]
@@ -60,12 +71,61 @@ def compress(x, p, m, d, overlap, kind="compress"):
     n = s // m
     kv = kv[:, :n * m].unflatten(1, (n, m)); g = g[:, :n * m].unflatten(1, (n, m)) + W[p + "ape"]
     if overlap:  # slots: [a-series of window w-1 (first d) | b-series of window w (last d)]
-        za = torch.zeros(b, 1, m, d); ninf = torch.full((b, 1, m, d), -math.inf)
+        za = torch.zeros(b, 1, m, d, dtype=DT); ninf = torch.full((b, 1, m, d), -math.inf, dtype=DT)
         kv = torch.cat([torch.cat([za, kv[:, :-1, :, :d]], 1), kv[..., d:]], 2)
         g = torch.cat([torch.cat([ninf, g[:, :-1, :, :d]], 1), g[..., d:]], 2)
     e = rms((kv * torch.softmax(g, 2)).sum(2), W[p + "norm.weight"])
     return rope(e, torch.arange(n) * m, kind)  # [b, n, d]
+def rope_half(x, pos, r):  # rotate-half on the FIRST r channels (the MLA indexer's layout, DESIGN.md section 4)
+    ang = pos[:, None].double() * IF["hybrid"][None]
+    co, si = torch.cos(ang).to(DT), torch.sin(ang).to(DT)
+    x1, x2 = x[..., :r // 2], x[..., r // 2:r]
+    return torch.cat([x1 * co - x2 * si, x2 * co + x1 * si, x[..., r:]], -1)
+NEG = -1e30  # a masked score: exp underflows to exactly 0, and a row without candidates stays finite
+def index_scores(x, cq, L, pos):  # DESIGN.md section 5 on detached x, cq: I [b, s, s] (every key)
+    p, HI, DI, r = f"model.layers.{L}.self_attn.indexer.", c["index_n_heads"], c["index_head_dim"], c["hybrid_mla_qk_rope_head_dim"]
+    qi = rope_half(lin(cq, W[p + "wq_b.weight"]).unflatten(-1, (HI, DI)).transpose(1, 2), pos, r)  # [b,HI,s,DI]
+    k = lin(x, W[p + "wk.weight"]); mu = k.mean(-1, keepdim=True); var = ((k - mu) ** 2).mean(-1, keepdim=True)
+    ki = rope_half((k - mu) / torch.sqrt(var + 1e-6) * W[p + "k_norm.weight"] + W[p + "k_norm.bias"], pos, r)  # [b,s,DI]
+    w = lin(x, W[p + "weights_proj.weight"]) * HI ** -0.5 * DI ** -0.5  # [b,s,HI]
+    dots = qi @ ki[:, None].transpose(-1, -2); cap[f"layer{L}.index_dots"] = dots  # [b,HI,s,s]
+    return (torch.relu(dots) * w.transpose(1, 2)[..., None]).sum(1)
+def indexer_kl(lg, I, cand):  # DESIGN.md section 6: sum_t kl(t) / valid_rows (no padding: b s rows)
+    lgm = lg.detach().masked_fill(~cand[:, None], NEG)  # the target from detached logits, no sink
+    P = torch.exp(lgm - torch.logsumexp(lgm, -1, keepdim=True)).mean(1)
+    Im = I.masked_fill(~cand, NEG); logq = Im - torch.logsumexp(Im, -1, keepdim=True)
+    term = torch.where(cand, P * (torch.log(torch.where(cand, P, 1.0)) - logq), torch.zeros((), dtype=DT))
+    return term.sum() / (b * s)
+def hybrid_attention(x, L, mode):  # DESIGN.md sections 2-6 (MHA form: latent MQA's scores are the same)
+    p, Hh = f"model.layers.{L}.self_attn.", c["hybrid_mla_num_attention_heads"]
+    Dn, Dr, Dv, Rkv = (c["hybrid_mla_" + k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
+    K, Wn, pos = c.get("hybrid_mla_index_topk", 2048), c["sliding_window"], torch.arange(s)
+    cq = rms(lin(x, W[p + "q_a_proj.weight"]), W[p + "q_a_layernorm.weight"])
+    q = lin(cq, W[p + "q_b_proj.weight"]).unflatten(-1, (Hh, Dn + Dr)).transpose(1, 2)  # [b,Hh,s,Dn+Dr]
+    q = rope(q, pos, "hybrid", r=Dr)
+    kva = lin(x, W[p + "kv_a_proj_with_mqa.weight"])
+    kpe = rope(kva[..., Rkv:], pos, "hybrid", r=Dr)  # [b,s,Dr], shared by the heads
+    kvb = lin(rms(kva[..., :Rkv], W[p + "kv_a_layernorm.weight"]), W[p + "kv_b_proj.weight"]).unflatten(-1, (Hh, Dn + Dv)).transpose(1, 2)
+    k = torch.cat([kvb[..., :Dn], kpe[:, None].expand(b, Hh, s, Dr)], -1)
+    lg = (q @ k.transpose(-1, -2)) * (Dn + Dr) ** -0.5  # [b,Hh,s,s]; default main RoPE: m = 1
+    t, u = pos[:, None], pos[None, :]
+    allowed = (u <= t).expand(b, s, s)  # A(t): one document per row
+    if mode in ("dsa_warmup", "dsa_sparse"):
+        I = index_scores(x.detach(), cq.detach(), L, pos); cap[f"layer{L}.index_scores"] = I
+        cand = allowed
+        if mode == "dsa_sparse":  # S(t): the top K of A(t) without its last Wn keys, ties to the smaller j
+            R = (u <= t - Wn).expand(b, s, s)
+            order = torch.sort(I.detach().masked_fill(~R, -math.inf), stable=True, dim=-1, descending=True).indices[..., :K]
+            cand = torch.zeros(b, s, s, dtype=torch.bool).scatter_(-1, order, True) & R
+            cap[f"layer{L}.selected"] = cand
+            allowed = cand | ((u <= t) & (u > t - Wn))
+        cap[f"layer{L}.kl"] = indexer_kl(lg, I, cand)
+    sink = W[p + "softmax_offset"].view(1, Hh, 1, 1).expand(b, Hh, s, 1)
+    pr = torch.softmax(torch.cat([lg.masked_fill(~allowed[:, None], -math.inf), sink], -1), -1)[..., :-1]
+    o = (pr @ kvb[..., Dn:]).transpose(1, 2).flatten(2)  # [b,s,Hh Dv]
+    return lin(o, W[p + "o_proj.weight"])
 def attention(x, L, kind, ltype):
+    if ltype == "hybrid_mla": return hybrid_attention(x, L, MODES[L])
     p = f"model.layers.{L}.attn."
     qr = rms(lin(x, W[p + "wq_a.weight"]), W[p + "q_norm.weight"])
     pos = torch.arange(s); rk = "main" if ltype == "sliding_attention" else "compress"
@@ -107,7 +167,8 @@ def swiglu(x, p, lim):
 def moe(x, L, mtype):
     p = f"model.layers.{L}.ffn."; lim = c["swiglu_limit"]; E, k = c["n_routed_experts"], c["num_experts_per_tok"]
     fl = x.reshape(-1, Dm); sc = torch.sqrt(torch.nn.functional.softplus(lin(fl, W[p + "gate.weight"])))
-    idx = W[p + "gate.tid2eid"][ids.reshape(-1)] if mtype == "hash_moe" else (sc + W[p + "gate.bias"]).detach().topk(k, -1).indices
+    if mtype != "hash_moe": cap[f"layer{L}.router"] = (sc + W[p + "gate.bias"]).detach()
+    idx = W[p + "gate.tid2eid"][ids.reshape(-1)] if mtype == "hash_moe" else cap[f"layer{L}.router"].topk(k, -1).indices
     wts = sc.gather(1, idx); wts = wts / (wts.sum(-1, keepdim=True) + 1e-20) * c["routed_scaling_factor"]
     cap[f"layer{L}.experts"] = idx.sort(-1).values
     out = torch.zeros_like(fl)
@@ -131,54 +192,63 @@ def model_logits():
     pre = torch.sigmoid(z * W["model.hc_head.hc_scale"] + W["model.hc_head.hc_base"]) + hce
     hh = (pre[..., None] * X).sum(2); cap["hc_head"] = hh
     return lin(rms(hh, W["model.norm.weight"]), W["head.weight"])
-logits = model_logits()
-failures = []
-def near(name, got, ref, tol=1e-9):
-    d = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
-    print(name, d)
-    if not d <= tol: failures.append(f"{name}: relative difference {d}")
-near("logits", logits.detach().numpy(), j(F, "logits"))
-for n in [f"layer{L}.{x}" for L in range(4) for x in ("attn_hc.collapsed","attn_out","ffn_hc.collapsed","mlp_out")]:
-    near(n, cap[n].detach().numpy()[0], j(M, n))
-for L in (1, 3):
-    if not np.array_equal(cap[f"layer{L}.topk"].numpy(), F[f"layer{L}.topk"]): failures.append(f"layer{L}.topk differs")
-for L in range(4):
-    if not np.array_equal(cap[f"layer{L}.experts"].numpy(), F[f"layer{L}.experts"]): failures.append(f"layer{L}.experts differ")
-v = logits.shape[-1]
-loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
-print("loss", loss.item(), j(G, "loss")[0])
-loss.backward()
-worst = 0
-for k, t in W.items():
-    if not t.is_floating_point() or k.endswith("gate.bias"): continue
-    g = t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
-    if k + "_hi" not in G: assert t.grad is None or not t.grad.any(), k; continue
-    ref = j(G, k); d = np.abs(g - ref).max() / max(np.abs(ref).max(), 1e-30)
-    worst = max(worst, d)
-    if not d <= 1e-9: failures.append(f"grad {k}: relative difference {d}")
-print("worst relative grad diff", worst)
-# The oracle's own gradients by central differences in float64 (h = 1e-5: truncation ~h^2 times the
-# third derivative and rounding 2^-52 |L| / h are both ~1e-10, far below the 1e-7 allowed): one
-# element of a tensor of every kind. Top-k and router choices are piecewise constant; the fixture's
-# smallest gaps (made_with.json) are far above the perturbation.
-def mean_ce():
-    with torch.no_grad():
-        lg = model_logits()
-        return torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1)).item()
-fd_worst, rng = 0.0, np.random.default_rng(0)
-for k in ["model.embed_tokens.weight", "model.layers.0.hc_attn_fn", "model.layers.1.hc_attn_scale",
-          "model.layers.1.attn.wq_a.weight", "model.layers.1.attn.q_norm.weight", "model.layers.1.attn.wkv.weight",
-          "model.layers.2.attn.attn_sink", "model.layers.2.attn.compressor.ape", "model.layers.3.attn.compressor.wgate.weight",
-          "model.layers.3.attn.wo_a.weight", "model.layers.0.attn.wo_b.weight", "model.layers.1.ffn.gate.weight",
-          "model.layers.3.ffn.experts.1.w1.weight", "model.layers.0.ffn.shared_experts.w3.weight",
-          "model.layers.2.ffn_norm.weight", "model.hc_head.hc_scale", "model.norm.weight", "head.weight"]:
-    t = W[k]; i = tuple(int(rng.integers(0, n)) for n in t.shape)
-    with torch.no_grad():
-        x0 = t[i].item(); t[i] = x0 + 1e-5; up = mean_ce(); t[i] = x0 - 1e-5; dn = mean_ce(); t[i] = x0
-    fd, g = (up - dn) / 2e-5, t.grad[i].item()
-    fd_worst = max(fd_worst, abs(fd - g))
-    if not abs(fd - g) <= 1e-7: failures.append(f"finite difference {k}{list(i)}: {fd} vs autograd {g}")
-print("worst |finite difference - autograd|", fd_worst)
-near("loss", np.array([loss.item()]), j(G, "loss"))
-for f in failures: print("FAIL", f)
-sys.exit(1 if failures else 0)
+def mean_ce():  # hmla's LM loss: mean CE over the b (s - 1) next tokens (one document per row, no padding)
+    lg = model_logits(); v = lg.shape[-1]
+    return torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
+def main():
+    F = st.load(D + "v4/fixture.safetensors"); M = st.load(D + "v4_modules/modules.safetensors"); G = st.load(D + "v4_grads/grads.safetensors")
+    setup(json.load(open(D + "v4/config.json")), st.load(D + "v4/model.safetensors"), F["input_ids"])
+    logits = model_logits()
+    failures = []
+    def near(name, got, ref, tol=1e-9):
+        d = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
+        print(name, d)
+        if not d <= tol: failures.append(f"{name}: relative difference {d}")
+    near("logits", logits.detach().numpy(), j(F, "logits"))
+    for n in [f"layer{L}.{x}" for L in range(4) for x in ("attn_hc.collapsed","attn_out","ffn_hc.collapsed","mlp_out")]:
+        near(n, cap[n].detach().numpy()[0], j(M, n))
+    for L in (1, 3):
+        if not np.array_equal(cap[f"layer{L}.topk"].numpy(), F[f"layer{L}.topk"]): failures.append(f"layer{L}.topk differs")
+    for L in range(4):
+        if not np.array_equal(cap[f"layer{L}.experts"].numpy(), F[f"layer{L}.experts"]): failures.append(f"layer{L}.experts differ")
+    v = logits.shape[-1]
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1))
+    print("loss", loss.item(), j(G, "loss")[0])
+    loss.backward()
+    worst = 0
+    for k, t in W.items():
+        if not t.is_floating_point() or k.endswith("gate.bias"): continue
+        g = t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
+        if k + "_hi" not in G: assert t.grad is None or not t.grad.any(), k; continue
+        ref = j(G, k); d = np.abs(g - ref).max() / max(np.abs(ref).max(), 1e-30)
+        worst = max(worst, d)
+        if not d <= 1e-9: failures.append(f"grad {k}: relative difference {d}")
+    print("worst relative grad diff", worst)
+    # The oracle's own gradients by central differences in float64 (h = 1e-5: truncation ~h^2 times the
+    # third derivative and rounding 2^-52 |L| / h are both ~1e-10, far below the 1e-7 allowed): one
+    # element of a tensor of every kind. Top-k and router choices are piecewise constant; the fixture's
+    # smallest gaps (made_with.json) are far above the perturbation.
+    def mean_ce():
+        with torch.no_grad():
+            lg = model_logits()
+            return torch.nn.functional.cross_entropy(lg[:, :-1].reshape(-1, v), ids[:, 1:].reshape(-1)).item()
+    fd_worst, rng = 0.0, np.random.default_rng(0)
+    for k in ["model.embed_tokens.weight", "model.layers.0.hc_attn_fn", "model.layers.1.hc_attn_scale",
+              "model.layers.1.attn.wq_a.weight", "model.layers.1.attn.q_norm.weight", "model.layers.1.attn.wkv.weight",
+              "model.layers.2.attn.attn_sink", "model.layers.2.attn.compressor.ape", "model.layers.3.attn.compressor.wgate.weight",
+              "model.layers.3.attn.wo_a.weight", "model.layers.0.attn.wo_b.weight", "model.layers.1.ffn.gate.weight",
+              "model.layers.3.ffn.experts.1.w1.weight", "model.layers.0.ffn.shared_experts.w3.weight",
+              "model.layers.2.ffn_norm.weight", "model.hc_head.hc_scale", "model.norm.weight", "head.weight"]:
+        t = W[k]; i = tuple(int(rng.integers(0, n)) for n in t.shape)
+        with torch.no_grad():
+            x0 = t[i].item(); t[i] = x0 + 1e-5; up = mean_ce(); t[i] = x0 - 1e-5; dn = mean_ce(); t[i] = x0
+        fd, g = (up - dn) / 2e-5, t.grad[i].item()
+        fd_worst = max(fd_worst, abs(fd - g))
+        if not abs(fd - g) <= 1e-7: failures.append(f"finite difference {k}{list(i)}: {fd} vs autograd {g}")
+    print("worst |finite difference - autograd|", fd_worst)
+    near("loss", np.array([loss.item()]), j(G, "loss"))
+    for f in failures: print("FAIL", f)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__": main()

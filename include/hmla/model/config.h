@@ -66,8 +66,10 @@ enum class ModelFamily { deepseek_v32, glm_moe_dsa, deepseek_v4 };
 const char* family_name(ModelFamily f);
 
 // DeepSeek-V4's per-layer attention kinds (DESIGN.md section 10), as transformers 5.24's
-// layer_types names them; `compress_rate` is 0 for the sliding window.
-enum class V4Kind { sliding, csa, hca };
+// layer_types names them, and hmla's hybrid_mla (PaddleFleet's compress ratio -2: the MLA layer of
+// sections 1-6 inside the V4 block; transformers refuses the value); `compress_rate` is 0 for the
+// sliding window and hybrid_mla.
+enum class V4Kind { sliding, csa, hca, hybrid_mla };
 const char* v4_kind_name(V4Kind k);
 // The router's score function (scoring_func): sqrt(softplus(u)) or sigmoid(u). (DeepSeek's own
 // code also has softmax; transformers 5.24's DeepseekV4 cannot build it: no such activation.)
@@ -80,11 +82,20 @@ const char* scoring_func_name(ScoringFunc f);
 // last qk_rope_head_dim channels of head_dim as interleaved pairs. Every layer's MLP is MoE
 // (ModelConfig::moe, one group, one shared expert of moe_intermediate_size); `hash` marks the
 // hash_moe layers, which route by the frozen tid2eid[input_id].
+// A hybrid_mla layer's own MLA geometry (PaddleFleet's hybrid_mla_* keys; docs/deepseek_v4.md);
+// its indexer's heads and width are the model-wide index_n_heads / index_head_dim.
+struct HybridMlaGeometry {
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  int64_t num_attention_heads = 0, index_topk = 2048;
+};
+
 struct V4Config {
   int64_t head_dim = 512, qk_rope_head_dim = 64;
   int64_t o_groups = 8, o_lora_rank = 1024, sliding_window = 128;
   int64_t csa_rate = 4, hca_rate = 128;  // compress_rates
   std::vector<V4Kind> layer_types;       // one per layer
+  std::vector<V4Kind> mtp_layer_types;   // the MTP layers' kinds where layer_types lists them (else empty)
+  HybridMlaGeometry hybrid;              // read when some layer (the MTP layers' too) is hybrid_mla
   std::vector<bool> hash;                // one per layer: mlp_layer_types == "hash_moe"
   int64_t hc_mult = 4, hc_sinkhorn_iters = 20;
   double hc_eps = 1e-6;
@@ -95,6 +106,8 @@ struct V4Config {
     const V4Kind k = layer_types.at(size_t(L));
     return k == V4Kind::csa ? csa_rate : k == V4Kind::hca ? hca_rate : 0;
   }
+  bool is_hybrid_mla(int64_t L) const { return layer_types.at(size_t(L)) == V4Kind::hybrid_mla; }
+  bool has_hybrid_mla() const;  // some layer or MTP layer is hybrid_mla
 };
 
 struct ModelConfig {
@@ -163,6 +176,13 @@ ModelConfig load_model_config(const std::string& path, LayerModesFrom modes = La
 // MoE layers: all dense), pad_token_id explicit.
 nlohmann::json model_config_to_json(const ModelConfig& c);
 void save_model_config(const std::string& path, const ModelConfig& c);
+
+// The config DeepSeek-V4 layer L (a hybrid_mla layer) runs its MLA attention with (DESIGN.md
+// section 10): c with the MLA geometry replaced by the hybrid_mla_* keys' (heads, ranks, head
+// widths, index_topk), index_window = sliding_window (the forced window), attention_sink on (every
+// V4 layer has a sink; it stays out of the KL target), indexer_loss_coeff and the main RoPE as c has
+// them, and the layer's mode c.layer_modes[L]: MlaLayer runs on it unchanged. `source` is left empty.
+ModelConfig hybrid_mla_config(const ModelConfig& c, int64_t L);
 
 // ConfigError for a deepseek_v4 config in a command about the MLA layer itself (hmla layer, the
 // context-parallel traffic bench): `what` names the config.

@@ -36,13 +36,15 @@ struct V4AttnTensors {
   Tensor iwq_b, iweights;     // attn.indexer.wq_b, attn.indexer.weights_proj
 };
 
-// "model.layers.{L}.*": the two mixers, the two norms, the attention, and the MoE in the MLA
-// model's typed form (LayerTensors::moe: gate = ffn.gate.weight, e_score_correction_bias =
-// ffn.gate.bias on learned layers, experts' gate/up/down_proj = w1/w3/w2, shared = shared_experts).
+// "model.layers.{L}.*": the two mixers, the two norms, the attention (attn.*; a hybrid_mla layer's
+// is mla, its self_attn.* in the MLA layer's names), and the MoE in the MLA model's typed form
+// (LayerTensors::moe: gate = ffn.gate.weight, e_score_correction_bias = ffn.gate.bias on learned
+// layers, experts' gate/up/down_proj = w1/w3/w2, shared = shared_experts).
 struct V4LayerTensors {
   MhcWeights hc_attn, hc_ffn;
   Tensor attn_norm, ffn_norm;
   V4AttnTensors attn;
+  AttnTensors mla;
   LayerTensors mlp;
 };
 
@@ -56,7 +58,8 @@ struct V4Tensors {
 V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c);
 
 // model_logits / model_step for a deepseek_v4 model (model.h's contracts; no context parallelism:
-// cp must be one rank). topk: per layer the CSA layers' selection [b, s, index_topk] i32 (-1 pads),
+// cp must be one rank). topk: per layer the CSA layers' selection [b, s, index_topk] i32 (-1 pads)
+// and the hybrid_mla layers' in dsa modes ([b, s, hybrid_mla_index_topk + sliding_window]),
 // undefined elsewhere; experts: per layer [b * s, k] i32 (by descending choice; hash layers: the
 // tid2eid row).
 Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts);
