@@ -26,17 +26,9 @@ namespace hmla::app {
 
 namespace {
 
-// The indexers counted in a memory plan made before the weights are read: a DeepSeek-V4 model has
-// one per CSA layer whatever the checkpoint holds (build_v4_model), and one per hybrid_mla layer
-// whose mode runs it; an MLA checkpoint's are known only once it is read, so they are left out (the
-// plan stays a lower bound).
-std::vector<bool> planned_indexers(const ModelConfig& c) {
-  std::vector<bool> has(size_t(c.num_hidden_layers), false);
-  if (c.is_v4())
-    for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-      has[size_t(L)] = c.v4.layer_types[size_t(L)] == V4Kind::csa || (c.v4.is_hybrid_mla(L) && c.runs_indexer(L));
-  return has;
-}
+// The indexers counted in a memory plan made before the weights are read: a checkpoint's are known
+// only once it is read, so they are left out (the plan stays a lower bound).
+std::vector<bool> planned_indexers(const ModelConfig& c) { return std::vector<bool>(size_t(c.num_hidden_layers), false); }
 
 // `c` is dir/config.json, read first so that inputs can be checked against it before the weights.
 Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
@@ -45,9 +37,8 @@ Model load_checkpoint_model(const std::string& dir, const ModelConfig& c) {
   plan.check(dir + "/config.json: the model");
   CheckpointTensors ck = read_checkpoint(dir, c);
   const io::TensorMap& w = ck.tensors;
-  std::vector<bool> has_indexer(c.num_hidden_layers);
+  const std::vector<bool> has_indexer = checkpoint_indexers(c, w);
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    has_indexer[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
     // A "shared" layer (IndexShare) never has an indexer of its own.
     HMLA_CHECK(has_indexer[L] || !c.runs_indexer(L), ConfigError, dir, ": layer ", L, " runs ",
                mode_name(c.layer_modes[L]),
@@ -233,8 +224,8 @@ void add_model_commands(CLI::App& app) {
   init->callback([in] {
     const ModelConfig cfg = load_model_config(in->config);
     std::vector<bool> has_indexer(size_t(cfg.num_hidden_layers));  // the layers whose mode runs one
-    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)  // V4: the hybrid_mla layers' (CSA layers always have theirs)
-      has_indexer[size_t(L)] = (!cfg.is_v4() || cfg.v4.is_hybrid_mla(L)) && cfg.runs_indexer(L);
+    for (int64_t L = 0; L < cfg.num_hidden_layers; ++L)  // V4: transformers' form, every layer with DSA machinery
+      has_indexer[size_t(L)] = cfg.is_v4() ? cfg.has_dsa(L) : cfg.runs_indexer(L);
     Model m = build_model(cfg, has_indexer);
     init_model(m, in->seed);
     std::filesystem::create_directories(in->out);

@@ -69,6 +69,7 @@ struct Phase {
   std::string name, mode;
   double start = 0;                           // global step before its first step
   std::vector<double> x, lm, kl, lr, gb, gi, tps, peak;  // per step
+  std::vector<double> kl_csa, kl_hybrid;                 // a V4 stack's KL per layer kind, per step
   double heldout = std::nan(""), heldout_x = std::nan("");
   double eq_diff = std::nan(""), eq_logit = std::nan("");
   std::optional<MetricsRow> end;  // its phase-end row (none if the run stopped inside it)
@@ -111,6 +112,7 @@ Run read_run(const fs::path& metrics, const json& programme) {
         p.lm.push_back(r.lm_loss), p.kl.push_back(r.indexer_kl), p.lr.push_back(r.lr);
         p.gb.push_back(r.grad_norm_backbone), p.gi.push_back(r.grad_norm_indexer);
         p.tps.push_back(r.tokens_per_s), p.peak.push_back(r.peak_bytes);
+        p.kl_csa.push_back(r.indexer_kl_csa), p.kl_hybrid.push_back(r.indexer_kl_hybrid);
         for (size_t i = 0; i < r.moe_layers.size(); ++i) {
           auto& [x, y] = run.imbalance[r.moe_layers[i]];
           x.push_back(global);
@@ -178,6 +180,52 @@ Chart grad_norm_chart(const Run& run) {
   c.series.push_back({"indexer", "#d62728", x, gi, ChartSeries::line});
   c.note = "zeros (a part that does not train in a phase) are not drawn on the log axis";
   return c;
+}
+
+bool any_finite(const std::vector<double>& v) {
+  return std::any_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
+}
+
+// A V4 stack's indexer KL per layer kind (DESIGN.md section 10), the EMA of each phase's steps.
+Chart kl_kind_chart(const Run& run) {
+  Chart c{"Indexer KL per layer kind (DeepSeek-V4 stacks)", "global step (all phases)",
+          "KL(attention || indexer), log scale", true, true};
+  c.markers = boundaries(run);
+  for (const Phase& p : run.phases) {
+    if (any_finite(p.kl_csa)) c.series.push_back({"CSA · " + p.name, "#d62728", p.x, ema(p.kl_csa, kEmaAlpha)});
+    if (any_finite(p.kl_hybrid))
+      c.series.push_back({"hybrid_mla · " + p.name, "#1f77b4", p.x, ema(p.kl_hybrid, kEmaAlpha)});
+  }
+  c.note = "CSA: the full-CSA-denominator KL over compressed entries (docs/csa_indexer_kl.md); hybrid_mla: DESIGN.md "
+           "section 6; EMA alpha " + fmt(kEmaAlpha, 1);
+  return c;
+}
+
+// Quality parity (docs/programme.md "The control arm"): each sparse phase beside its dense control
+// arm, step by step from the same model and data, and the held-out losses' difference.
+std::string control_sections(const Run& run, const json& programme) {
+  std::ostringstream os;
+  const json phases = programme.is_object() ? programme.value("phases", json::array()) : json::array();
+  for (const json& pc : phases.is_array() ? phases : json::array()) {
+    if (!pc.is_object() || !pc.contains("control_of") || !pc["control_of"].is_number_integer()) continue;
+    const size_t j = pc["control_of"].get<size_t>();
+    if (j >= phases.size() || !phases[j].is_object()) continue;
+    const std::string arm = str(pc, "name"), sparse = str(phases[j], "name");
+    const Phase *a = nullptr, *b = nullptr;
+    for (const Phase& p : run.phases) a = p.name == sparse ? &p : a, b = p.name == arm ? &p : b;
+    if (!a || !b) continue;
+    Chart c{"Quality A/B: " + sparse + " (dsa_sparse) against its dense control arm", "step within the phase",
+            "LM loss (nats per token), EMA", true, false};
+    for (const auto& [p, color] : {std::pair{a, "#d62728"}, std::pair{b, "#1f77b4"}}) {
+      std::vector<double> x;
+      for (size_t i = 0; i < p->lm.size(); ++i) x.push_back(double(i + 1));
+      c.series.push_back({p->name + " (" + p->mode + ")", color, x, ema(p->lm, kEmaAlpha)});
+    }
+    c.note = "both arms from the same checkpoint over the same data; held-out loss: sparse " + fmt(a->heldout, 4) +
+             ", dense " + fmt(b->heldout, 4) + ", difference (sparse - dense) " + fmt(a->heldout - b->heldout, 4);
+    os << "<h2>Quality A/B</h2>\n" << render_svg(c) << "<p>" << xml_escape(c.note) << "</p>\n";
+  }
+  return os.str();
 }
 
 // One line per MoE layer: max / mean of the step's global expert load (docs/moe.md).
@@ -330,8 +378,11 @@ void write_run_report(const fs::path& dir, const fs::path& page) {
        << render_svg(per_phase_chart(run, "Indexer KL (dsa phases)", "KL(attention || indexer), log scale", &Phase::kl,
                                      true, false, true))
        << render_svg(per_phase_chart(run, "Learning rate", "learning rate", &Phase::lr, false, false, false))
-       << render_svg(grad_norm_chart(run)) << (run.imbalance.empty() ? "" : render_svg(imbalance_chart(run)))
-       << phase_table(run) << "</body></html>\n";
+       << render_svg(grad_norm_chart(run)) << (run.imbalance.empty() ? "" : render_svg(imbalance_chart(run)));
+  const bool kinds = std::any_of(run.phases.begin(), run.phases.end(),
+                                 [](const Phase& p) { return any_finite(p.kl_csa) || any_finite(p.kl_hybrid); });
+  if (kinds) html << render_svg(kl_kind_chart(run));
+  html << phase_table(run) << control_sections(run, programme) << "</body></html>\n";
   io::write_file_atomic(page.string(), html.str());
   std::cout << "wrote " << page.string() << "\n";
   if (run.skipped > 0) std::cerr << "hmla: note: skipped " << run.skipped << " malformed line(s) of metrics.jsonl\n";

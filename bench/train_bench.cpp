@@ -176,11 +176,6 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
   for (const std::string& mode_text : opt.modes)
     for (int64_t s : opt.seq_lens) {
       const LayerMode mode = parse_mode(mode_text, "--mode");
-      if (base.is_v4() && mode != LayerMode::mha) {  // set_all_modes would refuse it: say so, go on
-        std::cerr << "hmla: note: bench train: " << opt.config << " is deepseek_v4, which trains in mode mha only so "
-                  << "far; mode " << mode_text << " skipped\n";
-        continue;
-      }
       ModelConfig cfg = base;
       set_all_modes(cfg, mode);
       Model m = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, is_dsa(mode)), dev);
@@ -193,7 +188,9 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
       Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32, dev);
       io::TensorMap grads = arena_views(m.table, garena);
       // The twin's modes: mha and dsa_sparse (on the GPU: mha, the baseline of the phase 1).
-      const bool with_twin = twin_ok && (mode == LayerMode::mha || (!gpu && mode == LayerMode::dsa_sparse));
+      // V4: mha only (its twin has no CSA indexer KL).
+      const bool with_twin =
+          twin_ok && (mode == LayerMode::mha || (!gpu && mode == LayerMode::dsa_sparse && !cfg.is_v4()));
 
       // The twin's inputs: the initial weights, the batch, hmla's selection tables.
       const fs::path dir = fs::temp_directory_path() / ("hmla_bench_train_" + std::to_string(::getpid()));
@@ -214,7 +211,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
         io::save_safetensors((dir / "batch.safetensors").string(), bt);
         nlohmann::json tj{{"config", fs::absolute(opt.config).string()}, {"mode", mode_text},
                           {"threads", threads}, {"lr", os_.lr}, {"device", opt.device}};
-        if (cfg.is_v4()) tj["csa_selection"] = "topk";  // hmla's V4 CSA layers attend over the indexer's top-k
+        if (cfg.is_v4()) tj["csa_selection"] = "dense";  // in mha a CSA layer attends every visible entry
         io::write_file_atomic((dir / "twin.json").string(), tj.dump());
         twin = std::make_unique<Twin>(opt.python, script, dir);
       }

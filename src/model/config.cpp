@@ -390,7 +390,7 @@ void validate(const ModelConfig& c, const std::string& what) {
 
 static ModelConfig parse_fields(const json& j, const std::string& what, LayerModesFrom modes) {
   HMLA_CHECK(j.is_object(), ConfigError, what, ": a config must be a JSON object");
-  if (parse_family(j, what) == ModelFamily::deepseek_v4) return cfg::parse_v4_fields(j, what);
+  if (parse_family(j, what) == ModelFamily::deepseek_v4) return cfg::parse_v4_fields(j, what, modes);
   ModelConfig c;
   c.source = j;
   c.family = parse_family(j, what);
@@ -475,11 +475,9 @@ void check_mla_layers(const ModelConfig& c, const std::string& what) {
 }
 
 void set_all_modes(ModelConfig& c, LayerMode m) {
-  HMLA_CHECK(!c.is_v4() || m == LayerMode::mha, ConfigError, "config: model_type deepseek_v4 takes mode mha only (its "
-             "layers as transformers computes them); the DSA programme's modes on V4 stacks are not built yet, got ",
-             mode_name(m));
   c.layer_modes.assign(c.num_hidden_layers, m);
-  validate(c, "config");
+  if (c.is_v4()) cfg::validate_v4(c, "config");
+  else validate(c, "config");
 }
 
 bool latent_mqa_enabled(const ModelConfig& c, int64_t layer) {

@@ -25,6 +25,8 @@ const nlohmann::json* rope_object(const nlohmann::json& j, const char** field);
 // quantization_config (FP8) and num_nextn_predict_layers (absent: 0).
 CheckpointForm parse_checkpoint_form(const nlohmann::json& j, const std::string& what);
 // A deepseek_v4 config (config_v4.cpp).
-ModelConfig parse_v4_fields(const nlohmann::json& j, const std::string& what);
+ModelConfig parse_v4_fields(const nlohmann::json& j, const std::string& what, LayerModesFrom modes);
+// Its checks, also after set_all_modes.
+void validate_v4(const ModelConfig& c, const std::string& what);
 
 }  // namespace hmla::cfg

@@ -285,6 +285,8 @@ void validate_hybrid_mla(const ModelConfig& c, const std::string& what) {
   checked_add(h.index_topk, c.v4.sliding_window, f + " top-k tables (hybrid_mla_index_topk + sliding_window)");
 }
 
+}  // namespace
+
 void validate_v4(const ModelConfig& c, const std::string& what) {
   const V4Config& v = c.v4;
   check_v4_sizes(c, what);
@@ -309,12 +311,14 @@ void validate_v4(const ModelConfig& c, const std::string& what) {
     HMLA_CHECK(c.index_head_dim >= v.qk_rope_head_dim && c.index_head_dim % 2 == 0, ConfigError, what,
                ": index_head_dim = ", c.index_head_dim, ": a CSA layer's indexer ropes qk_rope_head_dim = ",
                v.qk_rope_head_dim, " of its channels, so it must be even and at least that");
-  for (size_t L = 0; L < c.layer_modes.size(); ++L)  // hybrid_mla layers run every mode (DESIGN.md section 10)
-    HMLA_CHECK(c.layer_modes[L] == LayerMode::mha || v.is_hybrid_mla(int64_t(L)), ConfigError, what,
-               ": hmla_layer_modes[", L, "] = ", mode_name(c.layer_modes[L]), ": layer ", L, " is ",
-               v4_kind_name(v.layer_types[L]), ", which hmla trains densely (mha) so far");
+  // Any mode on any layer: the phase's mode drives the layers with DSA machinery (ModelConfig::has_dsa,
+  // DESIGN.md section 10's table); sliding and HCA layers compute the same in every mode.
+  HMLA_CHECK(int64_t(c.layer_modes.size()) == c.num_hidden_layers, ConfigError, what, ": hmla_layer_modes has ",
+             c.layer_modes.size(), " entries for num_hidden_layers = ", c.num_hidden_layers);
   validate_hybrid_mla(c, what);
 }
+
+namespace {
 
 // Fields whose only value transformers' DeepseekV4 honours.
 void check_v4_fixed(const json& j, const std::string& what) {
@@ -327,7 +331,7 @@ void check_v4_fixed(const json& j, const std::string& what) {
 
 }  // namespace
 
-ModelConfig parse_v4_fields(const json& j, const std::string& what) {
+ModelConfig parse_v4_fields(const json& j, const std::string& what, LayerModesFrom modes) {
   ModelConfig c;
   c.source = j;
   c.family = ModelFamily::deepseek_v4;
@@ -369,7 +373,10 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what) {
   c.rms_norm_eps = get_num(j, "rms_norm_eps", 1e-6, what);
   c.initializer_range = get_num(j, "initializer_range", 0.02, what);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", false, what);
-  c.layer_modes.assign(size_t(n), LayerMode::mha);
+  // Without hmla_layer_modes, as transformers runs it: the CSA layers attend over the indexer's
+  // top-k (dsa_sparse); a programme starts every layer in mha (its phases set the modes).
+  for (int64_t L = 0; L < n; ++L)
+    c.layer_modes.push_back(c.has_dsa(L) ? LayerMode::dsa_sparse : LayerMode::mha);
   if (has(j, "hmla_layer_modes")) {
     const json& t = layer_list(j, "hmla_layer_modes", n, 0, what);
     for (int64_t L = 0; L < n; ++L) {
@@ -377,6 +384,7 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what) {
       c.layer_modes[L] = parse_mode(t[L].get<std::string>(), what + ": hmla_layer_modes[" + std::to_string(L) + "]");
     }
   }
+  if (modes == LayerModesFrom::programme) c.layer_modes.assign(size_t(n), LayerMode::mha);
   validate_v4(c, what);
   return c;
 }
@@ -415,6 +423,7 @@ ModelConfig hybrid_mla_config(const ModelConfig& c, int64_t L) {
   h.initializer_range = c.initializer_range;
   h.rope = c.rope;  // the main RoPE (rope_theta), section 4's layouts
   h.layer_modes = c.layer_modes;
+  h.v4.layer_types = c.v4.layer_types;  // ModelConfig::has_dsa, runs_indexer read the kinds
   h.indexer_loss_coeff = c.indexer_loss_coeff;
   return h;
 }

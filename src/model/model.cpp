@@ -182,7 +182,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   // The micro-batch's LM loss and KL sum from 0 in device slots (hmla/ops/optim.h), each in the
   // order the host sums had, then go into the step's slots, or are read back once without them.
   const Tensor stats = opt.stats.defined() ? opt.stats : Tensor::zeros({kStatCount}, DType::f64, m.device());
-  stats.slice(0, kStatMbLm, kStatMbKl + 1).fill_zero();
+  stats.slice(0, kStatMbLm, kStatMbKlCsa + 1).fill_zero();
   auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
 
   // Head (with the LM loss, chunk by chunk) and final norm.

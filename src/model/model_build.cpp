@@ -66,21 +66,19 @@ const RopeCache& Model::rope(int64_t s, int64_t pos0) const {
 namespace {
 
 // A DeepSeek-V4 model (v4_model.h): its table's arena, named views only (the typed views are
-// v4_tensors, made per step), and its integer tables (zeros until loaded or initialised). The CSA
-// layers have their indexers (has_indexer is per layer CSA); a hybrid_mla layer has one where the
-// caller's has_indexer says so (one entry per layer), and must where its mode runs one.
+// v4_tensors, made per step), and its integer tables (zeros until loaded or initialised). The
+// layers with DSA machinery (ModelConfig::has_dsa: CSA, hybrid_mla) have their indexers where
+// has_indexer says (one entry per layer), and must where their mode runs one.
 Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
   HMLA_CHECK(device == Device::cpu, ConfigError,
              "deepseek_v4: the V4 layers run on the CPU so far (CUDA: a later issue, docs/deepseek_v4.md)");
+  HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
   Model m;
   m.cfg = c;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    const bool hybrid = c.v4.is_hybrid_mla(L);
-    HMLA_CHECK(!hybrid || int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError,
-               "has_indexer needs one entry per layer");
-    HMLA_CHECK(!hybrid || has_indexer[size_t(L)] || !c.runs_indexer(L), ConfigError, "layer ", L, " (hybrid_mla) runs ",
+    m.has_indexer.push_back(has_indexer[size_t(L)] && c.has_dsa(L));
+    HMLA_CHECK(!c.runs_indexer(L) || m.has_indexer.back(), ConfigError, "layer ", L, " runs ",
                mode_name(c.layer_modes[size_t(L)]), " without an indexer");
-    m.has_indexer.push_back(c.v4.layer_types[size_t(L)] == V4Kind::csa || (hybrid && has_indexer[size_t(L)]));
   }
   MemoryPlan plan;
   plan_parameters(plan, c, m.has_indexer, false, compute_dtype(device));
@@ -126,27 +124,55 @@ void refresh_compute_weights(Model& m) {
   if (m.compute_arena.defined()) convert(m.arena, m.compute_arena);  // one launch for every weight
 }
 
+namespace {
+
+// init_model's rule for one tensor: n values, 1 for norm weights, 0 for biases and the sink, else
+// N(0, initializer_range). DeepSeek-V4 as transformers' _init_weights: the mixers' base 0 and scale
+// 1, sinks and the compressors' position biases (ape) 0.
+// (One distribution object for a whole pass: it keeps the second value of each pair it draws.)
+void init_values(const ModelConfig& c, const std::string& name, int64_t n, std::mt19937_64& rng,
+                 std::normal_distribution<float>& nd, float* v) {
+  const bool v4 = c.is_v4();
+  const bool ones = name.find("norm.weight") != std::string::npos || name.find("layernorm") != std::string::npos ||
+                    (v4 && name.ends_with("_scale"));
+  const bool zeros = name.find(".bias") != std::string::npos || name.find("softmax_offset") != std::string::npos ||
+                     name.ends_with(".e_score_correction_bias") ||
+                     (v4 && (name.ends_with("_base") || name.ends_with("attn_sink") || name.ends_with(".ape")));
+  for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
+}
+
+}  // namespace
+
 void init_model(Model& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
   const Tensor host = Tensor::empty({m.arena.numel()}, DType::f32);  // drawn on the host, then copied
   float* v = host.data<float>();
-  const bool v4 = m.cfg.is_v4();
   for (const ParamSpec& p : m.table) {
     const int64_t n = shape_numel(p.shape);
-    // DeepSeek-V4 as transformers' _init_weights: the mixers' base 0 and scale 1, sinks and the
-    // compressors' position biases (ape) 0.
-    const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
-                      (v4 && p.name.ends_with("_scale"));
-    const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos ||
-                       p.name.ends_with(".e_score_correction_bias") ||
-                       (v4 && (p.name.ends_with("_base") || p.name.ends_with("attn_sink") || p.name.ends_with(".ape")));
-    for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
+    init_values(m.cfg, p.name, n, rng, nd, v);
     v += n;
   }
   m.arena.copy_from(host);
   init_int_tables(m, rng);
   refresh_compute_weights(m);
+}
+
+int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed) {
+  int created = 0;
+  for (const ParamSpec& p : m.table) {
+    if (have.count(p.name)) continue;
+    uint64_t h = 14695981039346656037ull;  // FNV-1a of the name: the same stream on every platform
+    for (unsigned char ch : p.name) h = (h ^ ch) * 1099511628211ull;
+    std::mt19937_64 rng(seed * 1000003ull ^ h);
+    std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
+    Tensor t = Tensor::empty(p.shape, DType::f32);
+    init_values(m.cfg, p.name, t.numel(), rng, nd, t.data<float>());
+    m.params.at(p.name).copy_from(t);
+    ++created;
+  }
+  refresh_compute_weights(m);
+  return created;
 }
 
 }  // namespace hmla

@@ -66,6 +66,14 @@ std::vector<int32_t> expert_table(const Tensor& t, const Shape& need, int64_t E,
   return v;
 }
 
+std::vector<bool> checkpoint_indexers(const ModelConfig& c, const io::TensorMap& w) {
+  std::vector<bool> has(size_t(c.num_hidden_layers), false);
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    has[size_t(L)] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0 ||  // MLA, V4 hybrid_mla
+                     (c.is_v4() && w.count(layer_prefix(L) + "attn.indexer.wq_b.weight") > 0);  // V4 CSA
+  return has;
+}
+
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing) {
   check_no_unexpected(m, tensors, what);

@@ -147,11 +147,9 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
     add_layer_kinds(
         entries, c,
         [&](int64_t L) {
-          return std::tuple{c.v4.layer_types[size_t(L)], bool(c.v4.hash[size_t(L)]),
-                            v4_hybrid_indexer(c, has_indexer, L)};
+          return std::tuple{c.v4.layer_types[size_t(L)], bool(c.v4.hash[size_t(L)]), v4_has_indexer(c, has_indexer, L)};
         },
-        [&](int64_t L) { return v4_layer_params(c, L, true, v4_hybrid_indexer(c, has_indexer, L)); },
-        ".ffn.experts.0.");
+        [&](int64_t L) { return v4_layer_params(c, L, true, v4_has_indexer(c, has_indexer, L)); }, ".ffn.experts.0.");
     const std::vector<ParamSpec> all = v4_param_table(c, true);  // its entries after the last layer's
     size_t tail = all.size();
     while (tail > 0 && !all[tail - 1].name.starts_with("model.layers.")) --tail;

@@ -116,21 +116,26 @@ void entry_metadata(const CompressedEntries& e, int64_t m, const DocLayout& layo
     }
 }
 
-// The CSA indexer's top-k over its own compressor's entries (forward only: no LM gradient).
-Tensor index_topk(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const Tensor& x, const V4AttnSaved& sv,
-                  const DocLayout& layout, const RopeCache& rc) {
+// The CSA indexer's forward (its compressor's entries, its queries and head weights) into sv.
+void index_forward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const Tensor& x, V4AttnSaved& sv,
+                   const DocLayout& layout, const RopeCache& rc) {
+  HMLA_CHECK(w.iwq_b.defined(), ConfigError, "a CSA layer runs ", mode_name(sv.mode), " without its indexer's tensors");
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  const V4Compressed ic = compress_entries(c, d, w.icomp, x, layout, sv.m, dI, true, rc);
-  const Tensor qI = f32(d, {d.N, nI * dI}), wt = f32(d, {d.N, nI});
-  v4_index_queries(c, w, x, sv.qr, rc, qI, wt);
+  sv.icomp = compress_entries(c, d, w.icomp, x, layout, sv.m, dI, true, rc);
+  sv.qI = f32(d, {d.N, nI * dI});
+  sv.wI = f32(d, {d.N, nI});
+  v4_index_queries(c, w, x, sv.qr, rc, sv.qI, sv.wI);
+}
+
+CompressedIndexInputs index_inputs(const ModelConfig& c, const Dims& d, const V4AttnSaved& sv, const DocLayout& layout) {
   CompressedIndexInputs in;
-  in.qI = qI.view({d.b, d.s, nI, dI});
-  in.kI = ic.ent;
-  in.w = wt.view({d.b, d.s, nI});
+  in.qI = sv.qI.view({d.b, d.s, c.index_n_heads, c.index_head_dim});
+  in.kI = sv.icomp.ent;
+  in.w = sv.wI.view({d.b, d.s, c.index_n_heads});
   in.ent_last = sv.ent_last;
   in.ent_doc = sv.ent_doc;
   in.layout = &layout;
-  return compressed_index_topk(in, c.index_topk);
+  return in;
 }
 
 AttnCompressedInputs core_inputs(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const V4AttnSaved& sv,
@@ -222,11 +227,17 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
   sv.m = c.v4.compress_rate(L);
   sv.csa = kind == V4Kind::csa;
+  sv.mode = c.layer_modes.at(size_t(L));
   v4_attn_project(c, w, x, rc, sv);
   if (sv.m > 0) {
     sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, sv.csa, rc);
     if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
-    if (sv.csa && sv.comp.e.n > 0) sv.idx = index_topk(c, d, w, x, sv, layout, rc);
+    // DESIGN.md section 10: a CSA layer attends every visible entry (no indexer) but in dsa_sparse;
+    // in the dsa modes its indexer runs (dsa_warmup: for the KL only).
+    sv.indexer = c.runs_indexer(L) && sv.comp.e.n > 0;
+    if (sv.indexer) index_forward(c, d, w, x, sv, layout, rc);
+    if (sv.indexer && sv.mode == LayerMode::dsa_sparse)
+      sv.idx = compressed_index_topk(index_inputs(c, d, sv, layout), c.index_topk);
   }
   sv.core = f32(d, {d.b, d.s, d.H, d.d});
   sv.lse = f32(d, {d.b, d.H, d.s});
@@ -234,11 +245,45 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   v4_attn_output(c, w, x, rc, sv, y);
 }
 
+namespace {
+
+// The CSA indexer's KL (docs/csa_indexer_kl.md: dense over every visible entry in dsa_warmup, over
+// the top-k in dsa_sparse) and its backward into the indexer's tensors only: qI = RoPE(qr wq_b^T)
+// (qr detached), kI = the indexer compressor's entries of x (detached), w = x weights_proj^T scaled.
+void indexer_backward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const V4AttnTensors& g,
+                      const Tensor& x, const DocLayout& layout, const RopeCache& rc, const V4AttnSaved& sv,
+                      const V4BackwardOptions& opt) {
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  CompressedIndexKlInputs in;
+  in.sc = index_inputs(c, d, sv, layout);
+  in.q = sv.q.view({d.b, d.s, d.H, d.d});
+  in.ent = sv.comp.ent;
+  in.lse = sv.lse;
+  in.scale = float(1.0 / std::sqrt(double(d.d)));
+  in.row_weight = opt.row_weight;
+  in.coeff = float(c.indexer_loss_coeff);
+  in.kl_acc = opt.kl_acc;
+  const bool sparse = sv.mode == LayerMode::dsa_sparse;
+  if (sparse) in.topk = sv.idx;
+  const CompressedIndexKlResult r = sparse ? compressed_index_kl_sparse(in) : compressed_index_kl_dense(in);
+  const Tensor dq = r.dqI.clone().view({d.N, nI * dI});
+  rope_last(dq, nI, dI, d.r, d.s, rc, true);
+  linear_bwd(dq, sv.qr, w.iwq_b, g.iwq_b, Tensor());
+  compress_backward(d, w.icomp, g.icomp, x, layout, sv.icomp, true, r.dkI, Tensor());
+  const Tensor dwI = r.dw.clone().view({d.N, nI});
+  scale(dwI, float(1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI))), dwI);
+  linear_bwd(dwI, x.view({d.N, d.D}), w.iweights, g.iweights, Tensor());
+}
+
+}  // namespace
+
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
-                      const Tensor& dx) {
+                      const Tensor& dx, const V4BackwardOptions& opt) {
   const Dims d = dims(c, x);
   const RopeCache& rc = sv.m == 0 ? ropes.main : ropes.compress;
+  if (sv.indexer && opt.row_weight.defined()) indexer_backward(c, d, w, g, x, layout, rc, sv, opt);
+  if (!opt.backbone) return;
   const Tensor xr = x.view({d.N, d.D});
   const int64_t Hg = d.H * d.d / d.G;
   // The grouped output: dya = dy wo_b; per group dwo_a[g] += dya_g^T o_g, do_g = dya_g wo_a[g].

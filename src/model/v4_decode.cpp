@@ -74,6 +74,12 @@ void compressor_step(const Decoder& dc, const V4CompressorTensors& w, const Tens
   }
 }
 
+// Layer L attends the CSA indexer's top-k (dsa_sparse on a CSA layer), else every entry made
+// (DESIGN.md section 10).
+bool selects(const ModelConfig& c, int64_t L) {
+  return c.v4.layer_types.at(size_t(L)) == V4Kind::csa && c.layer_modes.at(size_t(L)) == LayerMode::dsa_sparse;
+}
+
 // The CSA indexer's top-k [index_topk] i32 over the `made` entries of its cache (all visible to
 // t): the MLA indexer's op, whose score is the same sum_h w_h relu(qI_h . kI), on one query row
 // after the `made` key rows, no forced window.
@@ -111,7 +117,7 @@ Tensor attention(const Decoder& dc, int64_t L, const Tensor& a, const Token& tk,
   if (m > 0) {
     const int64_t made = (t + 1) / m;  // entry e is visible iff e < (t + 1) / m: all made so far
     compressor_step(dc, w.comp, a, t, m, kind == V4Kind::csa, lc.comp);
-    if (kind == V4Kind::csa) {
+    if (selects(c, L)) {
       compressor_step(dc, w.icomp, a, t, m, true, lc.index);
       sel = select_entries(dc, w, x, sv, rc, lc.index, made);
       for (int32_t e : sel.to_vector<int32_t>())
@@ -210,9 +216,9 @@ void plan_v4_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& po
            f);
   int64_t keys = W;  // a step's key rows at most: the window and the entries one layer attends to
   for (const V4Kind kind : {V4Kind::csa, V4Kind::hca}) {
-    int64_t layers = 0, m = 0;
+    int64_t layers = 0, m = 0, dense = 0;  // dense: layers that attend every entry made
     for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-      if (c.v4.layer_types[size_t(L)] == kind) ++layers, m = c.v4.compress_rate(L);
+      if (c.v4.layer_types[size_t(L)] == kind) ++layers, m = c.v4.compress_rate(L), dense += !selects(c, L);
     if (layers == 0) continue;
     const bool csa = kind == V4Kind::csa;
     const std::string name = csa ? "CSA" : "HCA", rate = std::to_string(m);
@@ -221,12 +227,12 @@ void plan_v4_decode(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& po
     plan.add("the V4 cache's " + name + " compressor windows",
              {count, {"2 x compress rate " + rate, 2 * m}, {csa ? "3 head_dim" : "head_dim", (csa ? 3 : 1) * d}}, f);
     plan.add("the V4 cache's " + name + " entries", {count, made, {"head_dim", d}}, f);
-    if (csa) {
+    if (csa && dense < layers) {
       plan.add("the V4 cache's CSA indexer compressor windows",
                {count, {"2 x compress rate " + rate, 2 * m}, {"3 index_head_dim", 3 * dI}}, f);
       plan.add("the V4 cache's CSA indexer entries", {count, made, {"index_head_dim", dI}}, f);
     }
-    keys = std::max(keys, W + (csa ? std::min(c.index_topk, made.value) : made.value));
+    keys = std::max(keys, W + (dense > 0 ? made.value : std::min(c.index_topk, made.value)));
   }
   plan.add("a decode step's attention keys", {{"sliding_window + attended entries", keys}, {"head_dim", d}}, f);
 }
@@ -242,7 +248,7 @@ KvCache v4_kv_cache(const Model& m, int64_t capacity) {
     V4LayerCache lc;
     lc.window = Tensor::zeros({std::min(c.v4.sliding_window, capacity), c.v4.head_dim}, DType::f32);
     if (rate > 0) lc.comp = compressor_cache(rate, c.v4.head_dim, kind == V4Kind::csa, capacity);
-    if (kind == V4Kind::csa) lc.index = compressor_cache(rate, c.index_head_dim, true, capacity);
+    if (selects(c, L)) lc.index = compressor_cache(rate, c.index_head_dim, true, capacity);
     cache.v4.push_back(std::move(lc));
   }
   return cache;
@@ -264,7 +270,7 @@ Tensor v4_decode_step(const Model& m, KvCache& cache, std::span<const int32_t> i
   if (topk) {
     topk->assign(size_t(c.num_hidden_layers), Tensor());
     for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-      if (c.v4.layer_types[size_t(L)] == V4Kind::csa) (*topk)[size_t(L)] = Tensor::empty({n, c.index_topk}, DType::i32);
+      if (selects(c, L)) (*topk)[size_t(L)] = Tensor::empty({n, c.index_topk}, DType::i32);
   }
   Tensor X;
   for (int64_t i = 0; i < n; ++i) {

@@ -35,12 +35,16 @@ struct V4Compressed {
 struct V4AttnSaved {
   int64_t m = 0;                  // the layer's compress rate (0: sliding)
   bool csa = false;               // a CSA layer: its compressor pools two overlapped series
+  LayerMode mode = LayerMode::mha;  // the layer's mode (DESIGN.md section 10: CSA dense unless dsa_sparse)
+  bool indexer = false;           // a CSA layer in a dsa mode: icomp, qI, wI hold its indexer's forward
   Tensor qa, rstd_qa, qr;         // [N, Rq], [N], [N, Rq]: q LoRA before and after q_norm
   Tensor qb, rstd_q, q;           // [N, H d], [N H], [N, H d]: before the per-head norm; normed and roped
   Tensor kvr, rstd_kv, kv;        // [N, d], [N], [N, d]
   V4Compressed comp;              // CSA / HCA
   Tensor ent_last, ent_doc;       // [b, n_e] i32 (attn_compressed's metadata)
-  Tensor idx;                     // CSA: [b, s, index_topk] i32
+  Tensor idx;                     // CSA in dsa_sparse: [b, s, index_topk] i32 (else undefined: dense)
+  V4Compressed icomp;             // the indexer's compressor (its entries kI = icomp.ent)
+  Tensor qI, wI;                  // [N, nI dI] roped, [N, nI] (scales folded in)
   Tensor core, lse;               // [b, s, H, d], [b, H, s]: the attention core's output
   Tensor o, ya;                   // [N, H d] after the inverse RoPE, [N, G Ro] the grouped projection
 };
@@ -65,11 +69,18 @@ void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor
 // y [N, D] = the attention block of x [b, s, D] (layer L, weights w), sv filled.
 void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y);
-// dx [N, D] written from dy [N, D]; every weight's gradient added into g (the indexer's: none, it
-// gets no gradient from the LM loss: docs/deepseek_v4_math.md section 0, item 7).
+// What a backward does besides the LM loss's chain (the MLA layer's MlaBackwardOptions).
+struct V4BackwardOptions {
+  bool backbone = true;  // false (dsa_warmup): only the indexer's KL and its backward; dx is not written
+  Tensor row_weight;     // [b, s] f32 mask / valid_rows: given, a CSA layer in a dsa mode trains its indexer
+  Tensor kl_acc;         // f64 [1]: the layer's sum_t rw kl(t) ADDED (without coeff)
+};
+// dx [N, D] written from dy [N, D] (with the backbone); every weight's gradient added into g. The
+// indexer gets no gradient from the LM loss (docs/deepseek_v4_math.md section 0, item 7): only from
+// its KL (docs/csa_indexer_kl.md), dense in dsa_warmup, over the top-k in dsa_sparse.
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
-                      const Tensor& dx);
+                      const Tensor& dx, const V4BackwardOptions& opt = {});
 
 // A hybrid_mla layer's attention state: the config it runs with (hybrid_mla_config(c, layer)) and
 // the MLA layer's saved tensors (mla_layer.h), the indexer's and its selection included in dsa modes.

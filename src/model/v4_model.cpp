@@ -254,7 +254,6 @@ double v4_lm_loss(const Model& m, const DeviceBatch& in) {
 StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads) {
   check_v4_batch(m);
   const ModelConfig& c = m.cfg;
-  HMLA_CHECK(opt.backbone, ConfigError, "deepseek_v4: indexer-only steps come with the DSA programme on V4 stacks");
   HMLA_CHECK(opt.moe_aux_coeff == 0, ConfigError,
              "deepseek_v4: moe_aux_loss_coeff > 0: the sequence-wise balance loss is built for sigmoid routers "
              "only; V4 balances by its router bias (moe_bias_update_rate)");
@@ -269,16 +268,40 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
   StepStats st;
   st.tokens = N;
   const Tensor stats = opt.stats.defined() ? opt.stats : Tensor::zeros({kStatCount}, DType::f64, dev);
-  stats.slice(0, kStatMbLm, kStatMbKl + 1).fill_zero();
-  // Head, final norm, hc_head.
+  stats.slice(0, kStatMbLm, kStatMbKlCsa + 1).fill_zero();
+  auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
+  // Head, final norm, hc_head (without the backbone: the loss only, for the log).
   Tensor dn = f32(dev, {N, D}), dhh = f32(dev, {N, D}), dx = f32(dev, {N, n, D});
-  lm_head_loss(m, w.head, f.n_final, in.target, in.keep, g.head, dn, stats.slice(0, kStatMbLm, kStatMbLm + 1));
-  rmsnorm_bwd(dn, f.hh, w.norm, f.rstd_n, dhh, g.norm);
-  mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
-  int kl_layers = 0;  // hybrid_mla layers whose KL went into the kStatMbKl slot
+  lm_head_loss(m, w.head, f.n_final, in.target, in.keep, opt.backbone ? g.head : Tensor(), opt.backbone ? dn : Tensor(),
+               slot(kStatMbLm));
+  if (opt.backbone) {
+    rmsnorm_bwd(dn, f.hh, w.norm, f.rstd_n, dhh, g.norm);
+    mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
+  }
+  int64_t csa_layers = 0, hybrid_layers = 0;  // the layers whose KL went into kStatMbKlCsa, kStatMbKl
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];
+    const bool hybrid = c.v4.is_hybrid_mla(L), kl = c.runs_indexer(L);
+    const Tensor a = sv.a.view({b, s, D});
+    // The attention's backward (without the backbone: dy, dnx undefined); a layer's indexer KL goes
+    // into its kind's slot.
+    auto attn_bwd = [&](const Tensor& dy, const Tensor& dnx) {
+      if (hybrid) {
+        const V4HybridBackward ho{opt.backbone, kl ? in.row_weight : Tensor(), kl ? slot(kStatMbKl) : Tensor()};
+        v4_hybrid_bwd(sv.hybrid, lw.mla, lg.mla, a, in.layout, dy, dnx, ho);
+        return;
+      }
+      V4BackwardOptions ao;
+      ao.backbone = opt.backbone;
+      if (kl) ao.row_weight = in.row_weight, ao.kl_acc = slot(kStatMbKlCsa);
+      v4_attention_bwd(c, lw.attn, lg.attn, a, in.layout, f.ropes, sv.attn, dy, dnx, ao);
+    };
+    if (kl) ++(hybrid ? hybrid_layers : csa_layers);
+    if (!opt.backbone) {  // dsa_warmup: the indexers' KL and backward only, every other tensor frozen
+      attn_bwd(Tensor(), Tensor());
+      continue;
+    }
     const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
     mlp->fixed = f.mlps[size_t(L)]->fixed;
     dx = block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
@@ -287,29 +310,30 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     dx = block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
                         {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) {
-                          if (c.v4.is_hybrid_mla(L)) {
-                            const V4HybridBackward ho{true, in.row_weight, stats.slice(0, kStatMbKl, kStatMbKl + 1)};
-                            v4_hybrid_bwd(sv.hybrid, lw.mla, lg.mla, sv.a.view({b, s, D}), in.layout, dy, dnx, ho);
-                            kl_layers += c.runs_indexer(L);
-                            return;
-                          }
-                          v4_attention_bwd(c, lw.attn, lg.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, dy,
-                                           dnx);
+                          attn_bwd(dy, dnx);
                         });
   }
-  // The embedding fed every stream: its rows' gradient is the streams' sum.
-  Tensor de = f32(dev, {N, D});
-  scale(dx.select(1, 0), 1.f, de);
-  for (int64_t i = 1; i < n; ++i) add(de, dx.select(1, i), de);
-  embedding_bwd(in.ids, de, g.embed);
+  if (opt.backbone) {  // the embedding fed every stream: its rows' gradient is the streams' sum
+    Tensor de = f32(dev, {N, D});
+    scale(dx.select(1, 0), 1.f, de);
+    for (int64_t i = 1; i < n; ++i) add(de, dx.select(1, i), de);
+    embedding_bwd(in.ids, de, g.embed);
+  }
+  const int64_t kl_layers = csa_layers + hybrid_layers;  // the logged KL: the mean over the layers with one
   if (opt.stats.defined()) {
     stats_add(stats, kStatLm, kStatMbLm, 1);
-    if (kl_layers > 0) stats_add(stats, kStatKl, kStatMbKl, kl_layers);  // the mean over them, as model_step's
+    if (hybrid_layers > 0) stats_add(stats, kStatKl, kStatMbKl, double(kl_layers));
+    if (csa_layers > 0) {
+      stats_add(stats, kStatKl, kStatMbKlCsa, double(kl_layers));
+      stats_add(stats, kStatKlCsa, kStatMbKlCsa, double(csa_layers));
+    }
     st.lm_loss = st.indexer_kl = std::numeric_limits<double>::quiet_NaN();
   } else {
     const std::vector<double> h = stats.to_vector<double>();
     st.lm_loss = h[kStatMbLm];
-    if (kl_layers > 0) st.indexer_kl = h[kStatMbKl] / kl_layers;
+    if (kl_layers > 0) st.indexer_kl = (h[kStatMbKl] + h[kStatMbKlCsa]) / double(kl_layers);
+    if (csa_layers > 0) st.indexer_kl_csa = h[kStatMbKlCsa] / double(csa_layers);
+    if (hybrid_layers > 0) st.indexer_kl_hybrid = h[kStatMbKl] / double(hybrid_layers);
   }
   return st;
 }

@@ -37,8 +37,8 @@ void add_hc(std::vector<ParamSpec>& t, const std::string& at, const ModelConfig&
   t.push_back({at + "_scale", {3}});
 }
 
-// The V4 attention's "attn.*" of layer L (every kind but hybrid_mla).
-void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, const std::string& at) {
+// The V4 attention's "attn.*" of layer L (every kind but hybrid_mla); indexer: a CSA layer's.
+void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, const std::string& at, bool indexer) {
   const V4Config& v = c.v4;
   const int64_t hid = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
   t.push_back({at + "wq_a.weight", {Rq, hid}});
@@ -51,7 +51,7 @@ void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L
   t.push_back({at + "attn_sink", {H}});
   const V4Kind kind = v.layer_types.at(size_t(L));
   if (kind != V4Kind::sliding) add_compressor(t, at + "compressor.", v.compress_rate(L), kind == V4Kind::csa ? 2 : 1, d, hid);
-  if (kind == V4Kind::csa) {
+  if (kind == V4Kind::csa && indexer) {
     add_compressor(t, at + "indexer.compressor.", v.csa_rate, 2, c.index_head_dim, hid);
     t.push_back({at + "indexer.weights_proj.weight", {c.index_n_heads, hid}});
     t.push_back({at + "indexer.wq_b.weight", {c.index_n_heads * c.index_head_dim, Rq}});
@@ -71,7 +71,7 @@ std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one
     for (ParamSpec& p : mla_param_table(hybrid_mla_config(c, L), false, indexer))
       t.push_back({pre + "self_attn." + p.name, p.shape});
   } else {
-    add_v4_attention(t, c, L, pre + "attn.");
+    add_v4_attention(t, c, L, pre + "attn.", indexer);
   }
   add_hc(t, pre + "hc_ffn", c);
   t.push_back({pre + "ffn_norm.weight", {hid}});
@@ -84,10 +84,16 @@ std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one
   return t;
 }
 
+std::vector<bool> v4_indexer_layers(const ModelConfig& c) {
+  std::vector<bool> h;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) h.push_back(c.has_dsa(L));
+  return h;
+}
+
 std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert, const std::vector<bool>& has_indexer) {
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
-    for (ParamSpec& p : v4_layer_params(c, L, one_expert, v4_hybrid_indexer(c, has_indexer, L)))
+    for (ParamSpec& p : v4_layer_params(c, L, one_expert, v4_has_indexer(c, has_indexer, L)))
       t.push_back(std::move(p));
   const int64_t n = c.v4.hc_mult;
   t.push_back({"model.hc_head.hc_fn", {n, n * c.hidden_size}});

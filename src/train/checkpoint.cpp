@@ -41,13 +41,6 @@ io::TensorMap host_tensors(const io::TensorMap& m) {
   return h;
 }
 
-// The layers whose indexer a checkpoint's tensors hold.
-std::vector<bool> indexers_in(const io::TensorMap& w, int64_t layers) {
-  std::vector<bool> has(layers, false);
-  for (int64_t L = 0; L < layers; ++L) has[L] = w.count(layer_prefix(L) + "self_attn.indexer.wk.weight") > 0;
-  return has;
-}
-
 // The programme of a resumed run must be the one that wrote it (programme.json), but for the keys
 // --allow-safe-changes admits.
 void check_same_programme(const Programme& pr, const fs::path& saved, int64_t from_phase, bool allow_safe) {
@@ -98,7 +91,7 @@ RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {
   RunStart s;
   if (!pr.init_checkpoint.empty()) {
     CheckpointTensors ck = read_checkpoint(pr.init_checkpoint, cfg);
-    s.model = build_model(cfg, indexers_in(ck.tensors, cfg.num_hidden_layers), dev);
+    s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
     load_checkpoint_into_model(s.model, std::move(ck), pr.init_checkpoint);
   } else {
     s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev);
@@ -124,7 +117,7 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
   ModelConfig cfg = in.cfg;
   cfg.layer_modes = saved.layer_modes;
   CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
-  s.model = build_model(cfg, indexers_in(ck.tensors, cfg.num_hidden_layers), dev);
+  s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
   load_checkpoint_into_model(s.model, std::move(ck), (dir / "model.safetensors").string());
   s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
   log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";

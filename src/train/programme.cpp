@@ -51,6 +51,7 @@ void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const st
   else if (k == "mqa_split_kv_b_proj") p.mqa_split_kv_b_proj = get<bool>(v, k, where);
   else if (k == "moe_bias_update_rate") p.moe_bias_update_rate = get<double>(v, k, where);
   else if (k == "moe_aux_loss_coeff") p.moe_aux_loss_coeff = get<double>(v, k, where);
+  else if (k == "control") p.control = get<std::string>(v, k, where);
   else
     throw ConfigError(where + ": unknown key '" + k + "' (see docs/programme.md for the phase keys)");
 }
@@ -95,6 +96,42 @@ void validate(const PhaseSettings& p, const std::string& where) {
              mode_name(p.mode));
   HMLA_CHECK(p.log_every >= 1 && p.eval_rows >= 1 && p.checkpoint_every >= 0, ConfigError, where,
              ": log_every and eval_rows must be >= 1, checkpoint_every >= 0");
+  HMLA_CHECK(p.control.empty() || (p.control == "dense" && p.mode == LayerMode::dsa_sparse), ConfigError, where,
+             ": control: '", p.control, "': the control arm is 'dense', on a dsa_sparse phase (this one runs ",
+             mode_name(p.mode), ")");
+}
+
+// Each phase with `control: dense` gets its control arm just before it (PhaseSettings::control).
+void expand_controls(Programme& pr) {
+  std::vector<PhaseSettings> phases;
+  std::vector<std::map<std::string, std::string>> raw;
+  for (size_t i = 0; i < pr.phases.size(); ++i) {
+    PhaseSettings p = pr.phases[i];
+    if (!p.control.empty()) {
+      HMLA_CHECK(!phases.empty(), ConfigError, pr.path, ": phases[", i, "] (", p.name,
+                 "): a control arm continues the phase before it; this is the first phase");
+      PhaseSettings c = p;
+      c.name = p.name + "-control";
+      c.mode = LayerMode::mha;
+      c.control.clear();
+      c.mqa_split_kv_b_proj = false;
+      c.control_of = int64_t(phases.size()) + 1;
+      c.data_phase = c.control_of;  // the sparse phase's data, in its order
+      p.restart_from = int64_t(phases.size()) - 1;
+      HMLA_CHECK(io::is_plain_name(c.name), ConfigError, pr.path, ": phases[", i, "]: the control arm's name '", c.name,
+                 "' must be ", io::plain_name_rule());
+      phases.push_back(c);
+      raw.push_back(pr.phase_raw[i]);
+    }
+    phases.push_back(p);
+    raw.push_back(pr.phase_raw[i]);
+  }
+  std::set<std::string> names;
+  for (const PhaseSettings& p : phases)
+    HMLA_CHECK(names.insert(p.name).second, ConfigError, pr.path, ": two phases are named '", p.name,
+               "' (a control arm is named <phase>-control)");
+  pr.phases = std::move(phases);
+  pr.phase_raw = std::move(raw);
 }
 
 // An explicit list names at least one layer, each once ("all" is the way to say every layer; an
@@ -169,6 +206,7 @@ Programme parse_programme(const std::string& text, const std::string& path) {
     pr.phases.push_back(p);
     pr.phase_raw.push_back(raw);
   }
+  expand_controls(pr);
   return pr;
 }
 

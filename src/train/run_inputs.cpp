@@ -32,8 +32,7 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
   for (const PhaseSettings& ph : pr.phases) {
     ModelConfig pc = cfg;
     set_modes(pc, hybrid, ph.mode);
-    std::vector<bool> indexer(hybrid.size());
-    for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = hybrid[L] && is_dsa(ph.mode);
+    const std::vector<bool> indexer = phase_indexers(cfg, hybrid, ph.mode);
     const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
     const std::string where = pr.path + ": phase '" + ph.name + "'";
     MemoryPlan step, eval;
@@ -65,9 +64,7 @@ std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
   for (const PhaseSettings& ph : pr.phases) {
     ModelConfig pc = cfg;
     set_modes(pc, hybrid, ph.mode);
-    std::vector<bool> indexer(hybrid.size());
-    for (size_t L = 0; L < hybrid.size(); ++L) indexer[L] = cfg.is_v4() ? cfg.v4.layer_types[L] == V4Kind::csa
-                                                                        : hybrid[L] && is_dsa(ph.mode);
+    const std::vector<bool> indexer = phase_indexers(cfg, hybrid, ph.mode);
     const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
     MemoryPlan params, acts;
     plan_parameters(params, pc, indexer, false, compute);
@@ -89,6 +86,12 @@ std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
   return out.str();
 }
 
+std::vector<bool> phase_indexers(const ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) {
+  std::vector<bool> need(hybrid.size());
+  for (size_t L = 0; L < hybrid.size(); ++L) need[L] = hybrid[L] && is_dsa(mode) && c.has_dsa(int64_t(L));
+  return need;
+}
+
 void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) {
   for (size_t L = 0; L < hybrid.size(); ++L) c.layer_modes[L] = hybrid[L] ? mode : LayerMode::mha;
 }
@@ -96,10 +99,6 @@ void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) 
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
-  for (const PhaseSettings& ph : pr.phases)  // DESIGN.md section 10's programme on V4 stacks: not yet
-    HMLA_CHECK(!in.cfg.is_v4() || ph.mode == LayerMode::mha, ConfigError, pr.path, ": phase '", ph.name, "': mode ",
-               mode_name(ph.mode), " on a deepseek_v4 model; V4 stacks train dense (mode mha) so far, the DSA "
-               "programme's phases on them are not built yet");
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
   TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs

@@ -30,8 +30,14 @@ std::string memory_plan_table(const Programme& pr, int cp, Device dev);
 
 // The hybrid layers in `mode`, the others mha.
 void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode);
+// The layers a phase in `mode` needs an indexer on: the hybrid layers with DSA machinery
+// (ModelConfig::has_dsa: a V4 stack's CSA layers), in a dsa mode.
+std::vector<bool> phase_indexers(const ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode);
 
 // The seed of phase p's data loader.
-inline uint64_t loader_seed(const Programme& pr, int64_t phase) { return pr.seed + 7919ull * uint64_t(phase + 1); }
+inline uint64_t loader_seed(const Programme& pr, int64_t phase) {
+  const int64_t q = pr.phases.at(size_t(phase)).data_phase;  // a control arm reads its sparse phase's data
+  return pr.seed + 7919ull * uint64_t((q >= 0 ? q : phase) + 1);
+}
 
 }  // namespace hmla::train

@@ -49,6 +49,17 @@ void balance_experts(RankGrid& grid, const PhaseSettings& ph, Model& model, cons
   }
 }
 
+// A V4 stack's KL per kind: the logged KL is the mean over every layer that ran one, the CSA
+// layers' mean came separately, the hybrid_mla layers' is the rest.
+void kl_per_kind(const ModelConfig& c, double kl, double kl_csa, StepResult& r) {
+  if (!c.is_v4()) return;
+  int64_t all = 0, csa = 0;
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+    if (c.runs_indexer(L)) ++all, csa += c.v4.layer_types[size_t(L)] == V4Kind::csa;
+  if (csa > 0) r.kl_csa = kl_csa;
+  if (all > csa) r.kl_hybrid = (kl * double(all) - kl_csa * double(csa)) / double(all - csa);
+}
+
 }  // namespace
 
 StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
@@ -96,12 +107,13 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
   optim.launch_step(model, grads, step, stats, bad);
   const std::vector<double> h = all_stats.to_vector<double>();  // the step's one read-back
-  double sums[3] = {h[kStatLm], h[kStatKl], tokens};       // lm, kl, tokens of this rank's micro-batches
-  grid.world.allreduce_sum(sums, 3);
+  double sums[4] = {h[kStatLm], h[kStatKl], tokens, h[kStatKlCsa]};  // lm, kl, tokens, CSA kl of this rank
+  grid.world.allreduce_sum(sums, 4);
   StepResult r;
   r.lm = sums[0];
   r.kl = sums[1];
   r.tokens = int64_t(sums[2]);
+  kl_per_kind(model.cfg, sums[1], sums[3], r);
   const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
   HMLA_CHECK(std::isfinite(r.lm) && std::isfinite(r.kl), DivergenceError, at, "the ",
              std::isfinite(r.lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(r.lm) ? r.kl : r.lm,
@@ -122,6 +134,7 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   row.step = step + 1;
   row.lm_loss = r.lm;
   row.indexer_kl = is_dsa(ph.mode) ? r.kl : MetricsRow::none;
+  row.indexer_kl_csa = r.kl_csa, row.indexer_kl_hybrid = r.kl_hybrid;
   row.lr = r.os.lr;
   row.grad_norm_backbone = r.os.grad_norm_backbone, row.grad_norm_indexer = r.os.grad_norm_indexer;
   row.tokens_per_s = double(r.tokens) / r.seconds;

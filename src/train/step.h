@@ -1,5 +1,6 @@
 // One optimizer step of a phase over the rank grid, and its metrics row.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace hmla::train {
 
 struct StepResult {
   double lm = 0, kl = 0;  // the step's global LM loss and indexer KL
+  double kl_csa = NAN, kl_hybrid = NAN;  // a V4 stack's KL per layer kind (NaN: the kind ran none)
   int64_t tokens = 0;
   OptimStats os;
   double seconds = 0;

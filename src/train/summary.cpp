@@ -54,6 +54,10 @@ std::vector<PhaseSummary> summaries_from_metrics(const Programme& pr, const std:
                    r.heldout_lm_loss, r.seconds, peak, r.heldout_unavailable});
     peak = 0;
   }
+  for (size_t i = 0; i < out.size(); ++i) {  // each control arm's result beside its sparse phase's
+    const int64_t j = pr.phases[i].control_of;
+    if (j >= 0 && size_t(j) < out.size()) out[size_t(j)].control = out[i].name, out[size_t(j)].control_heldout = out[i].heldout;
+  }
   return out;
 }
 
@@ -75,6 +79,10 @@ void print_summary_table(std::ostream& log, const std::vector<PhaseSummary>& sum
   for (const PhaseSummary& s : summaries)
     if (!s.heldout_unavailable.empty())
       log << "heldout n/a in phase '" << s.name << "': " << s.heldout_unavailable << "\n";
+  for (const PhaseSummary& s : summaries)
+    if (!s.control.empty())
+      log << "quality A/B: '" << s.name << "' held-out " << num(s.heldout) << " vs its dense control arm '" << s.control
+          << "' " << num(s.control_heldout) << ": sparse - dense = " << num(s.heldout - s.control_heldout) << "\n";
 }
 
 void write_summary_json(const fs::path& out, const std::vector<PhaseSummary>& summaries) {
@@ -85,6 +93,9 @@ void write_summary_json(const fs::path& out, const std::vector<PhaseSummary>& su
                      {"last20_lm_loss", num(s.final_loss)}, {"last20_indexer_kl", num(s.final_kl)},
                      {"heldout_lm_loss", num(s.heldout)}, {"seconds", s.seconds}, {"peak_bytes", s.peak}});
     if (!s.heldout_unavailable.empty()) table.back()["heldout_unavailable"] = s.heldout_unavailable;
+    if (!s.control.empty())
+      table.back()["control"] = {{"phase", s.control}, {"heldout_lm_loss", num(s.control_heldout)},
+                                 {"sparse_minus_dense", num(s.heldout - s.control_heldout)}};
   }
   io::write_file_atomic((out / "summary.json").string(), table.dump(2) + "\n");
 }

@@ -2,6 +2,7 @@
 // table (console) and summary.json, both built from metrics.jsonl so that the phases run before
 // a resume are in them too.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <ostream>
@@ -25,7 +26,10 @@ struct PhaseSummary {
   int64_t steps = 0;
   double first_loss = 0, final_loss = 0, final_kl = 0, heldout = 0, seconds = 0;
   size_t peak = 0;
-  std::string heldout_unavailable{};  // why there is no held-out loss (heldout is NaN then)
+  std::string heldout_unavailable{};
+  // A sparse phase with a control arm (docs/programme.md): the arm's name and held-out loss.
+  std::string control{};
+  double control_heldout = NAN;  // why there is no held-out loss (heldout is NaN then)
 };
 
 // One summary per phase-end row (the programme names its phase and mode), with the peak of its

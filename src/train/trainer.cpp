@@ -41,11 +41,13 @@ Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>&
   created = 0;
   for (const ParamSpec& p : m.table)
     if (old.params.count(p.name)) m.params.at(p.name).copy_from(old.params.at(p.name));
-  for (int64_t L = 0; L < cfg.num_hidden_layers; ++L) {
+  // A V4 stack's new indexers (CSA: attn.indexer.*, hybrid_mla: self_attn.indexer.*) by init_model's
+  // rules, which are indexer_init_missing's for the MLA tensors.
+  if (cfg.is_v4()) created = init_missing_tensors(m, old.params, seed);
+  for (int64_t L = 0; L < cfg.num_hidden_layers && !cfg.is_v4(); ++L) {
     if (!has_indexer[L] || (L < int64_t(old.has_indexer.size()) && old.has_indexer[L])) continue;
     io::TensorMap w;
-    const bool hybrid = cfg.is_v4() && cfg.v4.is_hybrid_mla(L);  // a V4 stack's hybrid_mla layer: its own geometry
-    created += indexer_init_missing(w, hybrid ? hybrid_mla_config(cfg, L) : cfg, seed * 1000003ull + uint64_t(L));
+    created += indexer_init_missing(w, cfg, seed * 1000003ull + uint64_t(L));
     for (auto& [name, t] : w) m.params.at(layer_prefix(L) + "self_attn." + name).copy_from(t);
   }
   refresh_compute_weights(m);  // the arena was written above
@@ -100,8 +102,9 @@ void enter_phase(const Run& run, int64_t p, Model& model) {
   ModelConfig pc = model.cfg;
   set_modes(pc, run.in.hybrid, ph.mode);
   std::vector<bool> need = model.has_indexer;
+  const std::vector<bool> phase = phase_indexers(pc, run.in.hybrid, ph.mode);
   for (int64_t L = 0; L < pc.num_hidden_layers; ++L)  // "shared" layers (IndexShare) never have one
-    need[L] = need[L] || (run.in.hybrid[L] && is_dsa(ph.mode) && !pc.indexer_shared(L));
+    need[L] = need[L] || (phase[L] && !pc.indexer_shared(L));
   if (is_dsa(ph.mode))
     HMLA_CHECK(pc.has_indexer_fields() && pc.q_lora_rank > 0, ConfigError, run.pr.model_config, ": phase '", ph.name,
                "' runs ", mode_name(ph.mode), ", which needs index_n_heads, index_head_dim, index_topk and q_lora_rank");
@@ -116,6 +119,21 @@ void enter_phase(const Run& run, int64_t p, Model& model) {
   model.attn_backend = run.pr.attention_backend;
 }
 
+
+// The model as phase q's end checkpoint holds it (a sparse phase with a control arm restarts from
+// it, docs/programme.md): read by every rank once the root has written it.
+Model phase_end_model(const Run& run, int64_t p, const Model& now) {
+  const int64_t q = run.pr.phases[size_t(p)].restart_from;
+  run.grid.world.barrier();  // the root wrote the checkpoint before its ranks' next collective
+  const fs::path dir = run.ckroot / checkpoint_name(q, run.pr.phases[size_t(q)], "end");
+  ModelConfig cfg = now.cfg;
+  CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
+  Model m = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), now.device());
+  load_checkpoint_into_model(m, std::move(ck), (dir / "model.safetensors").string());
+  run.log << "[" << run.pr.phases[size_t(p)].name << "] restarts from " << dir.filename().string()
+          << " (its control arm ran from there)\n";
+  return m;
+}
 
 // The phase's end: the means of its first and last 20 steps (those before a resume included),
 // the held-out loss over the fixed rows (or why there is none, also on the console), as one
@@ -147,6 +165,7 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
                std::vector<double> losses, std::vector<double> kls) {
   const PhaseSettings& ph = run.pr.phases[p];
   const bool root = run.grid.root();
+  if (ph.restart_from >= 0 && !resumed) model = phase_end_model(run, p, model);
   enter_phase(run, p, model);
   const Batch eval = fixed_rows(run.in.held, ph.seq_len, ph.eval_rows);
   const bool any_hybrid = std::find(run.in.hybrid.begin(), run.in.hybrid.end(), true) != run.in.hybrid.end();

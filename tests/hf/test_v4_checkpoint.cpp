@@ -101,8 +101,9 @@ ModelConfig write_dir(const fs::path& dir, const json& cfg, const io::TensorMap&
 }
 
 Model read_model(const std::string& path, const ModelConfig& c) {
-  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), false));
-  load_checkpoint_into_model(m, read_checkpoint(path, c), path);
+  CheckpointTensors ck = read_checkpoint(path, c);
+  Model m = build_model(c, checkpoint_indexers(c, ck.tensors));
+  load_checkpoint_into_model(m, std::move(ck), path);
   return m;
 }
 

@@ -124,7 +124,7 @@ TEST(V4Config, RefusesWhatTransformersCannotBuildNamingTheField) {
   expect_error(with("qk_rope_head_dim", 7), "qk_rope_head_dim = int(head_dim * partial_rotary_factor) = 7");
   expect_error(with("num_experts_per_tok", 300), "num_experts_per_tok = 300 exceeds n_routed_experts = 256");
   expect_error(with("hc_mult", 0), "hc_mult = 0");
-  expect_error(with("hmla_layer_modes", {"mha", "dsa_sparse", "mha"}), "hmla_layer_modes[1] = dsa_sparse");
+  expect_error(with("hmla_layer_modes", {"mha", "dsa_sparce", "mha"}), "hmla_layer_modes[1]");  // any mode, but a mode
   json hca_without_rate = with("compress_rates", {{"compressed_sparse_attention", 4}});
   hca_without_rate["layer_types"] = {"sliding_attention", "heavily_compressed_attention", "sliding_attention"};
   expect_error(hca_without_rate, "compress_rates has no heavily_compressed_attention rate, and layer 1 is one");
@@ -176,9 +176,9 @@ TEST(V4Tables, NameEveryTensorTransformersSaves) {
   const ModelConfig c = load_model_config(dir + "/config.json");
   const io::TensorMap saved = io::load_safetensors(dir + "/model.safetensors");
   std::map<std::string, std::pair<Shape, DType>> want;
-  for (const ParamSpec& p : v4_param_table(c)) want[p.name] = {p.shape, DType::f32};
+  for (const ParamSpec& p : v4_param_table(c, false, v4_indexer_layers(c))) want[p.name] = {p.shape, DType::f32};
   for (const ParamSpec& p : v4_int_tables(c)) want[p.name] = {p.shape, DType::i64};
-  EXPECT_EQ(want.size(), v4_param_table(c).size() + v4_int_tables(c).size()) << "a name twice in the table";
+  EXPECT_EQ(want.size(), v4_param_table(c, false, v4_indexer_layers(c)).size() + v4_int_tables(c).size()) << "a name twice in the table";
   for (const auto& [name, t] : saved) {
     auto it = want.find(name);
     if (it == want.end()) {
@@ -189,12 +189,12 @@ TEST(V4Tables, NameEveryTensorTransformersSaves) {
     EXPECT_EQ(t.dtype(), it->second.second) << name;
   }
   for (const auto& [name, spec] : want) EXPECT_TRUE(saved.count(name)) << "hmla's table has " << name << ", transformers saves none";
-  EXPECT_EQ(model_param_table(c, std::vector<bool>(size_t(c.num_hidden_layers))).size(), v4_param_table(c).size());
+  EXPECT_EQ(model_param_table(c, v4_indexer_layers(c)).size(), v4_param_table(c, false, v4_indexer_layers(c)).size());
 }
 
 int64_t planned_values(const ModelConfig& c) {
   MemoryPlan plan;
-  plan_parameters(plan, c, std::vector<bool>(size_t(c.num_hidden_layers)), false, DType::f32);
+  plan_parameters(plan, c, v4_indexer_layers(c), false, DType::f32);
   const int64_t ints = [&] {
     int64_t n = 0;
     for (const ParamSpec& p : v4_int_tables(c)) n += shape_numel(p.shape);
@@ -208,7 +208,7 @@ int64_t planned_values(const ModelConfig& c) {
 // 1.6T parameters with the MTP layer, which the table leaves out: within 3% below).
 TEST(V4Tables, MemoryPlanCountsTheTable) {
   const ModelConfig c = load_model_config(std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/v4/config.json");
-  EXPECT_EQ(planned_values(c), table_numel(v4_param_table(c)));
+  EXPECT_EQ(planned_values(c), table_numel(v4_param_table(c, false, v4_indexer_layers(c))));
   for (auto [file, published] : {std::pair{"deepseek_v4_flash.json", 284e9}, std::pair{"deepseek_v4_pro.json", 1.6e12}}) {
     const ModelConfig g = load_model_config(std::string(HMLA_SOURCE_DIR) + "/configs/" + file);
     const double n = double(planned_values(g)), layer = n / double(g.num_hidden_layers);

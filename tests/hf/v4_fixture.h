@@ -12,6 +12,7 @@
 #include "hf_fixture.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/model.h"
+#include "hmla/model/v4_tables.h"
 
 namespace hmla::testing {
 
@@ -20,7 +21,7 @@ inline const std::string kV4Dir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixt
 struct V4Fixture {
   ModelConfig c = load_model_config(kV4Dir + "v4/config.json");
   io::TensorMap F = io::load_safetensors(kV4Dir + "v4/fixture.safetensors");
-  Model m = build_model(c, std::vector<bool>(size_t(c.num_hidden_layers), false));
+  Model m = build_model(c, v4_indexer_layers(c));
   Batch batch;              // input_ids [b, s] i32, one document per row
   std::vector<double> ref;  // transformers' float64 logits [b, s, V]
   double bound = 0;         // B

@@ -151,8 +151,16 @@ struct ModelConfig {
     while (indexer_shared(L)) --L;
     return L;
   }
+  // Layer L has DSA machinery that a phase's mode drives (DESIGN.md sections 1 and 10): every layer
+  // of an MLA model (hybrid_layers picks which follow the phase); in a V4 stack the CSA and
+  // hybrid_mla layers.
+  bool has_dsa(int64_t L) const {
+    return !is_v4() || v4.layer_types.at(size_t(L)) == V4Kind::csa || v4.is_hybrid_mla(L);
+  }
   // Layer L computes an indexer (scores, selection, KL) in its current mode.
-  bool runs_indexer(int64_t L) const { return is_dsa(layer_modes.at(size_t(L))) && !indexer_shared(L); }
+  bool runs_indexer(int64_t L) const {
+    return has_dsa(L) && is_dsa(layer_modes.at(size_t(L))) && !indexer_shared(L);
+  }
   // GLM-5's indexer rotates interleaved pairs, DeepSeek-V3.2's rotate-half (DESIGN.md section 4).
   bool indexer_rope_interleaved() const { return family == ModelFamily::glm_moe_dsa; }
   bool has_moe_layers() const {

@@ -3,6 +3,7 @@
 // lm_head (or tied). Parameters live in one arena planned from one table; gradients and optimizer
 // state use arenas of the same table. Forward and backward are explicit (no tape).
 #pragma once
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -104,10 +105,17 @@ void refresh_compute_weights(Model& m);
 // N(0, initializer_range) for matrices and embeddings, 1 for norm weights, 0 for biases and the
 // sink; indexer tensors per indexer_init_missing's rule.
 void init_model(Model& m, uint64_t seed);
+// The table's tensors absent from `have`, each initialised by init_model's rule from its own
+// stream (seeded by `seed` and its name); returns how many. The phases' new indexers on V4 stacks.
+int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed);
 // Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened).
 // Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing = {});
+
+// The layers whose indexer tensors `w` (a checkpoint's) holds: an MLA layer's self_attn.indexer.*,
+// a V4 CSA layer's attn.indexer.*; the has_indexer to build a model for them.
+std::vector<bool> checkpoint_indexers(const ModelConfig& c, const io::TensorMap& w);
 
 // An expert table (DeepSeek-V4's tid2eid: I64 or I32 of shape `need`, each row distinct experts in
 // [0, E)) as i32 values; IoError "<what>: tensor 'name' ..." naming the first bad entry.
@@ -167,6 +175,9 @@ bool is_router_bias(const std::string& name);
 struct StepStats {
   double lm_loss = 0;      // sum over targets of CE / lm_targets
   double indexer_kl = 0;   // mean over the layers that run an indexer (dsa modes, not "shared") of sum rw kl, without coeff
+  // A DeepSeek-V4 stack's: the same means over its CSA layers and over its hybrid_mla layers (NaN
+  // where the kind runs none, and with StepOptions::stats: then kStatKlCsa has the CSA one).
+  double indexer_kl_csa = NAN, indexer_kl_hybrid = NAN;
   int64_t tokens = 0;
 };
 

@@ -14,17 +14,18 @@ namespace hmla {
 
 // The f32 parameters. one_expert: a layer's routed expert 0 only (the memory plan counts it
 // n_routed_experts times). A hybrid_mla layer's attention is self_attn.* in the MLA layer's names
-// (DESIGN.md section 2), its five indexer tensors included where has_indexer[L] (the CSA layers'
-// indexers are theirs whatever has_indexer says).
+// (DESIGN.md section 2). The layers with DSA machinery (ModelConfig::has_dsa: CSA and hybrid_mla)
+// carry their indexer's tensors where has_indexer[L] (empty: none).
 std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert = false,
                                       const std::vector<bool>& has_indexer = {});
-// Layer L's entries only (full names), in table order; indexer: a hybrid_mla layer's.
+// Layer L's entries only (full names), in table order; indexer: its indexer's too (CSA, hybrid_mla).
 std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert = false, bool indexer = false);
-// Whether hybrid_mla layer L carries its indexer's tensors: has_indexer[L] (false for other kinds and
-// for an empty has_indexer).
-inline bool v4_hybrid_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int64_t L) {
-  return c.v4.is_hybrid_mla(L) && size_t(L) < has_indexer.size() && has_indexer[size_t(L)];
+// Whether layer L carries its indexer's tensors: a layer with DSA machinery and has_indexer[L].
+inline bool v4_has_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int64_t L) {
+  return c.has_dsa(L) && size_t(L) < has_indexer.size() && has_indexer[size_t(L)];
 }
+// transformers' form: every layer that can have an indexer has one.
+std::vector<bool> v4_indexer_layers(const ModelConfig& c);
 // The hash layers' tid2eid [vocab_size, num_experts_per_tok] (integers in the checkpoint).
 std::vector<ParamSpec> v4_int_tables(const ModelConfig& c);
 

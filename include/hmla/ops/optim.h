@@ -15,8 +15,10 @@ namespace hmla {
 enum StatSlot : int64_t {
   kStatLm,              // the step's LM loss (this rank's micro-batches)
   kStatKl,              // the step's indexer KL (sum over micro-batches of the mean over dsa layers)
+  kStatKlCsa,           // the same over a V4 stack's CSA layers only (DESIGN.md section 10)
   kStatMbLm,            // this micro-batch's LM loss (chunks of the head)
-  kStatMbKl,            // this micro-batch's KL summed over its dsa layers
+  kStatMbKl,            // this micro-batch's KL summed over its dsa layers but CSA ones
+  kStatMbKlCsa,         // this micro-batch's KL summed over its CSA layers
   kStatSsBackbone,      // the gradient's sum of squares, backbone tensors in table order
   kStatSsIndexer,       // the same over the indexers' tensors
   kStatNormBackbone,    // sqrt of the above (stats_clip)

@@ -30,6 +30,9 @@ struct MetricsRow {
   double lm_loss = none, indexer_kl = none, lr = none, grad_norm_backbone = none, grad_norm_indexer = none,
          tokens_per_s = none;
   double peak_bytes = none;  // a byte count, written as an integer
+  // A DeepSeek-V4 stack's dsa step: the KL per layer kind (the means over its CSA layers and over
+  // its hybrid_mla layers, without coeff), written only where the kind ran one.
+  double indexer_kl_csa = none, indexer_kl_hybrid = none;
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
   double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
   // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in

@@ -29,6 +29,14 @@ struct PhaseSettings {
   // the sequence-wise balance loss's alpha; 0 turns either off; neither acts in dsa_warmup.
   double moe_bias_update_rate = 1e-3;
   double moe_aux_loss_coeff = 1e-4;
+  // Quality parity (docs/programme.md "The control arm"): `control: dense` on a dsa_sparse phase
+  // runs a control arm, a phase "<name>-control" in mode mha with the same settings and data, just
+  // before it, from the same model; the sparse phase then restarts from the end checkpoint of the
+  // phase before the control. Set by the parser on the phases it expands:
+  std::string control;        // the key as written ("dense"), on the sparse phase
+  int64_t control_of = -1;    // on the control arm: the index of its sparse phase
+  int64_t restart_from = -1;  // on the sparse phase: enter from this phase's end checkpoint
+  int64_t data_phase = -1;    // the phase index whose data order it reads (-1: its own)
 };
 
 struct Programme {
