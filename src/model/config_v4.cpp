@@ -56,16 +56,18 @@ V4Kind kind_from_name(const json& e, const std::string& f) {
 }
 
 // layer_types > legacy compress_ratios (0 sliding, 4 CSA, 128 HCA: transformers' fixed map) >
-// transformers' default (two HCA layers, then HCA and CSA alternating from HCA: CSA on odd i).
+// transformers' default (two HCA layers, then HCA and CSA alternating from HCA: CSA on odd i). The
+// MTP layers' entries too where the list has them (n + mtp kinds), which transformers ignores.
 std::vector<V4Kind> parse_layer_types(const json& j, int64_t n, int64_t mtp, const std::string& what) {
   std::vector<V4Kind> kinds;
   if (has(j, "layer_types")) {
     const json& t = layer_list(j, "layer_types", n, mtp, what);
-    for (int64_t L = 0; L < n; ++L) kinds.push_back(kind_from_name(t[L], what + ": layer_types[" + std::to_string(L) + "]"));
+    for (int64_t L = 0; L < int64_t(t.size()); ++L)
+      kinds.push_back(kind_from_name(t[L], what + ": layer_types[" + std::to_string(L) + "]"));
   } else if (has(j, "compress_ratios")) {
     const json& t = layer_list(j, "compress_ratios", n, mtp, what);
     const std::map<int64_t, V4Kind> by_ratio = {{0, V4Kind::sliding}, {4, V4Kind::csa}, {128, V4Kind::hca}};
-    for (int64_t L = 0; L < n; ++L) {
+    for (int64_t L = 0; L < int64_t(t.size()); ++L) {
       const auto it = t[L].is_number_integer() ? by_ratio.find(t[L].get<int64_t>()) : by_ratio.end();
       HMLA_CHECK(it != by_ratio.end(), ConfigError, what, ": compress_ratios[", L, "] = ", t[L].dump().substr(0, 40),
                  ": transformers maps 0 (sliding), 4 (CSA) and 128 (HCA); hmla's hybrid MLA layer (-2) needs "
@@ -83,7 +85,7 @@ std::vector<bool> parse_hash_layers(const json& j, int64_t n, int64_t mtp, const
   std::vector<bool> hash;
   if (has(j, "mlp_layer_types")) {
     const json& t = layer_list(j, "mlp_layer_types", n, mtp, what);
-    for (int64_t L = 0; L < n; ++L) {
+    for (int64_t L = 0; L < int64_t(t.size()); ++L) {
       HMLA_CHECK(t[L] == "hash_moe" || t[L] == "moe", ConfigError, what, ": mlp_layer_types[", L, "] = ",
                  t[L].dump().substr(0, 40), ": use \"hash_moe\" or \"moe\" (every DeepSeek-V4 layer is MoE)");
       hash.push_back(t[L] == "hash_moe");
@@ -91,7 +93,7 @@ std::vector<bool> parse_hash_layers(const json& j, int64_t n, int64_t mtp, const
   } else {
     const int64_t k = get_int(j, "num_hash_layers", 3, what);
     HMLA_CHECK(k >= 0, ConfigError, what, ": num_hash_layers = ", k, ": it must be >= 0");
-    for (int64_t L = 0; L < n; ++L) hash.push_back(L < k);
+    for (int64_t L = 0; L < n + mtp; ++L) hash.push_back(L < k);  // DeepSeek's Gate: layer_id < n_hash_layers
   }
   return hash;
 }
@@ -108,8 +110,8 @@ void parse_compress_rates(const json& j, V4Config& v, const std::string& what) {
     // transformers takes the object as given (no defaults merged in): a kind it lacks has no rate
     for (V4Kind k : {V4Kind::csa, V4Kind::hca})
       if (!has(r, v4_kind_name(k)))
-        for (size_t L = 0; L < v.layer_types.size(); ++L)
-          HMLA_CHECK(v.layer_types[L] != k, ConfigError, what, ": compress_rates has no ", v4_kind_name(k),
+        for (size_t L = 0; L < v.layer_types.size() + v.mtp_types.size(); ++L)
+          HMLA_CHECK(v.kind(int64_t(L)) != k, ConfigError, what, ": compress_rates has no ", v4_kind_name(k),
                      " rate, and layer ", L, " is one");
     v.csa_rate = get_int(r, v4_kind_name(V4Kind::csa), v.csa_rate, what + ": compress_rates");
     v.hca_rate = get_int(r, v4_kind_name(V4Kind::hca), v.hca_rate, what + ": compress_rates");
@@ -235,7 +237,8 @@ void validate_v4(const ModelConfig& c, const std::string& what) {
              ": initializer_range = ", c.initializer_range, ": it must be finite and >= 0 (a standard deviation)");
   HMLA_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps >= 0, ConfigError, what, ": rms_norm_eps = ",
              c.rms_norm_eps, ": it must be finite and >= 0");
-  const bool csa = std::count(v.layer_types.begin(), v.layer_types.end(), V4Kind::csa) > 0;
+  const bool csa = std::count(v.layer_types.begin(), v.layer_types.end(), V4Kind::csa) +
+                       std::count(v.mtp_types.begin(), v.mtp_types.end(), V4Kind::csa) > 0;
   if (csa)
     HMLA_CHECK(c.index_head_dim >= v.qk_rope_head_dim && c.index_head_dim % 2 == 0, ConfigError, what,
                ": index_head_dim = ", c.index_head_dim, ": a CSA layer's indexer ropes qk_rope_head_dim = ",
@@ -282,6 +285,13 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what) {
   const int64_t n = c.num_hidden_layers, mtp = c.form.num_nextn_predict_layers;
   v.layer_types = parse_layer_types(j, n, mtp, what);
   v.hash = parse_hash_layers(j, n, mtp, what);
+  v.mtp_listed = int64_t(v.layer_types.size()) > n;  // the MTP layers' kinds, else sliding (V4Config)
+  v.mtp_types.assign(size_t(mtp), V4Kind::sliding);
+  v.mtp_hash.assign(size_t(mtp), false);
+  for (int64_t i = 0; i < mtp && v.mtp_listed; ++i) v.mtp_types[size_t(i)] = v.layer_types[size_t(n + i)];
+  for (int64_t i = 0; i < mtp && int64_t(v.hash.size()) > n; ++i) v.mtp_hash[size_t(i)] = v.hash[size_t(n + i)];
+  v.layer_types.resize(size_t(n));
+  v.hash.resize(size_t(n));
   parse_compress_rates(j, v, what);
   v.hc_eps = get_num(j, "hc_eps", 1e-6, what);
   double prf = get_num(j, "partial_rotary_factor", 0.0, what);

@@ -54,9 +54,10 @@ json v4_config_to_json(const ModelConfig& c) {
                           std::pair{"pad_token_id", c.pad_token_id}})
     j[key] = val;
   std::vector<std::string> kinds, mlp;
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    kinds.push_back(v4_kind_name(v.layer_types[size_t(L)]));
-    mlp.push_back(v.hash[size_t(L)] ? "hash_moe" : "moe");
+  const int64_t listed = c.num_hidden_layers + (v.mtp_listed ? int64_t(v.mtp_types.size()) : 0);  // as read
+  for (int64_t L = 0; L < listed; ++L) {
+    kinds.push_back(v4_kind_name(v.kind(L)));
+    mlp.push_back(v.hash_layer(L) ? "hash_moe" : "moe");
   }
   j["layer_types"] = kinds;
   j["mlp_layer_types"] = mlp;

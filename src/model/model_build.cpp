@@ -1,6 +1,7 @@
 // A model's arenas (model.h): build_model allocates the parameter arena planned from the table
 // (and, where the device computes in bf16, the weights' compute copy), init_model draws its
 // initial values on the host from one seed, Model::rope keeps the RoPE tables per shape.
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -118,26 +119,46 @@ void refresh_compute_weights(Model& m) {
   if (m.compute_arena.defined()) convert(m.arena, m.compute_arena);  // one launch for every weight
 }
 
+namespace {
+
+// One tensor's initial values into v (numel of p): DeepSeek-V4 as transformers' _init_weights: the
+// mixers' base 0 and scale 1, sinks and the compressors' position biases (ape) 0 (an MTP layer's
+// enorm, hnorm, norm and hc_head alike).
+void init_values(const ParamSpec& p, bool v4, std::mt19937_64& rng, std::normal_distribution<float>& nd, float* v) {
+  const int64_t n = shape_numel(p.shape);
+  const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
+                    (v4 && p.name.ends_with("_scale"));
+  const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos ||
+                     p.name.ends_with(".e_score_correction_bias") ||
+                     (v4 && (p.name.ends_with("_base") || p.name.ends_with("attn_sink") || p.name.ends_with(".ape")));
+  for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
+}
+
+}  // namespace
+
 void init_model(Model& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
   const Tensor host = Tensor::empty({m.arena.numel()}, DType::f32);  // drawn on the host, then copied
   float* v = host.data<float>();
-  const bool v4 = m.cfg.is_v4();
   for (const ParamSpec& p : m.table) {
-    const int64_t n = shape_numel(p.shape);
-    // DeepSeek-V4 as transformers' _init_weights: the mixers' base 0 and scale 1, sinks and the
-    // compressors' position biases (ape) 0.
-    const bool ones = p.name.find("norm.weight") != std::string::npos || p.name.find("layernorm") != std::string::npos ||
-                      (v4 && p.name.ends_with("_scale"));
-    const bool zeros = p.name.find(".bias") != std::string::npos || p.name.find("softmax_offset") != std::string::npos ||
-                       p.name.ends_with(".e_score_correction_bias") ||
-                       (v4 && (p.name.ends_with("_base") || p.name.ends_with("attn_sink") || p.name.ends_with(".ape")));
-    for (int64_t i = 0; i < n; ++i) v[i] = ones ? 1.f : zeros ? 0.f : nd(rng);
-    v += n;
+    init_values(p, m.cfg.is_v4(), rng, nd, v);
+    v += shape_numel(p.shape);
   }
   m.arena.copy_from(host);
   init_int_tables(m, rng);
+  refresh_compute_weights(m);
+}
+
+void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
+  for (const ParamSpec& p : m.table) {
+    if (std::find(names.begin(), names.end(), p.name) == names.end()) continue;
+    const Tensor host = Tensor::empty(p.shape, DType::f32);
+    init_values(p, m.cfg.is_v4(), rng, nd, host.data<float>());
+    m.params.at(p.name).copy_from(host);
+  }
   refresh_compute_weights(m);
 }
 

@@ -42,8 +42,11 @@ SwigluTensors swiglu(const io::TensorMap& t, const std::string& at) {
   return {t.at(at + "w1.weight"), t.at(at + "w3.weight"), t.at(at + "w2.weight")};
 }
 
-V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L) {
-  const std::string pre = layer_prefix(L), at = pre + "attn.", ffn = pre + "ffn.";
+}  // namespace
+
+V4LayerTensors v4_block_tensors(const io::TensorMap& t, const ModelConfig& c, const std::string& pre,
+                                const std::string& kv_norm) {
+  const std::string at = pre + "attn.", ffn = pre + "ffn.";
   V4LayerTensors l;
   l.hc_attn = hc_weights(t, pre + "hc_attn");
   l.hc_ffn = hc_weights(t, pre + "hc_ffn");
@@ -54,7 +57,7 @@ V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64
   a.q_norm = t.at(at + "q_norm.weight");
   a.wq_b = t.at(at + "wq_b.weight");
   a.wkv = t.at(at + "wkv.weight");
-  a.norm = t.at(at + "norm.weight");
+  a.norm = t.at(at + kv_norm);
   a.wo_a = t.at(at + "wo_a.weight");
   a.wo_b = t.at(at + "wo_b.weight");
   a.sink = t.at(at + "attn_sink");
@@ -69,6 +72,8 @@ V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64
   m.shared = swiglu(t, ffn + "shared_experts.");
   return l;
 }
+
+namespace {
 
 Tensor f32(Device dev, const Shape& sh) { return Tensor::empty(sh, DType::f32, dev); }
 
@@ -94,43 +99,6 @@ struct Forward {
   V4Ropes ropes;
   std::vector<std::unique_ptr<Mlp>> mlps;  // each layer's MoE (its hash routing set)
 };
-
-struct Block {  // one mHC block's mixers and collapsed input
-  MhcSaved& hc;
-  Tensor &xin, &post, &comb, &nx, &rstd;
-};
-
-void block_entry(const ModelConfig& c, const MhcWeights& w, const Tensor& norm_w, const Tensor& x, Block b) {
-  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
-  const Device dev = x.device();
-  b.hc = {f32(dev, {N}), f32(dev, {N, (2 + n) * n})};
-  b.xin = f32(dev, {N, D});
-  b.post = f32(dev, {N, n});
-  b.comb = f32(dev, {N, n, n});
-  b.nx = f32(dev, {N, D});
-  b.rstd = f32(dev, {N});
-  const float eps = float(c.rms_norm_eps);
-  mhc_pre_fwd(x, w, c.v4.hc_sinkhorn_iters, eps, float(c.v4.hc_eps), b.xin, b.post, b.comb, b.hc);
-  rmsnorm_fwd(b.xin, norm_w, eps, b.nx, b.rstd);
-}
-
-// The block's backward from dout (the gradient reaching its output streams) and the sublayer's
-// backward `sub` (dy -> dnx): the gradient reaching its input streams.
-template <class Sub>
-Tensor block_backward(const ModelConfig& c, const MhcWeights& w, const MhcWeights& g, const Tensor& norm_w,
-                      const Tensor& dnorm_w, const Tensor& x, const Tensor& y, const Block& b, const Tensor& dout,
-                      Sub sub) {
-  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
-  const Device dev = x.device();
-  Tensor dx = f32(dev, {N, n, D}), dy = f32(dev, {N, D}), dpost = f32(dev, {N, n}), dcomb = f32(dev, {N, n, n});
-  mhc_post_bwd(dout, x, y, b.post, b.comb, dx, dy, dpost, dcomb);
-  Tensor dnx = f32(dev, {N, D}), dxin = f32(dev, {N, D}), dx2 = f32(dev, {N, n, D});
-  sub(dy, dnx);
-  rmsnorm_bwd(dnx, b.xin, norm_w, b.rstd, dxin, dnorm_w);
-  mhc_pre_bwd(dxin, dpost, dcomb, x, w, b.hc, c.v4.hc_sinkhorn_iters, float(c.v4.hc_eps), dx2, g);
-  add(dx.view({N, n * D}), dx2.view({N, n * D}), dx.view({N, n * D}));
-  return dx;
-}
 
 }  // namespace
 
@@ -163,12 +131,12 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors& lw = w.layers[size_t(L)];
     sv.x = x;
-    block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
+    v4_block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
     sv.ya = f32(dev, {N, D});
     v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, sv.ya);
     sv.x_mid = f32(dev, {N, n, D});
     mhc_post_fwd(x, sv.ya, sv.post1, sv.comb1, sv.x_mid);
-    block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
+    v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
     f.mlps.push_back(make_mlp(c, L, lw.mlp));
     Mlp& mlp = *f.mlps.back();
     if (c.v4.hash.at(size_t(L))) mlp.fixed = hash_experts(m, L, in.ids);
@@ -203,7 +171,7 @@ V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c) {
   t.norm = named.at("model.norm.weight");
   t.head = c.tie_word_embeddings ? t.embed : named.at("head.weight");
   t.hc_head = {named.at("model.hc_head.hc_fn"), named.at("model.hc_head.hc_base"), named.at("model.hc_head.hc_scale")};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) t.layers.push_back(layer_tensors(named, c, L));
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) t.layers.push_back(v4_block_tensors(named, c, layer_prefix(L)));
   return t;
 }
 
@@ -258,15 +226,16 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
   lm_head_loss(m, w.head, f.n_final, in.target, in.keep, g.head, dn, stats.slice(0, kStatMbLm, kStatMbLm + 1));
   rmsnorm_bwd(dn, f.hh, w.norm, f.rstd_n, dhh, g.norm);
   mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
+  if (opt.mtp_coeff > 0) st.mtp_loss = v4_mtp_step(m, in, opt, f.ropes, f.x_final, w, g, grads, dx);  // adds into dx
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];
     const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
     mlp->fixed = f.mlps[size_t(L)]->fixed;
-    dx = block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
+    dx = v4_block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
                         {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, sv.f, sv.mlp, dnx); });
-    dx = block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
+    dx = v4_block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
                         {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) {
                           v4_attention_bwd(c, lw.attn, lg.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, dy,

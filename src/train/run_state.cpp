@@ -30,6 +30,7 @@ json phase_json(const PhaseSettings& p) {
   // Only when not the defaults, for the same reason (a run from before balancing resumes as it was).
   if (p.moe_bias_update_rate != PhaseSettings{}.moe_bias_update_rate) j["moe_bias_update_rate"] = p.moe_bias_update_rate;
   if (p.moe_aux_loss_coeff != PhaseSettings{}.moe_aux_loss_coeff) j["moe_aux_loss_coeff"] = p.moe_aux_loss_coeff;
+  if (p.mtp_loss_coeff != 0) j["mtp_loss_coeff"] = p.mtp_loss_coeff;
   return j;
 }
 

@@ -1,5 +1,6 @@
 // One optimizer step of a phase over the rank grid, and its metrics row.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace hmla::train {
 
 struct StepResult {
   double lm = 0, kl = 0;  // the step's global LM loss and indexer KL
+  double mtp = NAN;       // the step's global MTP loss (mean over depths, without coeff); NaN: none
   int64_t tokens = 0;
   OptimStats os;
   double seconds = 0;

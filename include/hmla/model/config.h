@@ -86,13 +86,34 @@ struct V4Config {
   int64_t csa_rate = 4, hca_rate = 128;  // compress_rates
   std::vector<V4Kind> layer_types;       // one per layer
   std::vector<bool> hash;                // one per layer: mlp_layer_types == "hash_moe"
+  // The multi-token-prediction layers (num_nextn_predict_layers; docs/deepseek_v4_math.md section
+  // 14), computing as layers num_hidden_layers + i: their kinds and routing from the lists' last
+  // entries where the config has them (mtp_listed; DeepSeek's releases do), else sliding_attention
+  // and learned routing (DeepSeek-V4-Flash's released config gives its MTP layer compress ratio 0).
+  std::vector<V4Kind> mtp_types;
+  std::vector<bool> mtp_hash;
+  bool mtp_listed = false;
+  // Whether the MTP layers are parameters (mtp.{i}.* in the table, trained by mtp_loss_coeff) or
+  // kept as stored (CheckpointForm). No config.json field: the trainer sets it for a programme
+  // that trains them (docs/programme.md).
+  bool mtp_params = false;
   int64_t hc_mult = 4, hc_sinkhorn_iters = 20;
   double hc_eps = 1e-6;
   ScoringFunc scoring = ScoringFunc::sqrtsoftplus;
   double swiglu_limit = 10.0;
   RopeConfig compress_rope;
+  // Layer L's kind and routing, L < num_hidden_layers + num_nextn_predict_layers (the MTP layers
+  // after the stack's).
+  V4Kind kind(int64_t L) const {
+    const size_t n = layer_types.size();
+    return size_t(L) < n ? layer_types.at(size_t(L)) : mtp_types.at(size_t(L) - n);
+  }
+  bool hash_layer(int64_t L) const {
+    const size_t n = hash.size();
+    return size_t(L) < n ? hash.at(size_t(L)) : mtp_hash.at(size_t(L) - n);
+  }
   int64_t compress_rate(int64_t L) const {
-    const V4Kind k = layer_types.at(size_t(L));
+    const V4Kind k = kind(L);
     return k == V4Kind::csa ? csa_rate : k == V4Kind::hca ? hca_rate : 0;
   }
 };

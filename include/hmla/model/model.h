@@ -104,6 +104,9 @@ void refresh_compute_weights(Model& m);
 // N(0, initializer_range) for matrices and embeddings, 1 for norm weights, 0 for biases and the
 // sink; indexer tensors per indexer_init_missing's rule.
 void init_model(Model& m, uint64_t seed);
+// The same rule for the named tensors only (in table order, from their own generator of `seed`):
+// a checkpoint's missing MTP layers (load_checkpoint_into_model's `initialised`).
+void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed);
 // Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened).
 // Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
@@ -127,12 +130,17 @@ void save_model_weights(const std::string& dir, const Model& m, const io::Tensor
 void save_model_weights(const std::string& dir, const Model& m, int64_t max_shard_bytes = 0);
 
 // load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
-// memory plan: IoError/MemoryError before it is moved in).
-void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what);
+// memory plan: IoError/MemoryError before it is moved in). Where the model trains its MTP layers
+// (V4Config::mtp_params), an MTP layer of which the checkpoint holds no tensor at all (transformers
+// saves none) is initialised from `seed` (init_tensors); its tensors' names are returned. A layer
+// the checkpoint holds in part is an IoError naming the missing tensor.
+std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what,
+                                                    uint64_t seed = 0);
 
 // Loss rows of the step (DESIGN.md section 3). LM targets: t -> t + 1 inside t's document, with
-// input_ids[t + 1] != pad.
-int64_t count_lm_targets(const Batch& batch, int64_t pad_token_id);
+// input_ids[t + 1] != pad; with `ahead` = k + 1, the multi-token-prediction depth k's targets t -> t
+// + k + 1 by the same rules (docs/deepseek_v4_math.md section 14).
+int64_t count_lm_targets(const Batch& batch, int64_t pad_token_id, int64_t ahead = 1);
 
 struct StepOptions {
   bool backbone = true;        // false: only the indexers' backward runs (train_indexer_only)
@@ -153,6 +161,15 @@ struct StepOptions {
   double moe_aux_coeff = 0;
   int64_t aux_sequences = 0;
   Tensor aux_loss;
+  // Multi-token prediction (DeepSeek-V4 stacks whose MTP layers are parameters, V4Config::mtp_params;
+  // docs/deepseek_v4_math.md section 14): mtp_coeff > 0 adds mtp_coeff / D sum_k CE_k to what the
+  // backward differentiates (D = num_nextn_predict_layers, CE_k depth k's mean over its targets);
+  // mtp_targets[k] is depth k's global target count over the step (count_lm_targets with ahead =
+  // k + 2; empty: this batch's own); mtp_loss (optional, f64 [1] on the model's device) gets the
+  // micro-batch's (1 / D) sum_k CE_k ADDED, without the coefficient. 0: the step is today's, bit for bit.
+  double mtp_coeff = 0;
+  std::vector<int64_t> mtp_targets;
+  Tensor mtp_loss;
 };
 
 // The MoE layers of c, in layer order (the rows of StepOptions::expert_load).
@@ -167,6 +184,7 @@ bool is_router_bias(const std::string& name);
 struct StepStats {
   double lm_loss = 0;      // sum over targets of CE / lm_targets
   double indexer_kl = 0;   // mean over the layers that run an indexer (dsa modes, not "shared") of sum rw kl, without coeff
+  double mtp_loss = 0;     // with mtp_coeff > 0: (1 / D) sum_k CE_k, without coeff (NaN when added into opt.mtp_loss)
   int64_t tokens = 0;
 };
 

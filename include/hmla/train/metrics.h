@@ -30,6 +30,9 @@ struct MetricsRow {
   double lm_loss = none, indexer_kl = none, lr = none, grad_norm_backbone = none, grad_norm_indexer = none,
          tokens_per_s = none;
   double peak_bytes = none;  // a byte count, written as an integer
+  // The multi-token-prediction loss (mean over depths of their CE means, without mtp_loss_coeff),
+  // written only in phases that train it (docs/deepseek_v4_math.md section 14).
+  double mtp_loss = none;
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
   double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
   // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in

@@ -29,6 +29,9 @@ struct PhaseSettings {
   // the sequence-wise balance loss's alpha; 0 turns either off; neither acts in dsa_warmup.
   double moe_bias_update_rate = 1e-3;
   double moe_aux_loss_coeff = 1e-4;
+  // DeepSeek-V4 stacks with num_nextn_predict_layers > 0: lambda of the multi-token-prediction loss
+  // (docs/deepseek_v4_math.md section 14), added to the LM loss; 0 keeps the MTP layers as stored.
+  double mtp_loss_coeff = 0;
 };
 
 struct Programme {
