@@ -120,7 +120,7 @@ std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors 
       if (p.name.starts_with(pre)) fresh.push_back(p.name);
   }
   load_into_model(m, ck.tensors, what, fresh);
-  init_tensors(m, fresh, seed);
+  if (!fresh.empty()) init_tensors(m, fresh, seed);
   m.kept = std::move(ck.kept);
   return fresh;
 }

@@ -233,14 +233,14 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
     mlp->fixed = f.mlps[size_t(L)]->fixed;
     dx = v4_block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
-                        {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f}, dx,
-                        [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, sv.f, sv.mlp, dnx); });
+                           {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f}, dx,
+                           [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, sv.f, sv.mlp, dnx); });
     dx = v4_block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
-                        {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
-                        [&](const Tensor& dy, const Tensor& dnx) {
-                          v4_attention_bwd(c, lw.attn, lg.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, dy,
-                                           dnx);
-                        });
+                           {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
+                           [&](const Tensor& dy, const Tensor& dnx) {
+                             v4_attention_bwd(c, lw.attn, lg.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn,
+                                              dy, dnx);
+                           });
   }
   // The embedding fed every stream: its rows' gradient is the streams' sum.
   Tensor de = f32(dev, {N, D});

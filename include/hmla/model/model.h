@@ -184,7 +184,7 @@ bool is_router_bias(const std::string& name);
 struct StepStats {
   double lm_loss = 0;      // sum over targets of CE / lm_targets
   double indexer_kl = 0;   // mean over the layers that run an indexer (dsa modes, not "shared") of sum rw kl, without coeff
-  double mtp_loss = 0;     // with mtp_coeff > 0: (1 / D) sum_k CE_k, without coeff (NaN when added into opt.mtp_loss)
+  double mtp_loss = 0;     // with mtp_coeff > 0: (1 / D) sum_k CE_k, without coeff (also added into opt.mtp_loss)
   int64_t tokens = 0;
 };
 
