@@ -68,8 +68,8 @@ double max_finite(const std::vector<double>& v) {
 struct Phase {
   std::string name, mode;
   double start = 0;                           // global step before its first step
-  std::vector<double> x, lm, kl, lr, gb, gi, tps, peak;  // per step
-  std::vector<double> kl_csa, kl_hybrid;                 // a V4 stack's KL per layer kind, per step
+  std::vector<double> x, lm, kl, lr, gb, gi, tps, peak, mtp;  // per step (mtp: NaN outside MTP phases)
+  std::vector<double> kl_csa, kl_hybrid;                      // a V4 stack's KL per layer kind, per step
   double heldout = std::nan(""), heldout_x = std::nan("");
   double eq_diff = std::nan(""), eq_logit = std::nan("");
   std::optional<MetricsRow> end;  // its phase-end row (none if the run stopped inside it)
@@ -111,7 +111,7 @@ Run read_run(const fs::path& metrics, const json& programme) {
         p.x.push_back(global);
         p.lm.push_back(r.lm_loss), p.kl.push_back(r.indexer_kl), p.lr.push_back(r.lr);
         p.gb.push_back(r.grad_norm_backbone), p.gi.push_back(r.grad_norm_indexer);
-        p.tps.push_back(r.tokens_per_s), p.peak.push_back(r.peak_bytes);
+        p.tps.push_back(r.tokens_per_s), p.peak.push_back(r.peak_bytes), p.mtp.push_back(r.mtp_loss);
         p.kl_csa.push_back(r.indexer_kl_csa), p.kl_hybrid.push_back(r.indexer_kl_hybrid);
         for (size_t i = 0; i < r.moe_layers.size(); ++i) {
           auto& [x, y] = run.imbalance[r.moe_layers[i]];
@@ -238,6 +238,15 @@ Chart imbalance_chart(const Run& run) {
   c.note = "1: every expert chose equally often; the correction bias (moe_bias_update_rate) pulls it down; "
            "dashed: a phase starts";
   return c;
+}
+
+// The multi-token-prediction loss (phases with mtp_loss_coeff > 0), or nothing in a run without one.
+std::string mtp_chart(const Run& run) {
+  for (const Phase& p : run.phases)
+    if (std::any_of(p.mtp.begin(), p.mtp.end(), [](double v) { return std::isfinite(v); }))
+      return render_svg(per_phase_chart(run, "MTP loss (phases with mtp_loss_coeff > 0)",
+                                        "MTP loss (nats per token, mean over depths)", &Phase::mtp, true, false, false));
+  return "";
 }
 
 // A small inline sparkline of v (the phase's tokens/s per step), at most 120 points (bucket means).
@@ -377,6 +386,7 @@ void write_run_report(const fs::path& dir, const fs::path& page) {
        << equivalence_note(run)
        << render_svg(per_phase_chart(run, "Indexer KL (dsa phases)", "KL(attention || indexer), log scale", &Phase::kl,
                                      true, false, true))
+       << mtp_chart(run)
        << render_svg(per_phase_chart(run, "Learning rate", "learning rate", &Phase::lr, false, false, false))
        << render_svg(grad_norm_chart(run)) << (run.imbalance.empty() ? "" : render_svg(imbalance_chart(run)));
   const bool kinds = std::any_of(run.phases.begin(), run.phases.end(),

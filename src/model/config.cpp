@@ -476,6 +476,7 @@ void check_mla_layers(const ModelConfig& c, const std::string& what) {
 
 void set_all_modes(ModelConfig& c, LayerMode m) {
   c.layer_modes.assign(c.num_hidden_layers, m);
+  c.mtp_mode = m;
   if (c.is_v4()) cfg::validate_v4(c, "config");
   else validate(c, "config");
 }

@@ -90,7 +90,7 @@ std::vector<bool> parse_hash_layers(const json& j, int64_t n, int64_t mtp, const
   std::vector<bool> hash;
   if (has(j, "mlp_layer_types")) {
     const json& t = layer_list(j, "mlp_layer_types", n, mtp, what);
-    for (int64_t L = 0; L < n; ++L) {
+    for (int64_t L = 0; L < int64_t(t.size()); ++L) {
       HMLA_CHECK(t[L] == "hash_moe" || t[L] == "moe", ConfigError, what, ": mlp_layer_types[", L, "] = ",
                  t[L].dump().substr(0, 40), ": use \"hash_moe\" or \"moe\" (every DeepSeek-V4 layer is MoE)");
       hash.push_back(t[L] == "hash_moe");
@@ -98,7 +98,7 @@ std::vector<bool> parse_hash_layers(const json& j, int64_t n, int64_t mtp, const
   } else {
     const int64_t k = get_int(j, "num_hash_layers", 3, what);
     HMLA_CHECK(k >= 0, ConfigError, what, ": num_hash_layers = ", k, ": it must be >= 0");
-    for (int64_t L = 0; L < n; ++L) hash.push_back(L < k);
+    for (int64_t L = 0; L < n + mtp; ++L) hash.push_back(L < k);  // DeepSeek's Gate: layer_id < n_hash_layers
   }
   return hash;
 }
@@ -115,8 +115,8 @@ void parse_compress_rates(const json& j, V4Config& v, const std::string& what) {
     // transformers takes the object as given (no defaults merged in): a kind it lacks has no rate
     for (V4Kind k : {V4Kind::csa, V4Kind::hca})
       if (!has(r, v4_kind_name(k)))
-        for (size_t L = 0; L < v.layer_types.size(); ++L)
-          HMLA_CHECK(v.layer_types[L] != k, ConfigError, what, ": compress_rates has no ", v4_kind_name(k),
+        for (size_t L = 0; L < v.layer_types.size() + v.mtp_types.size(); ++L)
+          HMLA_CHECK(v.kind(int64_t(L)) != k, ConfigError, what, ": compress_rates has no ", v4_kind_name(k),
                      " rate, and layer ", L, " is one");
     v.csa_rate = get_int(r, v4_kind_name(V4Kind::csa), v.csa_rate, what + ": compress_rates");
     v.hca_rate = get_int(r, v4_kind_name(V4Kind::hca), v.hca_rate, what + ": compress_rates");
@@ -306,7 +306,8 @@ void validate_v4(const ModelConfig& c, const std::string& what) {
              ": initializer_range = ", c.initializer_range, ": it must be finite and >= 0 (a standard deviation)");
   HMLA_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps >= 0, ConfigError, what, ": rms_norm_eps = ",
              c.rms_norm_eps, ": it must be finite and >= 0");
-  const bool csa = std::count(v.layer_types.begin(), v.layer_types.end(), V4Kind::csa) > 0;
+  const bool csa = std::count(v.layer_types.begin(), v.layer_types.end(), V4Kind::csa) +
+                       std::count(v.mtp_types.begin(), v.mtp_types.end(), V4Kind::csa) > 0;
   if (csa)
     HMLA_CHECK(c.index_head_dim >= v.qk_rope_head_dim && c.index_head_dim % 2 == 0, ConfigError, what,
                ": index_head_dim = ", c.index_head_dim, ": a CSA layer's indexer ropes qk_rope_head_dim = ",
@@ -355,8 +356,14 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what, LayerModesFr
              ": hmla builds at most ", kMaxLayers, " layers");
   check_v4_fixed(j, what);
   const int64_t n = c.num_hidden_layers, mtp = c.form.num_nextn_predict_layers;
-  v.layer_types = parse_layer_types(j, n, mtp, v.mtp_layer_types, what);
+  v.layer_types = parse_layer_types(j, n, mtp, v.mtp_types, what);
   v.hash = parse_hash_layers(j, n, mtp, what);
+  v.mtp_listed = !v.mtp_types.empty();  // the MTP layers' kinds, else sliding (V4Config)
+  if (!v.mtp_listed) v.mtp_types.assign(size_t(mtp), V4Kind::sliding);
+  v.mtp_hash.assign(size_t(mtp), false);
+  for (int64_t i = 0; i < mtp && int64_t(v.hash.size()) > n; ++i) v.mtp_hash[size_t(i)] = v.hash[size_t(n + i)];
+  v.layer_types.resize(size_t(n));
+  v.hash.resize(size_t(n));
   parse_compress_rates(j, v, what);
   v.hc_eps = get_num(j, "hc_eps", 1e-6, what);
   double prf = get_num(j, "partial_rotary_factor", 0.0, what);
@@ -384,7 +391,10 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what, LayerModesFr
       c.layer_modes[L] = parse_mode(t[L].get<std::string>(), what + ": hmla_layer_modes[" + std::to_string(L) + "]");
     }
   }
-  if (modes == LayerModesFrom::programme) c.layer_modes.assign(size_t(n), LayerMode::mha);
+  c.mtp_mode = LayerMode::mha;
+  for (int64_t L = 0; L < n; ++L)
+    if (c.has_dsa(L)) c.mtp_mode = c.layer_modes[size_t(L)];
+  if (modes == LayerModesFrom::programme) c.layer_modes.assign(size_t(n), LayerMode::mha), c.mtp_mode = LayerMode::mha;
   validate_v4(c, what);
   return c;
 }
@@ -392,7 +402,7 @@ ModelConfig parse_v4_fields(const json& j, const std::string& what, LayerModesFr
 }  // namespace cfg
 
 bool V4Config::has_hybrid_mla() const {
-  for (const std::vector<V4Kind>* kinds : {&layer_types, &mtp_layer_types})
+  for (const std::vector<V4Kind>* kinds : {&layer_types, &mtp_types})
     if (std::count(kinds->begin(), kinds->end(), V4Kind::hybrid_mla) > 0) return true;
   return false;
 }

@@ -55,12 +55,12 @@ json v4_config_to_json(const ModelConfig& c) {
                           std::pair{"pad_token_id", c.pad_token_id}})
     j[key] = val;
   std::vector<std::string> kinds, mlp;
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
-    kinds.push_back(v4_kind_name(v.layer_types[size_t(L)]));
-    mlp.push_back(v.hash[size_t(L)] ? "hash_moe" : "moe");
+  const int64_t listed = c.num_hidden_layers + (v.mtp_listed ? int64_t(v.mtp_types.size()) : 0);  // as read
+  for (int64_t L = 0; L < listed; ++L) {
+    kinds.push_back(v4_kind_name(v.kind(L)));
+    mlp.push_back(v.hash_layer(L) ? "hash_moe" : "moe");
   }
   if (v.has_hybrid_mla()) {  // hmla's own config (transformers refuses hybrid_mla): the MTP layers' kinds kept
-    for (V4Kind k : v.mtp_layer_types) kinds.push_back(v4_kind_name(k));
     const HybridMlaGeometry& h = v.hybrid;
     for (auto [key, val] : {std::pair{"hybrid_mla_q_lora_rank", h.q_lora_rank},
                             std::pair{"hybrid_mla_kv_lora_rank", h.kv_lora_rank},

@@ -15,21 +15,29 @@ namespace hmla {
 
 namespace {
 
-// Targets and weights of the LM loss: row n predicts ids[n + 1] when both are in one document.
-// Over the whole batch; shard_targets keeps a context-parallel rank's rows.
-void lm_targets(const Batch& batch, int64_t pad, std::vector<int32_t>& target, std::vector<float>& keep) {
-  const int64_t b = batch.input_ids.size(0), s = batch.input_ids.size(1);
-  const int32_t* ids = batch.input_ids.data<int32_t>();
-  const int32_t* de = batch.layout.doc_end.data<int32_t>();
+}  // namespace
+
+void lm_targets_ahead(const int32_t* ids, const DocLayout& layout, int64_t pad, int64_t ahead,
+                      std::vector<int32_t>& target, std::vector<float>& keep) {
+  const int64_t b = layout.b, s = layout.s;
+  const int32_t* de = layout.doc_end.data<int32_t>();
   target.assign(b * s, 0);
   keep.assign(b * s, 0.f);
   for (int64_t r = 0; r < b; ++r)
-    for (int64_t t = 0; t + 1 < s; ++t) {
+    for (int64_t t = 0; t + ahead < s; ++t) {
       const int64_t n = r * s + t;
-      if (batch.layout.is_padding(r, t) || t + 1 >= de[n] || ids[n + 1] == pad) continue;
-      target[n] = ids[n + 1];
+      if (layout.is_padding(r, t) || t + ahead >= de[n] || ids[n + ahead] == pad) continue;
+      target[n] = ids[n + ahead];
       keep[n] = 1.f;
     }
+}
+
+namespace {
+
+// Targets and weights of the LM loss: row n predicts ids[n + 1] when both are in one document.
+// Over the whole batch; shard_targets keeps a context-parallel rank's rows.
+void lm_targets(const Batch& batch, int64_t pad, std::vector<int32_t>& target, std::vector<float>& keep) {
+  lm_targets_ahead(batch.input_ids.data<int32_t>(), batch.layout, pad, 1, target, keep);
 }
 
 // The LM loss's targets and weights (already divided by the step's target count) of this rank's
@@ -102,10 +110,10 @@ DeviceBatch device_batch(const Model& m, const Batch& batch, const Comm& cp, int
   return d;
 }
 
-int64_t count_lm_targets(const Batch& batch, int64_t pad) {
+int64_t count_lm_targets(const Batch& batch, int64_t pad, int64_t ahead) {
   std::vector<int32_t> target;
   std::vector<float> keep;
-  lm_targets(batch, pad, target, keep);
+  lm_targets_ahead(batch.input_ids.data<int32_t>(), batch.layout, pad, ahead, target, keep);
   int64_t n = 0;
   for (float k : keep) n += k > 0.f;
   return n;

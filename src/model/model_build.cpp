@@ -1,6 +1,7 @@
 // A model's arenas (model.h): build_model allocates the parameter arena planned from the table
 // (and, where the device computes in bf16, the weights' compute copy), init_model draws its
 // initial values on the host from one seed, Model::rope keeps the RoPE tables per shape.
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -173,6 +174,18 @@ int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed) {
   }
   refresh_compute_weights(m);
   return created;
+}
+
+void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
+  for (const ParamSpec& p : m.table) {
+    if (std::find(names.begin(), names.end(), p.name) == names.end()) continue;
+    const Tensor host = Tensor::empty(p.shape, DType::f32);
+    init_values(m.cfg, p.name, host.numel(), rng, nd, host.data<float>());
+    m.params.at(p.name).copy_from(host);
+  }
+  refresh_compute_weights(m);
 }
 
 }  // namespace hmla

@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "hmla/core/error.h"
 #include "hmla/core/layout.h"
@@ -51,6 +52,13 @@ struct DeviceBatch {
   Tensor row_weight;  // [b, s] f32, the indexer KL's loss-row weights of this rank's rows
   DocLayout layout;   // the whole batch's layout ([b, S]) with its device form
 };
+
+// The LM targets `ahead` tokens on (model.h's count_lm_targets; ahead 1: the LM loss's, k + 2: the
+// multi-token-prediction depth k's): row n = r s + t of the host ids [b, s] predicts ids[n + ahead]
+// when t is no padding, t + ahead lies in t's document and that token is not pad: target [b s] i32
+// (0 elsewhere), keep [b s] 1 or 0.
+void lm_targets_ahead(const int32_t* ids, const DocLayout& layout, int64_t pad, int64_t ahead,
+                      std::vector<int32_t>& target, std::vector<float>& keep);
 
 // The micro-batch on the model's device (DeviceBatch); `lm_targets` and `valid_rows` are the
 // step's global counts (0: this batch's own). Checks the token ids against the vocabulary.

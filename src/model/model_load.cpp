@@ -7,6 +7,7 @@
 
 #include "hmla/model/model.h"
 #include "hmla/model/params.h"
+#include "hmla/model/v4_tables.h"
 
 namespace hmla {
 
@@ -109,7 +110,8 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
   refresh_compute_weights(m);
 }
 
-void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what) {
+std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what,
+                                                    uint64_t seed) {
   int64_t bytes = 0;
   for (const auto& [name, t] : ck.kept) bytes += int64_t(t.bytes.size());
   MemoryPlan plan;
@@ -117,8 +119,18 @@ void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::strin
                  std::to_string(ck.kept.size()) + " tensors of num_nextn_predict_layers = " +
                      std::to_string(m.cfg.form.num_nextn_predict_layers));
   plan.check(what + ": the tensors hmla carries");
-  load_into_model(m, ck.tensors, what);
+  std::vector<std::string> fresh;  // the trained MTP layers of which the checkpoint has nothing
+  for (int64_t i = 0; m.cfg.is_v4() && m.cfg.v4.mtp_params && i < m.cfg.form.num_nextn_predict_layers; ++i) {
+    const std::string pre = mtp_prefix(i);
+    const auto it = ck.tensors.lower_bound(pre);
+    if (it != ck.tensors.end() && it->first.starts_with(pre)) continue;
+    for (const ParamSpec& p : m.table)
+      if (p.name.starts_with(pre)) fresh.push_back(p.name);
+  }
+  load_into_model(m, ck.tensors, what, fresh);
+  if (!fresh.empty()) init_tensors(m, fresh, seed);
   m.kept = std::move(ck.kept);
+  return fresh;
 }
 
 }  // namespace hmla

@@ -153,7 +153,8 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
     const std::vector<ParamSpec> all = v4_param_table(c, true);  // its entries after the last layer's
     size_t tail = all.size();
     while (tail > 0 && !all[tail - 1].name.starts_with("model.layers.")) --tail;
-    for (size_t i = tail; i < all.size(); ++i) entries.push_back({all[i], 1});
+    for (size_t i = tail; i < all.size(); ++i)  // the MTP layers' (where they train) each once, expert 0 E times
+      entries.push_back({all[i], all[i].name.find(".ffn.experts.0.") != std::string::npos ? c.moe.n_routed_experts : 1});
     return entries;
   }
   add_layer_kinds(

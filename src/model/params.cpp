@@ -111,6 +111,22 @@ void v4_release_names(Map& m, const std::string& what) {
   }
 }
 
+// The MTP layers as parameters: model.mtp.{i}.* (a form take_v4_mtp accepts) named mtp.{i}.*, as
+// DeepSeek's release and the table name them.
+template <class Map>
+void v4_mtp_names(Map& m, const std::string& what) {
+  std::vector<std::string> names;
+  for (const auto& [n, t] : m)
+    if (n.compare(0, 10, "model.mtp.") == 0) names.push_back(n);
+  for (const std::string& n : names) {
+    const std::string to = n.substr(6);
+    HMLA_CHECK(!m.count(to), IoError, what, ": tensors '", n, "' and '", to, "' are both there; a checkpoint holds one form");
+    auto node = m.extract(n);
+    node.key() = to;
+    m.insert(std::move(node));
+  }
+}
+
 // Expert e's rows [r0, r1) of a fused [E, R, C] tensor, as a contiguous [r1 - r0, C] tensor.
 Tensor expert_rows(const Tensor& fused, int64_t e, int64_t r0, int64_t r1) {
   return fused.slice(0, e, e + 1).slice(1, r0, r1).clone().view({r1 - r0, fused.size(2)});
@@ -151,7 +167,12 @@ CheckpointTensors checkpoint_forms(io::TensorMap tensors, io::StoredMap fp8, con
                                    const std::string& what) {
   CheckpointTensors out;
   if (c.is_v4()) {
-    out.kept = take_v4_mtp(tensors, fp8, c, what);
+    if (c.v4.mtp_params) {  // parameters (v4_mtp_params' names): dequantized with the rest, checked by the table
+      v4_mtp_names(tensors, what);
+      v4_mtp_names(fp8, what);
+    } else {
+      out.kept = take_v4_mtp(tensors, fp8, c, what);
+    }
     v4_release_names(tensors, what);
     v4_release_names(fp8, what);
   } else {

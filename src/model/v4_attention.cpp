@@ -223,11 +223,11 @@ void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor
 void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
                       const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y) {
   const Dims d = dims(c, x);
-  const V4Kind kind = c.v4.layer_types.at(size_t(L));
+  const V4Kind kind = c.v4.kind(L);  // an MTP layer's too (L >= num_hidden_layers)
   const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
   sv.m = c.v4.compress_rate(L);
   sv.csa = kind == V4Kind::csa;
-  sv.mode = c.layer_modes.at(size_t(L));
+  sv.mode = c.mode(L);
   v4_attn_project(c, w, x, rc, sv);
   if (sv.m > 0) {
     sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, sv.csa, rc);

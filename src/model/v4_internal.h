@@ -1,9 +1,12 @@
 // What the DeepSeek-V4 model's files share, private to src/model: the attention block as a
 // forward/backward pair (v4_attention.cpp; a hybrid_mla layer's: v4_hybrid.cpp) and the saved state
-// the model (v4_model.cpp) keeps for it. docs/deepseek_v4_math.md section 4 is the math, section 0
-// its surprises.
+// the model (v4_model.cpp) keeps for it, an mHC block's entry and backward and a block's typed views
+// (v4_model.cpp and the MTP layers, v4_mtp.cpp). docs/deepseek_v4_math.md section 4 is the math,
+// section 0 its surprises, section 14 the MTP layers.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
@@ -11,6 +14,8 @@
 #include "hmla/model/mla_layer.h"
 #include "hmla/model/v4_model.h"
 #include "hmla/ops/compress.h"
+#include "hmla/ops/mhc.h"
+#include "hmla/ops/nn.h"
 
 namespace hmla {
 
@@ -106,8 +111,65 @@ struct V4HybridBackward {
 double v4_hybrid_bwd(const V4HybridSaved& sv, const AttnTensors& w, const AttnTensors& g, const Tensor& x,
                      const DocLayout& layout, const Tensor& dy, const Tensor& dx, const V4HybridBackward& opt);
 
+// One mHC block's mixers and collapsed input (the attention's or the MoE's half of a layer), views
+// the caller keeps: the entry's saved rstd and z, the collapsed input xin [N, D], post [N, n], comb
+// [N, n, n], the norm's output nx [N, D] and rstd [N].
+struct V4Block {
+  MhcSaved& hc;
+  Tensor &xin, &post, &comb, &nx, &rstd;
+};
+
+// The block's entry on the streams x [N, n, D]: mhc_pre, then the sublayer's RMSNorm (weight norm_w).
+inline void v4_block_entry(const ModelConfig& c, const MhcWeights& w, const Tensor& norm_w, const Tensor& x, V4Block b) {
+  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
+  const Device dev = x.device();
+  auto f32 = [dev](const Shape& sh) { return Tensor::empty(sh, DType::f32, dev); };
+  b.hc = {f32({N}), f32({N, (2 + n) * n})};
+  b.xin = f32({N, D});
+  b.post = f32({N, n});
+  b.comb = f32({N, n, n});
+  b.nx = f32({N, D});
+  b.rstd = f32({N});
+  const float eps = float(c.rms_norm_eps);
+  mhc_pre_fwd(x, w, c.v4.hc_sinkhorn_iters, eps, float(c.v4.hc_eps), b.xin, b.post, b.comb, b.hc);
+  rmsnorm_fwd(b.xin, norm_w, eps, b.nx, b.rstd);
+}
+
+// The block's backward from dout (the gradient reaching its output streams) and the sublayer's
+// backward `sub` (dy -> dnx): the gradient reaching its input streams x (y: the sublayer's output).
+template <class Sub>
+Tensor v4_block_backward(const ModelConfig& c, const MhcWeights& w, const MhcWeights& g, const Tensor& norm_w,
+                         const Tensor& dnorm_w, const Tensor& x, const Tensor& y, const V4Block& b, const Tensor& dout,
+                         Sub sub) {
+  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
+  const Device dev = x.device();
+  auto f32 = [dev](const Shape& sh) { return Tensor::empty(sh, DType::f32, dev); };
+  Tensor dx = f32({N, n, D}), dy = f32({N, D}), dpost = f32({N, n}), dcomb = f32({N, n, n});
+  mhc_post_bwd(dout, x, y, b.post, b.comb, dx, dy, dpost, dcomb);
+  Tensor dnx = f32({N, D}), dxin = f32({N, D}), dx2 = f32({N, n, D});
+  sub(dy, dnx);
+  rmsnorm_bwd(dnx, b.xin, norm_w, b.rstd, dxin, dnorm_w);
+  mhc_pre_bwd(dxin, dpost, dcomb, x, w, b.hc, c.v4.hc_sinkhorn_iters, float(c.v4.hc_eps), dx2, g);
+  add(dx.view({N, n * D}), dx2.view({N, n * D}), dx.view({N, n * D}));
+  return dx;
+}
+
+// Typed views of layer L's block tensors under `pre` (model.layers.{L}. or mtp.{i}.; weights or their
+// gradients), its attention's kv norm named attn.<kv_norm> (v4_tables.cpp).
+V4LayerTensors v4_block_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L, const std::string& pre,
+                                const std::string& kv_norm = "norm.weight");
+
 // A hash_moe layer L's experts for token ids (any shape, i32): tid2eid's rows, [ids.numel(), k] i32
 // (v4_model.cpp).
 Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids);
+
+// The multi-token-prediction layers (v4_mtp.cpp; docs/deepseek_v4_math.md section 14) in a step
+// with opt.mtp_coeff > 0, on the stack's last streams x_final [N, n, D] of the forward whose RoPE
+// tables are `ropes`: their loss coeff / D sum_k CE_k goes into the backward: every mtp.{i}.*
+// tensor's gradient and the shared embedding's and head's (views g of `grads`) are added into,
+// the streams' gradient ADDED into dx [N, n, D]. Returns the mean over the depths of their CE means
+// (without coeff), also added into opt.mtp_loss when it is given.
+double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Ropes& ropes,
+                   const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads, const Tensor& dx);
 
 }  // namespace hmla

@@ -42,14 +42,14 @@ SwigluTensors swiglu(const io::TensorMap& t, const std::string& at) {
   return {t.at(at + "w1.weight"), t.at(at + "w3.weight"), t.at(at + "w2.weight")};
 }
 
-// A V4 attention's attn.* (every kind but hybrid_mla).
-V4AttnTensors attn_tensors_at(const io::TensorMap& t, const std::string& at) {
+// A V4 attention's attn.* (every kind but hybrid_mla), its kv norm `kv_norm`.
+V4AttnTensors attn_tensors_at(const io::TensorMap& t, const std::string& at, const std::string& kv_norm) {
   V4AttnTensors a;
   a.wq_a = t.at(at + "wq_a.weight");
   a.q_norm = t.at(at + "q_norm.weight");
   a.wq_b = t.at(at + "wq_b.weight");
   a.wkv = t.at(at + "wkv.weight");
-  a.norm = t.at(at + "norm.weight");
+  a.norm = t.at(at + kv_norm);
   a.wo_a = t.at(at + "wo_a.weight");
   a.wo_b = t.at(at + "wo_b.weight");
   a.sink = t.at(at + "attn_sink");
@@ -68,15 +68,18 @@ AttnTensors hybrid_tensors(const io::TensorMap& t, const std::string& at) {
   return attn_tensors(w);
 }
 
-V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L) {
-  const std::string pre = layer_prefix(L), ffn = pre + "ffn.";
+}  // namespace
+
+V4LayerTensors v4_block_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t L, const std::string& pre,
+                                const std::string& kv_norm) {
+  const std::string ffn = pre + "ffn.";
   V4LayerTensors l;
   l.hc_attn = hc_weights(t, pre + "hc_attn");
   l.hc_ffn = hc_weights(t, pre + "hc_ffn");
   l.attn_norm = t.at(pre + "attn_norm.weight");
   l.ffn_norm = t.at(pre + "ffn_norm.weight");
   if (c.v4.is_hybrid_mla(L)) l.mla = hybrid_tensors(t, pre + "self_attn.");
-  else l.attn = attn_tensors_at(t, pre + "attn.");
+  else l.attn = attn_tensors_at(t, pre + "attn.", kv_norm);
   MoeTensors& m = l.mlp.moe;
   m.gate = t.at(ffn + "gate.weight");
   m.e_score_correction_bias = maybe(t, ffn + "gate.bias");
@@ -84,6 +87,8 @@ V4LayerTensors layer_tensors(const io::TensorMap& t, const ModelConfig& c, int64
   m.shared = swiglu(t, ffn + "shared_experts.");
   return l;
 }
+
+namespace {
 
 Tensor f32(Device dev, const Shape& sh) { return Tensor::empty(sh, DType::f32, dev); }
 
@@ -110,43 +115,6 @@ struct Forward {
   V4Ropes ropes;
   std::vector<std::unique_ptr<Mlp>> mlps;  // each layer's MoE (its hash routing set)
 };
-
-struct Block {  // one mHC block's mixers and collapsed input
-  MhcSaved& hc;
-  Tensor &xin, &post, &comb, &nx, &rstd;
-};
-
-void block_entry(const ModelConfig& c, const MhcWeights& w, const Tensor& norm_w, const Tensor& x, Block b) {
-  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
-  const Device dev = x.device();
-  b.hc = {f32(dev, {N}), f32(dev, {N, (2 + n) * n})};
-  b.xin = f32(dev, {N, D});
-  b.post = f32(dev, {N, n});
-  b.comb = f32(dev, {N, n, n});
-  b.nx = f32(dev, {N, D});
-  b.rstd = f32(dev, {N});
-  const float eps = float(c.rms_norm_eps);
-  mhc_pre_fwd(x, w, c.v4.hc_sinkhorn_iters, eps, float(c.v4.hc_eps), b.xin, b.post, b.comb, b.hc);
-  rmsnorm_fwd(b.xin, norm_w, eps, b.nx, b.rstd);
-}
-
-// The block's backward from dout (the gradient reaching its output streams) and the sublayer's
-// backward `sub` (dy -> dnx): the gradient reaching its input streams.
-template <class Sub>
-Tensor block_backward(const ModelConfig& c, const MhcWeights& w, const MhcWeights& g, const Tensor& norm_w,
-                      const Tensor& dnorm_w, const Tensor& x, const Tensor& y, const Block& b, const Tensor& dout,
-                      Sub sub) {
-  const int64_t N = x.size(0), n = c.v4.hc_mult, D = c.hidden_size;
-  const Device dev = x.device();
-  Tensor dx = f32(dev, {N, n, D}), dy = f32(dev, {N, D}), dpost = f32(dev, {N, n}), dcomb = f32(dev, {N, n, n});
-  mhc_post_bwd(dout, x, y, b.post, b.comb, dx, dy, dpost, dcomb);
-  Tensor dnx = f32(dev, {N, D}), dxin = f32(dev, {N, D}), dx2 = f32(dev, {N, n, D});
-  sub(dy, dnx);
-  rmsnorm_bwd(dnx, b.xin, norm_w, b.rstd, dxin, dnorm_w);
-  mhc_pre_bwd(dxin, dpost, dcomb, x, w, b.hc, c.v4.hc_sinkhorn_iters, float(c.v4.hc_eps), dx2, g);
-  add(dx.view({N, n * D}), dx2.view({N, n * D}), dx.view({N, n * D}));
-  return dx;
-}
 
 }  // namespace
 
@@ -179,13 +147,13 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors& lw = w.layers[size_t(L)];
     sv.x = x;
-    block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
+    v4_block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
     sv.ya = f32(dev, {N, D});
     if (c.v4.is_hybrid_mla(L)) v4_hybrid_fwd(c, L, lw.mla, sv.a.view({b, s, D}), in.layout, sv.hybrid, sv.ya);
     else v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, sv.ya);
     sv.x_mid = f32(dev, {N, n, D});
     mhc_post_fwd(x, sv.ya, sv.post1, sv.comb1, sv.x_mid);
-    block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
+    v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
     f.mlps.push_back(make_mlp(c, L, lw.mlp));
     Mlp& mlp = *f.mlps.back();
     if (c.v4.hash.at(size_t(L))) mlp.fixed = hash_experts(m, L, in.ids);
@@ -220,7 +188,7 @@ V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c) {
   t.norm = named.at("model.norm.weight");
   t.head = c.tie_word_embeddings ? t.embed : named.at("head.weight");
   t.hc_head = {named.at("model.hc_head.hc_fn"), named.at("model.hc_head.hc_base"), named.at("model.hc_head.hc_scale")};
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) t.layers.push_back(layer_tensors(named, c, L));
+  for (int64_t L = 0; L < c.num_hidden_layers; ++L) t.layers.push_back(v4_block_tensors(named, c, L, layer_prefix(L)));
   return t;
 }
 
@@ -279,6 +247,8 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
   }
   int64_t csa_layers = 0, hybrid_layers = 0;  // the layers whose KL went into kStatMbKlCsa, kStatMbKl
+  if (opt.mtp_coeff > 0 && opt.backbone)  // adds into dx
+    st.mtp_loss = v4_mtp_step(m, in, opt, f.ropes, f.x_final, w, g, grads, dx);
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];
@@ -304,10 +274,10 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     }
     const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
     mlp->fixed = f.mlps[size_t(L)]->fixed;
-    dx = block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
+    dx = v4_block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
                         {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, sv.f, sv.mlp, dnx); });
-    dx = block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
+    dx = v4_block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, sv.x, sv.ya,
                         {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) {
                           attn_bwd(dy, dnx);

@@ -37,19 +37,21 @@ void add_hc(std::vector<ParamSpec>& t, const std::string& at, const ModelConfig&
   t.push_back({at + "_scale", {3}});
 }
 
-// The V4 attention's "attn.*" of layer L (every kind but hybrid_mla); indexer: a CSA layer's.
-void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, const std::string& at, bool indexer) {
+// The V4 attention's "attn.*" of layer L (every kind but hybrid_mla); its kv norm is `kv_norm`
+// (transformers saves attn.norm, DeepSeek's release names it attn.kv_norm); indexer: a CSA layer's.
+void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, const std::string& at,
+                      const std::string& kv_norm, bool indexer) {
   const V4Config& v = c.v4;
   const int64_t hid = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
   t.push_back({at + "wq_a.weight", {Rq, hid}});
   t.push_back({at + "q_norm.weight", {Rq}});
   t.push_back({at + "wq_b.weight", {H * d, Rq}});
   t.push_back({at + "wkv.weight", {d, hid}});
-  t.push_back({at + "norm.weight", {d}});
+  t.push_back({at + kv_norm, {d}});
   t.push_back({at + "wo_a.weight", {v.o_groups * v.o_lora_rank, H * d / v.o_groups}});
   t.push_back({at + "wo_b.weight", {hid, v.o_groups * v.o_lora_rank}});
   t.push_back({at + "attn_sink", {H}});
-  const V4Kind kind = v.layer_types.at(size_t(L));
+  const V4Kind kind = v.kind(L);
   if (kind != V4Kind::sliding) add_compressor(t, at + "compressor.", v.compress_rate(L), kind == V4Kind::csa ? 2 : 1, d, hid);
   if (kind == V4Kind::csa && indexer) {
     add_compressor(t, at + "indexer.compressor.", v.csa_rate, 2, c.index_head_dim, hid);
@@ -58,29 +60,36 @@ void add_v4_attention(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L
   }
 }
 
-}  // namespace
-
-std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert, bool indexer) {
+// One V4 block's entries under `pre` (a layer's model.layers.{L}., an MTP layer's mtp.{i}.), for
+// layer L's kind and routing: the mixers, the norms, the attention (a hybrid_mla layer's in the MLA
+// names of DESIGN.md section 2, its indexer's only when it has one), the MoE.
+void add_block(std::vector<ParamSpec>& t, const ModelConfig& c, int64_t L, const std::string& pre,
+               const std::string& kv_norm, bool one_expert, bool indexer) {
   const V4Config& v = c.v4;
   const int64_t hid = c.hidden_size;
-  const std::string pre = layer_prefix(L);
-  std::vector<ParamSpec> t;
   add_hc(t, pre + "hc_attn", c);
   t.push_back({pre + "attn_norm.weight", {hid}});
-  if (v.is_hybrid_mla(L)) {  // the MLA names of DESIGN.md section 2; the indexer's only when it has one
+  if (v.is_hybrid_mla(L)) {
     for (ParamSpec& p : mla_param_table(hybrid_mla_config(c, L), false, indexer))
       t.push_back({pre + "self_attn." + p.name, p.shape});
   } else {
-    add_v4_attention(t, c, L, pre + "attn.", indexer);
+    add_v4_attention(t, c, L, pre + "attn.", kv_norm, indexer);
   }
   add_hc(t, pre + "hc_ffn", c);
   t.push_back({pre + "ffn_norm.weight", {hid}});
   const MoeConfig& m = c.moe;
   t.push_back({pre + "ffn.gate.weight", {m.n_routed_experts, hid}});
-  if (!v.hash.at(size_t(L))) t.push_back({pre + "ffn.gate.bias", {m.n_routed_experts}});
+  if (!v.hash_layer(L)) t.push_back({pre + "ffn.gate.bias", {m.n_routed_experts}});
   for (int64_t e = 0; e < (one_expert ? 1 : m.n_routed_experts); ++e)
     add_swiglu(t, pre + "ffn.experts." + std::to_string(e) + ".", m.moe_intermediate_size, hid);
   add_swiglu(t, pre + "ffn.shared_experts.", m.moe_intermediate_size, hid);
+}
+
+}  // namespace
+
+std::vector<ParamSpec> v4_layer_params(const ModelConfig& c, int64_t L, bool one_expert, bool indexer) {
+  std::vector<ParamSpec> t;
+  add_block(t, c, L, layer_prefix(L), "norm.weight", one_expert, indexer);
   return t;
 }
 
@@ -88,6 +97,23 @@ std::vector<bool> v4_indexer_layers(const ModelConfig& c) {
   std::vector<bool> h;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) h.push_back(c.has_dsa(L));
   return h;
+}
+
+std::string mtp_prefix(int64_t i) { return "mtp." + std::to_string(i) + "."; }
+
+bool is_mtp_tensor(const std::string& name) { return name.starts_with("mtp."); }
+
+std::vector<ParamSpec> v4_mtp_params(const ModelConfig& c, int64_t i, bool one_expert) {
+  const int64_t hid = c.hidden_size, n = c.v4.hc_mult, L = c.num_hidden_layers + i;
+  const std::string pre = mtp_prefix(i);
+  std::vector<ParamSpec> t{{pre + "e_proj.weight", {hid, hid}}, {pre + "enorm.weight", {hid}},
+                           {pre + "h_proj.weight", {hid, hid}}, {pre + "hnorm.weight", {hid}}};
+  add_block(t, c, L, pre, "kv_norm.weight", one_expert, c.v4.kind(L) == V4Kind::csa);  // as DeepSeek stores it
+  t.push_back({pre + "hc_head_fn", {n, n * hid}});
+  t.push_back({pre + "hc_head_base", {n}});
+  t.push_back({pre + "hc_head_scale", {1}});
+  t.push_back({pre + "norm.weight", {hid}});
+  return t;
 }
 
 std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert, const std::vector<bool>& has_indexer) {
@@ -101,6 +127,9 @@ std::vector<ParamSpec> v4_param_table(const ModelConfig& c, bool one_expert, con
   t.push_back({"model.hc_head.hc_scale", {1}});
   t.push_back({"model.norm.weight", {c.hidden_size}});
   if (!c.tie_word_embeddings) t.push_back({"head.weight", {c.vocab_size, c.hidden_size}});
+  // Last, so that the stack's tensors sit where they do without them (and init_model draws them alike).
+  for (int64_t i = 0; c.v4.mtp_params && i < c.form.num_nextn_predict_layers; ++i)
+    for (ParamSpec& p : v4_mtp_params(c, i, one_expert)) t.push_back(std::move(p));
   return t;
 }
 
@@ -119,21 +148,29 @@ void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFacto
   // the compressors' projections, the MoE's fields; per entry the pooled rows and the entries.
   const V4Config& v = c.v4;
   const int64_t n = v.hc_mult, D = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
+  const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
   const int64_t block = 2 * D + 2 + (2 + n) * n + n + n * n;
   int64_t per_token = n * D, idx = 0;  // the embedding's streams
   std::map<int64_t, int64_t> per_entry;  // rate -> values per entry over the layers of that rate
-  for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+  // The MTP layers (v4_mtp.cpp), where they train, keep a block's fields each (one at a time) and
+  // their inputs and heads: the embedding, enorm's and e_proj's outputs, hnorm's and h_proj's over
+  // the streams, the norms' statistics, hc_head and the final norm.
+  const int64_t mtp = v.mtp_params ? c.form.num_nextn_predict_layers : 0;
+  for (int64_t L = 0; L < c.num_hidden_layers + mtp; ++L) {
     int64_t t = 2 * n * D + 2 * block + 2 * D;  // the streams, the two blocks, the sublayers' outputs
-    if (v.is_hybrid_mla(L)) {  // the MLA layer's saved tensors per row (one rank: S = s), f32 and i32 alike
+    if (v.is_hybrid_mla(L) && L < c.num_hidden_layers) {  // the MLA layer's saved tensors per row (one rank: S = s)
       for (const MlaField& f : mla_fields(hybrid_mla_config(c, L), L, 1, 1, 1, DType::f32, false))
         t = checked_add(t, shape_numel(f.shape), "the V4 activations");
     } else {
       t += 2 * Rq + 1 + 4 * H * d + 2 * H + 2 * d + 1 + v.o_groups * v.o_lora_rank;
     }
     for (const ActField& f : mlp_fields(c, L)) t += std::max<int64_t>(f.width, 1);
-    const int64_t m = v.compress_rate(L), coff = v.layer_types[size_t(L)] == V4Kind::csa ? 2 : 1;
+    const int64_t m = v.compress_rate(L), coff = v.kind(L) == V4Kind::csa ? 2 : 1;
     if (m > 0) t += 2 * coff * d, per_entry[m] += 2 * d + 1;
-    if (v.layer_types[size_t(L)] == V4Kind::csa) idx += c.index_topk;
+    const bool runs = L < c.num_hidden_layers && c.runs_indexer(L) && v.kind(L) == V4Kind::csa;
+    if (runs) t += 4 * dI + nI * dI + nI, per_entry[m] += 2 * dI + 1;  // its indexer: compressor, qI, w
+    if (runs && c.layer_modes[size_t(L)] == LayerMode::dsa_sparse) idx += c.index_topk;
+    if (L >= c.num_hidden_layers) t += 6 * D + 2 * n * D + 3 + 2 * n;
     per_token = checked_add(per_token, t, "the V4 activations");
   }
   plan.add("the V4 layers' saved activations (f32)", {rows, s, {"values per token", per_token}}, 4);

@@ -92,7 +92,7 @@ RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {
   if (!pr.init_checkpoint.empty()) {
     CheckpointTensors ck = read_checkpoint(pr.init_checkpoint, cfg);
     s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
-    load_checkpoint_into_model(s.model, std::move(ck), pr.init_checkpoint);
+    s.initialised = load_checkpoint_into_model(s.model, std::move(ck), pr.init_checkpoint, pr.seed).size();
   } else {
     s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev);
     init_model(s.model, pr.seed);
@@ -118,7 +118,7 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
   cfg.layer_modes = saved.layer_modes;
   CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
   s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
-  load_checkpoint_into_model(s.model, std::move(ck), (dir / "model.safetensors").string());
+  s.initialised = load_checkpoint_into_model(s.model, std::move(ck), (dir / "model.safetensors").string(), pr.seed).size();
   s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
   log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";
   return s;

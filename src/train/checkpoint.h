@@ -30,6 +30,7 @@ struct RunStart {
   RunState st;
   Model model;
   io::TensorMap opt_state;
+  size_t initialised = 0;  // MTP tensors the checkpoint lacked, initialised from the seed (load_checkpoint_into_model)
 };
 
 // A new run: the init_checkpoint's weights (with the indexers it holds) or a random

@@ -55,6 +55,7 @@ MetricsRow parse_row(const json& j) {
   r.grad_norm_backbone = number(j, "grad_norm_backbone"), r.grad_norm_indexer = number(j, "grad_norm_indexer");
   r.tokens_per_s = number(j, "tokens_per_s"), r.peak_bytes = number(j, "peak_bytes");
   r.indexer_kl_csa = number(j, "indexer_kl_csa"), r.indexer_kl_hybrid = number(j, "indexer_kl_hybrid");
+  r.mtp_loss = number(j, "mtp_loss");
   r.cuda_syncs = number(j, "cuda_syncs"), r.cuda_launches = number(j, "cuda_launches");
   r.h2d_bytes = number(j, "h2d_bytes"), r.d2h_bytes = number(j, "d2h_bytes");
   r.equivalence_max_diff = number(j, "equivalence_max_diff");
@@ -83,6 +84,7 @@ std::string metrics_line(const MetricsRow& r) {
              {"peak_bytes", whole_number(r.peak_bytes)}};
       if (std::isfinite(r.indexer_kl_csa)) j["indexer_kl_csa"] = r.indexer_kl_csa;
       if (std::isfinite(r.indexer_kl_hybrid)) j["indexer_kl_hybrid"] = r.indexer_kl_hybrid;
+      if (std::isfinite(r.mtp_loss)) j["mtp_loss"] = r.mtp_loss;  // a phase that trains the MTP layers
       if (std::isfinite(r.cuda_syncs)) {  // a CUDA step's host cost
         j["cuda_syncs"] = whole_number(r.cuda_syncs), j["cuda_launches"] = whole_number(r.cuda_launches);
         j["h2d_bytes"] = whole_number(r.h2d_bytes), j["d2h_bytes"] = whole_number(r.d2h_bytes);

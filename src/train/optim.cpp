@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "hmla/model/v4_tables.h"
 #include "hmla/ops/nn.h"
 #include "hmla/ops/optim.h"
 
@@ -59,8 +60,8 @@ double lr_at(const OptimSettings& o, double base, int64_t step) {
   return base * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * p)));
 }
 
-Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only)
-    : o_(o), indexer_only_(indexer_only), table_(m.table) {
+Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp)
+    : o_(o), indexer_only_(indexer_only), train_mtp_(train_mtp), table_(m.table) {
   HMLA_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError, "optimizer '", o.optimizer,
              "': use adamw or muon");
   m_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
@@ -89,6 +90,7 @@ void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const 
     const bool idx = is_indexer_tensor(p.name);
     if (indexer_only_ && !idx) continue;
     if (is_router_bias(p.name)) continue;  // not a gradient parameter (DESIGN.md section 9)
+    if (!train_mtp_ && is_mtp_tensor(p.name)) continue;  // frozen where the phase trains no MTP loss
     const StatSlot gscale = idx ? kStatScaleIndexer : kStatScaleBackbone;
     const float lr = float(lr_at(o_, idx ? o_.indexer_lr : o_.lr, step));
     const Tensor &w = m.params.at(p.name), &g = grads.at(p.name), &mm = m_.at(p.name);

@@ -52,6 +52,7 @@ void apply(PhaseSettings& p, const std::string& k, const YAML::Node& v, const st
   else if (k == "moe_bias_update_rate") p.moe_bias_update_rate = get<double>(v, k, where);
   else if (k == "moe_aux_loss_coeff") p.moe_aux_loss_coeff = get<double>(v, k, where);
   else if (k == "control") p.control = get<std::string>(v, k, where);
+  else if (k == "mtp_loss_coeff") p.mtp_loss_coeff = get<double>(v, k, where);
   else
     throw ConfigError(where + ": unknown key '" + k + "' (see docs/programme.md for the phase keys)");
 }
@@ -82,6 +83,7 @@ void validate(const PhaseSettings& p, const std::string& where) {
   positive("equivalence_rtol", p.equivalence_rtol, false);
   positive("moe_bias_update_rate", p.moe_bias_update_rate, true);
   positive("moe_aux_loss_coeff", p.moe_aux_loss_coeff, true);
+  positive("mtp_loss_coeff", p.mtp_loss_coeff, true);
   fraction("min_lr_ratio", o.min_lr_ratio, true);
   fraction("beta1", o.beta1, false);
   fraction("beta2", o.beta2, false);

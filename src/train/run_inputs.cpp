@@ -51,10 +51,32 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
   return lines.str();
 }
 
+// Multi-token prediction (docs/deepseek_v4_math.md section 14): a programme with a phase of
+// mtp_loss_coeff > 0 makes the MTP layers parameters for all its phases (frozen where the
+// coefficient is 0), on a deepseek_v4 model that has them with learned routing.
+void train_mtp_layers(const Programme& pr, ModelConfig& cfg) {
+  for (const PhaseSettings& ph : pr.phases) {
+    if (ph.mtp_loss_coeff == 0) continue;
+    HMLA_CHECK(cfg.is_v4() && cfg.form.num_nextn_predict_layers > 0, ConfigError, pr.path, ": phase '", ph.name,
+               "': mtp_loss_coeff = ", ph.mtp_loss_coeff, " needs a deepseek_v4 model with MTP layers (",
+               pr.model_config, ": ", cfg.is_v4() ? "num_nextn_predict_layers = 0" : "not deepseek_v4",
+               "); hmla trains DeepSeek-V4's MTP layers only");
+    for (size_t i = 0; i < cfg.v4.mtp_hash.size(); ++i)
+      HMLA_CHECK(!cfg.v4.mtp_hash[i], ConfigError, pr.model_config, ": MTP layer ", i,
+                 " is hash_moe in mlp_layer_types; hmla trains MTP layers with learned routing only (DeepSeek's are)");
+    for (size_t i = 0; i < cfg.v4.mtp_types.size(); ++i)
+      HMLA_CHECK(cfg.v4.mtp_types[i] != V4Kind::hybrid_mla, ConfigError, pr.model_config, ": MTP layer ", i,
+                 " is hybrid_mla; hmla trains MTP layers of the V4 kinds (sliding, CSA, HCA) so far; set "
+                 "mtp_loss_coeff 0 to keep it as stored");
+    cfg.v4.mtp_params = true;
+  }
+}
+
 }  // namespace
 
 std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
-  const ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  train_mtp_layers(pr, cfg);
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
   const DType compute = compute_dtype(dev);
   std::ostringstream out;
@@ -93,12 +115,14 @@ std::vector<bool> phase_indexers(const ModelConfig& c, const std::vector<bool>& 
 }
 
 void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) {
+  c.mtp_mode = mode;  // a V4 stack's MTP layers run the programme too (DESIGN.md section 10)
   for (size_t L = 0; L < hybrid.size(); ++L) c.layer_modes[L] = hybrid[L] ? mode : LayerMode::mha;
 }
 
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
+  train_mtp_layers(pr, in.cfg);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
   TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs

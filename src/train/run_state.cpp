@@ -32,6 +32,7 @@ json phase_json(const PhaseSettings& p) {
   if (p.moe_aux_loss_coeff != PhaseSettings{}.moe_aux_loss_coeff) j["moe_aux_loss_coeff"] = p.moe_aux_loss_coeff;
   if (!p.control.empty()) j["control"] = p.control;
   if (p.control_of >= 0) j["control_of"] = p.control_of;
+  if (p.mtp_loss_coeff != 0) j["mtp_loss_coeff"] = p.mtp_loss_coeff;
   return j;
 }
 

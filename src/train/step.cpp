@@ -69,11 +69,15 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   allocator(model.device()).reset_peak();
   std::vector<Batch> micro;
   int64_t targets = 0, rows = 0, sequences = 0;
+  const bool mtp = ph.mtp_loss_coeff > 0;  // multi-token prediction: each depth's targets, k + 2 ahead
+  std::vector<int64_t> mtp_targets(mtp ? size_t(model.cfg.form.num_nextn_predict_layers) : 0, 0);
   for (int64_t i = 0; i < ph.micro_batches; ++i) {
     micro.push_back(loader.next(ph.batch / ph.micro_batches));
     targets += count_lm_targets(micro.back(), model.cfg.pad_token_id);
     rows += loss_row_count(micro.back().layout, &micro.back().input_ids, model.cfg.pad_token_id);
     sequences += loss_sequence_count(micro.back().layout, &micro.back().input_ids, model.cfg.pad_token_id);
+    for (size_t k = 0; k < mtp_targets.size(); ++k)
+      mtp_targets[k] += count_lm_targets(micro.back(), model.cfg.pad_token_id, int64_t(k) + 2);
   }
   garena.fill_zero();
   const bool indexer_only = ph.mode == LayerMode::dsa_warmup;
@@ -83,7 +87,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   // The step's scalars stay on the device until its one read-back (hmla/ops/optim.h): the
   // micro-batches' losses, the norms, the clip scales and the gate of the update.
   const MoeSlots ms{int64_t(moe_layers(model.cfg).size()), model.cfg.moe.n_routed_experts};
-  const Tensor all_stats = Tensor::zeros({kStatCount + ms.size()}, DType::f64, model.device());
+  const Tensor all_stats = Tensor::zeros({kStatCount + ms.size() + (mtp ? 1 : 0)}, DType::f64, model.device());
   const Tensor stats = all_stats.slice(0, 0, kStatCount);
   const Tensor bad = Tensor::zeros({1}, DType::f32, model.device());
   so.stats = stats;
@@ -93,6 +97,11 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
     so.aux_loss = all_stats.slice(0, kStatCount + ms.n_moe * ms.E, kStatCount + ms.size());
   }
   if (aux) so.moe_aux_coeff = ph.moe_aux_loss_coeff, so.aux_sequences = std::max<int64_t>(sequences, 1);
+  if (mtp) {  // the MTP loss's slot after the MoE part (docs/deepseek_v4_math.md section 14)
+    so.mtp_coeff = ph.mtp_loss_coeff, so.mtp_targets = mtp_targets;
+    for (int64_t& t : so.mtp_targets) t = std::max<int64_t>(t, 1);
+    so.mtp_loss = all_stats.slice(0, kStatCount + ms.size(), kStatCount + ms.size() + 1);
+  }
   double tokens = 0;
   for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
     tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
@@ -107,16 +116,20 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
   optim.launch_step(model, grads, step, stats, bad);
   const std::vector<double> h = all_stats.to_vector<double>();  // the step's one read-back
-  double sums[4] = {h[kStatLm], h[kStatKl], tokens, h[kStatKlCsa]};  // lm, kl, tokens, CSA kl of this rank
-  grid.world.allreduce_sum(sums, 4);
+  // lm, kl, tokens of this rank's micro-batches, the MTP loss, the CSA layers' kl
+  double sums[5] = {h[kStatLm], h[kStatKl], tokens, mtp ? h[size_t(kStatCount + ms.size())] : 0.0, h[kStatKlCsa]};
+  grid.world.allreduce_sum(sums, 5);
   StepResult r;
   r.lm = sums[0];
   r.kl = sums[1];
   r.tokens = int64_t(sums[2]);
-  kl_per_kind(model.cfg, sums[1], sums[3], r);
+  r.mtp = mtp ? sums[3] : std::nan("");
+  kl_per_kind(model.cfg, sums[1], sums[4], r);
   const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
   HMLA_CHECK(std::isfinite(r.lm) && std::isfinite(r.kl), DivergenceError, at, "the ",
              std::isfinite(r.lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(r.lm) ? r.kl : r.lm,
+             "; the run stops and the last checkpoint is kept as it was");
+  HMLA_CHECK(!mtp || std::isfinite(r.mtp), DivergenceError, at, "the MTP loss is ", r.mtp,
              "; the run stops and the last checkpoint is kept as it was");
   try {
     r.os = optim.stats_of(h, step);
@@ -135,6 +148,7 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   row.lm_loss = r.lm;
   row.indexer_kl = is_dsa(ph.mode) ? r.kl : MetricsRow::none;
   row.indexer_kl_csa = r.kl_csa, row.indexer_kl_hybrid = r.kl_hybrid;
+  row.mtp_loss = r.mtp;  // NaN (not written) where the phase trains no MTP loss
   row.lr = r.os.lr;
   row.grad_norm_backbone = r.os.grad_norm_backbone, row.grad_norm_indexer = r.os.grad_norm_indexer;
   row.tokens_per_s = double(r.tokens) / r.seconds;

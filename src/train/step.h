@@ -17,6 +17,7 @@ namespace hmla::train {
 struct StepResult {
   double lm = 0, kl = 0;  // the step's global LM loss and indexer KL
   double kl_csa = NAN, kl_hybrid = NAN;  // a V4 stack's KL per layer kind (NaN: the kind ran none)
+  double mtp = NAN;       // the step's global MTP loss (mean over depths, without coeff); NaN: none
   int64_t tokens = 0;
   OptimStats os;
   double seconds = 0;

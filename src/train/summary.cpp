@@ -29,6 +29,7 @@ void print_progress(std::ostream& log, const PhaseSettings& ph, int64_t step, co
   log << "[" << ph.name << "] step " << step + 1 << "/" << ph.steps << "  lm " << std::fixed << std::setprecision(4)
       << r.lm;
   if (is_dsa(ph.mode)) log << "  kl " << r.kl;
+  if (std::isfinite(r.mtp) && r.mtp != 0) log << "  mtp " << r.mtp;
   log << "  " << std::setprecision(0) << double(r.tokens) / r.seconds << " tok/s  ETA "
       << fmt_time(per_step * double(ph.steps - step - 1)) << std::defaultfloat << std::setprecision(6) << "\n"
       << std::flush;

@@ -172,7 +172,7 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
   // At the phase's entry only: a run resumed inside the phase checked it before its checkpoint.
   if (any_hybrid && !resumed && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse))
     check_phase_equivalence(ph, model, run.in.hybrid, eval, run.grid.cp, run.log, run.metrics);
-  Optimizer optim(model, ph.optim, ph.mode == LayerMode::dsa_warmup);
+  Optimizer optim(model, ph.optim, ph.mode == LayerMode::dsa_warmup, ph.mtp_loss_coeff > 0);
   if (resumed) optim.load_state(opt_state, "checkpoint");
   opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
   PackedLoader loader(run.in.train, ph.seq_len, loader_seed(run.pr, p));
@@ -264,6 +264,8 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   // Once every check has passed, so that an error stays the only line on stderr.
   if (const std::string hint = cpu_blas_hint(); !hint.empty()) log << hint << "\n";
   log << in.memory_plan;
+  if (start.initialised > 0)
+    log << "initialised " << start.initialised << " multi-token-prediction tensors the checkpoint does not hold\n";
   const Run run{pr, grid, in, out, out / "checkpoints", log, metrics, *sigint};
   Model& model = start.model;
   for (int64_t p = start.st.phase; p < int64_t(pr.phases.size()); ++p) {

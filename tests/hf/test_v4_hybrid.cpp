@@ -212,8 +212,8 @@ TEST(V4Hybrid, ConfigReadsWritesAndRefusesInOneLine) {
   j["num_nextn_predict_layers"] = 1;
   const ModelConfig r = parse_model_config(j, "ratios");
   EXPECT_EQ(r.v4.layer_types, c.v4.layer_types);
-  ASSERT_EQ(r.v4.mtp_layer_types.size(), 1u);
-  EXPECT_EQ(r.v4.mtp_layer_types[0], V4Kind::hybrid_mla);
+  ASSERT_EQ(r.v4.mtp_types.size(), 1u);
+  EXPECT_EQ(r.v4.mtp_types[0], V4Kind::hybrid_mla);
   EXPECT_EQ(model_config_to_json(r)["layer_types"].size(), 5u);  // the MTP layer's kind written back
   // An MTP entry alone makes the geometry required.
   json m = tiny_json();

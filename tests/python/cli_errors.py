@@ -146,6 +146,7 @@ def main():
     write(p("type_prog.yaml"), prog + "phases:\n  - {name: a, steps: [1]}\n")
     write(p("key_prog.yaml"), prog + "? [a, b]\n: 1\nphases:\n  - {name: a, steps: 1}\n")
     write(p("huge_seq.yaml"), prog + "phases:\n  - {name: a, steps: 1, seq_len: 1000000000}\n")
+    write(p("mtp_prog.yaml"), prog + "phases:\n  - {name: a, steps: 1, mtp_loss_coeff: 0.3}\n")
 
     layer = [a.hmla, "layer", "--config", p("config.json"), "--weights", p("w.safetensors"),
              "--inputs", p("in.safetensors"), "--out", p("out.safetensors")]
@@ -218,6 +219,8 @@ def main():
         ("forward: vocab_size 1e18 overflows", fwd("ck_overflow", "ids_ok.safetensors"),
          "vocab_size x hidden_size = 1000000000000000000 x 32 overflows int64"),
         ("train: seq_len 1e9", train("huge_seq.yaml"), "seq_len"),
+        ("train: mtp_loss_coeff on a model without MTP layers", train("mtp_prog.yaml"),
+         "mtp_loss_coeff = 0.3 needs a deepseek_v4 model with MTP layers"),
         ("layer: index_topk 1e12", [a.hmla, "layer", "--config", p("huge_topk.json"), "--mode", "dsa_sparse",
                                     "--weights", p("w_k.safetensors")] + layer[6:], "for the top-k tables"),
         # Library errors, translated: the file and what was wrong.

@@ -8,7 +8,8 @@
 # hmla's hybrid_mla layers (DESIGN.md sections 2-6 and 10: the MLA layer in its mode, the lightning
 # indexer and its KL) are here too, written from DESIGN.md; tests/python/v4_hybrid_fixture.py runs
 # them (the module's functions, after setup()) and checks them by finite differences.
-# Runs on Debian's python3-torch: /usr/bin/python3 tests/python/v4_oracle.py
+# Runs on Debian's python3-torch: /usr/bin/python3 tests/python/v4_oracle.py; the MTP layers'
+# oracle (v4_mtp_oracle.py) runs after it on the same model (--write-mtp-fixture: makes its fixture).
 import json, math, sys
 import numpy as np, torch
 HERE = __import__("os").path.dirname(__import__("os").path.abspath(__file__))
@@ -50,7 +51,7 @@ def inv_freq(p, dim=None):
 def rope(x, pos, kind, sign=1.0, r=None):  # interleaved pairs on the LAST r (rd) channels; x [..., n, d], pos [n]
     r = r or rd
     ang = pos[:, None].double() * IF[kind][None]  # [n, r/2], in float64, then the model's dtype
-    co, si = torch.cos(ang).to(DT), (sign * torch.sin(ang)).to(DT)
+    co, si = torch.cos(ang).to(x.dtype), (sign * torch.sin(ang)).to(x.dtype)  # a no-op but in the f32 evaluation
     z = x[..., -r:]; x0, x1 = z[..., 0::2], z[..., 1::2]
     o = torch.stack([x0 * co - x1 * si, x1 * co + x0 * si], -1).flatten(-2)
     return torch.cat([x[..., :-r], o], -1)
@@ -124,13 +125,13 @@ def hybrid_attention(x, L, mode):  # DESIGN.md sections 2-6 (MHA form: latent MQ
     pr = torch.softmax(torch.cat([lg.masked_fill(~allowed[:, None], -math.inf), sink], -1), -1)[..., :-1]
     o = (pr @ kvb[..., Dn:]).transpose(1, 2).flatten(2)  # [b,s,Hh Dv]
     return lin(o, W[p + "o_proj.weight"])
-def attention(x, L, kind, ltype):
+def attention(x, L, kind, ltype, p=None, kvn="norm.weight"):  # p: the block's "attn." prefix (an MTP layer's)
     if ltype == "hybrid_mla": return hybrid_attention(x, L, MODES[L])
-    p = f"model.layers.{L}.attn."
+    p = p or f"model.layers.{L}.attn."
     qr = rms(lin(x, W[p + "wq_a.weight"]), W[p + "q_norm.weight"])
     pos = torch.arange(s); rk = "main" if ltype == "sliding_attention" else "compress"
     q = rope(rms(lin(qr, W[p + "wq_b.weight"]).unflatten(-1, (H, hd))).transpose(1, 2), pos, rk)  # [b,H,s,hd]
-    kv = rope(rms(lin(x, W[p + "wkv.weight"]), W[p + "norm.weight"]), pos, rk)  # [b,s,hd]
+    kv = rope(rms(lin(x, W[p + "wkv.weight"]), W[p + kvn]), pos, rk)  # [b,s,hd]
     t, u = pos[:, None], pos[None, :]
     mask = torch.where((u <= t) & (u > t - c["sliding_window"]), 0.0, -math.inf).expand(b, s, s)
     keys = kv
@@ -164,11 +165,11 @@ def attention(x, L, kind, ltype):
 def swiglu(x, p, lim):
     g = lin(x, W[p + "w1.weight"]).clamp(max=lim); u = lin(x, W[p + "w3.weight"]).clamp(-lim, lim)
     return lin(torch.nn.functional.silu(g) * u, W[p + "w2.weight"])
-def moe(x, L, mtype):
-    p = f"model.layers.{L}.ffn."; lim = c["swiglu_limit"]; E, k = c["n_routed_experts"], c["num_experts_per_tok"]
+def moe(x, L, mtype, p=None):
+    p = p or f"model.layers.{L}.ffn."; lim = c["swiglu_limit"]; E, k = c["n_routed_experts"], c["num_experts_per_tok"]
     fl = x.reshape(-1, Dm); sc = torch.sqrt(torch.nn.functional.softplus(lin(fl, W[p + "gate.weight"])))
-    if mtype != "hash_moe": cap[f"layer{L}.router"] = (sc + W[p + "gate.bias"]).detach()
-    idx = W[p + "gate.tid2eid"][ids.reshape(-1)] if mtype == "hash_moe" else cap[f"layer{L}.router"].topk(k, -1).indices
+    if mtype != "hash_moe": cap[f"layer{L}.router"] = cap[f"layer{L}.choice"] = (sc + W[p + "gate.bias"]).detach()
+    idx = W[p + "gate.tid2eid"][ids.reshape(-1)] if mtype == "hash_moe" else (sc + W[p + "gate.bias"]).detach().topk(k, -1).indices
     wts = sc.gather(1, idx); wts = wts / (wts.sum(-1, keepdim=True) + 1e-20) * c["routed_scaling_factor"]
     cap[f"layer{L}.experts"] = idx.sort(-1).values
     out = torch.zeros_like(fl)
@@ -247,6 +248,11 @@ def main():
         if not abs(fd - g) <= 1e-7: failures.append(f"finite difference {k}{list(i)}: {fd} vs autograd {g}")
     print("worst |finite difference - autograd|", fd_worst)
     near("loss", np.array([loss.item()]), j(G, "loss"))
+    import v4_mtp_oracle  # the MTP layers (docs/deepseek_v4_math.md section 14) on this model
+    global W0
+    W0 = W  # the checkpoint's weights; the MTP oracle evaluates with its own W (float64, then float32)
+    if "--write-mtp-fixture" in sys.argv: v4_mtp_oracle.write(sys.modules[__name__])
+    else: failures += v4_mtp_oracle.check(sys.modules[__name__])
     for f in failures: print("FAIL", f)
     sys.exit(1 if failures else 0)
 

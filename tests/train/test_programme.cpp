@@ -262,5 +262,20 @@ TEST(Programme, TheMoeBalancingKeysPerPhase) {
             "p.yaml: phases[0] (a): moe_aux_loss_coeff = inf: it must be finite and >= 0");
 }
 
+// Multi-token prediction's lambda (docs/deepseek_v4_math.md section 14): per phase or from the
+// base, 0 by default (the MTP layers kept as stored), finite and >= 0. Whether the model has MTP
+// layers to train is the run's check (load_run_inputs; tests/python/cli_errors.py).
+TEST(Programme, TheMtpLossCoefficientPerPhase) {
+  const std::string head = "model: m.json\ndata: d\n";
+  EXPECT_EQ(parse_programme(head + "phases:\n  - {name: a}\n", "p.yaml").phases[0].mtp_loss_coeff, 0.0);
+  const Programme p = parse_programme(head + "base: {mtp_loss_coeff: 0.3}\nphases:\n  - {name: a}\n"
+                                             "  - {name: b, mtp_loss_coeff: 0}\n",
+                                      "p.yaml");
+  EXPECT_EQ(p.phases[0].mtp_loss_coeff, 0.3);
+  EXPECT_EQ(p.phases[1].mtp_loss_coeff, 0.0);
+  EXPECT_EQ(error_of(head + "phases:\n  - {name: a, mtp_loss_coeff: -0.1}\n"),
+            "p.yaml: phases[0] (a): mtp_loss_coeff = -0.1: it must be finite and >= 0");
+}
+
 }  // namespace
 }  // namespace hmla

@@ -429,5 +429,49 @@ TEST(Trainer, AResumedMoeRunContinuesItsBalancingExactly) {
   EXPECT_EQ(without_timing(full / "metrics.jsonl"), without_timing(part / "metrics.jsonl"));
 }
 
+// Multi-token prediction on a tiny V4 stack with a CSA MTP layer (tests/train/tiny_v4_mtp.json;
+// docs/deepseek_v4_math.md section 14): a phase with mtp_loss_coeff logs mtp_loss per step and
+// trains the MTP layer, whose tensors the checkpoints hold in DeepSeek's names; a phase at 0 logs
+// none and leaves them as they were while the stack trains; a resumed run continues exactly.
+TEST(Trainer, MtpLayersTrainWhereTheCoefficientIsSetAndResumeExactly) {
+  const std::string text = testing::programme_text(
+      "tests/train/tiny_v4_mtp.json", 3, "moe_aux_loss_coeff: 0",
+      "  - {name: mtp, mode: mha, steps: 2, checkpoint_every: 1, mtp_loss_coeff: 0.3}\n"
+      "  - {name: plain, mode: mha, steps: 1}\n");
+  const fs::path full = tmpdir("mtp_full"), part = tmpdir("mtp_part");
+  run(text, full);
+  fs::create_directories(part / "checkpoints");
+  fs::copy(full / "checkpoints" / "0-mtp-step1", part / "checkpoints" / "0-mtp-step1", fs::copy_options::recursive);
+  std::ofstream(part / "checkpoints" / "latest") << "0-mtp-step1\n";
+  fs::copy(full / "programme.json", part / "programme.json");
+  fs::copy(full / "metrics.jsonl", part / "metrics.jsonl");
+  run(text, part, true);
+  // (read after both runs: tensors held during a run would count in its peak_bytes)
+  std::ifstream metrics(full / "metrics.jsonl");
+  int with = 0, without = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (!row.contains("step")) continue;
+    if (row["phase"] == "mtp") with += row.contains("mtp_loss") && row["mtp_loss"].get<double>() > 0;
+    else without += !row.contains("mtp_loss");
+  }
+  EXPECT_EQ(with, 2);
+  EXPECT_EQ(without, 1);
+  const io::TensorMap start = checkpoint(full, "0-mtp-step1"), mid = checkpoint(full, "0-mtp-end"), end = weights(full);
+  int mtp = 0;
+  for (const auto& [name, t] : end) {
+    if (!name.starts_with("mtp.0.")) continue;
+    ++mtp;
+    EXPECT_TRUE(same(mid.at(name), t)) << name << " moved in the phase at coefficient 0";
+  }
+  EXPECT_GT(mtp, 40);
+  EXPECT_FALSE(same(start.at("mtp.0.e_proj.weight"), mid.at("mtp.0.e_proj.weight")));
+  EXPECT_TRUE(end.count("mtp.0.attn.kv_norm.weight") && end.count("mtp.0.attn.indexer.wq_b.weight"));
+  EXPECT_FALSE(same(mid.at("head.weight"), end.at("head.weight")));
+  const io::TensorMap b = weights(part);
+  for (const auto& [name, t] : end) EXPECT_TRUE(same(t, b.at(name))) << name << " differs after resume";
+  EXPECT_EQ(without_timing(full / "metrics.jsonl"), without_timing(part / "metrics.jsonl"));
+}
+
 }  // namespace
 }  // namespace hmla

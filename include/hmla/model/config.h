@@ -94,19 +94,39 @@ struct V4Config {
   int64_t o_groups = 8, o_lora_rank = 1024, sliding_window = 128;
   int64_t csa_rate = 4, hca_rate = 128;  // compress_rates
   std::vector<V4Kind> layer_types;       // one per layer
-  std::vector<V4Kind> mtp_layer_types;   // the MTP layers' kinds where layer_types lists them (else empty)
   HybridMlaGeometry hybrid;              // read when some layer (the MTP layers' too) is hybrid_mla
   std::vector<bool> hash;                // one per layer: mlp_layer_types == "hash_moe"
+  // The multi-token-prediction layers (num_nextn_predict_layers; docs/deepseek_v4_math.md section
+  // 14), computing as layers num_hidden_layers + i: their kinds and routing from the lists' last
+  // entries where the config has them (mtp_listed; DeepSeek's releases do), else sliding_attention
+  // and learned routing (DeepSeek-V4-Flash's released config gives its MTP layer compress ratio 0).
+  std::vector<V4Kind> mtp_types;
+  std::vector<bool> mtp_hash;
+  bool mtp_listed = false;
+  // Whether the MTP layers are parameters (mtp.{i}.* in the table, trained by mtp_loss_coeff) or
+  // kept as stored (CheckpointForm). No config.json field: the trainer sets it for a programme
+  // that trains them (docs/programme.md).
+  bool mtp_params = false;
   int64_t hc_mult = 4, hc_sinkhorn_iters = 20;
   double hc_eps = 1e-6;
   ScoringFunc scoring = ScoringFunc::sqrtsoftplus;
   double swiglu_limit = 10.0;
   RopeConfig compress_rope;
+  // Layer L's kind and routing, L < num_hidden_layers + num_nextn_predict_layers (the MTP layers
+  // after the stack's).
+  V4Kind kind(int64_t L) const {
+    const size_t n = layer_types.size();
+    return size_t(L) < n ? layer_types.at(size_t(L)) : mtp_types.at(size_t(L) - n);
+  }
+  bool hash_layer(int64_t L) const {
+    const size_t n = hash.size();
+    return size_t(L) < n ? hash.at(size_t(L)) : mtp_hash.at(size_t(L) - n);
+  }
   int64_t compress_rate(int64_t L) const {
-    const V4Kind k = layer_types.at(size_t(L));
+    const V4Kind k = kind(L);
     return k == V4Kind::csa ? csa_rate : k == V4Kind::hca ? hca_rate : 0;
   }
-  bool is_hybrid_mla(int64_t L) const { return layer_types.at(size_t(L)) == V4Kind::hybrid_mla; }
+  bool is_hybrid_mla(int64_t L) const { return kind(L) == V4Kind::hybrid_mla; }
   bool has_hybrid_mla() const;  // some layer or MTP layer is hybrid_mla
 };
 
@@ -126,6 +146,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   RopeConfig rope;
   std::vector<LayerMode> layer_modes;  // hmla_layer_modes, one per layer
+  // A V4 stack's MTP layers' mode (they compute as layers num_hidden_layers + i): the phase's in a
+  // programme (set_modes), else the last stack layer with DSA machinery's (dsa_sparse without
+  // hmla_layer_modes, as transformers runs CSA).
+  LayerMode mtp_mode = LayerMode::mha;
   // IndexShare (DESIGN.md section 9): per layer "full" (its own indexer) or "shared" (no indexer;
   // dsa_sparse attends over the nearest earlier full layer's table). Empty: every layer full
   // (deepseek_v32, which has no such field).
@@ -154,13 +178,13 @@ struct ModelConfig {
   // Layer L has DSA machinery that a phase's mode drives (DESIGN.md sections 1 and 10): every layer
   // of an MLA model (hybrid_layers picks which follow the phase); in a V4 stack the CSA and
   // hybrid_mla layers.
-  bool has_dsa(int64_t L) const {
-    return !is_v4() || v4.layer_types.at(size_t(L)) == V4Kind::csa || v4.is_hybrid_mla(L);
+  bool has_dsa(int64_t L) const { return !is_v4() || v4.kind(L) == V4Kind::csa || v4.kind(L) == V4Kind::hybrid_mla; }
+  // Layer L's mode (a V4 MTP layer's past the stack: mtp_mode).
+  LayerMode mode(int64_t L) const {
+    return is_v4() && L >= num_hidden_layers ? mtp_mode : layer_modes.at(size_t(L));
   }
   // Layer L computes an indexer (scores, selection, KL) in its current mode.
-  bool runs_indexer(int64_t L) const {
-    return has_dsa(L) && is_dsa(layer_modes.at(size_t(L))) && !indexer_shared(L);
-  }
+  bool runs_indexer(int64_t L) const { return has_dsa(L) && is_dsa(mode(L)) && !indexer_shared(L); }
   // GLM-5's indexer rotates interleaved pairs, DeepSeek-V3.2's rotate-half (DESIGN.md section 4).
   bool indexer_rope_interleaved() const { return family == ModelFamily::glm_moe_dsa; }
   bool has_moe_layers() const {

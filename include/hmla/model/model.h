@@ -108,6 +108,9 @@ void init_model(Model& m, uint64_t seed);
 // The table's tensors absent from `have`, each initialised by init_model's rule from its own
 // stream (seeded by `seed` and its name); returns how many. The phases' new indexers on V4 stacks.
 int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed);
+// The same rule for the named tensors only (in table order, from their own generator of `seed`):
+// a checkpoint's missing MTP layers (load_checkpoint_into_model's `initialised`).
+void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed);
 // Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened).
 // Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
@@ -135,12 +138,17 @@ void save_model_weights(const std::string& dir, const Model& m, const io::Tensor
 void save_model_weights(const std::string& dir, const Model& m, int64_t max_shard_bytes = 0);
 
 // load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
-// memory plan: IoError/MemoryError before it is moved in).
-void load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what);
+// memory plan: IoError/MemoryError before it is moved in). Where the model trains its MTP layers
+// (V4Config::mtp_params), an MTP layer of which the checkpoint holds no tensor at all (transformers
+// saves none) is initialised from `seed` (init_tensors); its tensors' names are returned. A layer
+// the checkpoint holds in part is an IoError naming the missing tensor.
+std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what,
+                                                    uint64_t seed = 0);
 
 // Loss rows of the step (DESIGN.md section 3). LM targets: t -> t + 1 inside t's document, with
-// input_ids[t + 1] != pad.
-int64_t count_lm_targets(const Batch& batch, int64_t pad_token_id);
+// input_ids[t + 1] != pad; with `ahead` = k + 1, the multi-token-prediction depth k's targets t -> t
+// + k + 1 by the same rules (docs/deepseek_v4_math.md section 14).
+int64_t count_lm_targets(const Batch& batch, int64_t pad_token_id, int64_t ahead = 1);
 
 struct StepOptions {
   bool backbone = true;        // false: only the indexers' backward runs (train_indexer_only)
@@ -161,6 +169,15 @@ struct StepOptions {
   double moe_aux_coeff = 0;
   int64_t aux_sequences = 0;
   Tensor aux_loss;
+  // Multi-token prediction (DeepSeek-V4 stacks whose MTP layers are parameters, V4Config::mtp_params;
+  // docs/deepseek_v4_math.md section 14): mtp_coeff > 0 adds mtp_coeff / D sum_k CE_k to what the
+  // backward differentiates (D = num_nextn_predict_layers, CE_k depth k's mean over its targets);
+  // mtp_targets[k] is depth k's global target count over the step (count_lm_targets with ahead =
+  // k + 2; empty: this batch's own); mtp_loss (optional, f64 [1] on the model's device) gets the
+  // micro-batch's (1 / D) sum_k CE_k ADDED, without the coefficient. 0: the step is today's, bit for bit.
+  double mtp_coeff = 0;
+  std::vector<int64_t> mtp_targets;
+  Tensor mtp_loss;
 };
 
 // The MoE layers of c, in layer order (the rows of StepOptions::expert_load).
@@ -178,6 +195,7 @@ struct StepStats {
   // A DeepSeek-V4 stack's: the same means over its CSA layers and over its hybrid_mla layers (NaN
   // where the kind runs none, and with StepOptions::stats: then kStatKlCsa has the CSA one).
   double indexer_kl_csa = NAN, indexer_kl_hybrid = NAN;
+  double mtp_loss = 0;     // with mtp_coeff > 0: (1 / D) sum_k CE_k, without coeff (also added into opt.mtp_loss)
   int64_t tokens = 0;
 };
 

@@ -28,7 +28,8 @@ std::vector<std::string> unexpected_tensors(const std::vector<ParamSpec>& table,
 // them; mlp.experts.down_proj [E, hidden, I]) split into experts.{e}.*, and the multi-token-
 // prediction layers model.layers.{num_hidden_layers + i}.* (i < num_nextn_predict_layers) set
 // aside as stored, to be written back unchanged. DeepSeek-V4 (docs/deepseek_v4.md, "Checkpoints"):
-// the MTP layers are mtp.{i}.*, DeepSeek's released names (embed.weight, layers.*, norm.weight,
+// the MTP layers are mtp.{i}.* (parameters, not kept, where the run trains them: V4Config::mtp_params,
+// model.mtp.{i}.* named mtp.{i}.*), DeepSeek's released names (embed.weight, layers.*, norm.weight,
 // hc_head_*) become those transformers saves, `.scale` F8_E8M0 scales and packed FP4 experts are
 // dequantized too, and the hash layers' tid2eid stays an integer tensor (load_into_model checks it).
 // IoError naming the tensor on a bad form.

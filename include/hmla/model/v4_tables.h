@@ -1,9 +1,12 @@
 // DeepSeek-V4's parameter table (DESIGN.md section 10; docs/deepseek_v4.md): the tensors of a
 // deepseek_v4 model in DeepSeek's checkpoint names as transformers 5.24 saves them
 // (model.embed_tokens, model.layers.{L}.attn.*, .ffn.*, .hc_{attn,ffn}_{fn,base,scale},
-// model.hc_head.*, model.norm, head), in table order, and its integer tables (the hash layers'
-// frozen ffn.gate.tid2eid), which are no parameters: no gradient, no moments.
+// model.hc_head.*, model.norm, head), then, where the run trains them (V4Config::mtp_params), the
+// multi-token-prediction layers mtp.{i}.* in DeepSeek's released names, in table order; and its
+// integer tables (the hash layers' frozen ffn.gate.tid2eid), which are no parameters: no
+// gradient, no moments.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "hmla/core/size_check.h"
@@ -26,6 +29,13 @@ inline bool v4_has_indexer(const ModelConfig& c, const std::vector<bool>& has_in
 }
 // transformers' form: every layer that can have an indexer has one.
 std::vector<bool> v4_indexer_layers(const ModelConfig& c);
+// The multi-token-prediction layer i's entries (the table's last ones, where c.v4.mtp_params), in
+// DeepSeek's released names (docs/deepseek_v4_math.md section 14): mtp.{i}.e_proj, enorm, h_proj,
+// hnorm, a block as layer num_hidden_layers + i's (its kv norm attn.kv_norm), hc_head_{fn,base,scale}
+// and norm.
+std::vector<ParamSpec> v4_mtp_params(const ModelConfig& c, int64_t i, bool one_expert = false);
+std::string mtp_prefix(int64_t i);              // "mtp.{i}."
+bool is_mtp_tensor(const std::string& name);    // a name under mtp.
 // The hash layers' tid2eid [vocab_size, num_experts_per_tok] (integers in the checkpoint).
 std::vector<ParamSpec> v4_int_tables(const ModelConfig& c);
 

@@ -33,6 +33,9 @@ struct MetricsRow {
   // A DeepSeek-V4 stack's dsa step: the KL per layer kind (the means over its CSA layers and over
   // its hybrid_mla layers, without coeff), written only where the kind ran one.
   double indexer_kl_csa = none, indexer_kl_hybrid = none;
+  // The multi-token-prediction loss (mean over depths of their CE means, without mtp_loss_coeff),
+  // written only in phases that train it (docs/deepseek_v4_math.md section 14).
+  double mtp_loss = none;
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
   double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
   // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in

@@ -29,8 +29,9 @@ struct OptimStats {
 
 class Optimizer {
  public:
-  // indexer_only: only the indexers' tensors are updated (dsa_warmup).
-  Optimizer(const Model& m, const OptimSettings& o, bool indexer_only);
+  // indexer_only: only the indexers' tensors are updated (dsa_warmup); train_mtp false: the
+  // multi-token-prediction layers' (mtp.*, where they are parameters) are not (mtp_loss_coeff 0).
+  Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp = true);
   // Clips each group to its norm, then updates m's parameters from `grads` (same table); one
   // read-back, and a DivergenceError for a non-finite norm, with no weight or moment moved.
   OptimStats step(Model& m, io::TensorMap& grads, int64_t step);
@@ -48,7 +49,7 @@ class Optimizer {
 
  private:
   OptimSettings o_;
-  bool indexer_only_;
+  bool indexer_only_, train_mtp_;
   std::vector<ParamSpec> table_;
   Tensor m_arena_, v_arena_;
   io::TensorMap m_, v_;

@@ -37,6 +37,9 @@ struct PhaseSettings {
   int64_t control_of = -1;    // on the control arm: the index of its sparse phase
   int64_t restart_from = -1;  // on the sparse phase: enter from this phase's end checkpoint
   int64_t data_phase = -1;    // the phase index whose data order it reads (-1: its own)
+  // DeepSeek-V4 stacks with num_nextn_predict_layers > 0: lambda of the multi-token-prediction loss
+  // (docs/deepseek_v4_math.md section 14), added to the LM loss; 0 keeps the MTP layers as stored.
+  double mtp_loss_coeff = 0;
 };
 
 struct Programme {
