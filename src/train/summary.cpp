@@ -63,7 +63,7 @@ std::vector<PhaseSummary> summaries_from_metrics(const Programme& pr, const std:
 }
 
 void print_summary_table(std::ostream& log, const std::vector<PhaseSummary>& summaries) {
-  log << "\n" << std::left << std::setw(14) << "phase" << std::setw(17) << "mode" << std::right << std::setw(7) << "steps"
+  log << "\n" << std::left << std::setw(16) << "phase" << std::setw(17) << "mode" << std::right << std::setw(7) << "steps"
       << std::setw(11) << "loss_0" << std::setw(11) << "loss" << std::setw(10) << "kl" << std::setw(11) << "heldout"
       << std::setw(10) << "time" << std::setw(11) << "peak_MiB" << "\n";
   auto num = [](double x) {
@@ -73,7 +73,7 @@ void print_summary_table(std::ostream& log, const std::vector<PhaseSummary>& sum
     return os.str();
   };
   for (const PhaseSummary& s : summaries)
-    log << std::left << std::setw(14) << s.name << std::setw(17) << s.mode << std::right << std::setw(7) << s.steps
+    log << std::left << std::setw(16) << s.name << std::setw(17) << s.mode << std::right << std::setw(7) << s.steps
         << std::setw(11) << num(s.first_loss) << std::setw(11) << num(s.final_loss) << std::setw(10) << num(s.final_kl)
         << std::setw(11) << (s.heldout_unavailable.empty() ? num(s.heldout) : "n/a") << std::setw(10) << fmt_time(s.seconds)
         << std::fixed << std::setprecision(1) << std::setw(11) << s.peak / 1048576.0 << std::defaultfloat << "\n";

@@ -38,6 +38,7 @@ using namespace train;
 Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>& has_indexer, uint64_t seed, int& created) {
   Model m = build_model(cfg, has_indexer, old.device());
   m.kept = old.kept;  // the MTP layers, carried as read (params.h)
+  for (const auto& [name, t] : old.ints) m.ints.at(name).copy_from(t);  // DeepSeek-V4's tid2eid
   created = 0;
   for (const ParamSpec& p : m.table)
     if (old.params.count(p.name)) m.params.at(p.name).copy_from(old.params.at(p.name));

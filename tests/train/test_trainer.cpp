@@ -473,5 +473,54 @@ TEST(Trainer, MtpLayersTrainWhereTheCoefficientIsSetAndResumeExactly) {
   EXPECT_EQ(without_timing(full / "metrics.jsonl"), without_timing(part / "metrics.jsonl"));
 }
 
+
+// The DSA programme on a hybrid DeepSeek-V4 stack (DESIGN.md section 10; configs/deepseek_v4_tiny_hybrid.json:
+// HCA, hybrid_mla, CSA, hybrid_mla): the four phases with a dense control arm. Entering dsa_warmup
+// creates the CSA and hybrid indexers (none before: the pretrain checkpoint has none); dsa_warmup
+// moves nothing but them (mHC, MoE and its router bias, compressors, hash table all frozen; a
+// planted bug that ran the backbone's update or the bias rule in warmup fails here); the steps log
+// the KL per kind; the control arm runs in mha from the warmup's end and the sparse phase restarts
+// from there too (its first step's model is the control's), and summary.json states both arms.
+TEST(Trainer, TheProgrammeOnAHybridV4StackWithItsControlArm) {
+  const fs::path out = tmpdir("v4prog");
+  run(testing::programme_text("configs/deepseek_v4_tiny_hybrid.json", 3, "moe_aux_loss_coeff: 0, warmup_steps: 1",
+                              "  - {name: pre, mode: mha, steps: 3}\n  - {name: eq, mode: mqa_full_causal, steps: 0}\n"
+                              "  - {name: warm, mode: dsa_warmup, steps: 3}\n"
+                              "  - {name: sparse, mode: dsa_sparse, steps: 2, control: dense}\n"),
+      out);
+  const io::TensorMap pre = checkpoint(out, "1-eq-end"), warm = checkpoint(out, "2-warm-end");
+  int indexer = 0;
+  for (const auto& [name, t] : warm) {
+    if (name.find("indexer.") != std::string::npos) {
+      ++indexer;
+      EXPECT_FALSE(pre.count(name)) << name;  // created when dsa_warmup began
+      continue;
+    }
+    EXPECT_TRUE(same(t, pre.at(name))) << name << " changed during dsa_warmup";
+  }
+  EXPECT_EQ(indexer, 2 * 5 + 6);  // two hybrid layers' five, the CSA layer's six (its compressor's four)
+  std::ifstream metrics(out / "metrics.jsonl");
+  int warm_rows = 0, sparse_rows = 0, control_rows = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (!row.contains("step")) continue;
+    if (row["phase"] == "warm" || row["phase"] == "sparse") {
+      EXPECT_TRUE(row.contains("indexer_kl_csa") && row.contains("indexer_kl_hybrid")) << line;
+      (row["phase"] == "warm" ? warm_rows : sparse_rows) += 1;
+    }
+    if (row["phase"] == "sparse-control") control_rows += !row.contains("indexer_kl_csa");
+  }
+  EXPECT_EQ(warm_rows, 3);
+  EXPECT_EQ(sparse_rows, 2);
+  EXPECT_EQ(control_rows, 2);
+  const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
+  ASSERT_EQ(summary.size(), 5u);
+  EXPECT_EQ(summary[3]["phase"], "sparse-control");
+  EXPECT_EQ(summary[3]["mode"], "mha");
+  EXPECT_EQ(summary[4]["control"]["phase"], "sparse-control");
+  EXPECT_EQ(summary[4]["control"]["heldout_lm_loss"], summary[3]["heldout_lm_loss"]);
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace hmla
