@@ -69,7 +69,8 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   allocator(model.device()).reset_peak();
   std::vector<Batch> micro;
   int64_t targets = 0, rows = 0, sequences = 0;
-  const bool mtp = ph.mtp_loss_coeff > 0;  // multi-token prediction: each depth's targets, k + 2 ahead
+  // Multi-token prediction: each depth's targets, k + 2 ahead (dsa_warmup freezes the MTP layers too).
+  const bool mtp = ph.mtp_loss_coeff > 0 && ph.mode != LayerMode::dsa_warmup;
   std::vector<int64_t> mtp_targets(mtp ? size_t(model.cfg.form.num_nextn_predict_layers) : 0, 0);
   for (int64_t i = 0; i < ph.micro_batches; ++i) {
     micro.push_back(loader.next(ph.batch / ph.micro_batches));
