@@ -1,4 +1,5 @@
 // `hmla bench ...`: the benchmarks users read (side by side with their baselines, one run).
+#include <algorithm>
 #include <iostream>
 
 #include "attention_bench.h"
@@ -81,18 +82,38 @@ void add_bench_command(CLI::App& app) {
 
   auto mo = std::make_shared<bench::WarmupMemoryOptions>();
   auto mem_s = std::make_shared<std::vector<int64_t>>();
+  auto mem_g = std::make_shared<std::vector<std::string>>();
   CLI::App* mem = bench->add_subcommand(
       "warmup-memory",
       "Peak bytes of one attention core forward + backward: mha (phase 1), dsa_warmup (same core +\n"
       "indexer selection + fused dense KL) and the legacy full-table arm, in the PaddleFleet\n"
       "geometry (H 64, Dn 192, Dr 64, Dv 256, Rkv 512, HI 64, DI 128; s 1024-4096) and a small one\n"
-      "(H = HI = 8; s 1024-16384).");
+      "(H = HI = 8; s 1024-16384); and a DeepSeek-V4-Flash CSA layer with H 2 of its 64 heads, HI 8\n"
+      "of 64 (v4_csa_h2_i8: the dense core, + the dense CSA KL, the top-k path, the full [s, s/4]\n"
+      "table; s 4096-32768).");
   mem->add_flag("--json", mo->json, "one JSON object per line");
   mem->add_option("--s", *mem_s, "sequence lengths for every geometry (default: per geometry)")->delimiter(',')->check(Int(1));
+  mem->add_option("--geometry", *mem_g, "geometries to run (default: all: paddlefleet, small, v4_csa_h2_i8)")->delimiter(',');
   mem->add_flag("!--no-legacy", mo->legacy, "skip the legacy arm");
-  mem->callback([mo, mem_s] {
-    if (!mem_s->empty())
+  mem->callback([mo, mem_s, mem_g] {
+    if (!mem_g->empty()) {
+      std::vector<std::string> names;
+      for (const auto& g : mo->geometries) names.push_back(g.name);
+      for (const auto& g : mo->csa_geometries) names.push_back(g.name);
+      for (const std::string& n : *mem_g) {
+        std::string known;
+        for (const std::string& k : names) known += (known.empty() ? "" : ", ") + k;
+        HMLA_CHECK(std::find(names.begin(), names.end(), n) != names.end(), ConfigError, "--geometry ", n,
+                   ": no such geometry; the geometries are ", known);
+      }
+      auto dropped = [&](const auto& g) { return std::find(mem_g->begin(), mem_g->end(), g.name) == mem_g->end(); };
+      std::erase_if(mo->geometries, dropped);
+      std::erase_if(mo->csa_geometries, dropped);
+    }
+    if (!mem_s->empty()) {
       for (auto& g : mo->geometries) g.seq_lens = *mem_s;
+      for (auto& g : mo->csa_geometries) g.seq_lens = *mem_s;
+    }
     bench::run_warmup_memory_bench(*mo, std::cout);
   });
 

@@ -35,20 +35,32 @@ std::vector<double> distinct(std::vector<double> v) {
   return v;
 }
 
+// The MLA layer's arms, or a CSA layer's ("layer": "csa": its dense core in the mha columns, and the
+// dsa_sparse arm).
 Chart warmup_memory_chart(const Lines& rows, const std::string& geometry) {
   Chart c{"Peak memory of one attention core fwd+bwd (" + geometry + ")", "sequence length s (log scale)",
           "peak MiB above the inputs (log scale)", false, true, true};
-  std::vector<double> s, mha, warm, legacy;
+  std::vector<double> s, mha, warm, sparse, legacy;
+  bool csa = false;
   for (const json& r : rows) {
     if (str(r, "geometry") != geometry) continue;
+    csa = csa || str(r, "layer") == "csa";
     s.push_back(number(r, "s"));
     mha.push_back(number(r, "mha_peak_bytes") / 1048576.0);
     warm.push_back(number(r, "warmup_peak_bytes") / 1048576.0);
+    sparse.push_back(number(r, "sparse_peak_bytes") / 1048576.0);
     legacy.push_back(number(r, "legacy_peak_bytes") / 1048576.0);
   }
-  c.series = {{"mha (phase 1)", "#1f77b4", s, mha, ChartSeries::line},
-              {"dsa_warmup (hmla)", "#2ca02c", s, warm, ChartSeries::line},
-              {"legacy [s, s] table", "#d62728", s, legacy, ChartSeries::line}};
+  const bool has_sparse = std::any_of(sparse.begin(), sparse.end(), [](double v) { return std::isfinite(v); });
+  if (csa)
+    c.series = {{"mha (dense CSA core)", "#1f77b4", s, mha, ChartSeries::line},
+                {"dsa_warmup (+ dense CSA KL)", "#2ca02c", s, warm, ChartSeries::line},
+                {"legacy [s, n_e] table", "#d62728", s, legacy, ChartSeries::line}};
+  else
+    c.series = {{"mha (phase 1)", "#1f77b4", s, mha, ChartSeries::line},
+                {"dsa_warmup (hmla)", "#2ca02c", s, warm, ChartSeries::line},
+                {"legacy [s, s] table", "#d62728", s, legacy, ChartSeries::line}};
+  if (has_sparse) c.series.push_back({"dsa_sparse (top-k)", "#9467bd", s, sparse, ChartSeries::line});
   for (size_t i = 0, n = c.series.size(); i < n; ++i) {  // a marker at each measured s
     ChartSeries pts = c.series[i];
     pts.name = "", pts.style = ChartSeries::points;
@@ -57,6 +69,7 @@ Chart warmup_memory_chart(const Lines& rows, const std::string& geometry) {
   if (!s.empty()) {
     const size_t i = s.size() - 1;
     c.note = "at s = " + fmt(s[i], 0) + ": dsa_warmup / mha = " + fmt(warm[i] / mha[i], 3) +
+             (std::isfinite(sparse[i]) ? ", dsa_sparse / mha = " + fmt(sparse[i] / mha[i], 3) : std::string()) +
              (std::isfinite(legacy[i]) ? ", legacy / mha = " + fmt(legacy[i] / mha[i], 1) : std::string());
   }
   c.x_ticks = distinct(s);

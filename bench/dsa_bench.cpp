@@ -1,10 +1,11 @@
 // Peak bytes are the CPU allocator's peak above what was live when an arm started (its inputs),
-// for one attention core forward + backward of each arm:
+// for one attention core forward + backward of each arm of the MLA layer:
 //   mha     the dense per-head core (Dqk = Dn + Dr, Dv): out, lse, dq, dk, dv, scratch;
 //   warmup  the same core plus the indexer's selection (scores + [s, K] table) and the fused
 //           dense KL with its gradients (qI, kI, w are inputs);
 //   legacy  the old warmup: a [b, s, s] i32 table of every allowed key, fed to the sparse latent
 //           MQA kernel (Rkv + Dr wide key, Rkv-wide value) and the sparse KL.
+// The CSA geometries' arms (dense in the mha columns, warmup, sparse, legacy) are csa_memory.cpp's.
 #include "dsa_bench.h"
 
 #include <omp.h>
@@ -30,14 +31,53 @@ Tensor uniform_rows(int64_t s) {
   return rw;
 }
 
+// One line of the table or one JSON object; sparse and legacy 0: not run (a "-", or left out).
+// extra: the layer's own geometry fields (after K).
+void memory_row(const WarmupMemoryOptions& o, std::ostream& os, const std::string& layer, const std::string& geometry,
+                int64_t s, int64_t H, int64_t HI, int64_t K, const nlohmann::ordered_json& extra, size_t mha, size_t warm,
+                size_t sparse, size_t legacy) {
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["bench"] = "warmup-memory";
+    j["layer"] = layer;
+    j["geometry"] = geometry;
+    j["s"] = s;
+    j["H"] = H;
+    j["HI"] = HI;
+    j["K"] = K;
+    for (const auto& [k, v] : extra.items()) j[k] = v;
+    j["threads"] = omp_get_max_threads();
+    j["mha_peak_bytes"] = mha;
+    j["warmup_peak_bytes"] = warm;
+    if (sparse) j["sparse_peak_bytes"] = sparse;
+    if (legacy) j["legacy_peak_bytes"] = legacy;
+    os << j.dump() << std::endl;
+    return;
+  }
+  auto mib = [&](size_t v) {
+    if (v) os << std::setprecision(1) << std::setw(13) << v / 1048576.0;
+    else os << std::setw(13) << "-";
+  };
+  os << std::left << std::setw(13) << geometry << std::setw(7) << s << std::right << std::fixed << std::setprecision(1)
+     << std::setw(12) << mha / 1048576.0 << std::setw(13) << warm / 1048576.0;
+  mib(sparse);
+  mib(legacy);
+  os << std::setprecision(3) << std::setw(13) << double(warm) / double(mha);
+  if (legacy)
+    os << std::setw(13) << double(legacy) / double(mha);
+  else
+    os << std::setw(13) << "-";
+  os << std::endl;
+}
+
 }  // namespace
 
 void run_warmup_memory_bench(const WarmupMemoryOptions& o, std::ostream& os) {
   std::mt19937_64 rng(3);
   if (!o.json)
     os << std::left << std::setw(13) << "geometry" << std::setw(7) << "s" << std::right << std::setw(12) << "mha_MiB"
-       << std::setw(13) << "warmup_MiB" << std::setw(13) << "legacy_MiB" << std::setw(13) << "warmup/mha" << std::setw(13)
-       << "legacy/mha" << "\n";
+       << std::setw(13) << "warmup_MiB" << std::setw(13) << "sparse_MiB" << std::setw(13) << "legacy_MiB"
+       << std::setw(13) << "warmup/mha" << std::setw(13) << "legacy/mha" << "\n";
   for (const MemoryGeometry& g : o.geometries)
     for (int64_t s : g.seq_lens) {
       DocLayout layout = layout_causal(1, s);
@@ -93,33 +133,14 @@ void run_warmup_memory_bench(const WarmupMemoryOptions& o, std::ostream& os) {
           AttnSparseGrads gr = attn_sparse_bwd(in, sv, dout);
         });
       }
-      if (o.json) {
-        nlohmann::ordered_json j;
-        j["bench"] = "warmup-memory";
-        j["geometry"] = g.name;
-        j["s"] = s;
-        j["H"] = g.H;
-        j["HI"] = g.HI;
-        j["K"] = g.K;
-        j["threads"] = omp_get_max_threads();
-        j["mha_peak_bytes"] = mha;
-        j["warmup_peak_bytes"] = warm;
-        if (o.legacy) j["legacy_peak_bytes"] = legacy;
-        os << j.dump() << std::endl;
-      } else {
-        os << std::left << std::setw(13) << g.name << std::setw(7) << s << std::right << std::fixed << std::setprecision(1)
-           << std::setw(12) << mha / 1048576.0 << std::setw(13) << warm / 1048576.0;
-        if (o.legacy)
-          os << std::setw(13) << legacy / 1048576.0;
-        else
-          os << std::setw(13) << "-";
-        os << std::setprecision(3) << std::setw(13) << double(warm) / double(mha);
-        if (o.legacy)
-          os << std::setw(13) << double(legacy) / double(mha);
-        else
-          os << std::setw(13) << "-";
-        os << std::endl;
-      }
+      memory_row(o, os, "mla", g.name, s, g.H, g.HI, g.K, {}, mha, warm, 0, o.legacy ? legacy : 0);
+    }
+  // The CSA layer: its dense core stands in the mha columns (the CSA layer in mha).
+  for (const CsaMemoryGeometry& g : o.csa_geometries)
+    for (int64_t s : g.seq_lens) {
+      const CsaMemoryPeaks p = csa_memory_peaks(g, s, o.legacy);
+      const nlohmann::ordered_json extra{{"d", g.d}, {"DI", g.DI}, {"window", g.window}, {"m", g.m}, {"n_e", p.n_e}};
+      memory_row(o, os, "csa", g.name, s, g.H, g.HI, g.K, extra, p.dense, p.warmup, p.sparse, p.legacy);
     }
 }
 

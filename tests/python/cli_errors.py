@@ -168,6 +168,8 @@ def main():
         ("attention without inputs", [a.hmla, "attention", "--inputs", p("nope.safetensors"), "--out",
                                       p("out.safetensors")], "nope.safetensors"),
         ("bench kv heads", [a.hmla, "bench", "attention", "--heads", "4", "--kv-heads", "3"], "must divide"),
+        ("bench unknown geometry", [a.hmla, "bench", "warmup-memory", "--geometry", "small,nope"],
+         "--geometry nope: no such geometry; the geometries are paddlefleet, small, v4_csa_h2_i8"),
         ("--cp without its ranks", layer + ["--cp", "2"], "--cp 2 needs exactly 2 ranks"),
         ("--cp-split zigzag", layer + ["--cp-split", "zigzag"], "no other split is implemented"),
         ("cp-traffic with --cp not dividing s", [a.hmla, "bench", "cp-traffic", "--config", p("config.json"),
