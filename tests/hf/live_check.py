@@ -10,7 +10,7 @@ drawn until no layer has a tie within 1e-6 at the K-th place and no router decis
 implementations' logits differences are below 1e-6); the seed and the gaps are printed. A MoE
 checkpoint: `hmla train configs/demo_moe.yaml --out runs/demo_moe`, then --checkpoint runs/demo_moe.
 
-    /tmp/hfvenv/bin/python tests/hf/live_check.py --hmla build/bin/hmla --checkpoint runs/demo
+    /tmp/hfvenv/bin/python tests/hf/live_check.py --hmla build/bin/hmla --checkpoint runs/demo-dense
 """
 import argparse
 import os
