@@ -47,11 +47,12 @@ bool visible(const AttnCompressedParams& p, int64_t bb, int64_t st, int64_t t, i
   return e >= 0 && e < p.n_e && p.ent_doc[bb * p.n_e + e] == st && p.ent_last[bb * p.n_e + e] <= t;
 }
 
-// Calls fn(KeyBlock) for each block of row (bb, t)'s keys, st <= t its document start. Selected
-// mode: js (k ints) and Kg (k * d floats) are the thread's scratch.
+// Calls fn(KeyBlock) for each block of the keys of query `row` (local: batch row bb, global position
+// t), st <= t its document start. Selected mode: js (k ints) and Kg (k * d floats) are the thread's
+// scratch.
 template <class Fn>
-void for_each_block(const AttnCompressedParams& p, int64_t bb, int64_t t, int64_t st, int32_t* js, float* Kg,
-                    Fn&& fn) {
+void for_each_block(const AttnCompressedParams& p, int64_t row, int64_t bb, int64_t t, int64_t st, int32_t* js,
+                    float* Kg, Fn&& fn) {
   const float* kv = static_cast<const float*>(p.kv) + bb * p.s * p.d;
   const int64_t u0 = std::max(st, t - p.window + 1);
   for (int64_t u = u0; u <= t; u += kBlock) fn(KeyBlock{kv + u * p.d, std::min(kBlock, t + 1 - u), false, u, nullptr});
@@ -63,7 +64,7 @@ void for_each_block(const AttnCompressedParams& p, int64_t bb, int64_t t, int64_
     for (int64_t e = lo; e < hi; e += kBlock) fn(KeyBlock{ent + e * p.d, std::min(kBlock, hi - e), true, e, nullptr});
     return;
   }
-  const int32_t* slots = p.idx + (bb * p.s + t) * p.k;
+  const int32_t* slots = p.idx + row * p.k;
   int64_t n = 0;
   for (int64_t i = 0; i < p.k; ++i)
     if (visible(p, bb, st, t, slots[i])) js[n++] = slots[i];
@@ -93,19 +94,19 @@ void attn_compressed_fwd(const AttnCompressedParams& p) {
     float* Kg = l + H;
     int32_t* js = slots.data<int32_t>() + th * std::max<int64_t>(p.k, 1);
 #pragma omp for schedule(static, kRowChunk)
-    for (int64_t row = 0; row < p.b * p.s; ++row) {
-      const int64_t bb = row / p.s, t = row % p.s, st = p.doc_start[row];
+    for (int64_t row = 0; row < p.b * p.sq; ++row) {
+      const int64_t bb = row / p.sq, tl = row % p.sq, t = p.q_row0 + tl, st = p.doc_start[bb * p.s + t];
       float* o = out + row * H * d;
       if (st > t) {  // padding: no document, no key
         std::memset(o, 0, H * d * sizeof(float));
-        for (int64_t h = 0; h < H; ++h) p.lse[(bb * H + h) * p.s + t] = INFINITY;
+        for (int64_t h = 0; h < H; ++h) p.lse[(bb * H + h) * p.sq + tl] = INFINITY;
         continue;
       }
-      const float* Q = q + bb * p.q_bstride + t * p.q_rstride;
+      const float* Q = q + bb * p.q_bstride + tl * p.q_rstride;
       std::fill(O, O + H * d, 0.f);
       std::fill(m, m + H, -INFINITY);
       std::fill(l, l + H, 0.f);
-      for_each_block(p, bb, t, st, js, Kg, [&](const KeyBlock& kb) {
+      for_each_block(p, row, bb, t, st, js, Kg, [&](const KeyBlock& kb) {
         sgemm(Trans::no, Trans::yes, H, kb.n, d, p.scale, Q, p.q_hstride, kb.K, d, 0.f, L, kb.n);
         softmax_online_tile(L, H, kb.n, m, l, O, d);
         sgemm(Trans::no, Trans::no, H, d, kb.n, 1.f, L, kb.n, kb.K, d, 1.f, O, d);
@@ -114,7 +115,7 @@ void attn_compressed_fwd(const AttnCompressedParams& p) {
         const float denom = l[h] + (p.sink ? std::exp(p.sink[h] - m[h]) : 0.f);
         const float inv = 1.f / denom;
         for (int64_t c = 0; c < d; ++c) o[h * d + c] = O[h * d + c] * inv;
-        p.lse[(bb * H + h) * p.s + t] = m[h] + std::log(denom);
+        p.lse[(bb * H + h) * p.sq + tl] = m[h] + std::log(denom);
       }
     }
   }
@@ -146,16 +147,16 @@ void attn_compressed_bwd(const AttnCompressedParams& p) {
     float* dent = part_ent.data<float>() + th * nent;
     float* dsink = dsink_part.data<float>() + th * H;
 #pragma omp for schedule(static, kRowChunk)
-    for (int64_t row = 0; row < p.b * p.s; ++row) {
-      const int64_t bb = row / p.s, t = row % p.s, st = p.doc_start[row];
+    for (int64_t row = 0; row < p.b * p.sq; ++row) {
+      const int64_t bb = row / p.sq, tl = row % p.sq, t = p.q_row0 + tl, st = p.doc_start[bb * p.s + t];
       float* dq_t = dq + row * H * d;
       std::memset(dq_t, 0, H * d * sizeof(float));
       if (st > t) continue;  // padding: no gradient
-      const float* Q = q + bb * p.q_bstride + t * p.q_rstride;
+      const float* Q = q + bb * p.q_bstride + tl * p.q_rstride;
       const float* dO_t = dO + row * H * d;
       const float* O_t = out + row * H * d;
       for (int64_t h = 0; h < H; ++h) {
-        lse[h] = p.lse[(bb * H + h) * p.s + t];
+        lse[h] = p.lse[(bb * H + h) * p.sq + tl];
         float dd = 0.f;
         for (int64_t c = 0; c < d; ++c) dd += dO_t[h * d + c] * O_t[h * d + c];
         D[h] = dd;
@@ -163,7 +164,7 @@ void attn_compressed_bwd(const AttnCompressedParams& p) {
         // sink gives out = 0, D = 0 and no term, never inf - inf).
         if (p.sink && std::isfinite(lse[h])) dsink[h] -= std::exp(p.sink[h] - lse[h]) * dd;
       }
-      for_each_block(p, bb, t, st, js, Kg, [&](const KeyBlock& kb) {
+      for_each_block(p, row, bb, t, st, js, Kg, [&](const KeyBlock& kb) {
         sgemm(Trans::no, Trans::yes, H, kb.n, d, p.scale, Q, p.q_hstride, kb.K, d, 0.f, P, kb.n);
         probs_from_lse_tile(P, H, kb.n, lse);
         sgemm(Trans::no, Trans::yes, H, kb.n, d, 1.f, dO_t, d, kb.K, d, 0.f, dS, kb.n);  // dP (value = key)

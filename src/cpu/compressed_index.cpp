@@ -34,13 +34,13 @@ float score(const float* q, const float* w, const float* k, int64_t nI, int64_t 
   return I;
 }
 
-// Calls fn(row, bb, lo, hi) for each query row with its visible range (empty for padding rows),
-// rows statically split over the threads (each row's result depends on nothing else).
+// Calls fn(row, bb, lo, hi) for each (local) query row with its visible range (empty for padding
+// rows), rows statically split over the threads (each row's result depends on nothing else).
 template <class Fn>
 void for_each_row(const CompressedIndexParams& p, Fn&& fn) {
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < p.b * p.s; ++row) {
-    const int64_t bb = row / p.s, t = row % p.s, st = p.doc_start[row];
+  for (int64_t row = 0; row < p.b * p.sq; ++row) {
+    const int64_t bb = row / p.sq, t = p.q_row0 + row % p.sq, st = p.doc_start[bb * p.s + t];
     int64_t lo = 0, hi = 0;
     if (st <= t && p.n_e > 0) visible_range(p, bb, st, t, lo, hi);
     fn(row, bb, lo, hi);

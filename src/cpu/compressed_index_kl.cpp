@@ -29,7 +29,10 @@ namespace {
 using T = IndexerCpuTraits;
 using KlP = CompressedIndexKlParams;
 
-// [lo, hi): the entries row t of batch row bb sees (empty for padding rows).
+// The local row of global position t of batch row bb in the query-side tensors (rows [q_row0, q_row0 + sq)).
+int64_t qrow(const KlP& p, int64_t bb, int64_t t) { return bb * p.sq + t - p.q_row0; }
+
+// [lo, hi): the entries row t (global) of batch row bb sees (empty for padding rows).
 void row_range(const KlP& p, int64_t bb, int64_t t, int64_t& lo, int64_t& hi) {
   lo = hi = 0;
   const int64_t st = p.doc_start[bb * p.s + t];
@@ -74,7 +77,7 @@ struct RowStats {
 void finish(const KlP& p, const RowStats& st) {
   const float* kl = st.kl.data<float>();
   double sum = 0;
-  for (int64_t r = 0; r < p.b * p.s; ++r) sum += double(p.row_weight[r]) * double(kl[r]);
+  for (int64_t r = 0; r < p.b * p.sq; ++r) sum += double(p.row_weight[r]) * double(kl[r]);
   *p.kl_acc += sum;
 }
 
@@ -96,7 +99,7 @@ struct Tile {
 
 // L [nq, nk] = scale q_h(rows t0..) ent(e0..)^T for batch row bb.
 void logits(const KlP& p, int64_t bb, int64_t t0, int64_t nq, int64_t h, int64_t e0, int64_t nk, float* L) {
-  sgemm(Trans::no, Trans::yes, nq, nk, p.d, p.scale, p.q + bb * p.q_bstride + t0 * p.q_rstride + h * p.q_hstride,
+  sgemm(Trans::no, Trans::yes, nq, nk, p.d, p.scale, p.q + bb * p.q_bstride + (t0 - p.q_row0) * p.q_rstride + h * p.q_hstride,
         p.q_rstride, p.ent + (bb * p.n_e + e0) * p.d, p.d, 0.f, L, nk);
 }
 
@@ -104,7 +107,7 @@ void logits(const KlP& p, int64_t bb, int64_t t0, int64_t nq, int64_t h, int64_t
 // tile (shift per head, lseI, gr): S, I, P and dI = gr (Q - P) (kl added into tl.kl); then dS.
 void tile_grad(const KlP& p, const Tile& tl, int64_t bb, int64_t t0, int64_t nq, int64_t e0, int64_t nk,
                const int64_t* lo, const int64_t* hi) {
-  const int64_t row0 = bb * p.s + t0;
+  const int64_t row0 = qrow(p, bb, t0);
   indexer_score_tile(p.qI + row0 * p.nI * p.dI, p.kI + (bb * p.n_e + e0) * p.dI, p.w + row0 * p.nI, nq, nk, p.nI, p.dI,
                      tl.S, tl.I);
   mask_tile(tl.I, nq, nk, e0, lo, hi);
@@ -119,7 +122,7 @@ void tile_grad(const KlP& p, const Tile& tl, int64_t bb, int64_t t0, int64_t nq,
 
 // Rows pass of the dense KL on rows [t0, t0 + nq) of batch row bb.
 void dense_rows(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb, int64_t t0, int64_t nq) {
-  const int64_t row0 = bb * p.s + t0;
+  const int64_t row0 = qrow(p, bb, t0);
   std::memset(p.dqI + row0 * p.nI * p.dI, 0, nq * p.nI * p.dI * sizeof(float));
   std::memset(p.dw + row0 * p.nI, 0, nq * p.nI * sizeof(float));
   int64_t lo[T::kBq], hi[T::kBq], elo = p.n_e, ehi = 0;
@@ -151,9 +154,9 @@ void dense_rows(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb, in
       m = tl.lE[h * T::kBq + r] > 0.f ? m + std::log(tl.lE[h * T::kBq + r]) : -INFINITY;
     }
     lseI[r] = tl.lI[r] > 0.f ? tl.mI[r] + std::log(tl.lI[r]) : INFINITY;
-    const float* lse = p.lse + bb * p.H * p.s + t0 + r;
-    logZ[r] = log_z(tl.mE + r, T::kBq, lse, p.s, p.H);
-    for (int64_t h = 0; h < p.H; ++h) tl.shift[h * T::kBq + r] = shift_of(lse[h * p.s], logZ[r]);
+    const float* lse = p.lse + bb * p.H * p.sq + t0 - p.q_row0 + r;
+    logZ[r] = log_z(tl.mE + r, T::kBq, lse, p.sq, p.H);
+    for (int64_t h = 0; h < p.H; ++h) tl.shift[h * T::kBq + r] = shift_of(lse[h * p.sq], logZ[r]);
     tl.gr[r] = std::isfinite(logZ[r]) ? p.coeff * p.row_weight[row0 + r] : 0.f;
     tl.lseI[r] = lseI[r];
     any = any || std::isfinite(logZ[r]);
@@ -173,7 +176,8 @@ void dense_rows(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb, in
 }
 
 // Entries pass of the dense KL: dkI of entries [e0, e0 + nk) of batch row bb, over the rows that see
-// them (from the first one's last row to the last one's document end) in tiles of kBq.
+// them (from the first one's last row to the last one's document end, within the query rows) in tiles
+// of kBq.
 void dense_entries(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb, int64_t e0, int64_t nk) {
   float* dkI = p.dkI + (bb * p.n_e + e0) * p.dI;
   std::memset(dkI, 0, nk * p.dI * sizeof(float));
@@ -181,9 +185,10 @@ void dense_entries(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb,
   while (nk > 0 && doc[e0 + nk - 1] == -1) --nk;  // unused slots end the row
   if (nk == 0) return;
   // Entries go by document, then by last row, so ent_last rises over the tile.
-  const int64_t r_lo = p.ent_last[bb * p.n_e + e0], r_hi = p.doc_end[bb * p.s + doc[e0 + nk - 1]];
+  const int64_t r_lo = std::max<int64_t>(p.ent_last[bb * p.n_e + e0], p.q_row0);
+  const int64_t r_hi = std::min<int64_t>(p.doc_end[bb * p.s + doc[e0 + nk - 1]], p.q_row0 + p.sq);
   for (int64_t t0 = r_lo; t0 < r_hi; t0 += T::kBq) {
-    const int64_t nq = std::min(T::kBq, r_hi - t0), row0 = bb * p.s + t0;
+    const int64_t nq = std::min(T::kBq, r_hi - t0), row0 = qrow(p, bb, t0);
     int64_t lo[T::kBq], hi[T::kBq];
     bool any = false;
     for (int64_t r = 0; r < nq; ++r) {
@@ -191,7 +196,7 @@ void dense_entries(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb,
       const double logZ = st.logZ.data<double>()[row0 + r];
       tl.gr[r] = std::isfinite(logZ) ? p.coeff * p.row_weight[row0 + r] : 0.f;
       tl.lseI[r] = st.lseI.data<float>()[row0 + r];
-      for (int64_t h = 0; h < p.H; ++h) tl.shift[h * T::kBq + r] = shift_of(p.lse[(bb * p.H + h) * p.s + t0 + r], logZ);
+      for (int64_t h = 0; h < p.H; ++h) tl.shift[h * T::kBq + r] = shift_of(p.lse[(bb * p.H + h) * p.sq + t0 - p.q_row0 + r], logZ);
       any = any || (tl.gr[r] != 0.f && std::max(lo[r], e0) < std::min(hi[r], e0 + nk));
     }
     if (!any) continue;  // dI = 0 on the whole tile
@@ -218,11 +223,11 @@ void for_items(int64_t n, int64_t per_thread, Fn&& fn) {
 }  // namespace
 
 void compressed_index_kl_dense(const KlP& p) {
-  RowStats st(p.b * p.s);
-  const int64_t qt = (p.s + T::kBq - 1) / T::kBq, et = (p.n_e + T::kBk - 1) / T::kBk;
+  RowStats st(p.b * p.sq);
+  const int64_t qt = (p.sq + T::kBq - 1) / T::kBq, et = (p.n_e + T::kBk - 1) / T::kBk;
   for_items(p.b * qt, Tile::floats(p), [&](float* f, int64_t i) {
-    const int64_t bb = i / qt, t0 = (i % qt) * T::kBq;
-    dense_rows(p, Tile(f, p), st, bb, t0, std::min(T::kBq, p.s - t0));
+    const int64_t bb = i / qt, t0 = p.q_row0 + (i % qt) * T::kBq;
+    dense_rows(p, Tile(f, p), st, bb, t0, std::min(T::kBq, p.q_row0 + p.sq - t0));
   });
   for_items(p.b * et, Tile::floats(p), [&](float* f, int64_t i) {
     const int64_t bb = i / et, e0 = (i % et) * T::kBk;
@@ -232,7 +237,7 @@ void compressed_index_kl_dense(const KlP& p) {
 }
 
 void compressed_index_kl_sparse(const KlP& p) {
-  const int64_t K = p.K, rows = p.b * p.s;
+  const int64_t K = p.K, rows = p.b * p.sq;
   RowStats st(rows);
   // Each row's candidate set: the visible entries of its K slots, ascending, once each; then -1.
   Tensor cand_t = Tensor::empty({rows, K}, DType::i32), count_t = Tensor::empty({rows}, DType::i32);
@@ -240,7 +245,7 @@ void compressed_index_kl_sparse(const KlP& p) {
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < rows; ++row) {
     int64_t lo, hi, n = 0;
-    row_range(p, row / p.s, row % p.s, lo, hi);
+    row_range(p, row / p.sq, p.q_row0 + row % p.sq, lo, hi);
     int32_t* c = cand + row * K;
     for (int64_t i = 0; i < K; ++i) {
       const int32_t e = p.topk[row * K + i];
@@ -256,7 +261,7 @@ void compressed_index_kl_sparse(const KlP& p) {
   for_items(rows, row_floats, [&](float* f, int64_t row) {
     float *S = f, *dS = S + p.nI * K, *L = dS + p.nI * K, *I = L + p.H * K, *P = I + K, *dI = P + K;
     float *Kc = dI + K, *Ec = Kc + K * p.dI, *lseE = Ec + K * p.d, *shift = lseE + p.H;
-    const int64_t bb = row / p.s, t = row % p.s, n = count[row];
+    const int64_t bb = row / p.sq, t = row % p.sq, n = count[row];  // t: the local row
     const int32_t* c = cand + row * K;
     float* dqI = p.dqI + row * p.nI * p.dI;
     float* dw = p.dw + row * p.nI;
@@ -280,8 +285,8 @@ void compressed_index_kl_sparse(const KlP& p) {
       for (int64_t i = 0; i < n; ++i) z += exp_approx(L[h * n + i] - m);
       lseE[h] = m + std::log(z);
     }
-    const float* lse = p.lse + bb * p.H * p.s + t;
-    logZ = log_z(lseE, 1, lse, p.s, p.H);
+    const float* lse = p.lse + bb * p.H * p.sq + t;
+    logZ = log_z(lseE, 1, lse, p.sq, p.H);
     const float mI = row_max(I, n);
     float zI = 0.f;
     for (int64_t i = 0; i < n; ++i) zI += exp_approx(I[i] - mI);
@@ -289,7 +294,7 @@ void compressed_index_kl_sparse(const KlP& p) {
     if (!std::isfinite(logZ)) return;  // no target: kl 0, no gradient
     std::fill(P, P + n, 0.f);
     for (int64_t h = 0; h < p.H; ++h) {
-      shift[h] = shift_of(lse[h * p.s], logZ);
+      shift[h] = shift_of(lse[h * p.sq], logZ);
       accumulate_probs(L + h * n, 1, n, shift + h, P);
     }
     const float gr = p.coeff * p.row_weight[row];
@@ -302,7 +307,7 @@ void compressed_index_kl_sparse(const KlP& p) {
   Tensor off_t = Tensor::zeros({ne + 1}, DType::i64);
   int64_t* off = off_t.data<int64_t>();
   for (int64_t row = 0; row < rows; ++row)
-    for (int64_t i = 0; i < count[row]; ++i) ++off[(row / p.s) * p.n_e + cand[row * K + i] + 1];
+    for (int64_t i = 0; i < count[row]; ++i) ++off[(row / p.sq) * p.n_e + cand[row * K + i] + 1];
   for (int64_t e = 0; e < ne; ++e) off[e + 1] += off[e];
   Tensor by_t = Tensor::empty({std::max<int64_t>(off[ne], 1)}, DType::i32);
   Tensor fill_t = Tensor::empty({std::max<int64_t>(ne, 1)}, DType::i64);
@@ -310,7 +315,7 @@ void compressed_index_kl_sparse(const KlP& p) {
   int64_t* fill = fill_t.data<int64_t>();
   std::copy(off, off + ne, fill);
   for (int64_t row = 0; row < rows; ++row)
-    for (int64_t i = 0; i < count[row]; ++i) by[fill[(row / p.s) * p.n_e + cand[row * K + i]]++] = int32_t(row % p.s);
+    for (int64_t i = 0; i < count[row]; ++i) by[fill[(row / p.sq) * p.n_e + cand[row * K + i]]++] = int32_t(row % p.sq);
   // Entries pass: entry e over its rows in chunks of kBq (gathered qI, q, w), dkI[e] += dS^T qI.
   const int64_t R = T::kBq;
   const int64_t entry_floats = R * p.nI * p.dI + R * p.H * p.d + 4 * R * p.nI + R * p.H * 2 + 6 * R;
@@ -325,13 +330,13 @@ void compressed_index_kl_sparse(const KlP& p) {
       const int64_t nr = std::min(R, off[ie + 1] - j0);
       bool any = false;
       for (int64_t r = 0; r < nr; ++r) {
-        const int64_t t = by[j0 + r], row = bb * p.s + t;
+        const int64_t t = by[j0 + r], row = bb * p.sq + t;  // t: the local row
         std::memcpy(QI + r * p.nI * p.dI, p.qI + row * p.nI * p.dI, p.nI * p.dI * sizeof(float));
         std::memcpy(W + r * p.nI, p.w + row * p.nI, p.nI * sizeof(float));
         for (int64_t h = 0; h < p.H; ++h)
           std::memcpy(Qt + (r * p.H + h) * p.d, p.q + bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride, p.d * sizeof(float));
         const double logZ = st.logZ.data<double>()[row];
-        for (int64_t h = 0; h < p.H; ++h) shift[r * p.H + h] = shift_of(p.lse[(bb * p.H + h) * p.s + t], logZ);
+        for (int64_t h = 0; h < p.H; ++h) shift[r * p.H + h] = shift_of(p.lse[(bb * p.H + h) * p.sq + t], logZ);
         gr[r] = std::isfinite(logZ) ? p.coeff * p.row_weight[row] : 0.f;
         lseI[r] = st.lseI.data<float>()[row];
         any = any || gr[r] != 0.f;

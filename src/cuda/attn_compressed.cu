@@ -327,6 +327,8 @@ void attn_compressed_bwd(const AttnCompressedParams& p) {
 // The plan (cuda_kernels.h): f32 or bf16, d up to kMaxD, the grid's blocks within 2^31.
 Plan plan(Op, const AttnCompressedParams& p) {
   if (!f32_or_bf16(p.dtype)) return {};
+  if (p.sq != p.s || p.q_row0 != 0)  // context parallelism's row shards: the CPU's so far (V4 on CUDA, issue 46)
+    return {Variant::none, "compressed attention: query rows at an offset (context parallelism) run on the CPU so far"};
   if (p.d > CompressedTraits::kMaxD)
     return {Variant::none, "compressed attention: head width " + std::to_string(p.d) + " above " +
                                std::to_string(CompressedTraits::kMaxD) + " (the SIMT kernels' shared memory)"};

@@ -167,6 +167,8 @@ void compressed_index_scores(const CompressedIndexParams& p) {
 // The plan (cuda_kernels.h): f32 (the op's only dtype); the top-k's sort holds min(K, n_e) keys in
 // shared memory; the scores' grid is a block per row.
 Plan plan(Op op, const CompressedIndexParams& p) {
+  if (p.sq != p.s || p.q_row0 != 0)  // context parallelism's row shards: the CPU's so far (V4 on CUDA, issue 46)
+    return {Variant::none, "compressed index: query rows at an offset (context parallelism) run on the CPU so far"};
   if (op == Op::compressed_index_topk && (p.K < p.n_e ? p.K : p.n_e) > CompressedIndexTraits::kMaxK)
     return {Variant::none, "compressed index: K = " + std::to_string(p.K) + " above " +
                                std::to_string(CompressedIndexTraits::kMaxK) + " (the SIMT top-k's shared memory)"};

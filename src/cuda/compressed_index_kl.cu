@@ -273,6 +273,8 @@ void compressed_index_kl_sparse(const CompressedIndexKlParams& p) { run<true>(p,
 // The plan (cuda_kernels.h): f32 (the op's only dtype), H and K within the shared memory above.
 Plan plan(Op op, const CompressedIndexKlParams& p) {
   const char* name = op == Op::compressed_index_kl_sparse ? "compressed_index_kl_sparse" : "compressed_index_kl_dense";
+  if (p.sq != p.s || p.q_row0 != 0)  // context parallelism's row shards: the CPU's so far (V4 on CUDA, issue 46)
+    return {Variant::none, std::string(name) + ": query rows at an offset (context parallelism) run on the CPU so far"};
   if (p.H > KT::kMaxH)
     return {Variant::none, std::string(name) + ": H = " + std::to_string(p.H) + " above " + std::to_string(KT::kMaxH)};
   if (op == Op::compressed_index_kl_sparse && p.K > KT::kMaxK)

@@ -30,8 +30,6 @@ struct Forward {
 // Before a forward allocates anything: does it fit, next to the parameters (and, training,
 // their gradients and the optimizer's moments)?
 void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bool training) {
-  HMLA_CHECK(!m.cfg.is_v4() || cp.size() == 1, ConfigError,
-             "deepseek_v4: context parallelism over V4 layers is not built yet (docs/deepseek_v4.md)");
   const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
   MemoryPlan plan;
   const DType compute = compute_dtype(m.device());
@@ -88,7 +86,7 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
                     std::vector<Tensor>* experts) {
   check_forward_memory(m, batch, cp, false);
   const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
-  if (m.cfg.is_v4()) return v4_logits(m, in, topk, experts).view({batch.input_ids.size(0), -1, m.cfg.vocab_size});
+  if (m.cfg.is_v4()) return v4_logits(m, in, topk, experts, cp).view({batch.input_ids.size(0), -1, m.cfg.vocab_size});
   Forward f = forward(m, in, cp, false, true);
   if (topk) {
     topk->clear();
@@ -107,7 +105,7 @@ Tensor model_logits(const Model& m, const Batch& batch, std::vector<Tensor>* top
 double model_lm_loss(const Model& m, const Batch& batch, Comm& cp) {
   check_forward_memory(m, batch, cp, false);
   const DeviceBatch in = device_batch(m, batch, cp, 0, 0);
-  if (m.cfg.is_v4()) return v4_lm_loss(m, in);
+  if (m.cfg.is_v4()) return v4_lm_loss(m, in, cp);
   Forward f = forward(m, in, cp);
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
   lm_head_loss(m, m.wc.lm_head, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
@@ -170,7 +168,7 @@ StepStats model_step(const Model& m, const Batch& batch, const StepOptions& opt,
   const ModelConfig& c = m.cfg;
   check_forward_memory(m, batch, cp, true);
   const DeviceBatch in = device_batch(m, batch, cp, opt.lm_targets, opt.valid_rows);
-  if (c.is_v4()) return v4_step(m, in, opt, grads);
+  if (c.is_v4()) return v4_step(m, in, opt, grads, cp);
   Forward f = forward(m, in, cp, opt.recompute_attention);
   const std::vector<MoeAuxInputs> aux = count_expert_load(m, opt, f, in, cp);
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, hid = c.hidden_size;

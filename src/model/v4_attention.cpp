@@ -4,13 +4,15 @@
 //   CSA: the indexer's top-k over its own entries (qI = RoPE(qr wq_b_I^T), w = x weights_proj^T);
 //   core = attn_compressed (window + entries + sink, K = V); o = RoPE^T(core) at the query's row;
 //   y = (o grouped wo_a^T) wo_b^T.
-// Rows are N = b s, every activation f32 and contiguous; RoPE rotates the last r channels of a
-// head as interleaved pairs. The backward runs the same chain in reverse; the inverse RoPE on the
+// Rows are N = b s (context parallelism: this rank's s rows of the layout's; keys and entries come
+// from every row, gathered: v4_cp.cpp), every activation f32 and contiguous; RoPE rotates the last
+// r channels of a head as interleaved pairs. The backward runs the same chain in reverse; the inverse RoPE on the
 // output is the transposed rotation (with the attention factor folded into cos and sin, exactly
 // transformers' apply_rotary_pos_emb(out, cos, -sin)), so its backward is the forward rotation.
 #include <cmath>
 #include <vector>
 
+#include "hmla/dist/cp.h"
 #include "hmla/ops/compressed_attention.h"
 #include "hmla/ops/compressed_index.h"
 #include "hmla/ops/nn.h"
@@ -65,9 +67,10 @@ RopeCache entry_rope(const RopeCache& rc, const CompressedEntries& e) {
   return {ec.on(rc.cos.device()), es.on(rc.cos.device())};
 }
 
-// A compressor (rate m, width w, CSA's two series when overlap) over x [b, s, D].
+// A compressor (rate m, width w, CSA's two series when overlap) over x [b, s, D]. Context
+// parallelism: this rank pools its own entries from its frame, then every entry is gathered (v4_cp.cpp).
 V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4CompressorTensors& w, const Tensor& x,
-                              const DocLayout& layout, int64_t m, int64_t width, bool overlap, const RopeCache& rc) {
+                              const DocLayout& layout, int64_t m, int64_t width, bool overlap, const V4Rows& rows) {
   V4Compressed c;
   c.e = compressed_entries(layout, m);
   if (c.e.n == 0) return c;
@@ -77,24 +80,44 @@ V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4Comp
   c.gc = f32(d, {d.b, d.s, C});
   linear_fwd(xr, w.wkv, c.kvc.view({d.N, C}));
   linear_fwd(xr, w.wgate, c.gc.view({d.N, C}));
-  c.pooled = f32(d, {d.b, n, width});
-  compress_fwd(c.kvc, c.gc, w.ape, c.e, layout, overlap, c.pooled);
-  c.rstd = f32(d, {d.b * n});
-  c.ent = f32(d, {d.b, n, width});
-  c.rope = entry_rope(rc, c.e);
-  v4_entries_norm_rope(mc, w, c.pooled.view({d.b * n, width}), c.rope, c.ent.view({d.b * n, width}), c.rstd);
+  CompressedEntries pool = c.e;  // the entries this rank pools, in the rows of `at`
+  const DocLayout* at = &layout;
+  if (rows.sharded()) {
+    Comm& cp = *rows.cp;
+    c.halo = (overlap ? 2 : 1) * m - 1;
+    c.f0 = std::max<int64_t>(0, rows.sh.row0 - c.halo);
+    c.owners = entry_owners(c.e, m, rows.sh, cp.size());
+    c.kvc = cp_frame(cp, rows.sh, c.kvc, c.halo);
+    c.gc = cp_frame(cp, rows.sh, c.gc, c.halo);
+    c.frame = frame_layout(layout, c.f0, c.kvc.size(1));
+    c.own = own_entries(c.e, c.owners, cp.rank(), c.f0);
+    pool = c.own, at = &c.frame;
+  }
+  const int64_t np = pool.n;
+  c.pooled = f32(d, {d.b, np, width});
+  compress_fwd(c.kvc, c.gc, w.ape, pool, *at, overlap, c.pooled);
+  c.rstd = f32(d, {d.b * np});
+  c.rope = entry_rope(rows.compress_all, rows.sharded() ? own_entries(c.e, c.owners, rows.cp->rank(), 0) : c.e);
+  Tensor ent = f32(d, {d.b, np, width});
+  v4_entries_norm_rope(mc, w, c.pooled.view({d.b * np, width}), c.rope, ent.view({d.b * np, width}), c.rstd);
+  c.ent = rows.sharded() ? cp_gather_entries(*rows.cp, c.owners, ent, n) : ent;
   return c;
 }
 
 void compress_backward(const Dims& d, const V4CompressorTensors& w, const V4CompressorTensors& g, const Tensor& x,
                        const DocLayout& layout, const V4Compressed& c, bool overlap, const Tensor& dent,
-                       const Tensor& dx) {
-  const int64_t n = c.e.n, width = c.ent.size(2), C = c.kvc.size(2);
-  const Tensor de = dent.clone().view({d.b * n, width});
-  rope_last(de, 1, width, d.r, d.b * n, c.rope, true);
-  Tensor dpooled = f32(d, {d.b, n, width}), dkvc = f32(d, {d.b, d.s, C}), dgc = f32(d, {d.b, d.s, C});
-  rmsnorm_bwd(de, c.pooled.view({d.b * n, width}), w.norm, c.rstd, dpooled.view({d.b * n, width}), g.norm);
-  compress_bwd(dpooled, c.kvc, c.gc, w.ape, c.e, layout, overlap, dkvc, dgc, g.ape);
+                       const Tensor& dx, const V4Rows& rows) {
+  const int64_t np = c.pooled.size(1), width = c.ent.size(2), C = c.kvc.size(2), nf = c.kvc.size(1);
+  const Tensor de = (rows.sharded() ? cp_scatter_entry_grads(*rows.cp, c.owners, dent) : dent.clone()).view({d.b * np, width});
+  rope_last(de, 1, width, d.r, d.b * np, c.rope, true);
+  Tensor dpooled = f32(d, {d.b, np, width}), dkvc = f32(d, {d.b, nf, C}), dgc = f32(d, {d.b, nf, C});
+  rmsnorm_bwd(de, c.pooled.view({d.b * np, width}), w.norm, c.rstd, dpooled.view({d.b * np, width}), g.norm);
+  compress_bwd(dpooled, c.kvc, c.gc, w.ape, rows.sharded() ? c.own : c.e, rows.sharded() ? c.frame : layout, overlap,
+               dkvc, dgc, g.ape);
+  if (rows.sharded()) {  // the frame's rows -> this rank's (the halo rows' gradients to their ranks)
+    dkvc = cp_frame_grad(*rows.cp, rows.sh, dkvc, c.halo);
+    dgc = cp_frame_grad(*rows.cp, rows.sh, dgc, c.halo);
+  }
   const Tensor xr = x.view({d.N, d.D});
   linear_bwd(dkvc.view({d.N, C}), xr, w.wkv, g.wkv, dx, 1.f);
   linear_bwd(dgc.view({d.N, C}), xr, w.wgate, g.wgate, dx, 1.f);
@@ -118,16 +141,17 @@ void entry_metadata(const CompressedEntries& e, int64_t m, const DocLayout& layo
 
 // The CSA indexer's forward (its compressor's entries, its queries and head weights) into sv.
 void index_forward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const Tensor& x, V4AttnSaved& sv,
-                   const DocLayout& layout, const RopeCache& rc) {
+                   const DocLayout& layout, const V4Rows& rows) {
   HMLA_CHECK(w.iwq_b.defined(), ConfigError, "a CSA layer runs ", mode_name(sv.mode), " without its indexer's tensors");
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  sv.icomp = compress_entries(c, d, w.icomp, x, layout, sv.m, dI, true, rc);
+  sv.icomp = compress_entries(c, d, w.icomp, x, layout, sv.m, dI, true, rows);
   sv.qI = f32(d, {d.N, nI * dI});
   sv.wI = f32(d, {d.N, nI});
-  v4_index_queries(c, w, x, sv.qr, rc, sv.qI, sv.wI);
+  v4_index_queries(c, w, x, sv.qr, rows.compress, sv.qI, sv.wI);
 }
 
-CompressedIndexInputs index_inputs(const ModelConfig& c, const Dims& d, const V4AttnSaved& sv, const DocLayout& layout) {
+CompressedIndexInputs index_inputs(const ModelConfig& c, const Dims& d, const V4AttnSaved& sv, const DocLayout& layout,
+                                   const V4Rows& rows) {
   CompressedIndexInputs in;
   in.qI = sv.qI.view({d.b, d.s, c.index_n_heads, c.index_head_dim});
   in.kI = sv.icomp.ent;
@@ -135,14 +159,18 @@ CompressedIndexInputs index_inputs(const ModelConfig& c, const Dims& d, const V4
   in.ent_last = sv.ent_last;
   in.ent_doc = sv.ent_doc;
   in.layout = &layout;
+  in.q_row0 = rows.sh.row0;
   return in;
 }
 
+// The core's inputs: this rank's queries at their rows, every row's window keys (gathered under
+// context parallelism, as the MLA layer's latent) and every entry.
 AttnCompressedInputs core_inputs(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const V4AttnSaved& sv,
-                                 const DocLayout& layout) {
+                                 const DocLayout& layout, const V4Rows& rows) {
   AttnCompressedInputs in;
   in.q = sv.q.view({d.b, d.s, d.H, d.d});
-  in.kv = sv.kv.view({d.b, d.s, d.d});
+  in.kv = rows.sharded() ? sv.kv_all : sv.kv.view({d.b, d.s, d.d});
+  in.q_row0 = rows.sh.row0;
   if (sv.comp.e.n > 0) {
     in.ent = sv.comp.ent;
     in.ent_last = sv.ent_last;
@@ -162,10 +190,17 @@ Tensor groups(const Tensor& t, const Dims& d, int64_t width) { return t.view({d.
 
 }  // namespace
 
-V4Ropes v4_ropes(const ModelConfig& c, int64_t s, Device dev) {
+V4Rows v4_rows(const ModelConfig& c, int64_t s, Device dev, Comm& cp) {
   const int64_t r = c.qk_rope_head_dim, mp = c.max_position_embeddings;
-  const RopeCache a = rope_cache(rope_tables(c.rope, r, mp), s), b = rope_cache(rope_tables(c.v4.compress_rope, r, mp), s);
-  return {{a.cos.on(dev), a.sin.on(dev)}, {b.cos.on(dev), b.sin.on(dev)}};
+  V4Rows v;
+  v.sh = row_shard(cp, s);
+  v.cp = &cp;
+  const RopeTables main = rope_tables(c.rope, r, mp), comp = rope_tables(c.v4.compress_rope, r, mp);
+  auto on = [dev](const RopeCache& t) { return RopeCache{t.cos.on(dev), t.sin.on(dev)}; };
+  v.main = on(rope_cache(main, v.sh.rows, v.sh.row0));
+  v.compress = on(rope_cache(comp, v.sh.rows, v.sh.row0));
+  v.compress_all = v.sharded() ? on(rope_cache(comp, s)) : v.compress;
+  return v;
 }
 
 void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
@@ -221,27 +256,30 @@ void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor
 }
 
 void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
-                      const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y) {
+                      const DocLayout& layout, const V4Rows& rows, V4AttnSaved& sv, const Tensor& y) {
   const Dims d = dims(c, x);
+  HMLA_CHECK(d.s == rows.sh.rows && layout.s == rows.sh.s, ShapeError, "V4 attention: x has ", d.s,
+             " rows, this rank's shard of the layout's ", layout.s, " has ", rows.sh.rows);
   const V4Kind kind = c.v4.kind(L);  // an MTP layer's too (L >= num_hidden_layers)
-  const RopeCache& rc = kind == V4Kind::sliding ? ropes.main : ropes.compress;
+  const RopeCache& rc = kind == V4Kind::sliding ? rows.main : rows.compress;
   sv.m = c.v4.compress_rate(L);
   sv.csa = kind == V4Kind::csa;
   sv.mode = c.mode(L);
   v4_attn_project(c, w, x, rc, sv);
+  if (rows.sharded()) sv.kv_all = cp_all_gather_rows(*rows.cp, sv.kv.view({d.b, d.s, d.d}));
   if (sv.m > 0) {
-    sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, sv.csa, rc);
+    sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, sv.csa, rows);
     if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
     // DESIGN.md section 10: a CSA layer attends every visible entry (no indexer) but in dsa_sparse;
     // in the dsa modes its indexer runs (dsa_warmup: for the KL only).
     sv.indexer = c.runs_indexer(L) && sv.comp.e.n > 0;
-    if (sv.indexer) index_forward(c, d, w, x, sv, layout, rc);
+    if (sv.indexer) index_forward(c, d, w, x, sv, layout, rows);
     if (sv.indexer && sv.mode == LayerMode::dsa_sparse)
-      sv.idx = compressed_index_topk(index_inputs(c, d, sv, layout), c.index_topk);
+      sv.idx = compressed_index_topk(index_inputs(c, d, sv, layout, rows), c.index_topk);
   }
   sv.core = f32(d, {d.b, d.s, d.H, d.d});
   sv.lse = f32(d, {d.b, d.H, d.s});
-  attn_compressed_fwd(core_inputs(c, d, w, sv, layout), AttnCompressedSaved{sv.core, sv.lse});
+  attn_compressed_fwd(core_inputs(c, d, w, sv, layout, rows), AttnCompressedSaved{sv.core, sv.lse});
   v4_attn_output(c, w, x, rc, sv, y);
 }
 
@@ -251,11 +289,12 @@ namespace {
 // the top-k in dsa_sparse) and its backward into the indexer's tensors only: qI = RoPE(qr wq_b^T)
 // (qr detached), kI = the indexer compressor's entries of x (detached), w = x weights_proj^T scaled.
 void indexer_backward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const V4AttnTensors& g,
-                      const Tensor& x, const DocLayout& layout, const RopeCache& rc, const V4AttnSaved& sv,
+                      const Tensor& x, const DocLayout& layout, const V4Rows& rows, const V4AttnSaved& sv,
                       const V4BackwardOptions& opt) {
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
+  const RopeCache& rc = rows.compress;
   CompressedIndexKlInputs in;
-  in.sc = index_inputs(c, d, sv, layout);
+  in.sc = index_inputs(c, d, sv, layout, rows);
   in.q = sv.q.view({d.b, d.s, d.H, d.d});
   in.ent = sv.comp.ent;
   in.lse = sv.lse;
@@ -269,7 +308,7 @@ void indexer_backward(const ModelConfig& c, const Dims& d, const V4AttnTensors& 
   const Tensor dq = r.dqI.clone().view({d.N, nI * dI});
   rope_last(dq, nI, dI, d.r, d.s, rc, true);
   linear_bwd(dq, sv.qr, w.iwq_b, g.iwq_b, Tensor());
-  compress_backward(d, w.icomp, g.icomp, x, layout, sv.icomp, true, r.dkI, Tensor());
+  compress_backward(d, w.icomp, g.icomp, x, layout, sv.icomp, true, r.dkI, Tensor(), rows);
   const Tensor dwI = r.dw.clone().view({d.N, nI});
   scale(dwI, float(1.0 / std::sqrt(double(nI)) / std::sqrt(double(dI))), dwI);
   linear_bwd(dwI, x.view({d.N, d.D}), w.iweights, g.iweights, Tensor());
@@ -278,11 +317,11 @@ void indexer_backward(const ModelConfig& c, const Dims& d, const V4AttnTensors& 
 }  // namespace
 
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
-                      const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
+                      const DocLayout& layout, const V4Rows& rows, const V4AttnSaved& sv, const Tensor& dy,
                       const Tensor& dx, const V4BackwardOptions& opt) {
   const Dims d = dims(c, x);
-  const RopeCache& rc = sv.m == 0 ? ropes.main : ropes.compress;
-  if (sv.indexer && opt.row_weight.defined()) indexer_backward(c, d, w, g, x, layout, rc, sv, opt);
+  const RopeCache& rc = sv.m == 0 ? rows.main : rows.compress;
+  if (sv.indexer && opt.row_weight.defined()) indexer_backward(c, d, w, g, x, layout, rows, sv, opt);
   if (!opt.backbone) return;
   const Tensor xr = x.view({d.N, d.D});
   const int64_t Hg = d.H * d.d / d.G;
@@ -292,7 +331,7 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
   matmul(groups(dya, d, d.Ro), Trans::yes, groups(sv.o, d, Hg), Trans::no, g.wo_a.view({d.G, d.Ro, Hg}), 1.f, 1.f);
   matmul(groups(dya, d, d.Ro), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::no, groups(dout, d, Hg));
   rope_last(dout, d.H, d.d, d.r, d.s, rc, false);  // o = R^T core, so dcore = R do
-  const AttnCompressedGrads cg = attn_compressed_bwd(core_inputs(c, d, w, sv, layout),
+  const AttnCompressedGrads cg = attn_compressed_bwd(core_inputs(c, d, w, sv, layout, rows),
                                                      AttnCompressedSaved{sv.core, sv.lse},
                                                      dout.view({d.b, d.s, d.H, d.d}), g.sink);
   // q: RoPE^T, the per-head norm, wq_b, q_norm, wq_a.
@@ -305,13 +344,13 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
   linear_bwd(dqb, sv.qr, w.wq_b, g.wq_b, dqr);
   rmsnorm_bwd(dqr, sv.qa, w.q_norm, sv.rstd_qa, dqa, g.q_norm);
   linear_bwd(dqa, xr, w.wq_a, g.wq_a, dx);
-  // K = V: RoPE^T, norm, wkv.
-  const Tensor dkv = cg.dkv.view({d.N, d.d});
+  // K = V (every row's gradient, this rank's rows' summed over the ranks): RoPE^T, norm, wkv.
+  const Tensor dkv = (rows.sharded() ? cp_reduce_scatter_rows(*rows.cp, cg.dkv) : cg.dkv).view({d.N, d.d});
   rope_last(dkv, 1, d.d, d.r, d.s, rc, true);
   Tensor dkvr = f32(d, {d.N, d.d});
   rmsnorm_bwd(dkv, sv.kvr, w.norm, sv.rstd_kv, dkvr, g.norm);
   linear_bwd(dkvr, xr, w.wkv, g.wkv, dx, 1.f);
-  if (sv.comp.e.n > 0) compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.csa, cg.dent, dx);
+  if (sv.comp.e.n > 0) compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.csa, cg.dent, dx, rows);
 }
 
 }  // namespace hmla

@@ -10,6 +10,7 @@
 
 #include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
+#include "hmla/dist/cp.h"
 #include "hmla/model/config.h"
 #include "hmla/model/mla_layer.h"
 #include "hmla/model/v4_model.h"
@@ -19,22 +20,65 @@
 
 namespace hmla {
 
-// The two RoPE tables of a forward over s rows ([s, r / 2], attention factor folded in): main
-// (sliding layers) and compress (layers with a compressor, their entries and indexer).
-struct V4Ropes {
-  RopeCache main, compress;
+// What every layer of one V4 forward shares: this rank's rows of the layout (context parallelism,
+// DESIGN.md section 8: rows [sh.row0, sh.row0 + sh.rows) of sh.s; one rank: all of them) with its
+// context-parallel group, and the RoPE tables ([rows, r / 2], attention factor folded in) of those
+// rows: main (sliding layers) and compress (layers with a compressor and their indexer), and the
+// compress table of every row (the entries', at each window's first position).
+struct V4Rows {
+  RopeCache main, compress, compress_all;
+  RowShard sh;
+  Comm* cp = nullptr;
+  bool sharded() const { return cp->size() > 1; }
 };
-V4Ropes v4_ropes(const ModelConfig& c, int64_t s, Device dev);
+V4Rows v4_rows(const ModelConfig& c, int64_t s, Device dev, Comm& cp);
+
+// Rank r's compressed entries under context parallelism (v4_cp.cpp): the entries whose window ends
+// in r's rows, per batch row a contiguous range [lo, lo + n) of the entry list, rank-major
+// [R * b]; P = the most any (rank, batch row) owns.
+struct EntryOwners {
+  std::vector<int64_t> lo, n;
+  int64_t b = 0, P = 0;
+};
 
 // A compressor's pooled entries and what their backward reads: the projections kvc, gc
 // [b, s, coff * w], the entries' list, the pooled rows before the norm [b, n, w] and their rstd
 // [b * n], the entries after norm and RoPE [b, n, w], and the entries' RoPE tables [b * n, r / 2].
+// Context parallelism (v4_cp.cpp): kvc, gc hold the frame (the rank's rows after the `halo` rows
+// before them, from f0), pooled, rstd and rope this rank's owned entries (`own`, firsts in the
+// frame's rows, P per batch row), ent every entry (gathered).
 struct V4Compressed {
   Tensor kvc, gc;
   CompressedEntries e;
   Tensor pooled, rstd, ent;
   RopeCache rope;
+  int64_t halo = 0, f0 = 0;
+  EntryOwners owners;
+  CompressedEntries own;
+  DocLayout frame;
 };
+
+// Context parallelism's exchanges for the V4 attention (v4_cp.cpp; docs/deepseek_v4.md "Context
+// parallelism"). A compressor of rate m reads up to `halo` rows (m - 1; CSA 2m - 1) before an
+// entry's last row: each rank pools the entries whose window ends in its rows from a frame of its
+// rows and the halo rows before them, then the entries are all-gathered (their width is the
+// narrowest form a key has); the backward reduce-scatters the entries' gradients to their owners and
+// returns the halo rows' gradients to theirs.
+EntryOwners entry_owners(const CompressedEntries& e, int64_t m, const RowShard& sh, int R);
+// The frame of local [b, rows, C]: rows [f0, row0 + rows), f0 = max(0, row0 - halo).
+Tensor cp_frame(Comm& cp, const RowShard& sh, const Tensor& local, int64_t halo);
+// The frame's gradient [b, nf, C] -> this rank's rows' [b, rows, C]: its own rows plus the halo
+// rows of later ranks' frames that are its rows, in rank order.
+Tensor cp_frame_grad(Comm& cp, const RowShard& sh, const Tensor& dframe, int64_t halo);
+// The frame's layout: rows [f0, f0 + nf) of `layout`, documents that start before f0 starting at it.
+DocLayout frame_layout(const DocLayout& layout, int64_t f0, int64_t nf);
+// This rank's owned entries' first rows [b, P] (-1 pads), minus `shift` (the frame's f0, or 0).
+CompressedEntries own_entries(const CompressedEntries& e, const EntryOwners& o, int rank, int64_t shift);
+// Owned entries [b, P, W] of every rank -> every entry [b, n, W].
+Tensor cp_gather_entries(Comm& cp, const EntryOwners& o, const Tensor& own, int64_t n);
+// Every entry's gradient [b, n, W] (this rank's share) -> this rank's owned ones [b, P, W], summed
+// over the ranks.
+Tensor cp_scatter_entry_grads(Comm& cp, const EntryOwners& o, const Tensor& dent);
 
 // The attention block's saved state over N = b s rows (x is the block's input, attn_norm's output).
 struct V4AttnSaved {
@@ -45,6 +89,7 @@ struct V4AttnSaved {
   Tensor qa, rstd_qa, qr;         // [N, Rq], [N], [N, Rq]: q LoRA before and after q_norm
   Tensor qb, rstd_q, q;           // [N, H d], [N H], [N, H d]: before the per-head norm; normed and roped
   Tensor kvr, rstd_kv, kv;        // [N, d], [N], [N, d]
+  Tensor kv_all;                  // context parallelism: every row's kv [b, S, d] (gathered)
   V4Compressed comp;              // CSA / HCA
   Tensor ent_last, ent_doc;       // [b, n_e] i32 (attn_compressed's metadata)
   Tensor idx;                     // CSA in dsa_sparse: [b, s, index_topk] i32 (else undefined: dense)
@@ -73,7 +118,7 @@ void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor
 
 // y [N, D] = the attention block of x [b, s, D] (layer L, weights w), sv filled.
 void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
-                      const DocLayout& layout, const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y);
+                      const DocLayout& layout, const V4Rows& rows, V4AttnSaved& sv, const Tensor& y);
 // What a backward does besides the LM loss's chain (the MLA layer's MlaBackwardOptions).
 struct V4BackwardOptions {
   bool backbone = true;  // false (dsa_warmup): only the indexer's KL and its backward; dx is not written
@@ -84,7 +129,7 @@ struct V4BackwardOptions {
 // indexer gets no gradient from the LM loss (docs/deepseek_v4_math.md section 0, item 7): only from
 // its KL (docs/csa_indexer_kl.md), dense in dsa_warmup, over the top-k in dsa_sparse.
 void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
-                      const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
+                      const DocLayout& layout, const V4Rows& rows, const V4AttnSaved& sv, const Tensor& dy,
                       const Tensor& dx, const V4BackwardOptions& opt = {});
 
 // A hybrid_mla layer's attention state: the config it runs with (hybrid_mla_config(c, layer)) and
@@ -95,9 +140,10 @@ struct V4HybridSaved {
   MlaSaved mla;
 };
 // y [N, D] = hybrid_mla layer L's attention of x [b, s, D] (attn_norm's output; w: its self_attn.*
-// tensors), as an MLA layer in c.layer_modes[L]; sv filled.
+// tensors), as an MLA layer in c.layer_modes[L]; sv filled. cp: the context-parallel group (x: this
+// rank's rows of the layout's, mla_forward's convention).
 void v4_hybrid_fwd(const ModelConfig& c, int64_t L, const AttnTensors& w, const Tensor& x, const DocLayout& layout,
-                   V4HybridSaved& sv, const Tensor& y);
+                   V4HybridSaved& sv, const Tensor& y, Comm& cp = Comm::self());
 
 struct V4HybridBackward {
   bool backbone = true;  // false: only the indexer's backward (its KL), dy and dx unused (train_indexer_only)
@@ -109,7 +155,8 @@ struct V4HybridBackward {
 // only. Returns the layer's KL sum (sum_t rw kl, without coeff) where it runs an indexer: NaN when
 // kl_acc took it; 0 elsewhere.
 double v4_hybrid_bwd(const V4HybridSaved& sv, const AttnTensors& w, const AttnTensors& g, const Tensor& x,
-                     const DocLayout& layout, const Tensor& dy, const Tensor& dx, const V4HybridBackward& opt);
+                     const DocLayout& layout, const Tensor& dy, const Tensor& dx, const V4HybridBackward& opt,
+                     Comm& cp = Comm::self());
 
 // One mHC block's mixers and collapsed input (the attention's or the MoE's half of a layer), views
 // the caller keeps: the entry's saved rstd and z, the collapsed input xin [N, D], post [N, n], comb
@@ -169,7 +216,7 @@ Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids);
 // tensor's gradient and the shared embedding's and head's (views g of `grads`) are added into,
 // the streams' gradient ADDED into dx [N, n, D]. Returns the mean over the depths of their CE means
 // (without coeff), also added into opt.mtp_loss when it is given.
-double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Ropes& ropes,
+double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
                    const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads, const Tensor& dx);
 
 }  // namespace hmla

@@ -112,7 +112,7 @@ struct Forward {
   Tensor x_final;                   // the last layer's streams
   MhcSaved head;                    // hc_head's rstd, z
   Tensor hh, rstd_n, n_final;       // hc_head's output, the final norm's rstd and output
-  V4Ropes ropes;
+  V4Rows rows;                      // this rank's rows, its RoPE tables
   std::vector<std::unique_ptr<Mlp>> mlps;  // each layer's MoE (its hash routing set)
 };
 
@@ -132,13 +132,13 @@ Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids) {
 
 namespace {
 
-Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
+Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in, Comm& cp) {
   const ModelConfig& c = m.cfg;
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const Device dev = m.device();
   const float eps = float(c.rms_norm_eps);
   Forward f;
-  f.ropes = v4_ropes(c, s, dev);
+  f.rows = v4_rows(c, in.layout.s, dev, cp);
   Tensor e0 = f32(dev, {N, D}), x = f32(dev, {N, n, D});
   embedding_fwd(in.ids, w.embed, e0);
   for (int64_t i = 0; i < n; ++i) scale(e0, 1.f, x.select(1, i));
@@ -149,8 +149,8 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in) {
     sv.x = x;
     v4_block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
     sv.ya = f32(dev, {N, D});
-    if (c.v4.is_hybrid_mla(L)) v4_hybrid_fwd(c, L, lw.mla, sv.a.view({b, s, D}), in.layout, sv.hybrid, sv.ya);
-    else v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.ropes, sv.attn, sv.ya);
+    if (c.v4.is_hybrid_mla(L)) v4_hybrid_fwd(c, L, lw.mla, sv.a.view({b, s, D}), in.layout, sv.hybrid, sv.ya, cp);
+    else v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.rows, sv.attn, sv.ya);
     sv.x_mid = f32(dev, {N, n, D});
     mhc_post_fwd(x, sv.ya, sv.post1, sv.comb1, sv.x_mid);
     v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
@@ -192,10 +192,11 @@ V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c) {
   return t;
 }
 
-Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts) {
+Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts,
+                 Comm& cp) {
   check_v4_batch(m);
   const V4Tensors w = v4_tensors(m.params, m.cfg);
-  Forward f = forward(m, w, in);
+  Forward f = forward(m, w, in, cp);
   const int64_t N = in.ids.numel(), V = m.cfg.vocab_size;
   Tensor logits = Tensor::empty({N, V}, DType::f32, m.device());
   linear_fwd(f.n_final, w.head, logits);
@@ -210,23 +211,23 @@ Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* top
   return logits;
 }
 
-double v4_lm_loss(const Model& m, const DeviceBatch& in) {
+double v4_lm_loss(const Model& m, const DeviceBatch& in, Comm& cp) {
   check_v4_batch(m);
   const V4Tensors w = v4_tensors(m.params, m.cfg);
-  Forward f = forward(m, w, in);
+  Forward f = forward(m, w, in, cp);
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
   lm_head_loss(m, w.head, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
   return acc.to_vector<double>()[0];
 }
 
-StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads) {
+StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
   check_v4_batch(m);
   const ModelConfig& c = m.cfg;
   HMLA_CHECK(opt.moe_aux_coeff == 0, ConfigError,
              "deepseek_v4: moe_aux_loss_coeff > 0: the sequence-wise balance loss is built for sigmoid routers "
              "only; V4 balances by its router bias (moe_bias_update_rate)");
   const V4Tensors w = v4_tensors(m.params, c), g = v4_tensors(grads, c);
-  Forward f = forward(m, w, in);
+  Forward f = forward(m, w, in, cp);
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const Device dev = m.device();
   if (opt.expert_load.defined())  // every layer is MoE: each one's counts over the loss rows
@@ -248,7 +249,7 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
   }
   int64_t csa_layers = 0, hybrid_layers = 0;  // the layers whose KL went into kStatMbKlCsa, kStatMbKl
   if (opt.mtp_coeff > 0 && opt.backbone)  // adds into dx
-    st.mtp_loss = v4_mtp_step(m, in, opt, f.ropes, f.x_final, w, g, grads, dx);
+    st.mtp_loss = v4_mtp_step(m, in, opt, f.rows, f.x_final, w, g, grads, dx);
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];
@@ -259,13 +260,13 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     auto attn_bwd = [&](const Tensor& dy, const Tensor& dnx) {
       if (hybrid) {
         const V4HybridBackward ho{opt.backbone, kl ? in.row_weight : Tensor(), kl ? slot(kStatMbKl) : Tensor()};
-        v4_hybrid_bwd(sv.hybrid, lw.mla, lg.mla, a, in.layout, dy, dnx, ho);
+        v4_hybrid_bwd(sv.hybrid, lw.mla, lg.mla, a, in.layout, dy, dnx, ho, cp);
         return;
       }
       V4BackwardOptions ao;
       ao.backbone = opt.backbone;
       if (kl) ao.row_weight = in.row_weight, ao.kl_acc = slot(kStatMbKlCsa);
-      v4_attention_bwd(c, lw.attn, lg.attn, a, in.layout, f.ropes, sv.attn, dy, dnx, ao);
+      v4_attention_bwd(c, lw.attn, lg.attn, a, in.layout, f.rows, sv.attn, dy, dnx, ao);
     };
     if (kl) ++(hybrid ? hybrid_layers : csa_layers);
     if (!opt.backbone) {  // dsa_warmup: the indexers' KL and backward only, every other tensor frozen

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "hmla/dist/cp.h"
 #include "hmla/model/mlp.h"
 #include "hmla/model/model.h"
 #include "hmla/model/v4_tables.h"
@@ -48,7 +49,7 @@ MtpTensors mtp_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t i) 
 // The MTP block's attention by its layer's kind: the one place an MTP layer picks it (a hybrid_mla
 // kind joins here with its own forward/backward pair).
 void attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x, const DocLayout& layout,
-                   const V4Ropes& ropes, V4AttnSaved& sv, const Tensor& y) {
+                   const V4Rows& ropes, V4AttnSaved& sv, const Tensor& y) {
   switch (c.v4.kind(L)) {
     case V4Kind::sliding:
     case V4Kind::csa:
@@ -58,7 +59,7 @@ void attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, cons
 }
 
 void attention_bwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
-                   const DocLayout& layout, const V4Ropes& ropes, const V4AttnSaved& sv, const Tensor& dy,
+                   const DocLayout& layout, const V4Rows& ropes, const V4AttnSaved& sv, const Tensor& dy,
                    const Tensor& dx) {
   switch (c.v4.kind(L)) {
     case V4Kind::sliding:
@@ -99,7 +100,7 @@ Tensor ids_ahead(const Tensor& ids, const DocLayout& layout, int64_t pad, int64_
 }
 
 void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, const DeviceBatch& in,
-                   const V4Ropes& ropes, int64_t k, Depth& d) {
+                   const V4Rows& ropes, int64_t k, Depth& d) {
   const ModelConfig& c = m.cfg;
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const int64_t L = c.num_hidden_layers + k;
@@ -136,7 +137,7 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
 // Depth k's loss (added into acc) and backward from dnext (the next depth's gradient on this one's
 // output streams; undefined for the last): the gradient on its input streams X_k.
 Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, const V4Tensors& mw,
-                      const V4Tensors& mg, const DeviceBatch& in, const V4Ropes& ropes, int64_t k, Depth& d,
+                      const V4Tensors& mg, const DeviceBatch& in, const V4Rows& ropes, int64_t k, Depth& d,
                       const Tensor& dnext, const Tensor& acc) {
   const ModelConfig& c = m.cfg;
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
@@ -171,7 +172,7 @@ Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, 
 
 }  // namespace
 
-double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Ropes& ropes,
+double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
                    const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads,
                    const Tensor& dx) {
   const ModelConfig& c = m.cfg;
@@ -181,7 +182,12 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
              "; the trainer makes them so for a programme with mtp_loss_coeff > 0)");
   HMLA_CHECK(opt.mtp_targets.empty() || int64_t(opt.mtp_targets.size()) == depths, ConfigError,
              "StepOptions::mtp_targets has ", opt.mtp_targets.size(), " counts for ", depths, " MTP layers");
-  const Tensor ids = in.ids.to(Device::cpu);
+  // Every row's ids (the token k + 1 ahead may be another rank's, under context parallelism): the
+  // inputs and targets of every row, then this rank's rows of them.
+  const int64_t b = in.layout.b, S = in.layout.s;
+  const RowShard& sh = ropes.sh;
+  const Tensor ids = ropes.sharded() ? cp_all_gather_rows(*ropes.cp, in.ids.view({b, sh.rows, 1})).view({b, S})
+                                     : in.ids.to(Device::cpu);
   std::vector<Depth> dd(static_cast<size_t>(depths));
   std::vector<MtpTensors> mw, mg;
   Tensor x = x_final;
@@ -192,7 +198,7 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
     mw.push_back(mtp_tensors(m.params, c, k));
     mg.push_back(mtp_tensors(grads, c, k));
     d.x = x;
-    d.ids = ids_ahead(ids, in.layout, c.pad_token_id, k + 1).on(m.device());
+    d.ids = take_rows(ids_ahead(ids, in.layout, c.pad_token_id, k + 1), sh).on(m.device());
     std::vector<int32_t> target;
     std::vector<float> keep;
     lm_targets_ahead(ids.data<int32_t>(), in.layout, c.pad_token_id, k + 2, target, keep);
@@ -200,8 +206,8 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
     for (float v : keep) count += v > 0.f;
     const int64_t T = opt.mtp_targets.empty() ? std::max<int64_t>(count, 1) : std::max<int64_t>(opt.mtp_targets[size_t(k)], 1);
     for (float& v : keep) v *= float(opt.mtp_coeff / double(depths) / double(T));
-    d.target = Tensor::from_vector<int32_t>({N}, target).on(m.device());
-    d.keep = Tensor::from_vector<float>({N}, keep).on(m.device());
+    d.target = take_rows(Tensor::from_vector<int32_t>({b, S}, target), sh).view({N}).on(m.device());
+    d.keep = take_rows(Tensor::from_vector<float>({b, S}, keep), sh).view({N}).on(m.device());
     depth_forward(m, mw.back(), w.embed, in, ropes, k, d);
     x = d.x_out;
   }

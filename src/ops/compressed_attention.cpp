@@ -57,7 +57,11 @@ AttnCompressedParams make_params(const AttnCompressedInputs& in) {
              ", 2^31)); pass a contiguous copy");
   const Device dev = in.q.device();
   const DType dt = in.q.dtype();
-  const int64_t b = in.q.size(0), s = in.q.size(1), H = in.q.size(2), d = in.q.size(3);
+  const int64_t b = in.q.size(0), sq = in.q.size(1), H = in.q.size(2), d = in.q.size(3);
+  HMLA_CHECK(in.layout != nullptr, LayoutError, kOp, ": a document layout is required");
+  const int64_t s = in.layout->s;
+  HMLA_CHECK(in.layout->b == b && in.q_row0 >= 0 && in.q_row0 + sq <= s, LayoutError, kOp, ": the layout covers b = ",
+             in.layout->b, ", s = ", s, " but q has b = ", b, " and rows [", in.q_row0, ", ", in.q_row0 + sq, ")");
   check_dense(in.kv, "kv", {b, s, d}, dt, dev);
   HMLA_CHECK(!in.ent.defined() || in.ent.dim() == 3, ShapeError, kOp, ": ent must be [b, n_e, d], got ",
              detail::desc(in.ent));
@@ -67,20 +71,17 @@ AttnCompressedParams make_params(const AttnCompressedInputs& in) {
     check_dense(in.ent_last, "ent_last", {b, n_e}, DType::i32, dev);
     check_dense(in.ent_doc, "ent_doc", {b, n_e}, DType::i32, dev);
   }
-  HMLA_CHECK(in.layout != nullptr, LayoutError, kOp, ": a document layout is required");
-  HMLA_CHECK(in.layout->b == b && in.layout->s == s, LayoutError, kOp, ": the layout covers b = ", in.layout->b,
-             ", s = ", in.layout->s, " but q has b = ", b, ", s = ", s);
   HMLA_CHECK(in.window >= 1, ShapeError, kOp, ": window = ", in.window, ": it must be at least 1");
   HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0.f, ShapeError, kOp,
              ": scale must be a positive finite number, got ", in.scale);
   if (in.sink.defined()) check_dense(in.sink, "sink", {H}, DType::f32, dev);
   AttnCompressedParams p;
   p.dtype = dt;
-  p.b = b, p.s = s, p.H = H, p.d = d, p.n_e = n_e, p.window = in.window, p.scale = in.scale;
+  p.b = b, p.s = s, p.sq = sq, p.q_row0 = in.q_row0, p.H = H, p.d = d, p.n_e = n_e, p.window = in.window, p.scale = in.scale;
   if (in.idx.defined()) {
     HMLA_CHECK(in.idx.dim() == 3 && in.idx.size(2) >= 1, ShapeError, kOp, ": idx must be [b, s, k >= 1], got ",
                detail::desc(in.idx));
-    check_dense(in.idx, "idx", {b, s, in.idx.size(2)}, DType::i32, dev);
+    check_dense(in.idx, "idx", {b, sq, in.idx.size(2)}, DType::i32, dev);
     p.k = in.idx.size(2);
     p.idx = in.idx.data<int32_t>();
   }
@@ -113,8 +114,8 @@ void run(const AttnCompressedInputs& in, AttnCompressedParams p, Op entry) {
 
 void fwd_into(const AttnCompressedInputs& in, AttnCompressedParams p, const AttnCompressedSaved& sv) {
   const Device dev = in.q.device();
-  check_dense(sv.out, "out", {p.b, p.s, p.H, p.d}, p.dtype, dev);
-  check_dense(sv.lse, "lse", {p.b, p.H, p.s}, DType::f32, dev);
+  check_dense(sv.out, "out", {p.b, p.sq, p.H, p.d}, p.dtype, dev);
+  check_dense(sv.lse, "lse", {p.b, p.H, p.sq}, DType::f32, dev);
   p.out = sv.out.raw_data();
   p.lse = sv.lse.data<float>();
   run(in, p, Op::attn_compressed_fwd);
@@ -133,7 +134,7 @@ bool attn_compressed_supports(const AttnCompressedInputs& in) {
 AttnCompressedSaved attn_compressed_fwd(const AttnCompressedInputs& in) {
   const AttnCompressedParams p = make_params(in);  // validated before anything is allocated
   const Device dev = in.q.device();
-  AttnCompressedSaved sv{Tensor::empty({p.b, p.s, p.H, p.d}, p.dtype, dev), Tensor::empty({p.b, p.H, p.s}, DType::f32, dev)};
+  AttnCompressedSaved sv{Tensor::empty({p.b, p.sq, p.H, p.d}, p.dtype, dev), Tensor::empty({p.b, p.H, p.sq}, DType::f32, dev)};
   fwd_into(in, p, sv);
   return sv;
 }
@@ -146,10 +147,10 @@ AttnCompressedGrads attn_compressed_bwd(const AttnCompressedInputs& in, const At
                                         const Tensor& dout, const Tensor& dsink) {
   AttnCompressedParams p = make_params(in);
   const Device dev = in.q.device();
-  check_dense(dout, "dout", {p.b, p.s, p.H, p.d}, p.dtype, dev);
-  check_dense(sv.out, "out", {p.b, p.s, p.H, p.d}, p.dtype, dev);
-  check_dense(sv.lse, "lse", {p.b, p.H, p.s}, DType::f32, dev);
-  AttnCompressedGrads g{Tensor::empty({p.b, p.s, p.H, p.d}, p.dtype, dev), Tensor::empty({p.b, p.s, p.d}, p.dtype, dev),
+  check_dense(dout, "dout", {p.b, p.sq, p.H, p.d}, p.dtype, dev);
+  check_dense(sv.out, "out", {p.b, p.sq, p.H, p.d}, p.dtype, dev);
+  check_dense(sv.lse, "lse", {p.b, p.H, p.sq}, DType::f32, dev);
+  AttnCompressedGrads g{Tensor::empty({p.b, p.sq, p.H, p.d}, p.dtype, dev), Tensor::empty({p.b, p.s, p.d}, p.dtype, dev),
                         p.n_e > 0 ? Tensor::empty({p.b, p.n_e, p.d}, p.dtype, dev) : Tensor(),
                         !in.sink.defined() ? Tensor() : dsink.defined() ? dsink : Tensor::zeros({p.H}, DType::f32, dev)};
   if (g.dsink.defined()) check_dense(g.dsink, "dsink", {p.H}, DType::f32, dev);

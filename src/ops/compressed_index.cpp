@@ -27,20 +27,21 @@ CompressedIndexParams make_params(const CompressedIndexInputs& in, const char* o
   HMLA_CHECK(in.qI.defined() && in.qI.dim() == 4 && in.qI.size(2) >= 1 && in.qI.size(3) >= 1, ShapeError, op,
              ": qI must be [b, s, nI >= 1, dI >= 1], got ", detail::desc(in.qI));
   const Device dev = in.qI.device();
-  const int64_t b = in.qI.size(0), s = in.qI.size(1), nI = in.qI.size(2), dI = in.qI.size(3);
-  check_dense(in.qI, "qI", {b, s, nI, dI}, DType::f32, dev, op);
+  const int64_t b = in.qI.size(0), sq = in.qI.size(1), nI = in.qI.size(2), dI = in.qI.size(3);
+  check_dense(in.qI, "qI", {b, sq, nI, dI}, DType::f32, dev, op);
   HMLA_CHECK(in.kI.defined() && in.kI.dim() == 3, ShapeError, op, ": kI must be [b, n_e, dI], got ", detail::desc(in.kI));
   const int64_t n_e = in.kI.size(1);
   check_dense(in.kI, "kI", {b, n_e, dI}, DType::f32, dev, op);
-  check_dense(in.w, "w", {b, s, nI}, DType::f32, dev, op);
+  check_dense(in.w, "w", {b, sq, nI}, DType::f32, dev, op);
   check_dense(in.ent_last, "ent_last", {b, n_e}, DType::i32, dev, op);
   check_dense(in.ent_doc, "ent_doc", {b, n_e}, DType::i32, dev, op);
   HMLA_CHECK(n_e < (int64_t(1) << 31), ShapeError, op, ": n_e = ", n_e, " entries: table entries are i32");
   HMLA_CHECK(in.layout != nullptr, LayoutError, op, ": a document layout is required");
-  HMLA_CHECK(in.layout->b == b && in.layout->s == s, LayoutError, op, ": the layout covers b = ", in.layout->b,
-             ", s = ", in.layout->s, " but qI has b = ", b, ", s = ", s);
+  const int64_t s = in.layout->s;
+  HMLA_CHECK(in.layout->b == b && in.q_row0 >= 0 && in.q_row0 + sq <= s, LayoutError, op, ": the layout covers b = ",
+             in.layout->b, ", s = ", s, " but qI has b = ", b, " and rows [", in.q_row0, ", ", in.q_row0 + sq, ")");
   CompressedIndexParams p;
-  p.b = b, p.s = s, p.nI = nI, p.dI = dI, p.n_e = n_e;
+  p.b = b, p.s = s, p.sq = sq, p.q_row0 = in.q_row0, p.nI = nI, p.dI = dI, p.n_e = n_e;
   p.qI = in.qI.data<float>();
   p.kI = in.kI.data<float>();
   p.w = in.w.data<float>();
@@ -64,7 +65,7 @@ Tensor compressed_index_topk(const CompressedIndexInputs& in, int64_t K) {
   HMLA_CHECK(K >= 1, ShapeError, kOp, ": K = ", K, ": it must be at least 1");
   CompressedIndexParams p = make_params(in);  // validated before anything is allocated
   p.K = K;
-  Tensor idx = Tensor::empty({p.b, p.s, K}, DType::i32, in.qI.device());
+  Tensor idx = Tensor::empty({p.b, p.sq, K}, DType::i32, in.qI.device());
   p.idx = idx.data<int32_t>();
   run(in, p, Op::compressed_index_topk);
   return idx;
@@ -72,7 +73,7 @@ Tensor compressed_index_topk(const CompressedIndexInputs& in, int64_t K) {
 
 Tensor compressed_index_scores(const CompressedIndexInputs& in) {
   CompressedIndexParams p = make_params(in);
-  Tensor scores = Tensor::empty({p.b, p.s, p.n_e}, DType::f32, in.qI.device());
+  Tensor scores = Tensor::empty({p.b, p.sq, p.n_e}, DType::f32, in.qI.device());
   p.scores = scores.data<float>();
   run(in, p, Op::compressed_index_scores);
   return scores;
@@ -85,7 +86,7 @@ CompressedIndexKlParams make_kl_params(const CompressedIndexKlInputs& in, const 
   CompressedIndexKlParams p;
   static_cast<CompressedIndexParams&>(p) = make_params(in.sc, op);
   const Device dev = in.sc.qI.device();
-  const int64_t b = p.b, s = p.s, n_e = p.n_e;
+  const int64_t b = p.b, s = p.sq, n_e = p.n_e;  // s: the query rows
   HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.size(0) == b && in.q.size(1) == s && in.q.size(2) >= 1 &&
                  in.q.size(3) >= 1 && in.q.dtype() == DType::f32 && in.q.device() == dev,
              ShapeError, op, ": q must be an f32 [b = ", b, ", s = ", s, ", H >= 1, d >= 1] tensor on ", device_name(dev),
@@ -147,9 +148,9 @@ CompressedIndexKlResult compressed_index_kl_sparse(const CompressedIndexKlInputs
   const char* op = "compressed_index_kl_sparse";
   CompressedIndexKlParams p = make_kl_params(in, op);
   const Device dev = in.sc.qI.device();
-  HMLA_CHECK(in.topk.defined() && in.topk.dim() == 3 && in.topk.size(0) == p.b && in.topk.size(1) == p.s &&
+  HMLA_CHECK(in.topk.defined() && in.topk.dim() == 3 && in.topk.size(0) == p.b && in.topk.size(1) == p.sq &&
                  in.topk.size(2) >= 1 && in.topk.dtype() == DType::i32 && in.topk.is_contiguous() && in.topk.device() == dev,
-             ShapeError, op, ": topk must be a contiguous i32 [b = ", p.b, ", s = ", p.s, ", K >= 1] table on ",
+             ShapeError, op, ": topk must be a contiguous i32 [b = ", p.b, ", s = ", p.sq, ", K >= 1] table on ",
              device_name(dev), " (compressed_index_topk's), got ", detail::desc(in.topk));
   p.K = in.topk.size(2);
   p.topk = in.topk.data<int32_t>();

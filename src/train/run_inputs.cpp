@@ -122,9 +122,6 @@ void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) 
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
-  HMLA_CHECK(!in.cfg.is_v4() || cp_ranks == 1, ConfigError, pr.model_config, ": --cp ", cp_ranks,
-             ": context parallelism over DeepSeek-V4 layers is not built yet (data parallelism is: run "
-             "without --cp)");
   train_mtp_layers(pr, in.cfg);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
   in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);

@@ -213,7 +213,7 @@ namespace hmla::op_cases {
 inline AttnCompressedParams params(const AttnCompressedCase& c, DType dt, bool backward) {
   AttnCompressedParams p;
   p.dtype = dt;
-  p.b = c.b, p.s = c.s, p.H = c.H, p.d = c.d, p.window = c.W, p.k = c.k, p.scale = float(c.scale_of());
+  p.b = c.b, p.s = p.sq = c.s, p.H = c.H, p.d = c.d, p.window = c.W, p.k = c.k, p.scale = float(c.scale_of());
   p.n_e = c.entries ? 1 : 0;  // the plans read no counts beyond "some"
   if (c.sink) p.sink = reinterpret_cast<const float*>(&detail::marker);
   if (backward) p.dq = &detail::marker;
@@ -229,8 +229,10 @@ inline void uses(Uses& u, const AttnCompressedCase& c, DType dt) {
 // max error <= 2 x the naive f32 instance's + a rounding term on the magnitude that enters it: f32
 // outputs 8 u (1 + zmax) mag (a logit's rounding, up to u zmax, moves every probability
 // relatively); bf16 outputs (CUDA) also one bf16 rounding and the backward's D read from the
-// stored bf16 out (each <= 2^-9 mag).
-inline std::string check(const AttnCompressedCase& c, Device dev) {
+// stored bf16 out (each <= 2^-9 mag). shards > 1 (context parallelism's row shards): the query rows
+// in `shards` calls at q_row0 = k s / shards, their rows put together and their key gradients summed
+// in shard order in f32, which adds (shards - 1) u mag to those gradients' rounding term.
+inline std::string check(const AttnCompressedCase& c, Device dev, int64_t shards = 1) {
   const DType dt = backend(dev).compute_dtype();
   AttnCompressedData x = attn_compressed_data(c);
   auto rnd = [dt](std::vector<double>& v) {
@@ -268,14 +270,34 @@ inline std::string check(const AttnCompressedCase& c, Device dev) {
   const Tensor dout = put({c.b, c.s, c.H, c.d}, x.dout);
   std::vector<std::vector<double>> run[2];
   for (auto& got : run) {
-    const AttnCompressedSaved sv = attn_compressed_fwd(in);
+    got.assign(6, {});
+    got[0].assign(size_t(c.b * c.s * c.H * c.d), 0), got[1].assign(size_t(c.b * c.H * c.s), 0);
+    got[2].assign(got[0].size(), 0), got[3].assign(size_t(c.b * c.s * c.d), 0);
+    got[4].assign(size_t(c.b * x.n_e * c.d), 0);
     const Tensor ds0 = Tensor::from_vector<float>({c.H}, std::vector<float>(size_t(c.H), 0.25f)).to(dev);
-    const AttnCompressedGrads g = attn_compressed_bwd(in, sv, dout, c.sink ? ds0 : Tensor());
-    got = {host(sv.out), host(sv.lse), host(g.dq), host(g.dkv)};
-    got.push_back(x.n_e > 0 ? host(g.dent) : std::vector<double>{});
-    std::vector<double> dsink = c.sink ? host(g.dsink) : std::vector<double>{};
+    for (int64_t k = 0; k < shards; ++k) {  // rows [r0, r1): a view of q, copies of idx and dout
+      const int64_t r0 = k * c.s / shards, r1 = (k + 1) * c.s / shards, sq = r1 - r0;
+      AttnCompressedInputs ik = in;
+      ik.q = in.q.slice(1, r0, r1);
+      if (c.k > 0) ik.idx = in.idx.slice(1, r0, r1).clone();
+      ik.q_row0 = r0;
+      const AttnCompressedSaved sv = attn_compressed_fwd(ik);
+      const AttnCompressedGrads g = attn_compressed_bwd(ik, sv, dout.slice(1, r0, r1).clone(), c.sink ? ds0 : Tensor());
+      const std::vector<double> out = host(sv.out), lse = host(sv.lse), dq = host(g.dq), dkv = host(g.dkv);
+      const std::vector<double> dent = x.n_e > 0 ? host(g.dent) : std::vector<double>{};
+      const int64_t row = sq * c.H * c.d;
+      for (int64_t bb = 0; bb < c.b; ++bb) {
+        std::copy_n(out.begin() + bb * row, row, got[0].begin() + (bb * c.s + r0) * c.H * c.d);
+        std::copy_n(dq.begin() + bb * row, row, got[2].begin() + (bb * c.s + r0) * c.H * c.d);
+        for (int64_t h = 0; h < c.H; ++h)
+          std::copy_n(lse.begin() + (bb * c.H + h) * sq, sq, got[1].begin() + (bb * c.H + h) * c.s + r0);
+      }
+      for (size_t i = 0; i < dkv.size(); ++i) got[3][i] = double(float(got[3][i]) + float(dkv[i]));  // f32 sums
+      for (size_t i = 0; i < dent.size(); ++i) got[4][i] = double(float(got[4][i]) + float(dent[i]));
+    }
+    std::vector<double> dsink = c.sink ? host(ds0) : std::vector<double>{};  // every shard added into it
     for (double& v : dsink) v -= 0.25;
-    got.push_back(dsink);
+    got[5] = dsink;
   }
   std::string err;
   if (run[0] != run[1]) err += "two runs differ; ";
@@ -284,7 +306,7 @@ inline std::string check(const AttnCompressedCase& c, Device dev) {
   double lmag = 0;
   for (double v : r64.lse) lmag = std::max(lmag, std::isfinite(v) ? std::abs(v) : 0.0);
   const bool bf = dt == DType::bf16;
-  const double u = 0x1p-23, f = 8 * u * (1 + r64.zmax);
+  const double u = 0x1p-23, f = 8 * u * (1 + r64.zmax), fs = f + double(shards - 1) * u;
   struct Item {
     const char* name;
     const std::vector<double>& got;
@@ -296,10 +318,10 @@ inline std::string check(const AttnCompressedCase& c, Device dev) {
       {"out", run[0][0], r64.out, d64(r32.out), (f + (bf ? 0x1p-8 : 0)) * r64.mag_out},
       {"lse", run[0][1], r64.lse, d64(r32.lse), f * (lmag + r64.zmax + 1)},
       {"dq", run[0][2], r64.dq, d64(r32.dq), (f + (bf ? 0x1p-8 : 0)) * r64.mag_dq},
-      {"dkv", run[0][3], r64.dkv, d64(r32.dkv), (f + (bf ? 0x1p-8 : 0)) * r64.mag_dkv},
-      {"dent", run[0][4], r64.dent, d64(r32.dent), (f + (bf ? 0x1p-8 : 0)) * r64.mag_dent},
+      {"dkv", run[0][3], r64.dkv, d64(r32.dkv), (fs + (bf ? 0x1p-8 : 0)) * r64.mag_dkv},
+      {"dent", run[0][4], r64.dent, d64(r32.dent), (fs + (bf ? 0x1p-8 : 0)) * r64.mag_dent},
       {"dsink", run[0][5], c.sink ? r64.dsink : std::vector<double>{}, c.sink ? d64(r32.dsink) : std::vector<double>{},
-       (f + (bf ? 0x1p-9 : 0)) * r64.mag_dsink},
+       (fs + (bf ? 0x1p-9 : 0)) * r64.mag_dsink},
   };
   for (const Item& it : items) {
     if (it.got.size() != it.ref.size()) {

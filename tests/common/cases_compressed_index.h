@@ -151,7 +151,7 @@ inline CompressedIndexRef compressed_index_ref(const CompressedIndexCase& c, con
 inline CompressedIndexParams params(const CompressedIndexCase& c, bool topk) {
   const CompressedIndexData x = compressed_index_data(c);
   CompressedIndexParams p;
-  p.b = c.b, p.s = c.s, p.nI = c.nI, p.dI = c.dI, p.n_e = x.n_e, p.K = topk ? c.K : 0;
+  p.b = c.b, p.s = p.sq = c.s, p.nI = c.nI, p.dI = c.dI, p.n_e = x.n_e, p.K = topk ? c.K : 0;
   return p;
 }
 // f32 inputs whatever the backend's compute dtype (the op's only dtype).
@@ -217,8 +217,9 @@ inline std::string compressed_index_check_table(const CompressedIndexCase& c, co
 }
 
 // The row on a device: the table (run twice: the bits must repeat) and the scores against the
-// oracle; on CUDA also both against the CPU's on the same inputs, bit for bit.
-inline std::string check(const CompressedIndexCase& c, Device dev) {
+// oracle; on CUDA also both against the CPU's on the same inputs, bit for bit. shards > 1 (context
+// parallelism's row shards): the query rows in `shards` calls at q_row0 = k s / shards, put together.
+inline std::string check(const CompressedIndexCase& c, Device dev, int64_t shards = 1) {
   const CompressedIndexData x = compressed_index_data(c);
   const CompressedIndexRef r = compressed_index_ref(c, x);
   auto f32 = [](const Shape& sh, const std::vector<double>& v, Device d) {
@@ -232,12 +233,22 @@ inline std::string check(const CompressedIndexCase& c, Device dev) {
     in.ent_last = Tensor::from_vector<int32_t>({c.b, x.n_e}, x.ent_last).to(d);
     in.ent_doc = Tensor::from_vector<int32_t>({c.b, x.n_e}, x.ent_doc).to(d);
     in.layout = &x.layout;
-    const Tensor t = compressed_index_topk(in, c.K).to(Device::cpu);
-    const Tensor t2 = compressed_index_topk(in, c.K).to(Device::cpu);
-    const Tensor sc = compressed_index_scores(in).to(Device::cpu);
-    idx.assign(t.data<int32_t>(), t.data<int32_t>() + t.numel());
-    scores.assign(sc.data<float>(), sc.data<float>() + sc.numel());
-    return std::memcmp(t.data<int32_t>(), t2.data<int32_t>(), size_t(t.numel()) * 4) == 0;
+    idx.assign(size_t(c.b * c.s * c.K), 0), scores.assign(size_t(c.b * c.s * x.n_e), 0.f);
+    bool same = true;
+    for (int64_t k = 0; k < shards; ++k) {
+      const int64_t r0 = k * c.s / shards, r1 = (k + 1) * c.s / shards, sq = r1 - r0;
+      CompressedIndexInputs ik = in;
+      ik.qI = in.qI.slice(1, r0, r1).clone(), ik.w = in.w.slice(1, r0, r1).clone(), ik.q_row0 = r0;
+      const Tensor t = compressed_index_topk(ik, c.K).to(Device::cpu);
+      const Tensor t2 = compressed_index_topk(ik, c.K).to(Device::cpu);
+      const Tensor sc = compressed_index_scores(ik).to(Device::cpu);
+      for (int64_t bb = 0; bb < c.b; ++bb) {
+        std::copy_n(t.data<int32_t>() + bb * sq * c.K, sq * c.K, idx.begin() + (bb * c.s + r0) * c.K);
+        std::copy_n(sc.data<float>() + bb * sq * x.n_e, sq * x.n_e, scores.begin() + (bb * c.s + r0) * x.n_e);
+      }
+      same = same && std::memcmp(t.data<int32_t>(), t2.data<int32_t>(), size_t(t.numel()) * 4) == 0;
+    }
+    return same;
   };
   std::vector<int32_t> idx;
   std::vector<float> scores;

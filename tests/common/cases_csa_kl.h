@@ -207,10 +207,32 @@ struct CsaKlGot {
   std::vector<float> dqI, dkI, dw;
 };
 
-inline CsaKlGot csa_kl_run(const CsaKlRowData& rd, Device dev, bool strided_q, const std::vector<float>& lse) {
+// shards > 1 (context parallelism's row shards): the query rows in `shards` calls at q_row0 = k s /
+// shards, their rows put together, their dkI summed in shard order in f32 and their sums added.
+inline CsaKlGot csa_kl_run(const CsaKlRowData& rd, Device dev, bool strided_q, const std::vector<float>& lse,
+                           int64_t shards = 1) {
   const CompressedIndexKlInputs in = csa_kl_inputs(rd, dev, strided_q, lse);
-  const CompressedIndexKlResult r = rd.d.x.dm.K > 0 ? compressed_index_kl_sparse(in) : compressed_index_kl_dense(in);
-  return {r.kl_sum, r.loss, r.dqI.to_vector<float>(), r.dkI.to_vector<float>(), r.dw.to_vector<float>()};
+  const CsaKlDims& m = rd.d.x.dm;
+  CsaKlGot g;
+  g.dqI.assign(size_t(m.b * m.s * m.nI * m.dI), 0.f), g.dkI.assign(size_t(m.b * m.n_e * m.dI), 0.f);
+  g.dw.assign(size_t(m.b * m.s * m.nI), 0.f);
+  for (int64_t k = 0; k < shards; ++k) {
+    const int64_t r0 = k * m.s / shards, r1 = (k + 1) * m.s / shards, sq = r1 - r0;
+    CompressedIndexKlInputs ik = in;
+    ik.sc.qI = in.sc.qI.slice(1, r0, r1).clone(), ik.sc.w = in.sc.w.slice(1, r0, r1).clone(), ik.sc.q_row0 = r0;
+    ik.q = in.q.slice(1, r0, r1), ik.lse = in.lse.slice(2, r0, r1).clone();
+    ik.row_weight = in.row_weight.slice(1, r0, r1).clone();
+    if (m.K > 0) ik.topk = in.topk.slice(1, r0, r1).clone();
+    const CompressedIndexKlResult r = m.K > 0 ? compressed_index_kl_sparse(ik) : compressed_index_kl_dense(ik);
+    g.kl_sum += r.kl_sum, g.loss += r.loss;
+    const std::vector<float> dqI = r.dqI.to_vector<float>(), dkI = r.dkI.to_vector<float>(), dw = r.dw.to_vector<float>();
+    for (int64_t bb = 0; bb < m.b; ++bb) {
+      std::copy_n(dqI.begin() + bb * sq * m.nI * m.dI, sq * m.nI * m.dI, g.dqI.begin() + (bb * m.s + r0) * m.nI * m.dI);
+      std::copy_n(dw.begin() + bb * sq * m.nI, sq * m.nI, g.dw.begin() + (bb * m.s + r0) * m.nI);
+    }
+    for (size_t i = 0; i < dkI.size(); ++i) g.dkI[i] += dkI[i];
+  }
+  return g;
 }
 
 // Megatron-LM's computation in f32, the naive way (compute_dsa_indexer_loss, bwd_fused_indexer_loss_naive;
@@ -419,15 +441,16 @@ inline std::string csa_kl_check_lse(const CsaKlInputs& x, const DocLayout& layou
   return "";
 }
 
-// The row on a device: the op twice (the bits must repeat), each output against the oracle by the rule.
-inline std::string check(const CsaKlRow& row, Device dev) {
+// The row on a device: the op twice (the bits must repeat), each output against the oracle by the rule
+// (shards: csa_kl_run's; the shard sum adds (shards - 1) u mag to dkI's rounding term).
+inline std::string check(const CsaKlRow& row, Device dev, int64_t shards = 1) {
   const CsaKlRowData rd = csa_kl_row_data(row);
   const CsaKlInputs& x = rd.d.x;
   const CsaKlRef r = csa_kl_ref(x, rd.d.layout);
   std::string err = csa_kl_kink_free(x, r);
   const std::vector<float> lse = csa_kl_lse(rd, dev);
   err += csa_kl_check_lse(x, rd.d.layout, r, lse);
-  const CsaKlGot g = csa_kl_run(rd, dev, row.strided_q, lse), g2 = csa_kl_run(rd, dev, row.strided_q, lse);
+  const CsaKlGot g = csa_kl_run(rd, dev, row.strided_q, lse, shards), g2 = csa_kl_run(rd, dev, row.strided_q, lse, shards);
   if (std::memcmp(&g.kl_sum, &g2.kl_sum, sizeof(double)) != 0 || g.dqI != g2.dqI || g.dkI != g2.dkI || g.dw != g2.dw)
     err += "two runs differ; ";
   if (!(std::abs(g.loss - x.coeff * g.kl_sum) <= 1e-12 * std::abs(g.loss))) err += "loss != coeff kl_sum; ";
@@ -440,20 +463,20 @@ inline std::string check(const CsaKlRow& row, Device dev) {
   err += csa_kl_within("kl_sum", std::vector<double>{g.kl_sum}, std::vector<float>{float(nv.kl_sum)},
                        std::vector<double>{r.kl_sum}, f * mg.kl, worst);
   err += csa_kl_within("dqI", g.dqI, nv.dqI, r.dqI, f * mg.dqI, worst);
-  err += csa_kl_within("dkI", g.dkI, nv.dkI, r.dkI, f * mg.dkI, worst);
+  err += csa_kl_within("dkI", g.dkI, nv.dkI, r.dkI, (f + double(shards - 1) * 0x1p-24) * mg.dkI, worst);
   err += csa_kl_within("dw", g.dw, nv.dw, r.dw, f * mg.dw, worst);
   return err;
 }
 
 inline CompressedIndexKlParams params(const CsaKlRow& r) {
   CompressedIndexKlParams p;
-  p.b = r.c.b, p.s = r.c.s, p.nI = r.c.nI, p.dI = r.c.dI, p.H = r.c.H, p.d = r.c.d, p.K = r.c.K;
+  p.b = r.c.b, p.s = p.sq = r.c.s, p.nI = r.c.nI, p.dI = r.c.dI, p.H = r.c.H, p.d = r.c.d, p.K = r.c.K;
   return p;
 }
 // The runner's attention forward (f32, dense or selected on the table) and the KL.
 inline void uses(Uses& u, const CsaKlRow& r, DType) {
   AttnCompressedParams a;
-  a.b = r.c.b, a.s = r.c.s, a.H = r.c.H, a.d = r.c.d, a.k = r.c.K, a.window = r.c.W;
+  a.b = r.c.b, a.s = a.sq = r.c.s, a.H = r.c.H, a.d = r.c.d, a.k = r.c.K, a.window = r.c.W;
   if (r.sink != CsaSink::none) a.sink = reinterpret_cast<const float*>(&detail::marker);
   u(Op::attn_compressed_fwd, a)(r.c.K > 0 ? Op::compressed_index_kl_sparse : Op::compressed_index_kl_dense, params(r));
 }

@@ -148,5 +148,35 @@ TEST(AttnCompressedInputs, RefusesEntriesOutOfOrderAndAZeroWindow) {
   EXPECT_THROW(attn_compressed_fwd(in), ShapeError);
 }
 
+// Context parallelism's row shards (DESIGN.md section 8): every case row's query rows in 2 and 3
+// calls at q_row0 = k s / shards (keys, entries and the layout whole), put together, meet the float64
+// oracle by the rule (the key gradients' shard sum adds its rounding). A kernel that read the layout,
+// the window or the visibility at the local row instead of the global position fails every row with
+// documents; the CPU only (CUDA's plans refuse an offset until issue 46).
+TEST(AttnCompressedShards, QueryRowsAtAnOffsetMeetTheOracle) {
+  for (const AttnCompressedCase& c : op_cases::attn_compressed_cases())
+    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(c, Device::cpu, shards), "") << c.name << " in " << shards;
+}
+
+TEST(AttnCompressedInputs, RefusesQueryRowsPastTheLayout) {
+  const AttnCompressedCase c{"rows", op_cases::Oracle::attn_compressed_ref, 1, 12, 1, 4, 3, 2, {{0, 5, 12}}};
+  AttnCompressedData x = op_cases::attn_compressed_data(c);
+  AttnCompressedInputs in;
+  in.q = Tensor::zeros({1, 6, 1, 4}, DType::f32);
+  in.kv = Tensor::zeros({1, 12, 4}, DType::f32);
+  in.layout = &x.layout;
+  in.scale = 0.5f;
+  in.window = 3;
+  in.q_row0 = 6;
+  EXPECT_NO_THROW(attn_compressed_fwd(in));
+  in.q_row0 = 7;  // rows [7, 13) of 12
+  EXPECT_THROW(attn_compressed_fwd(in), LayoutError);
+  in.q_row0 = -1;
+  EXPECT_THROW(attn_compressed_fwd(in), LayoutError);
+  in.q_row0 = 0;
+  in.kv = Tensor::zeros({1, 6, 4}, DType::f32);  // kv covers the layout's rows, not q's
+  EXPECT_THROW(attn_compressed_fwd(in), ShapeError);
+}
+
 }  // namespace
 }  // namespace hmla

@@ -135,11 +135,24 @@ TEST(CompressedIndexInputs, RefusesBadShapesDtypesKAndMetadata) {
   in.ent_last = Tensor::from_vector<int32_t>({1, 4}, {1, 3, 5, 9});  // past the document's end
   EXPECT_THROW(compressed_index_topk(in, 2), LayoutError);
   in = r.on(Device::cpu);
-  const DocLayout other = layout_from_cu_seqlens(12, {{0, 12}});
+  const DocLayout other = layout_from_cu_seqlens(12, {{0, 12}, {0, 12}});  // b = 2
   in.layout = &other;
+  EXPECT_THROW(compressed_index_topk(in, 2), LayoutError);
+  in = r.on(Device::cpu);
+  in.q_row0 = 1;  // query rows [1, 11) of the layout's 10
+  EXPECT_THROW(compressed_index_topk(in, 2), LayoutError);
+  in.q_row0 = -1;
   EXPECT_THROW(compressed_index_topk(in, 2), LayoutError);
   in.layout = nullptr;
   EXPECT_THROW(compressed_index_topk(in, 2), LayoutError);
+}
+
+// Context parallelism's row shards (DESIGN.md section 8): every case row's query rows in 2 and 3
+// calls at q_row0 = k s / shards, put together, give the table and the scores the oracle's rule
+// accepts (a kernel reading the layout at the local row would pick other documents' entries).
+TEST(CompressedIndexShards, QueryRowsAtAnOffsetMeetTheOracle) {
+  for (const op_cases::CompressedIndexCase& c : op_cases::compressed_index_cases())
+    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(c, Device::cpu, shards), "") << c.name << " in " << shards;
 }
 
 }  // namespace

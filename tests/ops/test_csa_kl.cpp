@@ -317,5 +317,13 @@ TEST(CsaKlInputs, RefusesBadShapesDtypesAndTables) {
   }
 }
 
+// Context parallelism's row shards (DESIGN.md section 8): every case row's query rows in 2 and 3
+// calls at q_row0 = k s / shards (q, lse, row weights, table and indexer queries sliced; entries
+// whole), put together, meet the float64 oracle by the rule; dkI is the shards' sum.
+TEST(CsaKlShards, QueryRowsAtAnOffsetMeetTheOracle) {
+  for (const CsaKlRow& r : op_cases::csa_kl_rows())
+    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(r, Device::cpu, shards), "") << r.name << " in " << shards;
+}
+
 }  // namespace
 }  // namespace hmla

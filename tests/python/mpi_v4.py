@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""The DSA programme on a hybrid DeepSeek-V4 stack over MPI: `mpirun -np 2 hmla train` (DP = 2)
-against one rank through the phases mha, mqa_full_causal, dsa_warmup and dsa_sparse on
-configs/deepseek_v4_tiny_hybrid.json (HCA, hybrid_mla, CSA, hybrid_mla; hash and learned MoE; mHC):
-per-step losses (LM and the indexer KL), gradient norms, each phase's moments and the final weights
-by harness.compare_training's bounds (the runs differ by the f32 reassociation of the gradient
-sum; AdamW's eps 1 keeps the update well-conditioned, lr 0.05 keeps every routing decision where it
-was). Context parallelism over V4 layers is not built: `--cp 2` is refused in one line before the
-run directory is touched."""
+"""The DSA programme on a hybrid DeepSeek-V4 stack over MPI: `mpirun -np 2 hmla train` against one
+rank through the phases mha, mqa_full_causal, dsa_warmup and dsa_sparse on
+configs/deepseek_v4_tiny_hybrid.json (HCA, hybrid_mla, CSA, hybrid_mla; hash and learned MoE; mHC),
+as data parallelism (DP = 2) and as context parallelism (--cp 2, DESIGN.md section 8) on the same
+stack with a CSA MTP layer trained by mtp_loss_coeff: per-step losses (LM, the indexer KL and the
+MTP loss), gradient norms, each phase's moments and the final weights by harness.compare_training's
+bounds (the runs differ by the f32 reassociation of the gradient sums; AdamW's eps 1 keeps the
+update well-conditioned, lr 0.05 keeps every routing decision where it was). The CP run's seq_len 24
+gives each rank 12 rows: an HCA window (16 rows) straddles the ranks and its halo (15 rows) reaches
+past the neighbour's whole shard; CSA windows (4) and their halo (7) straddle them too."""
 import os
 import subprocess
 import sys
@@ -48,12 +50,53 @@ phases:
         check.exit()
     compare_training(check, "V4 train dp2", f"{w}/one", f"{w}/dp2", rows=4 * 32, lr_over_eps=0.05, steps=7,
                      seq_len=32)
-    cp = subprocess.run(mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/cp2", "--cp", "2"], capture_output=True,
-                        text=True, timeout=300, env=env)
-    check("V4 --cp 2 is refused in one line", cp.returncode != 0 and "context parallelism over DeepSeek-V4" in cp.stderr,
-          cp.stderr[-400:])
-    check("V4 --cp 2 writes no run", not os.path.exists(f"{w}/cp2/metrics.jsonl"))
+    context_parallel(check, a, env)
     check.exit()
+
+
+def context_parallel(check, a, env):
+    import json
+    w = a.workdir
+    with open(f"{HERE}/../../configs/deepseek_v4_tiny_hybrid.json") as f:
+        cfg = json.load(f)
+    cfg["layer_types"].append("compressed_sparse_attention")  # the MTP layer: CSA, its indexer in the programme
+    cfg["mlp_layer_types"].append("moe")
+    cfg["num_nextn_predict_layers"] = 1
+    with open(f"{w}/mtp.json", "w") as f:
+        json.dump(cfg, f)
+    with open(f"{w}/cp.yaml", "w") as f:
+        f.write(f"""model: {w}/mtp.json
+data: {HERE}/../../data/demo
+seed: 5
+base: {{batch: 4, micro_batches: 2, seq_len: 24, lr: 0.05, indexer_lr: 0.05, eps: 1.0, log_every: 1, eval_rows: 2,
+        moe_aux_loss_coeff: 0, warmup_steps: 1, mtp_loss_coeff: 0.3}}
+phases:
+  - {{name: pre, mode: mha, steps: 2}}
+  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
+  - {{name: warm, mode: dsa_warmup, steps: 2}}
+  - {{name: sparse, mode: dsa_sparse, steps: 2}}
+""")
+    prog = f"{w}/cp.yaml"
+    runs = {"one": [a.hmla, "train", prog, "--out", f"{w}/cp-one"],
+            "cp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/cp2", "--cp", "2"]}
+    res = {k: subprocess.run(c, capture_output=True, text=True, timeout=300, env=env) for k, c in runs.items()}
+    for k, r in res.items():
+        check(f"V4 CP train {k} runs", r.returncode == 0, r.stderr[-400:])
+    if any(r.returncode for r in res.values()):
+        return
+    rows = 4 * 24
+    compare_training(check, "V4 train cp2", f"{w}/cp-one", f"{w}/cp2", rows=rows, lr_over_eps=0.05, steps=7, seq_len=24)
+
+    def mtp(path):
+        return [r.get("mtp_loss") for r in map(json.loads, open(path)) if "step" in r]
+
+    m1, m2 = mtp(f"{w}/cp-one/metrics.jsonl"), mtp(f"{w}/cp2/metrics.jsonl")
+    trained = [x for x in m1 if x is not None]
+    # The MTP loss is a sum over the step's rows like the LM loss: rtol rows * eps.
+    check("V4 train cp2: the MTP loss is logged and equals one rank's",
+          len(trained) >= 4 and len(m1) == len(m2) and
+          all((x is None) == (y is None) and (x is None or abs(x - y) <= rows * 2.0 ** -24 * abs(x)) for x, y in zip(m1, m2)),
+          f"{m1} vs {m2}")
 
 
 if __name__ == "__main__":

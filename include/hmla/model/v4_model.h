@@ -22,6 +22,7 @@ struct Model;
 struct StepOptions;
 struct StepStats;
 struct DeviceBatch;
+class Comm;
 
 // A compressor's tensors (attn.compressor.* or attn.indexer.compressor.*).
 struct V4CompressorTensors {
@@ -57,13 +58,14 @@ struct V4Tensors {
 // Typed views of one V4 table's tensors (weights or their gradients: same names and shapes).
 V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c);
 
-// model_logits / model_step for a deepseek_v4 model (model.h's contracts; no context parallelism:
-// cp must be one rank). topk: per layer the CSA layers' selection [b, s, index_topk] i32 (-1 pads)
+// model_logits / model_step for a deepseek_v4 model (model.h's contracts; context parallelism over
+// cp: `in` holds this rank's rows, DESIGN.md section 8). topk: per layer the CSA layers' selection [b, s, index_topk] i32 (-1 pads)
 // and the hybrid_mla layers' in dsa modes ([b, s, hybrid_mla_index_topk + sliding_window]),
 // undefined elsewhere; experts: per layer [b * s, k] i32 (by descending choice; hash layers: the
 // tid2eid row).
-Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts);
-double v4_lm_loss(const Model& m, const DeviceBatch& in);
-StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads);
+Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts,
+                 Comm& cp);
+double v4_lm_loss(const Model& m, const DeviceBatch& in, Comm& cp);
+StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads, Comm& cp);
 
 }  // namespace hmla

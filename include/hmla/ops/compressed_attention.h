@@ -3,6 +3,11 @@
 // compressed entries and a per-head sink. Letters: b batch, s rows, H heads, d head width, n_e
 // entries per batch row, k selected slots per query, W sliding window.
 //
+// Context parallelism (DESIGN.md section 8): q may hold the sq query rows [q_row0, q_row0 + sq) of
+// the layout's s rows (q_row0 = 0, sq = s: every row); kv, ent and their gradients always cover all
+// s rows and n_e entries, and out, lse, dout, dq and idx the sq query rows. Positions t below are
+// global (the layout's).
+//
 // Query row t of document [st, en) (the layout's doc_start / doc_end), per head h:
 //   window keys  u with max(st, t - W + 1) <= u <= t       (kv[u]: key and value)
 //   entries      e with ent_doc[e] == st and ent_last[e] <= t (ent[e]: key and value); dense mode:
@@ -32,51 +37,53 @@ namespace hmla {
 // points below. Every tensor but q is contiguous.
 struct AttnCompressedParams {
   DType dtype = DType::f32;  // of q, kv, ent, out, dout, dq, dkv, dent
-  int64_t b = 0, s = 0, H = 0, d = 0;
+  int64_t b = 0, s = 0, H = 0, d = 0;  // s: the layout's (kv's) rows
+  int64_t sq = 0, q_row0 = 0;          // query rows and the global position of the first
   int64_t n_e = 0;     // entries per batch row (0: window and sink only)
   int64_t k = 0;       // selected slots per query; 0: dense mode (every visible entry)
   int64_t window = 0;  // W >= 1
   float scale = 0.f;   // on q . key only
-  const void* q = nullptr;  // [b, s, H, d], last dim contiguous
+  const void* q = nullptr;  // [b, sq, H, d], last dim contiguous
   int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
   const void* kv = nullptr;             // [b, s, d]
   const void* ent = nullptr;            // [b, n_e, d] (null when n_e = 0)
   const int32_t* ent_last = nullptr;    // [b, n_e] row of the entry's window's last token
   const int32_t* ent_doc = nullptr;     // [b, n_e] start row of the entry's document; -1: unused slot
-  const int32_t* idx = nullptr;         // [b, s, k] entry indices, selected mode only
+  const int32_t* idx = nullptr;         // [b, sq, k] entry indices, selected mode only
   const int32_t* doc_start = nullptr;   // [b, s]
   const int32_t* doc_end = nullptr;     // [b, s] exclusive
   const float* sink = nullptr;          // [H] or null
-  void* out = nullptr;                  // [b, s, H, d]
-  float* lse = nullptr;                 // [b, H, s] f32
+  void* out = nullptr;                  // [b, sq, H, d]
+  float* lse = nullptr;                 // [b, H, sq] f32
   // Backward only.
-  const void* dout = nullptr;  // [b, s, H, d]
-  void* dq = nullptr;          // [b, s, H, d]
+  const void* dout = nullptr;  // [b, sq, H, d]
+  void* dq = nullptr;          // [b, sq, H, d]
   void* dkv = nullptr;         // [b, s, d]
   void* dent = nullptr;        // [b, n_e, d] (null when n_e = 0)
   float* dsink = nullptr;      // [H] or null: added into
 };
 
 struct AttnCompressedInputs {
-  Tensor q;         // [b, s, H, d], last dim contiguous (normed and roped)
+  Tensor q;         // [b, sq, H, d], last dim contiguous (normed and roped): rows [q_row0, q_row0 + sq)
   Tensor kv;        // [b, s, d] contiguous: window keys = values
   Tensor ent;       // [b, n_e, d] contiguous: compressed entries = values; undefined or n_e = 0: none
   Tensor ent_last;  // [b, n_e] i32
   Tensor ent_doc;   // [b, n_e] i32
-  Tensor idx;       // [b, s, k] i32 contiguous: selected mode; undefined: dense mode
+  Tensor idx;       // [b, sq, k] i32 contiguous: selected mode; undefined: dense mode
   const DocLayout* layout = nullptr;
   Tensor sink;      // [H] f32, optional
   float scale = 0.f;
   int64_t window = 0;
+  int64_t q_row0 = 0;  // global position of q's first row (q_row0 + sq <= s)
 };
 
 struct AttnCompressedSaved {
-  Tensor out;  // [b, s, H, d]
-  Tensor lse;  // [b, H, s] f32
+  Tensor out;  // [b, sq, H, d]
+  Tensor lse;  // [b, H, sq] f32
 };
 
 struct AttnCompressedGrads {
-  Tensor dq;     // [b, s, H, d]
+  Tensor dq;     // [b, sq, H, d]
   Tensor dkv;    // [b, s, d]
   Tensor dent;   // [b, n_e, d], with entries
   Tensor dsink;  // [H] f32, with a sink

@@ -3,6 +3,11 @@
 // of a query row's visible entries and their top-k. Letters: b batch, s rows, nI index heads, dI
 // index head width, n_e entries per batch row, K selected slots per query.
 //
+// Context parallelism (DESIGN.md section 8): the query-side tensors (qI, w, and the KLs' q, lse,
+// row_weight, topk and their outputs dqI, dw, idx, scores) may hold the sq rows [q_row0, q_row0 + sq)
+// of the layout's s rows (q_row0 = 0, sq = s: every row); kI, ent and dkI cover every entry. The
+// positions t below are global (the layout's).
+//
 //   I(t, e) = sum_h w[t, h] * relu(qI[t, h] . kI[e])   for the entries e visible to t:
 //   ent_doc[e] == doc_start[t] and ent_last[e] <= t (attn_compressed's contract, so they are one
 //   contiguous range of entries, found per query by binary search).
@@ -25,7 +30,7 @@
 //   kl(t) = sum_C P (log P - log Q);  loss = coeff sum_t rw[t] kl(t);  dI = coeff rw (Q - P),
 // chained through I into dqI, dkI and dw. A row with no candidate, or every lse_h = +inf, has kl 0
 // and no gradient. Fused: nothing [s, n_e]; workspace O(b s) plus per-thread tiles (the CPU's sparse
-// KL also two [b, s, K] i32 tables: its rows' candidate sets and their inverse, entry -> rows).
+// KL also two [b, sq, K] i32 tables: its rows' candidate sets and their inverse, entry -> rows).
 #pragma once
 #include <cstdint>
 
@@ -37,63 +42,65 @@ namespace hmla {
 // The backends' params struct: pointers on the backend's device, filled and validated by the entry
 // points below. Every tensor is contiguous f32 (i32 for the metadata and the table).
 struct CompressedIndexParams {
-  int64_t b = 0, s = 0, nI = 0, dI = 0;
+  int64_t b = 0, s = 0, nI = 0, dI = 0;  // s: the layout's rows
+  int64_t sq = 0, q_row0 = 0;            // query rows and the global position of the first
   int64_t n_e = 0;                     // entries per batch row (0: every row's table is -1)
   int64_t K = 0;                       // topk: slots per query row (>= 1); scores: 0
-  const float* qI = nullptr;           // [b, s, nI, dI]
+  const float* qI = nullptr;           // [b, sq, nI, dI]
   const float* kI = nullptr;           // [b, n_e, dI]
-  const float* w = nullptr;            // [b, s, nI]
+  const float* w = nullptr;            // [b, sq, nI]
   const int32_t* ent_last = nullptr;   // [b, n_e] row of the entry's window's last token
   const int32_t* ent_doc = nullptr;    // [b, n_e] start row of the entry's document; -1: unused slot
   const int32_t* doc_start = nullptr;  // [b, s]
-  int32_t* idx = nullptr;              // topk: [b, s, K] output
-  float* scores = nullptr;             // scores: [b, s, n_e] output (-inf where not visible)
+  int32_t* idx = nullptr;              // topk: [b, sq, K] output
+  float* scores = nullptr;             // scores: [b, sq, n_e] output (-inf where not visible)
 };
 
 struct CompressedIndexInputs {
-  Tensor qI;        // [b, s, nI, dI] f32 contiguous (the indexer queries, RoPE applied)
+  Tensor qI;        // [b, sq, nI, dI] f32 contiguous (the indexer queries, RoPE applied): rows [q_row0, q_row0 + sq)
   Tensor kI;        // [b, n_e, dI] f32 contiguous (the indexer compressor's entries, normed and roped)
-  Tensor w;         // [b, s, nI] f32 contiguous: per-head weights with BOTH scales folded in (weights_proj(x) * nI^-0.5 * dI^-0.5)
+  Tensor w;         // [b, sq, nI] f32 contiguous: per-head weights with BOTH scales folded in (weights_proj(x) * nI^-0.5 * dI^-0.5)
   Tensor ent_last;  // [b, n_e] i32: row of the entry's window's last token (attn_compressed's metadata contract)
   Tensor ent_doc;   // [b, n_e] i32: start row of the entry's document; -1 unused slot
   const DocLayout* layout = nullptr;
+  int64_t q_row0 = 0;  // global position of qI's first row (q_row0 + sq <= s)
 };
 
-// idx [b, s, K] i32 on the inputs' device: per query row t the visible entries (same contract as
+// idx [b, sq, K] i32 on the inputs' device: per query row t the visible entries (same contract as
 // attn_compressed: ent_doc[e] == doc_start[t] and ent_last[e] <= t) of largest
 // I(t, e) = sum_h w[t, h] * relu(qI[t, h] . kI[e]), by descending I, equal I by ascending e; fewer
 // than K visible: the rest -1. Padding rows (doc_start > t): all -1.
 Tensor compressed_index_topk(const CompressedIndexInputs& in, int64_t K);
 // The scores themselves, for tests and for the KL of the next issue: scores [b, s, n_e] f32 of the
-// same I (-inf where not visible). Tests only (it is the [s, n_e] tensor the model never builds).
+// same I (-inf where not visible; [b, sq, n_e] with query rows at an offset). Tests only (it is the [s, n_e] tensor the model never builds).
 Tensor compressed_index_scores(const CompressedIndexInputs& in);
 
 // The KLs' params: the scores' fields (K: the table's slots, sparse only) and the attention's.
 struct CompressedIndexKlParams : CompressedIndexParams {
   int64_t H = 0, d = 0;
-  const float* q = nullptr;  // [b, s, H, d], last dim contiguous
+  const float* q = nullptr;  // [b, sq, H, d], last dim contiguous
   int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
   const float* ent = nullptr;          // [b, n_e, d]
-  const float* lse = nullptr;          // [b, H, s]: the attention's saved lse (+inf: padding rows)
-  const float* row_weight = nullptr;   // [b, s]
+  const float* lse = nullptr;          // [b, H, sq]: the attention's saved lse (+inf: padding rows)
+  const float* row_weight = nullptr;   // [b, sq]
   const int32_t* doc_end = nullptr;    // [b, s] exclusive
-  const int32_t* topk = nullptr;       // sparse only: [b, s, K] (-1, out of range, invisible: none; repeats once)
+  const int32_t* topk = nullptr;       // sparse only: [b, sq, K] (-1, out of range, invisible: none; repeats once)
   float scale = 0.f, coeff = 0.f;
-  float* dqI = nullptr;      // [b, s, nI, dI] output
-  float* dkI = nullptr;      // [b, n_e, dI] output
-  float* dw = nullptr;       // [b, s, nI] output
+  float* dqI = nullptr;      // [b, sq, nI, dI] output
+  float* dkI = nullptr;      // [b, n_e, dI] output (this call's query rows' share)
+  float* dw = nullptr;       // [b, sq, nI] output
   double* kl_acc = nullptr;  // [1] on the device: sum_t rw[t] kl(t) (rows in order) added
 };
 
 struct CompressedIndexKlInputs {
-  CompressedIndexInputs sc;  // qI [b, s, nI, dI], kI [b, n_e, dI], w [b, s, nI] (scales folded), ent_last, ent_doc, layout
-  Tensor q;                  // [b, s, H, d] f32 attention queries (detached; last dim contiguous; may be strided like attn_compressed's q)
+  CompressedIndexInputs sc;  // qI [b, sq, nI, dI], kI [b, n_e, dI], w [b, sq, nI] (scales folded), ent_last, ent_doc, layout
+  Tensor q;                  // [b, sq, H, d] f32 attention queries (detached; last dim contiguous; may be strided like attn_compressed's q)
   Tensor ent;                // [b, n_e, d] f32 contiguous: the attention's compressed entries (detached)
-  Tensor lse;                // [b, H, s] f32: attn_compressed_fwd's saved lse (window + attended entries + sink; +inf on padding rows)
+  Tensor lse;                // [b, H, sq] f32: attn_compressed_fwd's saved lse (window + attended entries + sink; +inf on padding rows)
   float scale = 0;           // the attention's scale (on q . ent)
-  Tensor row_weight;         // [b, s] f32: mask[t] / valid_rows
+  Tensor row_weight;         // [b, sq] f32: mask[t] / valid_rows
   float coeff = 0.01f;
-  Tensor topk;               // sparse KL only (the dense KL ignores it): [b, s, K] i32, compressed_index_topk's table (-1 pads)
+  Tensor topk;               // sparse KL only (the dense KL ignores it): [b, sq, K] i32, compressed_index_topk's table (-1 pads)
   Tensor kl_acc;             // optional f64 [1] on the inputs' device: kl_sum ADDED into it; then the result's kl_sum/loss are NaN
 };
 
