@@ -23,38 +23,45 @@ def mpirun(n):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
 
 
-def main():
-    a = parse_args(__doc__)
-    w = a.workdir
-    check = Checker()
-    with open(f"{w}/p.yaml", "w") as f:
-        f.write(f"""model: {HERE}/../../configs/deepseek_v4_tiny_hybrid.json
+def programme(path, model, seed, seq_len, extra=""):
+    with open(path, "w") as f:
+        f.write(f"""model: {model}
 data: {HERE}/../../data/demo
-seed: 3
-base: {{batch: 4, micro_batches: 2, seq_len: 32, lr: 0.05, indexer_lr: 0.05, eps: 1.0, log_every: 1, eval_rows: 2,
-        moe_aux_loss_coeff: 0, warmup_steps: 1}}
+seed: {seed}
+base: {{batch: 4, micro_batches: 2, seq_len: {seq_len}, lr: 0.05, indexer_lr: 0.05, eps: 1.0, log_every: 1,
+        eval_rows: 2, moe_aux_loss_coeff: 0, warmup_steps: 1{extra}}}
 phases:
   - {{name: pre, mode: mha, steps: 2}}
   - {{name: mqa, mode: mqa_full_causal, steps: 1}}
   - {{name: warm, mode: dsa_warmup, steps: 2}}
   - {{name: sparse, mode: dsa_sparse, steps: 2}}
 """)
-    prog = f"{w}/p.yaml"
+    return path
+
+
+def train_pair(check, a, prog, label, ref, run, flags=()):
+    """One rank into `ref` and two (mpirun -np 2, `flags`) into `run`; True when both ran."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    runs = {"one": [a.hmla, "train", prog, "--out", f"{w}/one"],
-            "dp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/dp2"]}
+    runs = {"one": [a.hmla, "train", prog, "--out", ref], label: mpirun(2) + [a.hmla, "train", prog, "--out", run, *flags]}
     res = {k: subprocess.run(c, capture_output=True, text=True, timeout=300, env=env) for k, c in runs.items()}
     for k, r in res.items():
         check(f"V4 train {k} runs", r.returncode == 0, r.stderr[-400:])
-    if any(r.returncode for r in res.values()):
-        check.exit()
-    compare_training(check, "V4 train dp2", f"{w}/one", f"{w}/dp2", rows=4 * 32, lr_over_eps=0.05, steps=7,
-                     seq_len=32)
-    context_parallel(check, a, env)
+    return not any(r.returncode for r in res.values())
+
+
+def main():
+    a = parse_args(__doc__)
+    w = a.workdir
+    check = Checker()
+    prog = programme(f"{w}/p.yaml", f"{HERE}/../../configs/deepseek_v4_tiny_hybrid.json", 3, 32)
+    if train_pair(check, a, prog, "dp2", f"{w}/one", f"{w}/dp2"):
+        compare_training(check, "V4 train dp2", f"{w}/one", f"{w}/dp2", rows=4 * 32, lr_over_eps=0.05, steps=7,
+                         seq_len=32)
+    context_parallel(check, a)
     check.exit()
 
 
-def context_parallel(check, a, env):
+def context_parallel(check, a):
     import json
     w = a.workdir
     with open(f"{HERE}/../../configs/deepseek_v4_tiny_hybrid.json") as f:
@@ -64,25 +71,8 @@ def context_parallel(check, a, env):
     cfg["num_nextn_predict_layers"] = 1
     with open(f"{w}/mtp.json", "w") as f:
         json.dump(cfg, f)
-    with open(f"{w}/cp.yaml", "w") as f:
-        f.write(f"""model: {w}/mtp.json
-data: {HERE}/../../data/demo
-seed: 5
-base: {{batch: 4, micro_batches: 2, seq_len: 24, lr: 0.05, indexer_lr: 0.05, eps: 1.0, log_every: 1, eval_rows: 2,
-        moe_aux_loss_coeff: 0, warmup_steps: 1, mtp_loss_coeff: 0.3}}
-phases:
-  - {{name: pre, mode: mha, steps: 2}}
-  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
-  - {{name: warm, mode: dsa_warmup, steps: 2}}
-  - {{name: sparse, mode: dsa_sparse, steps: 2}}
-""")
-    prog = f"{w}/cp.yaml"
-    runs = {"one": [a.hmla, "train", prog, "--out", f"{w}/cp-one"],
-            "cp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/cp2", "--cp", "2"]}
-    res = {k: subprocess.run(c, capture_output=True, text=True, timeout=300, env=env) for k, c in runs.items()}
-    for k, r in res.items():
-        check(f"V4 CP train {k} runs", r.returncode == 0, r.stderr[-400:])
-    if any(r.returncode for r in res.values()):
+    prog = programme(f"{w}/cp.yaml", f"{w}/mtp.json", 5, 24, ", mtp_loss_coeff: 0.3")
+    if not train_pair(check, a, prog, "cp2", f"{w}/cp-one", f"{w}/cp2", ("--cp", "2")):
         return
     rows = 4 * 24
     compare_training(check, "V4 train cp2", f"{w}/cp-one", f"{w}/cp2", rows=rows, lr_over_eps=0.05, steps=7, seq_len=24)
