@@ -162,6 +162,11 @@ Tensor groups(const Tensor& t, const Dims& d, int64_t width) { return t.view({d.
 
 }  // namespace
 
+AttnCompressedInputs v4_core_inputs(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x,
+                                    const V4AttnSaved& sv, const DocLayout& layout) {
+  return core_inputs(c, dims(c, x), w, sv, layout);
+}
+
 V4Ropes v4_ropes(const ModelConfig& c, int64_t s, Device dev) {
   const int64_t r = c.qk_rope_head_dim, mp = c.max_position_embeddings;
   const RopeCache a = rope_cache(rope_tables(c.rope, r, mp), s), b = rope_cache(rope_tables(c.v4.compress_rope, r, mp), s);

@@ -5,8 +5,8 @@ configs/deepseek_v4_tiny_hybrid.json (HCA, hybrid_mla, CSA, hybrid_mla; hash and
 per-step losses (LM and the indexer KL), gradient norms, each phase's moments and the final weights
 by harness.compare_training's bounds (the runs differ by the f32 reassociation of the gradient
 sum; AdamW's eps 1 keeps the update well-conditioned, lr 0.05 keeps every routing decision where it
-was). Context parallelism over V4 layers is not built: `--cp 2` is refused in one line before the
-run directory is touched."""
+was), and the attention mass logged as the mean over both ranks' loss rows. Context parallelism
+over V4 layers is not built: `--cp 2` is refused in one line before the run directory is touched."""
 import os
 import subprocess
 import sys
@@ -19,6 +19,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def mpirun(n):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
+
+
+def attention_mass(check, one, dp2):
+    """The attention mass (docs/v4_attention.md "Attention mass") is the mean over every rank's loss
+    rows: both runs log the same keys on every step (log_every 1), and on the run's first step (the
+    same weights; each micro-batch's f64 sums are the same numbers, only their order of addition
+    differs) the same values to 1e-12. Rank 0's micro-batch alone differs by 8e-3 here."""
+    import json
+
+    def rows(d):
+        with open(f"{d}/metrics.jsonl") as f:
+            steps = [r for r in map(json.loads, f) if "step" in r]
+        return [{k: v for k, v in r.items() if k.startswith("attn_mass")} for r in steps]
+
+    a, b = rows(one), rows(dp2)
+    check("V4 dp2: the same attention mass keys on every step",
+          len(a) == len(b) and all(x.keys() == y.keys() and x for x, y in zip(a, b)), [sorted(x) for x in a[:1]])
+    if a and b:
+        diff = max((abs(a[0][k] - b[0][k]) for k in a[0] if k in b[0]), default=1.0)
+        check("V4 dp2: the first step's attention mass is the one-rank run's (all ranks' rows)", diff <= 1e-12, diff)
 
 
 def main():
@@ -48,6 +68,7 @@ phases:
         check.exit()
     compare_training(check, "V4 train dp2", f"{w}/one", f"{w}/dp2", rows=4 * 32, lr_over_eps=0.05, steps=7,
                      seq_len=32)
+    attention_mass(check, f"{w}/one", f"{w}/dp2")
     cp = subprocess.run(mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/cp2", "--cp", "2"], capture_output=True,
                         text=True, timeout=300, env=env)
     check("V4 --cp 2 is refused in one line", cp.returncode != 0 and "context parallelism over DeepSeek-V4" in cp.stderr,
