@@ -1,7 +1,8 @@
 // `hmla report RUN_DIR`: RUN_DIR/report.html, one self-contained page (inline SVG, no scripts):
 // the run's configuration and environment, LM loss and indexer KL over the global step (raw and
 // smoothed, phase boundaries, held-out points, the equivalence check), the learning rate, the
-// gradient norms, a MoE model's load imbalance per MoE layer, and per phase its speed and memory.
+// gradient norms, a MoE model's load imbalance per MoE layer, a DeepSeek-V4 stack's indexer KL and
+// attention mass per layer kind, and per phase its speed and memory.
 // `hmla report --bench BENCH.jsonl --out DIR` is cmd_report_bench.cpp's.
 // Whatever a run left (a resume, a phase of 0 steps, a stop mid-phase, missing or non-finite
 // metrics, a cut line) is drawn as it is: gaps, never a crash; any finite values draw (svg_chart.h).
@@ -70,6 +71,7 @@ struct Phase {
   double start = 0;                           // global step before its first step
   std::vector<double> x, lm, kl, lr, gb, gi, tps, peak, mtp;  // per step (mtp: NaN outside MTP phases)
   std::vector<double> kl_csa, kl_hybrid;                      // a V4 stack's KL per layer kind, per step
+  std::array<std::array<std::vector<double>, 3>, 3> mass;     // a V4 stack's attention mass [kind][part], per step
   double heldout = std::nan(""), heldout_x = std::nan("");
   double eq_diff = std::nan(""), eq_logit = std::nan("");
   std::optional<MetricsRow> end;  // its phase-end row (none if the run stopped inside it)
@@ -113,6 +115,8 @@ Run read_run(const fs::path& metrics, const json& programme) {
         p.gb.push_back(r.grad_norm_backbone), p.gi.push_back(r.grad_norm_indexer);
         p.tps.push_back(r.tokens_per_s), p.peak.push_back(r.peak_bytes), p.mtp.push_back(r.mtp_loss);
         p.kl_csa.push_back(r.indexer_kl_csa), p.kl_hybrid.push_back(r.indexer_kl_hybrid);
+        for (size_t k = 0; k < 3; ++k)
+          for (size_t q = 0; q < 3; ++q) p.mass[k][q].push_back(r.attn_mass[k][q]);
         for (size_t i = 0; i < r.moe_layers.size(); ++i) {
           auto& [x, y] = run.imbalance[r.moe_layers[i]];
           x.push_back(global);
@@ -199,6 +203,27 @@ Chart kl_kind_chart(const Run& run) {
   c.note = "CSA: the full-CSA-denominator KL over compressed entries (docs/csa_indexer_kl.md); hybrid_mla: DESIGN.md "
            "section 6; EMA alpha " + fmt(kEmaAlpha, 1);
   return c;
+}
+
+// A V4 stack's attention mass for one layer kind (docs/v4_attention.md "Attention mass"): one line
+// per part over the logging steps of every phase; nothing where no step logged the kind.
+std::string mass_chart(const Run& run, size_t kind) {
+  static constexpr const char* kTitle[3] = {"sliding", "CSA", "HCA"};
+  static constexpr const char* kPart[3] = {"window keys", "compressed entries", "sink"};
+  Chart c{std::string("Attention mass, ") + kTitle[kind] + " layers (DeepSeek-V4 stacks)", "global step (all phases)",
+          "share of the softmax", true, false};
+  c.markers = boundaries(run);
+  for (size_t q = 0; q < 3; ++q) {
+    ChartSeries line{kPart[q], kColors[q], {}, {}, ChartSeries::line};
+    for (const Phase& p : run.phases)
+      for (size_t i = 0; i < p.x.size(); ++i)
+        if (std::isfinite(p.mass[kind][q][i])) line.x.push_back(p.x[i]), line.y.push_back(p.mass[kind][q][i]);
+    if (!line.x.empty()) c.series.push_back(std::move(line));
+  }
+  if (c.series.empty()) return "";
+  c.note = "the mean over the loss rows, heads and layers of the kind, on the logging steps (log_every); in "
+           "dsa_sparse a CSA layer's entries are its top-k";
+  return render_svg(c);
 }
 
 // Quality parity (docs/programme.md "The control arm"): each sparse phase beside its dense control
@@ -392,6 +417,7 @@ void write_run_report(const fs::path& dir, const fs::path& page) {
   const bool kinds = std::any_of(run.phases.begin(), run.phases.end(),
                                  [](const Phase& p) { return any_finite(p.kl_csa) || any_finite(p.kl_hybrid); });
   if (kinds) html << render_svg(kl_kind_chart(run));
+  for (size_t k = 0; k < 3; ++k) html << mass_chart(run, k);
   html << phase_table(run) << control_sections(run, programme) << "</body></html>\n";
   io::write_file_atomic(page.string(), html.str());
   std::cout << "wrote " << page.string() << "\n";

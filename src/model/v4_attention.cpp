@@ -190,6 +190,11 @@ Tensor groups(const Tensor& t, const Dims& d, int64_t width) { return t.view({d.
 
 }  // namespace
 
+AttnCompressedInputs v4_core_inputs(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x,
+                                    const V4AttnSaved& sv, const DocLayout& layout, const V4Rows& rows) {
+  return core_inputs(c, dims(c, x), w, sv, layout, rows);
+}
+
 V4Rows v4_rows(const ModelConfig& c, int64_t s, Device dev, Comm& cp) {
   const int64_t r = c.qk_rope_head_dim, mp = c.max_position_embeddings;
   V4Rows v;

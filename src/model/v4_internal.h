@@ -15,6 +15,7 @@
 #include "hmla/model/mla_layer.h"
 #include "hmla/model/v4_model.h"
 #include "hmla/ops/compress.h"
+#include "hmla/ops/compressed_attention.h"
 #include "hmla/ops/mhc.h"
 #include "hmla/ops/nn.h"
 
@@ -119,6 +120,17 @@ void v4_index_queries(const ModelConfig& c, const V4AttnTensors& w, const Tensor
 // y [N, D] = the attention block of x [b, s, D] (layer L, weights w), sv filled.
 void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x,
                       const DocLayout& layout, const V4Rows& rows, V4AttnSaved& sv, const Tensor& y);
+// The attention core's inputs (attn_compressed) of the layer whose forward filled sv on x [b, s, D]:
+// what its forward and backward hand the core.
+AttnCompressedInputs v4_core_inputs(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x,
+                                    const V4AttnSaved& sv, const DocLayout& layout, const V4Rows& rows);
+// The layer's attention mass (v4_mass.cpp; docs/v4_attention.md "Attention mass") from its forward's
+// state sv on x [b, s, D]: over the rows with row_weight [b, s] > 0 and every head, the sums of the
+// probability on the window keys, the compressed entries (those it attends) and the sink, and the
+// count of (row, head) pairs, ADDED into acc (f64 [4] on the model's device).
+void v4_attn_mass(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const DocLayout& layout,
+                  const V4Rows& rows, const V4AttnSaved& sv, const Tensor& row_weight, const Tensor& acc);
+
 // What a backward does besides the LM loss's chain (the MLA layer's MlaBackwardOptions).
 struct V4BackwardOptions {
   bool backbone = true;  // false (dsa_warmup): only the indexer's KL and its backward; dx is not written

@@ -234,6 +234,11 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     for (int64_t L = 0; L < c.num_hidden_layers; ++L)
       moe_expert_load(f.mlps[size_t(L)]->chosen_experts(f.layers[size_t(L)].mlp), in.row_weight.view({N}), 1, true,
                       opt.expert_load.slice(0, L, L + 1));
+  if (opt.attn_mass.defined())  // the stack's V4 attention layers, each into its kind's row
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L)
+      if (!c.v4.is_hybrid_mla(L))
+        v4_attn_mass(c, w.layers[size_t(L)].attn, f.layers[size_t(L)].a.view({b, s, D}), in.layout, f.rows,
+                     f.layers[size_t(L)].attn, in.row_weight, opt.attn_mass.select(0, int64_t(c.v4.kind(L))));
   StepStats st;
   st.tokens = N;
   const Tensor stats = opt.stats.defined() ? opt.stats : Tensor::zeros({kStatCount}, DType::f64, dev);

@@ -35,6 +35,10 @@ std::vector<double> numbers(const json& j, const char* key, size_t n) {
   return v;
 }
 
+std::string mass_key(size_t kind, size_t part) {
+  return std::string("attn_mass_") + kAttnMassParts[part] + "_" + kAttnMassKinds[kind];
+}
+
 // A count (bytes, syncs, launches) as an integer; null when there is none.
 json whole_number(double n) { return std::isfinite(n) && n >= 0 ? json(uint64_t(n)) : json(); }
 
@@ -56,6 +60,8 @@ MetricsRow parse_row(const json& j) {
   r.tokens_per_s = number(j, "tokens_per_s"), r.peak_bytes = number(j, "peak_bytes");
   r.indexer_kl_csa = number(j, "indexer_kl_csa"), r.indexer_kl_hybrid = number(j, "indexer_kl_hybrid");
   r.mtp_loss = number(j, "mtp_loss");
+  for (size_t k = 0; k < 3; ++k)
+    for (size_t q = 0; q < 3; ++q) r.attn_mass[k][q] = number(j, mass_key(k, q).c_str());
   r.cuda_syncs = number(j, "cuda_syncs"), r.cuda_launches = number(j, "cuda_launches");
   r.h2d_bytes = number(j, "h2d_bytes"), r.d2h_bytes = number(j, "d2h_bytes");
   r.equivalence_max_diff = number(j, "equivalence_max_diff");
@@ -85,6 +91,9 @@ std::string metrics_line(const MetricsRow& r) {
       if (std::isfinite(r.indexer_kl_csa)) j["indexer_kl_csa"] = r.indexer_kl_csa;
       if (std::isfinite(r.indexer_kl_hybrid)) j["indexer_kl_hybrid"] = r.indexer_kl_hybrid;
       if (std::isfinite(r.mtp_loss)) j["mtp_loss"] = r.mtp_loss;  // a phase that trains the MTP layers
+      for (size_t k = 0; k < 3; ++k)  // a V4 stack's logging step
+        for (size_t q = 0; q < 3; ++q)
+          if (std::isfinite(r.attn_mass[k][q])) j[mass_key(k, q)] = r.attn_mass[k][q];
       if (std::isfinite(r.cuda_syncs)) {  // a CUDA step's host cost
         j["cuda_syncs"] = whole_number(r.cuda_syncs), j["cuda_launches"] = whole_number(r.cuda_launches);
         j["h2d_bytes"] = whole_number(r.h2d_bytes), j["d2h_bytes"] = whole_number(r.d2h_bytes);

@@ -60,10 +60,22 @@ void kl_per_kind(const ModelConfig& c, double kl, double kl_csa, StepResult& r) 
   if (all > csa) r.kl_hybrid = (kl * double(all) - kl_csa * double(csa)) / double(all - csa);
 }
 
+// The attention mass's global means from its sums (StepOptions::attn_mass: per kind window,
+// entries, sink, (row, head) pairs over every rank's loss rows); kinds without layers stay NaN, as
+// does a sliding layer's entries (it has none).
+void attn_mass_means(const double* sums, AttnMass& m) {
+  for (size_t k = 0; k < 3; ++k) {
+    const double* row = sums + 4 * k;
+    if (row[3] > 0)
+      for (size_t q = 0; q < 3; ++q) m[k][q] = row[q] / row[3];
+  }
+  m[size_t(V4Kind::sliding)][1] = NAN;
+}
+
 }  // namespace
 
 StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
-                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads) {
+                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads, bool log_step) {
   const auto t0 = std::chrono::steady_clock::now();
   const CudaCounters c0 = cuda_counters();
   allocator(model.device()).reset_peak();
@@ -88,7 +100,10 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   // The step's scalars stay on the device until its one read-back (hmla/ops/optim.h): the
   // micro-batches' losses, the norms, the clip scales and the gate of the update.
   const MoeSlots ms{int64_t(moe_layers(model.cfg).size()), model.cfg.moe.n_routed_experts};
-  const Tensor all_stats = Tensor::zeros({kStatCount + ms.size() + (mtp ? 1 : 0)}, DType::f64, model.device());
+  // A V4 stack's logging step: the attention mass's sums [3 kinds, 4] after the MTP slot.
+  const bool mass = log_step && model.cfg.is_v4();
+  const int64_t at_mass = kStatCount + ms.size() + (mtp ? 1 : 0);
+  const Tensor all_stats = Tensor::zeros({at_mass + (mass ? 12 : 0)}, DType::f64, model.device());
   const Tensor stats = all_stats.slice(0, 0, kStatCount);
   const Tensor bad = Tensor::zeros({1}, DType::f32, model.device());
   so.stats = stats;
@@ -103,6 +118,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
     for (int64_t& t : so.mtp_targets) t = std::max<int64_t>(t, 1);
     so.mtp_loss = all_stats.slice(0, kStatCount + ms.size(), kStatCount + ms.size() + 1);
   }
+  if (mass) so.attn_mass = all_stats.slice(0, at_mass, at_mass + 12).view({3, 4});
   double tokens = 0;
   for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
     tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
@@ -117,15 +133,18 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
   optim.launch_step(model, grads, step, stats, bad);
   const std::vector<double> h = all_stats.to_vector<double>();  // the step's one read-back
-  // lm, kl, tokens of this rank's micro-batches, the MTP loss, the CSA layers' kl
-  double sums[5] = {h[kStatLm], h[kStatKl], tokens, mtp ? h[size_t(kStatCount + ms.size())] : 0.0, h[kStatKlCsa]};
-  grid.world.allreduce_sum(sums, 5);
+  // lm, kl, tokens of this rank's micro-batches, the MTP loss, the CSA layers' kl, the mass's sums
+  std::vector<double> sums = {h[kStatLm], h[kStatKl], tokens, mtp ? h[size_t(kStatCount + ms.size())] : 0.0,
+                              h[kStatKlCsa]};
+  if (mass) sums.insert(sums.end(), h.begin() + at_mass, h.begin() + at_mass + 12);
+  grid.world.allreduce_sum(sums.data(), int64_t(sums.size()));
   StepResult r;
   r.lm = sums[0];
   r.kl = sums[1];
   r.tokens = int64_t(sums[2]);
   r.mtp = mtp ? sums[3] : std::nan("");
   kl_per_kind(model.cfg, sums[1], sums[4], r);
+  if (mass) attn_mass_means(sums.data() + 5, r.attn_mass);
   const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
   HMLA_CHECK(std::isfinite(r.lm) && std::isfinite(r.kl), DivergenceError, at, "the ",
              std::isfinite(r.lm) ? "indexer KL" : "LM loss", " is ", std::isfinite(r.lm) ? r.kl : r.lm,
@@ -150,6 +169,7 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   row.indexer_kl = is_dsa(ph.mode) ? r.kl : MetricsRow::none;
   row.indexer_kl_csa = r.kl_csa, row.indexer_kl_hybrid = r.kl_hybrid;
   row.mtp_loss = r.mtp;  // NaN (not written) where the phase trains no MTP loss
+  row.attn_mass = r.attn_mass;
   row.lr = r.os.lr;
   row.grad_norm_backbone = r.os.grad_norm_backbone, row.grad_norm_indexer = r.os.grad_norm_indexer;
   row.tokens_per_s = double(r.tokens) / r.seconds;

@@ -18,6 +18,7 @@ struct StepResult {
   double lm = 0, kl = 0;  // the step's global LM loss and indexer KL
   double kl_csa = NAN, kl_hybrid = NAN;  // a V4 stack's KL per layer kind (NaN: the kind ran none)
   double mtp = NAN;       // the step's global MTP loss (mean over depths, without coeff); NaN: none
+  AttnMass attn_mass = no_attn_mass();  // a V4 stack's logging step: the global attention mass per kind
   int64_t tokens = 0;
   OptimStats os;
   double seconds = 0;
@@ -31,9 +32,10 @@ struct StepResult {
 // The step's micro-batches dealt round-robin to the data-parallel ranks, gradients (into
 // `garena`, whose views are `grads`) and losses summed over the whole grid, then the update. A
 // non-finite loss or gradient norm stops the run (DivergenceError naming the phase, the step and
-// the quantity) before the optimizer moves a weight.
+// the quantity) before the optimizer moves a weight. A logging step (log_step) of a DeepSeek-V4
+// stack also measures its attention mass (StepOptions::attn_mass) over the whole grid's loss rows.
 StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Model& model, Optimizer& optim,
-                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads);
+                      PackedLoader& loader, Tensor& garena, io::TensorMap& grads, bool log_step);
 
 // The step's row of metrics.jsonl (indexer_kl in dsa phases only; peak_bytes: the device's
 // allocator peak over the step).

@@ -184,11 +184,12 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
   const int64_t first = resumed ? resumed->step : 0;
   const auto t_phase = std::chrono::steady_clock::now();
   for (int64_t step = first; step < ph.steps; ++step) {
-    const StepResult r = train_step(run.grid, ph, step, model, optim, loader, garena, grads);
+    const bool log_step = (step + 1) % ph.log_every == 0 || step + 1 == ph.steps;
+    const StepResult r = train_step(run.grid, ph, step, model, optim, loader, garena, grads, log_step);
     losses.push_back(r.lm);
     kls.push_back(r.kl);
     run.metrics.row(step_row(ph, step, r, model.device()));
-    if ((step + 1) % ph.log_every == 0 || step + 1 == ph.steps) {
+    if (log_step) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
       print_progress(run.log, ph, step, r, elapsed / double(step + 1 - first));
     }

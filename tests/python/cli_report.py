@@ -2,7 +2,8 @@
 """`hmla report` as a user meets it: the report of a short real run (every phase kind), of a
 hand-made metrics file with what runs leave behind (a cut line, missing and null metrics, a
 0-step phase, a resumed run, a phase stopped midway, a single step), of a MoE model's metrics (the
-load imbalance chart, one line per MoE layer) and of bench JSON lines.
+load imbalance chart, one line per MoE layer), of a DeepSeek-V4 stack's run (its attention mass per
+layer kind) and of bench JSON lines.
 Every SVG must be well-formed XML with axis titles, tick labels, a title, the phase boundaries and
 the held-out points; rsvg-convert (Debian's librsvg2-bin), when installed, must rasterise each
 one. Values from the whole double range (+-1e308, 1 ulp apart, denormals; a real run whose lr is
@@ -441,6 +442,53 @@ def moe_run(check, hmla, w):
             check("MoE imbalance: both layers drawn", len(lines) >= 2, len(lines))
 
 
+def v4_run(check, hmla, w):
+    """A DeepSeek-V4 stack's run (configs/deepseek_v4_tiny_hybrid.json: HCA, hybrid_mla, CSA,
+    hybrid_mla) logs on its logging steps the attention mass of its CSA and HCA kinds (window keys,
+    compressed entries, sink; summing to 1; no sliding kind: it has none), and the report draws a
+    chart per kind with the three parts and the phase boundaries."""
+    with open(f"{w}/v4.yaml", "w") as f:
+        f.write(f"""model: {HERE}/../../configs/deepseek_v4_tiny_hybrid.json
+data: {HERE}/../../data/demo
+seed: 3
+base: {{batch: 2, seq_len: 32, lr: 3.0e-3, indexer_lr: 3.0e-3, log_every: 2, eval_rows: 2, moe_aux_loss_coeff: 0}}
+phases:
+  - {{name: pre, mode: mha, steps: 3}}
+  - {{name: warm, mode: dsa_warmup, steps: 2}}
+  - {{name: sparse, mode: dsa_sparse, steps: 2}}
+""")
+    r = subprocess.run([hmla, "train", f"{w}/v4.yaml", "--out", f"{w}/v4"], capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    check("V4 train", r.returncode == 0, r.stderr[-300:])
+    if r.returncode != 0:
+        return
+    last = {"pre": 3, "warm": 2, "sparse": 2}
+    with open(f"{w}/v4/metrics.jsonl") as f:
+        steps = [row for row in map(json.loads, f) if "step" in row]
+    for row in steps:
+        logged = row["step"] % 2 == 0 or row["step"] == last[row["phase"]]
+        for kind in ["csa", "hca", "sliding"]:
+            keys = [f"attn_mass_{part}_{kind}" for part in ["window", "entries", "sink"]]
+            want = logged and kind != "sliding"
+            check(f"V4 {row['phase']} step {row['step']}: attn_mass_*_{kind} {'present' if want else 'absent'}",
+                  all((k in row) == want for k in keys), sorted(k for k in row if k.startswith("attn_mass")))
+            if want and all(k in row for k in keys):
+                total = sum(row[k] for k in keys)
+                check(f"V4 {row['phase']} step {row['step']}: the {kind} mass sums to 1",
+                      abs(total - 1) < 1e-12 and min(row[k] for k in keys) > 0, [row[k] for k in keys])
+    html, _ = report(check, hmla, f"{w}/v4")
+    charts = {title: svg for svg in svgs_of(html) for title in ["CSA", "HCA", "sliding"]
+              if f"Attention mass, {title} layers" in svg}
+    check("V4 report: an attention mass chart per kind present", sorted(charts) == ["CSA", "HCA"], sorted(charts))
+    for title, svg in charts.items():
+        root = check_chart(check, f"V4 attention mass {title}", svg, w,
+                           ["pre · mha", "warm · dsa_warmup", "sparse · dsa_sparse"])
+        if root is not None:
+            legend = [g.find(SVG + "text").text for g in groups(root, "legend")]
+            check(f"V4 attention mass {title}: the three parts",
+                  legend == ["window keys", "compressed entries", "sink"], legend)
+
+
 def main():
     a = parse_args(__doc__)
     check = Checker()
@@ -453,6 +501,7 @@ def main():
     bench_refusals(check, a.hmla, a.workdir)
     unmarked_directory(check, a.hmla, a.workdir)
     moe_run(check, a.hmla, a.workdir)
+    v4_run(check, a.hmla, a.workdir)
     check.exit()
 
 

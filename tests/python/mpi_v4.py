@@ -8,7 +8,8 @@ MTP loss), gradient norms, each phase's moments and the final weights by harness
 bounds (the runs differ by the f32 reassociation of the gradient sums; AdamW's eps 1 keeps the
 update well-conditioned, lr 0.05 keeps every routing decision where it was). The CP run's seq_len 24
 gives each rank 12 rows: an HCA window (16 rows) straddles the ranks and its halo (15 rows) reaches
-past the neighbour's whole shard; CSA windows (4) and their halo (7) straddle them too."""
+past the neighbour's whole shard; CSA windows (4) and their halo (7) straddle them too. Both runs
+log the attention mass as the mean over both ranks' loss rows."""
 import os
 import subprocess
 import sys
@@ -21,6 +22,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def mpirun(n):
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(n)]
+
+
+def attention_mass(check, label, one, other, tol):
+    """The attention mass (docs/v4_attention.md "Attention mass") is the mean over every rank's loss
+    rows: both runs log the same keys on every step (log_every 1), and on the run's first step (the
+    same weights; each micro-batch's f64 sums are the same numbers, only their order of addition
+    differs) the same values to `tol`. Rank 0's micro-batch alone differs by 8e-3 here."""
+    import json
+
+    def rows(d):
+        with open(f"{d}/metrics.jsonl") as f:
+            steps = [r for r in map(json.loads, f) if "step" in r]
+        return [{k: v for k, v in r.items() if k.startswith("attn_mass")} for r in steps]
+
+    a, b = rows(one), rows(other)
+    check(f"V4 {label}: the same attention mass keys on every step",
+          len(a) == len(b) and all(x.keys() == y.keys() and x for x, y in zip(a, b)), [sorted(x) for x in a[:1]])
+    if a and b:
+        diff = max((abs(a[0][k] - b[0][k]) for k in a[0] if k in b[0]), default=1.0)
+        check(f"V4 {label}: the first step's attention mass is the one-rank run's (all ranks' rows)", diff <= tol, diff)
 
 
 def programme(path, model, seed, seq_len, extra=""):
@@ -57,6 +78,7 @@ def main():
     if train_pair(check, a, prog, "dp2", f"{w}/one", f"{w}/dp2"):
         compare_training(check, "V4 train dp2", f"{w}/one", f"{w}/dp2", rows=4 * 32, lr_over_eps=0.05, steps=7,
                          seq_len=32)
+        attention_mass(check, "dp2", f"{w}/one", f"{w}/dp2", 1e-12)
     context_parallel(check, a)
     check.exit()
 
@@ -87,6 +109,10 @@ def context_parallel(check, a):
           len(trained) >= 4 and len(m1) == len(m2) and
           all((x is None) == (y is None) and (x is None or abs(x - y) <= rows * 2.0 ** -24 * abs(x)) for x, y in zip(m1, m2)),
           f"{m1} vs {m2}")
+    # Under CP the first step's layers after the hybrid one see inputs regrouped by the MLA layer's
+    # context parallelism (f32 sums over the 96 rows): lse moves by <= rows eps |logit| (logits of a
+    # few units here), and each mass share with it: 16 rows eps bounds it; rank 0's rows alone: 8e-3.
+    attention_mass(check, "cp2", f"{w}/cp-one", f"{w}/cp2", 16 * rows * 2.0 ** -24)
 
 
 if __name__ == "__main__":

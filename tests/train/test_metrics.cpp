@@ -116,5 +116,28 @@ TEST(Metrics, AMoeStepsBalancingReadsBack) {
   EXPECT_EQ(metrics_line(step).find("moe_"), std::string::npos);
 }
 
+// A V4 stack's logging step: attn_mass_<part>_<kind> for the parts and kinds it computed, in
+// kinds' then parts' order, read back into the same slots; a step without any writes no key.
+TEST(Metrics, AV4StepsAttentionMassReadsBack) {
+  MetricsRow step{MetricsRow::Kind::step, "warm"};
+  step.step = 10;
+  step.attn_mass[1] = {0.625, 0.25, 0.125};  // CSA
+  step.attn_mass[0][0] = 0.75, step.attn_mass[0][2] = 0.25;  // sliding: no entries
+  const std::string line = metrics_line(step);
+  EXPECT_NE(line.find(R"("attn_mass_window_sliding":0.75,"attn_mass_sink_sliding":0.25,"attn_mass_window_csa":0.625,)"
+                      R"("attn_mass_entries_csa":0.25,"attn_mass_sink_csa":0.125})"),
+            std::string::npos)
+      << line;
+  const MetricsFile f = read_metrics(write_file("mass", line + "\n"));
+  ASSERT_EQ(f.rows.size(), 1u);
+  for (size_t k = 0; k < 3; ++k)
+    for (size_t q = 0; q < 3; ++q)
+      EXPECT_TRUE(f.rows[0].attn_mass[k][q] == step.attn_mass[k][q] ||
+                  (std::isnan(f.rows[0].attn_mass[k][q]) && std::isnan(step.attn_mass[k][q])))
+          << k << " " << q;
+  step.attn_mass = no_attn_mass();
+  EXPECT_EQ(metrics_line(step).find("attn_mass"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace hmla

@@ -479,8 +479,10 @@ TEST(Trainer, MtpLayersTrainWhereTheCoefficientIsSetAndResumeExactly) {
 // creates the CSA and hybrid indexers (none before: the pretrain checkpoint has none); dsa_warmup
 // moves nothing but them (mHC, MoE and its router bias, compressors, hash table all frozen; a
 // planted bug that ran the backbone's update or the bias rule in warmup fails here); the steps log
-// the KL per kind; the control arm runs in mha from the warmup's end and the sparse phase restarts
-// from there too (its first step's model is the control's), and summary.json states both arms.
+// the KL per kind and, on the logging steps (here each phase's last), the attention mass of the CSA
+// and HCA kinds (none of the absent sliding kind); the control arm runs in mha from the warmup's end
+// and the sparse phase restarts from there too (its first step's model is the control's), and
+// summary.json states both arms.
 TEST(Trainer, TheProgrammeOnAHybridV4StackWithItsControlArm) {
   const fs::path out = tmpdir("v4prog");
   run(testing::programme_text("configs/deepseek_v4_tiny_hybrid.json", 3, "moe_aux_loss_coeff: 0, warmup_steps: 1",
@@ -500,10 +502,26 @@ TEST(Trainer, TheProgrammeOnAHybridV4StackWithItsControlArm) {
   }
   EXPECT_EQ(indexer, 2 * 5 + 6);  // two hybrid layers' five, the CSA layer's six (its compressor's four)
   std::ifstream metrics(out / "metrics.jsonl");
-  int warm_rows = 0, sparse_rows = 0, control_rows = 0;
+  int warm_rows = 0, sparse_rows = 0, control_rows = 0, mass_rows = 0;
+  const std::map<std::string, int> last_step = {{"pre", 3}, {"warm", 3}, {"sparse-control", 2}, {"sparse", 2}};
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json row = nlohmann::json::parse(line);
     if (!row.contains("step")) continue;
+    const bool logged = row["step"] == last_step.at(row["phase"]);
+    for (const char* kind : {"csa", "hca", "sliding"}) {
+      double sum = 0;
+      for (const char* part : {"window", "entries", "sink"}) {
+        const std::string key = std::string("attn_mass_") + part + "_" + kind;
+        EXPECT_EQ(row.contains(key), logged && std::string(kind) != "sliding") << key << " in " << line;
+        if (!row.contains(key)) continue;
+        sum += row[key].get<double>();
+        EXPECT_GT(row[key].get<double>(), 0.0) << key;
+      }
+      if (logged && std::string(kind) != "sliding") {
+        EXPECT_NEAR(sum, 1.0, 1e-12) << kind << " in " << line;
+      }
+    }
+    mass_rows += logged;
     if (row["phase"] == "warm" || row["phase"] == "sparse") {
       EXPECT_TRUE(row.contains("indexer_kl_csa") && row.contains("indexer_kl_hybrid")) << line;
       (row["phase"] == "warm" ? warm_rows : sparse_rows) += 1;
@@ -513,6 +531,7 @@ TEST(Trainer, TheProgrammeOnAHybridV4StackWithItsControlArm) {
   EXPECT_EQ(warm_rows, 3);
   EXPECT_EQ(sparse_rows, 2);
   EXPECT_EQ(control_rows, 2);
+  EXPECT_EQ(mass_rows, 4);
   const nlohmann::json summary = nlohmann::json::parse(std::ifstream(out / "summary.json"));
   ASSERT_EQ(summary.size(), 5u);
   EXPECT_EQ(summary[3]["phase"], "sparse-control");

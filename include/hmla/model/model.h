@@ -178,6 +178,14 @@ struct StepOptions {
   double mtp_coeff = 0;
   std::vector<int64_t> mtp_targets;
   Tensor mtp_loss;
+  // DeepSeek-V4 stacks' attention mass (docs/v4_attention.md "Attention mass"), computed only when
+  // given (the trainer's logging steps): f64 [3, 4] on the model's device, a row per kind in
+  // V4Kind's order (sliding, CSA, HCA); each V4 attention layer of the stack ADDS into its kind's
+  // row the probability its softmax puts on the window keys, the compressed entries and the sink,
+  // summed over this micro-batch's loss rows (row weight > 0) and heads, and the count of those
+  // (row, head) pairs: [window, entries, sink, count]. The extra forward only reads: the step is
+  // today's, bit for bit.
+  Tensor attn_mass;
 };
 
 // The MoE layers of c, in layer order (the rows of StepOptions::expert_load).

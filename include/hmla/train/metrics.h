@@ -3,6 +3,7 @@
 // One row type with its writer and its reader, so that the trainer (which writes the file and,
 // on --resume, reads it back) and `hmla report` (which draws it) read it by the same rules.
 #pragma once
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -12,6 +13,18 @@
 #include <vector>
 
 namespace hmla {
+
+// A DeepSeek-V4 stack's attention mass (docs/v4_attention.md "Attention mass"): [kind][part], the
+// mean over the step's loss rows, heads and the kind's layers of the softmax's probability on each
+// part; NaN where not computed. Written as attn_mass_<part>_<kind>.
+inline constexpr const char* kAttnMassKinds[3] = {"sliding", "csa", "hca"};  // V4Kind's order
+inline constexpr const char* kAttnMassParts[3] = {"window", "entries", "sink"};
+using AttnMass = std::array<std::array<double, 3>, 3>;
+inline AttnMass no_attn_mass() {
+  AttnMass m;
+  for (auto& k : m) k.fill(NAN);
+  return m;
+}
 
 struct MetricsRow {
   // The kind is what the row holds: a "step" (a step row), else "equivalence_max_diff" (an
@@ -36,6 +49,9 @@ struct MetricsRow {
   // The multi-token-prediction loss (mean over depths of their CE means, without mtp_loss_coeff),
   // written only in phases that train it (docs/deepseek_v4_math.md section 14).
   double mtp_loss = none;
+  // A DeepSeek-V4 stack's attention mass per kind, written on the steps that computed it (the
+  // logging steps) for the kinds the stack has (a sliding layer's entries: none).
+  AttnMass attn_mass = no_attn_mass();
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
   double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
   // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in
