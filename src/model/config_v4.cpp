@@ -408,8 +408,8 @@ bool V4Config::has_hybrid_mla() const {
 }
 
 ModelConfig hybrid_mla_config(const ModelConfig& c, int64_t L) {
-  HMLA_CHECK(c.is_v4() && L >= 0 && L < c.num_hidden_layers && c.v4.is_hybrid_mla(L), ConfigError, "layer ", L,
-             " is no hybrid_mla layer of a deepseek_v4 config");
+  HMLA_CHECK(c.is_v4() && L >= 0 && L < c.num_hidden_layers + c.form.num_nextn_predict_layers && c.v4.is_hybrid_mla(L),
+             ConfigError, "layer ", L, " is no hybrid_mla layer of a deepseek_v4 config");
   ModelConfig h;  // field by field: `source` (the whole file) stays empty
   h.family = c.family;
   h.hidden_size = c.hidden_size;
@@ -433,7 +433,12 @@ ModelConfig hybrid_mla_config(const ModelConfig& c, int64_t L) {
   h.initializer_range = c.initializer_range;
   h.rope = c.rope;  // the main RoPE (rope_theta), section 4's layouts
   h.layer_modes = c.layer_modes;
+  h.mtp_mode = c.mtp_mode;  // ModelConfig::mode of an MTP layer (L >= num_hidden_layers)
+  // An MTP layer's mode at its own index as well: MlaLayer reads layer_modes[L] (so the derived
+  // config's list runs past num_hidden_layers, up to L, with c.mtp_mode).
+  for (int64_t i = c.num_hidden_layers; i <= L; ++i) h.layer_modes.push_back(c.mtp_mode);
   h.v4.layer_types = c.v4.layer_types;  // ModelConfig::has_dsa, runs_indexer read the kinds
+  h.v4.mtp_types = c.v4.mtp_types;
   h.indexer_loss_coeff = c.indexer_loss_coeff;
   return h;
 }

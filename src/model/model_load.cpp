@@ -119,13 +119,15 @@ std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors 
                  std::to_string(ck.kept.size()) + " tensors of num_nextn_predict_layers = " +
                      std::to_string(m.cfg.form.num_nextn_predict_layers));
   plan.check(what + ": the tensors hmla carries");
-  std::vector<std::string> fresh;  // the trained MTP layers of which the checkpoint has nothing
+  // The trained MTP layers of which the checkpoint has nothing, and a hybrid_mla MTP layer's indexer
+  // that it lacks (a run that kept the layer in mha, or one that did not train it, saved none).
+  std::vector<std::string> fresh;
   for (int64_t i = 0; m.cfg.is_v4() && m.cfg.v4.mtp_params && i < m.cfg.form.num_nextn_predict_layers; ++i) {
-    const std::string pre = mtp_prefix(i);
+    const std::string pre = mtp_prefix(i), indexer = pre + "self_attn.indexer.";
     const auto it = ck.tensors.lower_bound(pre);
-    if (it != ck.tensors.end() && it->first.starts_with(pre)) continue;
+    const bool held = it != ck.tensors.end() && it->first.starts_with(pre);
     for (const ParamSpec& p : m.table)
-      if (p.name.starts_with(pre)) fresh.push_back(p.name);
+      if (p.name.starts_with(held ? indexer : pre) && !ck.tensors.count(p.name)) fresh.push_back(p.name);
   }
   load_into_model(m, ck.tensors, what, fresh);
   if (!fresh.empty()) init_tensors(m, fresh, seed);

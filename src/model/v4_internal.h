@@ -152,8 +152,8 @@ struct V4HybridSaved {
   MlaSaved mla;
 };
 // y [N, D] = hybrid_mla layer L's attention of x [b, s, D] (attn_norm's output; w: its self_attn.*
-// tensors), as an MLA layer in c.layer_modes[L]; sv filled. cp: the context-parallel group (x: this
-// rank's rows of the layout's, mla_forward's convention).
+// tensors; an MTP layer's too, L = num_hidden_layers + i), as an MLA layer in c.mode(L); sv filled. cp:
+// the context-parallel group (x: this rank's rows of the layout's, mla_forward's convention).
 void v4_hybrid_fwd(const ModelConfig& c, int64_t L, const AttnTensors& w, const Tensor& x, const DocLayout& layout,
                    V4HybridSaved& sv, const Tensor& y, Comm& cp = Comm::self());
 
@@ -226,9 +226,13 @@ Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids);
 // with opt.mtp_coeff > 0, on the stack's last streams x_final [N, n, D] of the forward whose RoPE
 // tables are `ropes`: their loss coeff / D sum_k CE_k goes into the backward: every mtp.{i}.*
 // tensor's gradient and the shared embedding's and head's (views g of `grads`) are added into,
-// the streams' gradient ADDED into dx [N, n, D]. Returns the mean over the depths of their CE means
-// (without coeff), also added into opt.mtp_loss when it is given.
+// the streams' gradient ADDED into dx [N, n, D]; the hybrid_mla MTP layers that run their indexer
+// (v4_mtp_kl_layers) add their KL sum into kl_acc (f64 [1]) and their indexer's gradient. Returns the
+// mean over the depths of their CE means (without coeff), also added into opt.mtp_loss when it is
+// given. Without opt.backbone (dsa_warmup): the depths' forwards and those indexers' KL backward
+// only; dx, the loss and every other gradient untouched; returns 0.
 double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
-                   const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads, const Tensor& dx);
+                   const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads, const Tensor& dx,
+                   const Tensor& kl_acc);
 
 }  // namespace hmla

@@ -182,6 +182,13 @@ void check_v4_batch(const Model& m) {
 
 }  // namespace
 
+int64_t v4_mtp_kl_layers(const ModelConfig& c) {
+  int64_t n = 0;
+  for (int64_t L = c.num_hidden_layers; c.v4.mtp_params && L < c.num_hidden_layers + c.form.num_nextn_predict_layers; ++L)
+    n += c.v4.is_hybrid_mla(L) && c.runs_indexer(L);
+  return n;
+}
+
 V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c) {
   V4Tensors t;
   t.embed = named.at("model.embed_tokens.weight");
@@ -253,8 +260,12 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
   }
   int64_t csa_layers = 0, hybrid_layers = 0;  // the layers whose KL went into kStatMbKlCsa, kStatMbKl
-  if (opt.mtp_coeff > 0 && opt.backbone)  // adds into dx
-    st.mtp_loss = v4_mtp_step(m, in, opt, f.rows, f.x_final, w, g, grads, dx);
+  // The MTP layers (adding into dx); in dsa_warmup only where a hybrid_mla MTP layer's indexer trains.
+  const int64_t mtp_kl = opt.mtp_coeff > 0 ? v4_mtp_kl_layers(c) : 0;
+  if (opt.mtp_coeff > 0 && (opt.backbone || mtp_kl > 0)) {
+    st.mtp_loss = v4_mtp_step(m, in, opt, f.rows, f.x_final, w, g, grads, dx, slot(kStatMbKl));
+    hybrid_layers += mtp_kl;
+  }
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];
     const V4LayerTensors &lw = w.layers[size_t(L)], &lg = g.layers[size_t(L)];

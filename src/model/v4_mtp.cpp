@@ -7,8 +7,10 @@
 //   logits_k = head norm_k(hc_head_k(X_{k+1})), against ids[t + k + 2] (count_lm_targets' rules)
 // and the loss coeff / D sum_k CE_k, each CE_k a mean over the step's targets of depth k. The
 // backward runs the depths from the last: depth k's output streams get its head's gradient and the
-// next depth's input gradient; X_0's goes into the stack (dx), E and the head get theirs. The
-// forward keeps every depth (D is 1 in DeepSeek's releases). CPU, f32, as v4_model.cpp.
+// next depth's input gradient; X_0's goes into the stack (dx), E and the head get theirs. A
+// hybrid_mla MTP layer runs the phase's mode (mtp_mode) and trains its indexer by its KL in the dsa
+// modes; in dsa_warmup (no backbone) only that runs, after the depths' forwards. The forward keeps
+// every depth (D is 1 in DeepSeek's releases). CPU, f32, as v4_model.cpp.
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,29 +48,6 @@ MtpTensors mtp_tensors(const io::TensorMap& t, const ModelConfig& c, int64_t i) 
   return w;
 }
 
-// The MTP block's attention by its layer's kind: the one place an MTP layer picks it (a hybrid_mla
-// kind joins here with its own forward/backward pair).
-void attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const Tensor& x, const DocLayout& layout,
-                   const V4Rows& ropes, V4AttnSaved& sv, const Tensor& y) {
-  switch (c.v4.kind(L)) {
-    case V4Kind::sliding:
-    case V4Kind::csa:
-    case V4Kind::hca:
-      return v4_attention_fwd(c, L, w, x, layout, ropes, sv, y);
-  }
-}
-
-void attention_bwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, const V4AttnTensors& g, const Tensor& x,
-                   const DocLayout& layout, const V4Rows& ropes, const V4AttnSaved& sv, const Tensor& dy,
-                   const Tensor& dx) {
-  switch (c.v4.kind(L)) {
-    case V4Kind::sliding:
-    case V4Kind::csa:
-    case V4Kind::hca:
-      return v4_attention_bwd(c, w, g, x, layout, ropes, sv, dy, dx);
-  }
-}
-
 // What one depth keeps for its backward (N = b s rows, n streams of width D).
 struct Depth {
   Tensor x;                          // X_k [N, n, D], its input streams
@@ -79,12 +58,49 @@ struct Depth {
   MhcSaved hc1, hc2;                 // the block, as v4_model.cpp's layers keep it
   Tensor xa, post1, comb1, a, rstd_a, ya, x_mid, xf, post2, comb2, f, rstd_f, yf, x_out;
   V4AttnSaved attn;
+  V4HybridSaved hybrid;              // a hybrid_mla layer's attention (attn unused)
   std::unique_ptr<Mlp> moe;
   std::vector<Tensor> mlp;
   MhcSaved head;                     // hc_head's rstd, z
   Tensor hh, rstd_n, n_final;        // hc_head's output, the norm's rstd and output
   Tensor target, keep;               // [N]: ids[t + k + 2] and coeff / (D T_k) on the counted rows
 };
+
+// The MTP block's attention by its layer's kind: the one place an MTP layer picks it. ya = the
+// attention of x [b, s, D] (attn_norm's output).
+void attention_fwd(const ModelConfig& c, int64_t L, const V4LayerTensors& w, const Tensor& x, const DocLayout& layout,
+                   const V4Rows& ropes, Depth& d) {
+  switch (c.v4.kind(L)) {
+    case V4Kind::sliding:
+    case V4Kind::csa:
+    case V4Kind::hca:
+      return v4_attention_fwd(c, L, w.attn, x, layout, ropes, d.attn, d.ya);
+    case V4Kind::hybrid_mla:
+      return v4_hybrid_fwd(c, L, w.mla, x, layout, d.hybrid, d.ya, *ropes.cp);
+  }
+}
+
+// Its backward: dx from dy (both undefined without the backbone: dsa_warmup). A hybrid_mla layer
+// that runs its indexer trains it by its KL, added into kl_acc (the step's hybrid_mla slot), as the
+// stack's hybrid layers do; the V4 kinds' indexer (CSA) gets no gradient (docs/deepseek_v4_math.md
+// section 14), so without the backbone they have nothing to do.
+void attention_bwd(const ModelConfig& c, int64_t L, const V4LayerTensors& w, const V4LayerTensors& g, const Tensor& x,
+                   const DeviceBatch& in, const V4Rows& ropes, const Depth& d, const Tensor& dy, const Tensor& dx,
+                   const Tensor& kl_acc) {
+  switch (c.v4.kind(L)) {
+    case V4Kind::sliding:
+    case V4Kind::csa:
+    case V4Kind::hca:
+      if (dy.defined()) v4_attention_bwd(c, w.attn, g.attn, x, in.layout, ropes, d.attn, dy, dx);
+      return;
+    case V4Kind::hybrid_mla: {
+      const bool kl = c.runs_indexer(L);
+      v4_hybrid_bwd(d.hybrid, w.mla, g.mla, x, in.layout, dy, dx,
+                    {dy.defined(), kl ? in.row_weight : Tensor(), kl ? kl_acc : Tensor()}, *ropes.cp);
+      return;
+    }
+  }
+}
 
 // u_k: the token `ahead` rows on inside t's document, else pad (t's document has none: a row whose
 // targets are not counted reads no other document either).
@@ -117,7 +133,7 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
   const V4LayerTensors& lw = w.block;
   v4_block_entry(c, lw.hc_attn, lw.attn_norm, d.y, {d.hc1, d.xa, d.post1, d.comb1, d.a, d.rstd_a});
   d.ya = f32(dev, {N, D});
-  attention_fwd(c, L, lw.attn, d.a.view({b, s, D}), in.layout, ropes, d.attn, d.ya);
+  attention_fwd(c, L, lw, d.a.view({b, s, D}), in.layout, ropes, d);
   d.x_mid = f32(dev, {N, n, D});
   mhc_post_fwd(d.y, d.ya, d.post1, d.comb1, d.x_mid);
   v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, d.x_mid, {d.hc2, d.xf, d.post2, d.comb2, d.f, d.rstd_f});
@@ -138,7 +154,7 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
 // output streams; undefined for the last): the gradient on its input streams X_k.
 Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, const V4Tensors& mw,
                       const V4Tensors& mg, const DeviceBatch& in, const V4Rows& ropes, int64_t k, Depth& d,
-                      const Tensor& dnext, const Tensor& acc) {
+                      const Tensor& dnext, const Tensor& acc, const Tensor& kl_acc) {
   const ModelConfig& c = m.cfg;
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const int64_t L = c.num_hidden_layers + k;
@@ -154,7 +170,7 @@ Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, 
                          {d.hc2, d.xf, d.post2, d.comb2, d.f, d.rstd_f}, dz, [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, d.f, d.mlp, dnx); });
   dz = v4_block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, d.y, d.ya,
                          {d.hc1, d.xa, d.post1, d.comb1, d.a, d.rstd_a}, dz, [&](const Tensor& dy, const Tensor& dnx) {
-                           attention_bwd(c, L, lw.attn, lg.attn, d.a.view({b, s, D}), in.layout, ropes, d.attn, dy, dnx);
+                           attention_bwd(c, L, lw, lg, d.a.view({b, s, D}), in, ropes, d, dy, dnx, kl_acc);
                          });
   // dz is dY: through h_proj and hnorm to each stream of X_k; its sum over the streams through
   // e_proj and enorm to the embedding's rows (e_proj's output was added to every stream).
@@ -174,7 +190,7 @@ Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, 
 
 double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
                    const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads,
-                   const Tensor& dx) {
+                   const Tensor& dx, const Tensor& kl_acc) {
   const ModelConfig& c = m.cfg;
   const int64_t depths = c.form.num_nextn_predict_layers, N = in.ids.numel(), n = c.v4.hc_mult, D = c.hidden_size;
   HMLA_CHECK(c.v4.mtp_params && depths > 0, ConfigError, "mtp_loss_coeff = ", opt.mtp_coeff,
@@ -211,11 +227,17 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
     depth_forward(m, mw.back(), w.embed, in, ropes, k, d);
     x = d.x_out;
   }
+  if (!opt.backbone) {  // dsa_warmup: the hybrid_mla MTP layers' indexers by their KL, nothing else
+    for (int64_t k = 0; k < depths; ++k)
+      attention_bwd(c, c.num_hidden_layers + k, mw[size_t(k)].block, mg[size_t(k)].block, dd[size_t(k)].a.view({b, sh.rows, D}),
+                    in, ropes, dd[size_t(k)], Tensor(), Tensor(), kl_acc);
+    return 0;
+  }
   // acc: coeff / D sum_k CE_k (the rows' weights carry the factors), then without coeff.
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
   Tensor dnext;
   for (int64_t k = depths - 1; k >= 0; --k)
-    dnext = depth_backward(m, mw[size_t(k)], mg[size_t(k)], w, g, in, ropes, k, dd[size_t(k)], dnext, acc);
+    dnext = depth_backward(m, mw[size_t(k)], mg[size_t(k)], w, g, in, ropes, k, dd[size_t(k)], dnext, acc, kl_acc);
   add(dx.view({N, n * D}), dnext.view({N, n * D}), dx.view({N, n * D}));
   const double loss = acc.to_vector<double>()[0] / opt.mtp_coeff;  // V4 runs on the CPU: nothing to keep on a device
   if (opt.mtp_loss.defined()) {

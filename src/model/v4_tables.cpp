@@ -108,7 +108,10 @@ std::vector<ParamSpec> v4_mtp_params(const ModelConfig& c, int64_t i, bool one_e
   const std::string pre = mtp_prefix(i);
   std::vector<ParamSpec> t{{pre + "e_proj.weight", {hid, hid}}, {pre + "enorm.weight", {hid}},
                            {pre + "h_proj.weight", {hid, hid}}, {pre + "hnorm.weight", {hid}}};
-  add_block(t, c, L, pre, "kv_norm.weight", one_expert, c.v4.kind(L) == V4Kind::csa);  // as DeepSeek stores it
+  // Its indexer always, where the kind has one: a CSA layer's as DeepSeek stores it, a hybrid_mla
+  // layer's so that the MTP layer's names are the same in every phase (docs/deepseek_v4_math.md
+  // section 14; a checkpoint without it gets it initialised: load_checkpoint_into_model).
+  add_block(t, c, L, pre, "kv_norm.weight", one_expert, c.has_dsa(L));
   t.push_back({pre + "hc_head_fn", {n, n * hid}});
   t.push_back({pre + "hc_head_base", {n}});
   t.push_back({pre + "hc_head_scale", {1}});
@@ -158,7 +161,7 @@ void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFacto
   const int64_t mtp = v.mtp_params ? c.form.num_nextn_predict_layers : 0;
   for (int64_t L = 0; L < c.num_hidden_layers + mtp; ++L) {
     int64_t t = 2 * n * D + 2 * block + 2 * D;  // the streams, the two blocks, the sublayers' outputs
-    if (v.is_hybrid_mla(L) && L < c.num_hidden_layers) {  // the MLA layer's saved tensors per row (one rank: S = s)
+    if (v.is_hybrid_mla(L)) {  // the MLA layer's saved tensors per row (one rank: S = s), an MTP layer's too
       for (const MlaField& f : mla_fields(hybrid_mla_config(c, L), L, 1, 1, 1, DType::f32, false))
         t = checked_add(t, shape_numel(f.shape), "the V4 activations");
     } else {

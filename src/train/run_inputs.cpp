@@ -53,7 +53,8 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
 
 // Multi-token prediction (docs/deepseek_v4_math.md section 14): a programme with a phase of
 // mtp_loss_coeff > 0 makes the MTP layers parameters for all its phases (frozen where the
-// coefficient is 0), on a deepseek_v4 model that has them with learned routing.
+// coefficient is 0), on a deepseek_v4 model that has them with learned routing, of any attention
+// kind (a hybrid_mla MTP layer runs each phase's mode: set_modes).
 void train_mtp_layers(const Programme& pr, ModelConfig& cfg) {
   for (const PhaseSettings& ph : pr.phases) {
     if (ph.mtp_loss_coeff == 0) continue;
@@ -64,10 +65,6 @@ void train_mtp_layers(const Programme& pr, ModelConfig& cfg) {
     for (size_t i = 0; i < cfg.v4.mtp_hash.size(); ++i)
       HMLA_CHECK(!cfg.v4.mtp_hash[i], ConfigError, pr.model_config, ": MTP layer ", i,
                  " is hash_moe in mlp_layer_types; hmla trains MTP layers with learned routing only (DeepSeek's are)");
-    for (size_t i = 0; i < cfg.v4.mtp_types.size(); ++i)
-      HMLA_CHECK(cfg.v4.mtp_types[i] != V4Kind::hybrid_mla, ConfigError, pr.model_config, ": MTP layer ", i,
-                 " is hybrid_mla; hmla trains MTP layers of the V4 kinds (sliding, CSA, HCA) so far; set "
-                 "mtp_loss_coeff 0 to keep it as stored");
     cfg.v4.mtp_params = true;
   }
 }

@@ -11,6 +11,7 @@
 
 #include "hmla/core/error.h"
 #include "hmla/model/losses.h"
+#include "hmla/model/v4_model.h"
 #include "hmla/ops/moe.h"
 #include "hmla/ops/optim.h"
 
@@ -50,10 +51,11 @@ void balance_experts(RankGrid& grid, const PhaseSettings& ph, Model& model, cons
 }
 
 // A V4 stack's KL per kind: the logged KL is the mean over every layer that ran one, the CSA
-// layers' mean came separately, the hybrid_mla layers' is the rest.
-void kl_per_kind(const ModelConfig& c, double kl, double kl_csa, StepResult& r) {
+// layers' mean came separately, the hybrid_mla layers' (the MTP layers' where the phase runs them,
+// v4_mtp_kl_layers) is the rest.
+void kl_per_kind(const ModelConfig& c, const PhaseSettings& ph, double kl, double kl_csa, StepResult& r) {
   if (!c.is_v4()) return;
-  int64_t all = 0, csa = 0;
+  int64_t all = ph.mtp_loss_coeff > 0 ? v4_mtp_kl_layers(c) : 0, csa = 0;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
     if (c.runs_indexer(L)) ++all, csa += c.v4.layer_types[size_t(L)] == V4Kind::csa;
   if (csa > 0) r.kl_csa = kl_csa;
@@ -81,7 +83,8 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   allocator(model.device()).reset_peak();
   std::vector<Batch> micro;
   int64_t targets = 0, rows = 0, sequences = 0;
-  // Multi-token prediction: each depth's targets, k + 2 ahead (dsa_warmup freezes the MTP layers too).
+  // Multi-token prediction: each depth's targets, k + 2 ahead (dsa_warmup freezes the MTP layers too,
+  // but for a hybrid_mla MTP layer's indexer).
   const bool mtp = ph.mtp_loss_coeff > 0 && ph.mode != LayerMode::dsa_warmup;
   std::vector<int64_t> mtp_targets(mtp ? size_t(model.cfg.form.num_nextn_predict_layers) : 0, 0);
   for (int64_t i = 0; i < ph.micro_batches; ++i) {
@@ -113,8 +116,10 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
     so.aux_loss = all_stats.slice(0, kStatCount + ms.n_moe * ms.E, kStatCount + ms.size());
   }
   if (aux) so.moe_aux_coeff = ph.moe_aux_loss_coeff, so.aux_sequences = std::max<int64_t>(sequences, 1);
+  // dsa_warmup: no MTP loss, but a hybrid_mla MTP layer's indexer trains by its KL (v4_step).
+  if (ph.mtp_loss_coeff > 0) so.mtp_coeff = ph.mtp_loss_coeff;
   if (mtp) {  // the MTP loss's slot after the MoE part (docs/deepseek_v4_math.md section 14)
-    so.mtp_coeff = ph.mtp_loss_coeff, so.mtp_targets = mtp_targets;
+    so.mtp_targets = mtp_targets;
     for (int64_t& t : so.mtp_targets) t = std::max<int64_t>(t, 1);
     so.mtp_loss = all_stats.slice(0, kStatCount + ms.size(), kStatCount + ms.size() + 1);
   }
@@ -143,7 +148,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   r.kl = sums[1];
   r.tokens = int64_t(sums[2]);
   r.mtp = mtp ? sums[3] : std::nan("");
-  kl_per_kind(model.cfg, sums[1], sums[4], r);
+  kl_per_kind(model.cfg, ph, sums[1], sums[4], r);
   if (mass) attn_mass_means(sums.data() + 5, r.attn_mass);
   const std::string at = "phase '" + ph.name + "' step " + std::to_string(step + 1) + ": ";
   HMLA_CHECK(std::isfinite(r.lm) && std::isfinite(r.kl), DivergenceError, at, "the ",

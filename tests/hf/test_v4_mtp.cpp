@@ -10,7 +10,11 @@
 // - a packed row of two documents and padding gives the documents' losses and gradients alone (no
 //   MTP input or target crosses a document);
 // - a checkpoint with trained MTP layers round-trips in DeepSeek's names, and a checkpoint without
-//   them gets them initialised.
+//   them gets them initialised;
+// - a hybrid_mla MTP layer (the seed's pattern; fixture tests/hf/fixtures/v4_mtp_hybrid from
+//   tests/python/v4_mtp_hybrid_fixture.py) in mha, dsa_warmup and dsa_sparse: losses, the hybrid KL
+//   and every gradient within the same rule; its indexer in the table in every mode, initialised
+//   where a checkpoint lacks it.
 // What wrong code would still pass: an MTP input other than pad at the rows whose targets are not
 // counted (they are only ever read by themselves: nothing observable changes).
 #include <gtest/gtest.h>
@@ -292,6 +296,144 @@ TEST(V4Mtp, TrainedMtpLayersRoundTripInDeepSeeksNames) {
   EXPECT_EQ(int(init.size()), mtp);
   EXPECT_EQ(fresh.params.at("mtp.1.hnorm.weight").to_vector<float>(), std::vector<float>(size_t(fx.c.hidden_size), 1.f));
   EXPECT_EQ(fresh.params.at("mtp.0.attn.attn_sink").to_vector<float>(), std::vector<float>(4, 0.f));
+}
+
+// --- a hybrid_mla MTP layer (the seed's pattern) -------------------------------------------------
+
+// tests/hf/fixtures/v4_mtp_hybrid (tests/python/v4_mtp_hybrid_fixture.py): the v4_hybrid stack
+// (HCA, hybrid_mla, CSA, hybrid_mla) with one hybrid_mla MTP layer, L = CE_LM + 0.3 CE_0 +
+// indexer_loss_coeff (KL_1 + KL_3 + KL_mtp), per mode of the hybrid layers and the MTP layer.
+struct HybridMtpFixture {
+  const std::string dir = kDir + "v4_mtp_hybrid/";
+  ModelConfig c = load_model_config(dir + "config.json");
+  io::TensorMap F = io::load_safetensors(dir + "fixture.safetensors");
+  io::TensorMap w = io::load_safetensors(kDir + "v4_hybrid/model.safetensors");
+  Batch batch;
+  HybridMtpFixture() {
+    c.v4.mtp_params = true;
+    for (auto& [name, t] : io::load_safetensors(dir + "model.safetensors")) w[name] = t;
+    const Tensor ids = F.at("input_ids");
+    std::vector<int32_t> v;
+    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
+    batch.input_ids = Tensor::from_vector<int32_t>({ids.size(0), ids.size(1)}, v);
+    batch.layout = layout_causal(ids.size(0), ids.size(1));
+  }
+  // The stack's hybrid layers and the MTP layer in `mode` (as a programme's phase sets them), the CSA
+  // layer over its top-k as the oracle computes it, the others mha.
+  Model model(LayerMode mode) const {
+    ModelConfig mc = c;
+    std::vector<bool> indexer;
+    for (int64_t L = 0; L < c.num_hidden_layers; ++L) {
+      const bool csa = c.v4.layer_types[size_t(L)] == V4Kind::csa, hybrid = c.v4.is_hybrid_mla(L);
+      mc.layer_modes[size_t(L)] = hybrid ? mode : csa ? LayerMode::dsa_sparse : LayerMode::mha;
+      indexer.push_back(csa || hybrid);
+    }
+    mc.mtp_mode = mode;
+    Model m = build_model(mc, indexer);
+    load_into_model(m, w, "v4_mtp_hybrid fixture");
+    return m;
+  }
+  // STYLE.md's bound on an f32 evaluation of the fixture's values `name` (NAME_f32 its f32 instance).
+  double bound(const std::string& name) const {
+    const std::vector<double> ref = joined(F, name);
+    const std::vector<float> f32 = F.at(name + "_f32").to_vector<float>();
+    double e = 0;
+    for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, std::abs(double(f32[i]) - ref[i]));
+    return 2 * e + 8 * kUlp * max_abs(ref);
+  }
+};
+
+// The hybrid_mla MTP layer runs each mode as the stack's hybrid layers (DESIGN.md section 10) and
+// trains its indexer by its KL, counted with theirs (indexer_kl_hybrid: the mean over the three):
+// the LM and MTP losses, the KL and every gradient within STYLE.md's rule of the float64 oracle (the
+// bounds as LossAndEveryGradientMatchTheFloat64Oracle's: 2 e_f32 of the group plus the rounding of
+// the N rows a weight's gradient sums). dsa_warmup (no backbone: the programme's indexer-only step)
+// gives the indexers' gradients only, the MTP layer's included; mha gives the indexers none. The CSA
+// layer's indexer trains by its own KL, which the oracle leaves out (tests/hf/test_v4_csa.cpp).
+// Planted bugs caught: the MTP layer in mha whatever the phase, its indexer left out of dsa_warmup.
+TEST(V4Mtp, AHybridMlaMtpLayerMatchesTheFloat64OracleInEachMode) {
+  const HybridMtpFixture fx;
+  const int64_t rows = fx.batch.input_ids.numel();
+  for (LayerMode mode : {LayerMode::mha, LayerMode::dsa_warmup, LayerMode::dsa_sparse}) {
+    const std::string M = mode_name(mode);
+    const Model m = fx.model(mode);
+    Tensor garena = Tensor::zeros({m.arena.numel()}, DType::f32);
+    io::TensorMap grads = arena_views(m.table, garena);
+    StepOptions opt;
+    opt.mtp_coeff = kCoeff, opt.backbone = mode != LayerMode::dsa_warmup;
+    const StepStats st = model_step(m, fx.batch, opt, grads);
+    const double lm = joined(fx.F, M + ".lm")[0], mtp = joined(fx.F, M + ".mtp")[0];
+    EXPECT_LE(std::abs(st.lm_loss - lm), fx.bound(M + ".lm")) << M;
+    if (opt.backbone) {
+      std::printf("%s: MTP loss %.9g, oracle %.9g (error %.3g, bound %.3g)\n", M.c_str(), st.mtp_loss, mtp,
+                  std::abs(st.mtp_loss - mtp), fx.bound(M + ".mtp"));
+      EXPECT_LE(std::abs(st.mtp_loss - mtp), fx.bound(M + ".mtp")) << M;
+    }
+    if (is_dsa(mode)) {
+      const std::vector<double> kl = joined(fx.F, M + ".kl");
+      ASSERT_EQ(kl.size(), 3u);
+      const double want = (kl[0] + kl[1] + kl[2]) / 3, err = std::abs(st.indexer_kl_hybrid - want);
+      std::printf("%s: indexer_kl_hybrid %.9g, oracle %.9g (error %.3g, bound %.3g)\n", M.c_str(), st.indexer_kl_hybrid,
+                  want, err, fx.bound(M + ".kl"));
+      EXPECT_LE(err, fx.bound(M + ".kl")) << M;
+    }
+    std::map<std::string, std::pair<double, double>> group;  // -> (largest f32 error, largest |gradient|)
+    for (const ParamSpec& p : m.table) {
+      const std::string key = M + ".grad." + p.name;
+      if (!fx.F.count(key + "_hi")) continue;
+      auto& [e, mag] = group[group_of(p.name)];
+      e = std::max(e, double(fx.F.at(key + "_f32err").to_vector<float>()[0]));
+      mag = std::max(mag, max_abs(joined(fx.F, key)));
+    }
+    double worst = 0;
+    std::string worst_name;
+    int checked = 0, mtp_tensors = 0, mtp_indexer = 0;
+    for (const ParamSpec& p : m.table) {
+      if (p.name.find(".attn.indexer.") != std::string::npos) continue;  // the CSA layer's (its own KL)
+      const std::string key = M + ".grad." + p.name;
+      const std::vector<float> g = grads.at(p.name).to_vector<float>();
+      if (!fx.F.count(key + "_hi")) {  // no gradient: router biases, mha's indexers, dsa_warmup's backbone
+        for (float v : g) ASSERT_EQ(v, 0.f) << M << ": " << p.name;
+        continue;
+      }
+      const std::vector<double> ref = joined(fx.F, key);
+      ASSERT_EQ(g.size(), ref.size()) << p.name;
+      double err = 0;
+      for (size_t i = 0; i < ref.size(); ++i) err = std::max(err, std::abs(double(g[i]) - ref[i]));
+      const auto [gerr, gmag] = group.at(group_of(p.name));
+      const double bound = 2 * gerr + 8 * kUlp * gmag * std::sqrt(double(rows));
+      EXPECT_LE(err, bound) << M << ": " << p.name;
+      if (err / bound > worst) worst = err / bound, worst_name = p.name;
+      ++checked, mtp_tensors += is_mtp_tensor(p.name);
+      mtp_indexer += p.name.starts_with("mtp.0.self_attn.indexer.");
+    }
+    std::printf("%s: %d gradients (%d of the MTP layer, %d of its indexer) within the rule (worst %.3g of its "
+                "bound: %s)\n",
+                M.c_str(), checked, mtp_tensors, mtp_indexer, worst, worst_name.c_str());
+    EXPECT_EQ(mtp_indexer, mode == LayerMode::mha ? 0 : 5) << M;
+    EXPECT_GE(mtp_tensors, mode == LayerMode::dsa_warmup ? 5 : 40) << M;
+  }
+}
+
+// The hybrid_mla MTP layer's names are the same in every phase (its indexer always in the table);
+// a checkpoint that holds the layer without its indexer (a run that kept it as stored) gets the
+// indexer initialised (k_norm 1 and 0, matrices N(0, initializer_range)), the rest loaded.
+TEST(V4Mtp, AHybridMlaMtpLayersIndexerIsAlwaysThereAndInitialisedWhenMissing) {
+  const HybridMtpFixture fx;
+  const Model mha = fx.model(LayerMode::mha), sparse = fx.model(LayerMode::dsa_sparse);
+  ASSERT_EQ(mha.table.size(), sparse.table.size());
+  for (size_t i = 0; i < mha.table.size(); ++i) EXPECT_EQ(mha.table[i].name, sparse.table[i].name);
+  io::TensorMap w = fx.w;
+  for (auto it = w.begin(); it != w.end();) it = it->first.starts_with("mtp.0.self_attn.indexer.") ? w.erase(it) : std::next(it);
+  Model m = fx.model(LayerMode::dsa_warmup);
+  const std::vector<std::string> init = load_checkpoint_into_model(m, checkpoint_forms(std::move(w), {}, m.cfg, "no indexer"),
+                                                                   "no indexer", 7);
+  EXPECT_EQ(init.size(), 5u);
+  for (const std::string& n : init) EXPECT_TRUE(n.starts_with("mtp.0.self_attn.indexer.")) << n;
+  EXPECT_EQ(m.params.at("mtp.0.self_attn.indexer.k_norm.weight").to_vector<float>(),
+            std::vector<float>(size_t(fx.c.index_head_dim), 1.f));
+  EXPECT_EQ(m.params.at("mtp.0.self_attn.q_a_proj.weight").to_vector<float>(),
+            fx.w.at("mtp.0.self_attn.q_a_proj.weight").to_vector<float>());
 }
 
 }  // namespace

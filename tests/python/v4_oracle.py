@@ -83,8 +83,8 @@ def rope_half(x, pos, r):  # rotate-half on the FIRST r channels (the MLA indexe
     x1, x2 = x[..., :r // 2], x[..., r // 2:r]
     return torch.cat([x1 * co - x2 * si, x2 * co + x1 * si, x[..., r:]], -1)
 NEG = -1e30  # a masked score: exp underflows to exactly 0, and a row without candidates stays finite
-def index_scores(x, cq, L, pos):  # DESIGN.md section 5 on detached x, cq: I [b, s, s] (every key)
-    p, HI, DI, r = f"model.layers.{L}.self_attn.indexer.", c["index_n_heads"], c["index_head_dim"], c["hybrid_mla_qk_rope_head_dim"]
+def index_scores(x, cq, L, pos, p=None):  # DESIGN.md section 5 on detached x, cq: I [b, s, s] (every key)
+    p, HI, DI, r = (p or f"model.layers.{L}.self_attn.") + "indexer.", c["index_n_heads"], c["index_head_dim"], c["hybrid_mla_qk_rope_head_dim"]
     qi = rope_half(lin(cq, W[p + "wq_b.weight"]).unflatten(-1, (HI, DI)).transpose(1, 2), pos, r)  # [b,HI,s,DI]
     k = lin(x, W[p + "wk.weight"]); mu = k.mean(-1, keepdim=True); var = ((k - mu) ** 2).mean(-1, keepdim=True)
     ki = rope_half((k - mu) / torch.sqrt(var + 1e-6) * W[p + "k_norm.weight"] + W[p + "k_norm.bias"], pos, r)  # [b,s,DI]
@@ -97,8 +97,8 @@ def indexer_kl(lg, I, cand):  # DESIGN.md section 6: sum_t kl(t) / valid_rows (n
     Im = I.masked_fill(~cand, NEG); logq = Im - torch.logsumexp(Im, -1, keepdim=True)
     term = torch.where(cand, P * (torch.log(torch.where(cand, P, 1.0)) - logq), torch.zeros((), dtype=DT))
     return term.sum() / (b * s)
-def hybrid_attention(x, L, mode):  # DESIGN.md sections 2-6 (MHA form: latent MQA's scores are the same)
-    p, Hh = f"model.layers.{L}.self_attn.", c["hybrid_mla_num_attention_heads"]
+def hybrid_attention(x, L, mode, p=None):  # DESIGN.md sections 2-6 (MHA form: latent MQA's scores are the same)
+    p, Hh = p or f"model.layers.{L}.self_attn.", c["hybrid_mla_num_attention_heads"]  # p: an MTP layer's self_attn.
     Dn, Dr, Dv, Rkv = (c["hybrid_mla_" + k] for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank"))
     K, Wn, pos = c.get("hybrid_mla_index_topk", 2048), c["sliding_window"], torch.arange(s)
     cq = rms(lin(x, W[p + "q_a_proj.weight"]), W[p + "q_a_layernorm.weight"])
@@ -112,7 +112,7 @@ def hybrid_attention(x, L, mode):  # DESIGN.md sections 2-6 (MHA form: latent MQ
     t, u = pos[:, None], pos[None, :]
     allowed = (u <= t).expand(b, s, s)  # A(t): one document per row
     if mode in ("dsa_warmup", "dsa_sparse"):
-        I = index_scores(x.detach(), cq.detach(), L, pos); cap[f"layer{L}.index_scores"] = I
+        I = index_scores(x.detach(), cq.detach(), L, pos, p); cap[f"layer{L}.index_scores"] = I
         cand = allowed
         if mode == "dsa_sparse":  # S(t): the top K of A(t) without its last Wn keys, ties to the smaller j
             R = (u <= t - Wn).expand(b, s, s)

@@ -541,5 +541,60 @@ TEST(Trainer, TheProgrammeOnAHybridV4StackWithItsControlArm) {
   fs::remove_all(out);
 }
 
+// The seed's pattern: the MTP layer is hybrid_mla (tests/train/tiny_v4_hybrid_mtp.json: the hybrid
+// stack above plus one hybrid_mla MTP layer) and runs the programme with the stack (DESIGN.md section
+// 10), mtp_loss_coeff 0.3 in every phase. Its indexer is a parameter from the start (the same names
+// in every phase); mha and dsa_sparse log the MTP loss and train the layer; dsa_warmup logs none and
+// moves the MTP layer's indexer only (by its KL, counted in indexer_kl_hybrid) while every other MTP
+// tensor stays; dsa_sparse moves the indexer on. Planted bugs caught: the MTP layer left out of
+// dsa_warmup (its indexer would not move there), its backbone trained in dsa_warmup.
+TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
+  const fs::path out = tmpdir("v4mtphybrid");
+  run(testing::programme_text("tests/train/tiny_v4_hybrid_mtp.json", 3,
+                              "moe_aux_loss_coeff: 0, warmup_steps: 1, mtp_loss_coeff: 0.3",
+                              "  - {name: pre, mode: mha, steps: 2, checkpoint_every: 1}\n  - {name: eq, mode: mqa_full_causal, steps: 0}\n"
+                              "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n"),
+      out);
+  const io::TensorMap start = checkpoint(out, "0-pre-step1"), pre = checkpoint(out, "1-eq-end"),
+                      warm = checkpoint(out, "2-warm-end"), end = weights(out);
+  int mtp = 0, mtp_indexer = 0;
+  for (const auto& [name, t] : warm) {
+    if (!name.starts_with("mtp.0.")) continue;
+    ++mtp;
+    ASSERT_TRUE(pre.count(name) && end.count(name)) << name;  // the same names in every phase
+    if (name.starts_with("mtp.0.self_attn.indexer.")) {
+      ++mtp_indexer;
+      EXPECT_FALSE(same(t, pre.at(name))) << name << " did not move in dsa_warmup";
+      EXPECT_FALSE(same(t, end.at(name))) << name << " did not move in dsa_sparse";
+    } else {
+      EXPECT_TRUE(same(t, pre.at(name))) << name << " changed during dsa_warmup";
+    }
+  }
+  EXPECT_EQ(mtp_indexer, 5);
+  EXPECT_GT(mtp, 40);
+  EXPECT_TRUE(start.count("mtp.0.self_attn.indexer.wk.weight"));  // there from the start
+  for (const char* t : {"mtp.0.e_proj.weight", "mtp.0.self_attn.kv_b_proj.weight"}) {  // trained in mha and dsa_sparse
+    EXPECT_FALSE(same(start.at(t), pre.at(t))) << t;
+    EXPECT_FALSE(same(pre.at(t), end.at(t))) << t;
+  }
+  std::ifstream metrics(out / "metrics.jsonl");
+  int with = 0, warm_rows = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json row = nlohmann::json::parse(line);
+    if (!row.contains("step")) continue;
+    if (row["phase"] == "warm") {
+      warm_rows += !row.contains("mtp_loss") && row.contains("indexer_kl_hybrid");
+      continue;
+    }
+    with += row.contains("mtp_loss") && std::isfinite(row["mtp_loss"].get<double>()) && row["mtp_loss"].get<double>() > 0;
+    if (row["phase"] == "sparse") {
+      EXPECT_TRUE(row.contains("indexer_kl_hybrid")) << line;
+    }
+  }
+  EXPECT_EQ(with, 4);  // pre's and sparse's steps
+  EXPECT_EQ(warm_rows, 2);
+  fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace hmla

@@ -177,7 +177,7 @@ struct ModelConfig {
   }
   // Layer L has DSA machinery that a phase's mode drives (DESIGN.md sections 1 and 10): every layer
   // of an MLA model (hybrid_layers picks which follow the phase); in a V4 stack the CSA and
-  // hybrid_mla layers.
+  // hybrid_mla layers, the MTP layers' (L >= num_hidden_layers: their kinds) too.
   bool has_dsa(int64_t L) const { return !is_v4() || v4.kind(L) == V4Kind::csa || v4.kind(L) == V4Kind::hybrid_mla; }
   // Layer L's mode (a V4 MTP layer's past the stack: mtp_mode).
   LayerMode mode(int64_t L) const {
@@ -213,7 +213,9 @@ void save_model_config(const std::string& path, const ModelConfig& c);
 // section 10): c with the MLA geometry replaced by the hybrid_mla_* keys' (heads, ranks, head
 // widths, index_topk), index_window = sliding_window (the forced window), attention_sink on (every
 // V4 layer has a sink; it stays out of the KL target), indexer_loss_coeff and the main RoPE as c has
-// them, and the layer's mode c.layer_modes[L]: MlaLayer runs on it unchanged. `source` is left empty.
+// them, and the layer's mode c.mode(L): MlaLayer runs on it unchanged. L may be an MTP layer's
+// (num_hidden_layers + i, its kind mtp_types[i], its mode c.mtp_mode, which the derived config's
+// layer_modes also holds at L). `source` is left empty.
 ModelConfig hybrid_mla_config(const ModelConfig& c, int64_t L);
 
 // ConfigError for a deepseek_v4 config in a command about the MLA layer itself (hmla layer, the

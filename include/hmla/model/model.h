@@ -109,7 +109,7 @@ void init_model(Model& m, uint64_t seed);
 // stream (seeded by `seed` and its name); returns how many. The phases' new indexers on V4 stacks.
 int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed);
 // The same rule for the named tensors only (in table order, from their own generator of `seed`):
-// a checkpoint's missing MTP layers (load_checkpoint_into_model's `initialised`).
+// a checkpoint's missing MTP layers or MTP indexers (load_checkpoint_into_model's `initialised`).
 void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed);
 // Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened).
 // Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
@@ -140,8 +140,9 @@ void save_model_weights(const std::string& dir, const Model& m, int64_t max_shar
 // load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
 // memory plan: IoError/MemoryError before it is moved in). Where the model trains its MTP layers
 // (V4Config::mtp_params), an MTP layer of which the checkpoint holds no tensor at all (transformers
-// saves none) is initialised from `seed` (init_tensors); its tensors' names are returned. A layer
-// the checkpoint holds in part is an IoError naming the missing tensor.
+// saves none) is initialised from `seed` (init_tensors), and so is a hybrid_mla MTP layer's indexer
+// (self_attn.indexer.*) that a checkpoint holding the layer lacks; their names are returned. A layer
+// the checkpoint holds in part otherwise is an IoError naming the missing tensor.
 std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors ck, const std::string& what,
                                                     uint64_t seed = 0);
 

@@ -31,7 +31,8 @@ inline bool v4_has_indexer(const ModelConfig& c, const std::vector<bool>& has_in
 std::vector<bool> v4_indexer_layers(const ModelConfig& c);
 // The multi-token-prediction layer i's entries (the table's last ones, where c.v4.mtp_params), in
 // DeepSeek's released names (docs/deepseek_v4_math.md section 14): mtp.{i}.e_proj, enorm, h_proj,
-// hnorm, a block as layer num_hidden_layers + i's (its kv norm attn.kv_norm), hc_head_{fn,base,scale}
+// hnorm, a block as layer num_hidden_layers + i's (its kv norm attn.kv_norm; a hybrid_mla layer's
+// self_attn.* in the MLA names; a CSA or hybrid_mla layer's indexer always), hc_head_{fn,base,scale}
 // and norm.
 std::vector<ParamSpec> v4_mtp_params(const ModelConfig& c, int64_t i, bool one_expert = false);
 std::string mtp_prefix(int64_t i);              // "mtp.{i}."
