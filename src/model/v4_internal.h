@@ -226,13 +226,14 @@ Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids);
 // with opt.mtp_coeff > 0, on the stack's last streams x_final [N, n, D] of the forward whose RoPE
 // tables are `ropes`: their loss coeff / D sum_k CE_k goes into the backward: every mtp.{i}.*
 // tensor's gradient and the shared embedding's and head's (views g of `grads`) are added into,
-// the streams' gradient ADDED into dx [N, n, D]; the hybrid_mla MTP layers that run their indexer
-// (v4_mtp_kl_layers) add their KL sum into kl_acc (f64 [1]) and their indexer's gradient. Returns the
+// the streams' gradient ADDED into dx [N, n, D]; the MTP layers that run their indexer
+// (v4_mtp_kl_layers) add their KL sum into kl_acc (hybrid_mla) or kl_acc_csa (CSA; f64 [1] each)
+// and their indexer's gradient. Returns the
 // mean over the depths of their CE means (without coeff), also added into opt.mtp_loss when it is
 // given. Without opt.backbone (dsa_warmup): the depths' forwards and those indexers' KL backward
 // only; dx, the loss and every other gradient untouched; returns 0.
 double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
                    const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads, const Tensor& dx,
-                   const Tensor& kl_acc);
+                   const Tensor& kl_acc, const Tensor& kl_acc_csa);
 
 }  // namespace hmla

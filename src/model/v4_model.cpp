@@ -182,10 +182,10 @@ void check_v4_batch(const Model& m) {
 
 }  // namespace
 
-int64_t v4_mtp_kl_layers(const ModelConfig& c) {
-  int64_t n = 0;
+MtpKlLayers v4_mtp_kl_layers(const ModelConfig& c) {
+  MtpKlLayers n;
   for (int64_t L = c.num_hidden_layers; c.v4.mtp_params && L < c.num_hidden_layers + c.form.num_nextn_predict_layers; ++L)
-    n += c.v4.is_hybrid_mla(L) && c.runs_indexer(L);
+    if (c.runs_indexer(L)) ++(c.v4.is_hybrid_mla(L) ? n.hybrid : n.csa);
   return n;
 }
 
@@ -260,11 +260,11 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     mhc_head_bwd(dhh, f.x_final, w.hc_head, f.head, float(c.v4.hc_eps), dx, g.hc_head);
   }
   int64_t csa_layers = 0, hybrid_layers = 0;  // the layers whose KL went into kStatMbKlCsa, kStatMbKl
-  // The MTP layers (adding into dx); in dsa_warmup only where a hybrid_mla MTP layer's indexer trains.
-  const int64_t mtp_kl = opt.mtp_coeff > 0 ? v4_mtp_kl_layers(c) : 0;
-  if (opt.mtp_coeff > 0 && (opt.backbone || mtp_kl > 0)) {
-    st.mtp_loss = v4_mtp_step(m, in, opt, f.rows, f.x_final, w, g, grads, dx, slot(kStatMbKl));
-    hybrid_layers += mtp_kl;
+  // The MTP layers (adding into dx); in dsa_warmup only where an MTP layer's indexer trains.
+  const MtpKlLayers mtp_kl = opt.mtp_coeff > 0 ? v4_mtp_kl_layers(c) : MtpKlLayers{};
+  if (opt.mtp_coeff > 0 && (opt.backbone || mtp_kl.all() > 0)) {
+    st.mtp_loss = v4_mtp_step(m, in, opt, f.rows, f.x_final, w, g, grads, dx, slot(kStatMbKl), slot(kStatMbKlCsa));
+    hybrid_layers += mtp_kl.hybrid, csa_layers += mtp_kl.csa;
   }
   for (int64_t L = c.num_hidden_layers - 1; L >= 0; --L) {
     LayerSaved& sv = f.layers[size_t(L)];

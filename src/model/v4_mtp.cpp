@@ -80,25 +80,33 @@ void attention_fwd(const ModelConfig& c, int64_t L, const V4LayerTensors& w, con
   }
 }
 
-// Its backward: dx from dy (both undefined without the backbone: dsa_warmup). A hybrid_mla layer
-// that runs its indexer trains it by its KL, added into kl_acc (the step's hybrid_mla slot), as the
-// stack's hybrid layers do; the V4 kinds' indexer (CSA) gets no gradient (docs/deepseek_v4_math.md
-// section 14), so without the backbone they have nothing to do.
+// The step's KL slots (f64 [1] each) an MTP layer's indexer KL goes into, by its kind.
+struct KlSlots {
+  Tensor hybrid, csa;
+};
+
+// Its backward: dx from dy (both undefined without the backbone: dsa_warmup). A layer that runs its
+// indexer (hybrid_mla, CSA) trains it by its KL, added into its kind's slot, as the stack's layers
+// do; other layers have nothing to do without the backbone.
 void attention_bwd(const ModelConfig& c, int64_t L, const V4LayerTensors& w, const V4LayerTensors& g, const Tensor& x,
                    const DeviceBatch& in, const V4Rows& ropes, const Depth& d, const Tensor& dy, const Tensor& dx,
-                   const Tensor& kl_acc) {
+                   const KlSlots& slots) {
+  const bool kl = c.runs_indexer(L);
   switch (c.v4.kind(L)) {
     case V4Kind::sliding:
     case V4Kind::csa:
-    case V4Kind::hca:
-      if (dy.defined()) v4_attention_bwd(c, w.attn, g.attn, x, in.layout, ropes, d.attn, dy, dx);
-      return;
-    case V4Kind::hybrid_mla: {
-      const bool kl = c.runs_indexer(L);
-      v4_hybrid_bwd(d.hybrid, w.mla, g.mla, x, in.layout, dy, dx,
-                    {dy.defined(), kl ? in.row_weight : Tensor(), kl ? kl_acc : Tensor()}, *ropes.cp);
+    case V4Kind::hca: {
+      if (!dy.defined() && !kl) return;
+      V4BackwardOptions o;
+      o.backbone = dy.defined();
+      if (kl) o.row_weight = in.row_weight, o.kl_acc = slots.csa;
+      v4_attention_bwd(c, w.attn, g.attn, x, in.layout, ropes, d.attn, dy, dx, o);
       return;
     }
+    case V4Kind::hybrid_mla:
+      v4_hybrid_bwd(d.hybrid, w.mla, g.mla, x, in.layout, dy, dx,
+                    {dy.defined(), kl ? in.row_weight : Tensor(), kl ? slots.hybrid : Tensor()}, *ropes.cp);
+      return;
   }
 }
 
@@ -154,7 +162,7 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
 // output streams; undefined for the last): the gradient on its input streams X_k.
 Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, const V4Tensors& mw,
                       const V4Tensors& mg, const DeviceBatch& in, const V4Rows& ropes, int64_t k, Depth& d,
-                      const Tensor& dnext, const Tensor& acc, const Tensor& kl_acc) {
+                      const Tensor& dnext, const Tensor& acc, const KlSlots& kl) {
   const ModelConfig& c = m.cfg;
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const int64_t L = c.num_hidden_layers + k;
@@ -170,7 +178,7 @@ Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, 
                          {d.hc2, d.xf, d.post2, d.comb2, d.f, d.rstd_f}, dz, [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, d.f, d.mlp, dnx); });
   dz = v4_block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, d.y, d.ya,
                          {d.hc1, d.xa, d.post1, d.comb1, d.a, d.rstd_a}, dz, [&](const Tensor& dy, const Tensor& dnx) {
-                           attention_bwd(c, L, lw, lg, d.a.view({b, s, D}), in, ropes, d, dy, dnx, kl_acc);
+                           attention_bwd(c, L, lw, lg, d.a.view({b, s, D}), in, ropes, d, dy, dnx, kl);
                          });
   // dz is dY: through h_proj and hnorm to each stream of X_k; its sum over the streams through
   // e_proj and enorm to the embedding's rows (e_proj's output was added to every stream).
@@ -190,7 +198,8 @@ Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, 
 
 double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
                    const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads,
-                   const Tensor& dx, const Tensor& kl_acc) {
+                   const Tensor& dx, const Tensor& kl_acc, const Tensor& kl_acc_csa) {
+  const KlSlots kl{kl_acc, kl_acc_csa};
   const ModelConfig& c = m.cfg;
   const int64_t depths = c.form.num_nextn_predict_layers, N = in.ids.numel(), n = c.v4.hc_mult, D = c.hidden_size;
   HMLA_CHECK(c.v4.mtp_params && depths > 0, ConfigError, "mtp_loss_coeff = ", opt.mtp_coeff,
@@ -230,14 +239,14 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
   if (!opt.backbone) {  // dsa_warmup: the hybrid_mla MTP layers' indexers by their KL, nothing else
     for (int64_t k = 0; k < depths; ++k)
       attention_bwd(c, c.num_hidden_layers + k, mw[size_t(k)].block, mg[size_t(k)].block, dd[size_t(k)].a.view({b, sh.rows, D}),
-                    in, ropes, dd[size_t(k)], Tensor(), Tensor(), kl_acc);
+                    in, ropes, dd[size_t(k)], Tensor(), Tensor(), kl);
     return 0;
   }
   // acc: coeff / D sum_k CE_k (the rows' weights carry the factors), then without coeff.
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
   Tensor dnext;
   for (int64_t k = depths - 1; k >= 0; --k)
-    dnext = depth_backward(m, mw[size_t(k)], mg[size_t(k)], w, g, in, ropes, k, dd[size_t(k)], dnext, acc, kl_acc);
+    dnext = depth_backward(m, mw[size_t(k)], mg[size_t(k)], w, g, in, ropes, k, dd[size_t(k)], dnext, acc, kl);
   add(dx.view({N, n * D}), dnext.view({N, n * D}), dx.view({N, n * D}));
   const double loss = acc.to_vector<double>()[0] / opt.mtp_coeff;  // V4 runs on the CPU: nothing to keep on a device
   if (opt.mtp_loss.defined()) {

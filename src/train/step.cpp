@@ -55,7 +55,8 @@ void balance_experts(RankGrid& grid, const PhaseSettings& ph, Model& model, cons
 // v4_mtp_kl_layers) is the rest.
 void kl_per_kind(const ModelConfig& c, const PhaseSettings& ph, double kl, double kl_csa, StepResult& r) {
   if (!c.is_v4()) return;
-  int64_t all = ph.mtp_loss_coeff > 0 ? v4_mtp_kl_layers(c) : 0, csa = 0;
+  const MtpKlLayers mtp = ph.mtp_loss_coeff > 0 ? v4_mtp_kl_layers(c) : MtpKlLayers{};
+  int64_t all = mtp.all(), csa = mtp.csa;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L)
     if (c.runs_indexer(L)) ++all, csa += c.v4.layer_types[size_t(L)] == V4Kind::csa;
   if (csa > 0) r.kl_csa = kl_csa;

@@ -548,10 +548,15 @@ TEST(Trainer, TheProgrammeOnAHybridV4StackWithItsControlArm) {
 // moves the MTP layer's indexer only (by its KL, counted in indexer_kl_hybrid) while every other MTP
 // tensor stays; dsa_sparse moves the indexer on. Planted bugs caught: the MTP layer left out of
 // dsa_warmup (its indexer would not move there), its backbone trained in dsa_warmup.
-TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
-  const fs::path out = tmpdir("v4mtphybrid");
-  run(testing::programme_text("tests/train/tiny_v4_hybrid_mtp.json", 3,
-                              "moe_aux_loss_coeff: 0, warmup_steps: 1, mtp_loss_coeff: 0.3",
+// The four phases with an MTP layer that runs its indexer (mtp_loss_coeff 0.3 throughout): its
+// indexer tensors (`indexer`, `n_indexer` of them) move in dsa_warmup, where nothing else of the MTP
+// layer does, and in dsa_sparse; `trained` moves in mha and dsa_sparse; the KL of its kind (`kl`)
+// is logged in both dsa phases. A planted bug that skipped the MTP layer's KL in warmup (or ran
+// it in mha) fails here.
+void mtp_layer_runs_the_four_phases(const char* config, const char* indexer, int n_indexer, const char* trained,
+                                    const char* kl) {
+  const fs::path out = tmpdir("v4mtpkl");
+  run(testing::programme_text(config, 3, "moe_aux_loss_coeff: 0, warmup_steps: 1, mtp_loss_coeff: 0.3",
                               "  - {name: pre, mode: mha, steps: 2, checkpoint_every: 1}\n  - {name: eq, mode: mqa_full_causal, steps: 0}\n"
                               "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n"),
       out);
@@ -562,7 +567,7 @@ TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
     if (!name.starts_with("mtp.0.")) continue;
     ++mtp;
     ASSERT_TRUE(pre.count(name) && end.count(name)) << name;  // the same names in every phase
-    if (name.starts_with("mtp.0.self_attn.indexer.")) {
+    if (name.starts_with(indexer)) {
       ++mtp_indexer;
       EXPECT_FALSE(same(t, pre.at(name))) << name << " did not move in dsa_warmup";
       EXPECT_FALSE(same(t, end.at(name))) << name << " did not move in dsa_sparse";
@@ -570,10 +575,12 @@ TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
       EXPECT_TRUE(same(t, pre.at(name))) << name << " changed during dsa_warmup";
     }
   }
-  EXPECT_EQ(mtp_indexer, 5);
+  EXPECT_EQ(mtp_indexer, n_indexer);
   EXPECT_GT(mtp, 40);
-  EXPECT_TRUE(start.count("mtp.0.self_attn.indexer.wk.weight"));  // there from the start
-  for (const char* t : {"mtp.0.e_proj.weight", "mtp.0.self_attn.kv_b_proj.weight"}) {  // trained in mha and dsa_sparse
+  int at_start = 0;
+  for (const auto& [name, t] : start) at_start += name.starts_with(indexer);
+  EXPECT_EQ(at_start, n_indexer);  // there from the start
+  for (const char* t : {"mtp.0.e_proj.weight", trained}) {  // trained in mha and dsa_sparse
     EXPECT_FALSE(same(start.at(t), pre.at(t))) << t;
     EXPECT_FALSE(same(pre.at(t), end.at(t))) << t;
   }
@@ -583,17 +590,29 @@ TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
     const nlohmann::json row = nlohmann::json::parse(line);
     if (!row.contains("step")) continue;
     if (row["phase"] == "warm") {
-      warm_rows += !row.contains("mtp_loss") && row.contains("indexer_kl_hybrid");
+      warm_rows += !row.contains("mtp_loss") && row.contains(kl);
       continue;
     }
     with += row.contains("mtp_loss") && std::isfinite(row["mtp_loss"].get<double>()) && row["mtp_loss"].get<double>() > 0;
     if (row["phase"] == "sparse") {
-      EXPECT_TRUE(row.contains("indexer_kl_hybrid")) << line;
+      EXPECT_TRUE(row.contains(kl)) << line;
     }
   }
   EXPECT_EQ(with, 4);  // pre's and sparse's steps
   EXPECT_EQ(warm_rows, 2);
   fs::remove_all(out);
+}
+
+TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
+  mtp_layer_runs_the_four_phases("tests/train/tiny_v4_hybrid_mtp.json", "mtp.0.self_attn.indexer.", 5,
+                                 "mtp.0.self_attn.kv_b_proj.weight", "indexer_kl_hybrid");
+}
+
+// The same stack with a CSA MTP layer: its indexer (the two projections and its compressor's four
+// tensors) trains by the CSA KL.
+TEST(Trainer, ACsaMtpLayerTrainsItsIndexerByTheCsaKl) {
+  mtp_layer_runs_the_four_phases("tests/train/tiny_v4_csa_mtp.json", "mtp.0.attn.indexer.", 6, "mtp.0.attn.wkv.weight",
+                                 "indexer_kl_csa");
 }
 
 }  // namespace

@@ -69,10 +69,14 @@ double v4_lm_loss(const Model& m, const DeviceBatch& in, Comm& cp);
 StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads, Comm& cp);
 
 // The multi-token-prediction layers whose indexer trains by its KL in a step that runs them
-// (StepOptions::mtp_coeff > 0; in dsa_warmup for that KL alone): the hybrid_mla MTP layers that run
-// their indexer in mtp_mode, where the MTP layers are parameters. Their KL is counted with the
-// stack's hybrid_mla layers' (StepStats::indexer_kl_hybrid); a CSA MTP layer's indexer trains none
-// (docs/deepseek_v4_math.md section 14).
-int64_t v4_mtp_kl_layers(const ModelConfig& c);
+// (StepOptions::mtp_coeff > 0; in dsa_warmup for that KL alone): the MTP layers of kind hybrid_mla
+// and CSA that run their indexer in mtp_mode, where the MTP layers are parameters. Their KL is
+// counted with the stack's layers of their kind (StepStats::indexer_kl_hybrid, indexer_kl_csa;
+// docs/deepseek_v4_math.md section 14).
+struct MtpKlLayers {
+  int64_t hybrid = 0, csa = 0;
+  int64_t all() const { return hybrid + csa; }
+};
+MtpKlLayers v4_mtp_kl_layers(const ModelConfig& c);
 
 }  // namespace hmla
