@@ -81,14 +81,7 @@ struct Fixture {
     load_into_model(m, w, "v4_hybrid fixture");
     return m;
   }
-  // STYLE.md's bound on the f32 evaluation of fixture tensor `name` (its f32 instance NAME_f32).
-  double bound(const std::string& name) const {
-    const std::vector<double> ref = joined(F, name);
-    const std::vector<float> f32 = F.at(name + "_f32").to_vector<float>();
-    double e = 0;
-    for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, std::abs(double(f32[i]) - ref[i]));
-    return 2 * e + 8 * kUlp * max_abs(ref);
-  }
+  double bound(const std::string& name) const { return testing::fixture_f32_bound(F, name); }
 };
 
 struct StepResult {

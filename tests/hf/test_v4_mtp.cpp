@@ -333,14 +333,7 @@ struct HybridMtpFixture {
     load_into_model(m, w, "v4_mtp_hybrid fixture");
     return m;
   }
-  // STYLE.md's bound on an f32 evaluation of the fixture's values `name` (NAME_f32 its f32 instance).
-  double bound(const std::string& name) const {
-    const std::vector<double> ref = joined(F, name);
-    const std::vector<float> f32 = F.at(name + "_f32").to_vector<float>();
-    double e = 0;
-    for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, std::abs(double(f32[i]) - ref[i]));
-    return 2 * e + 8 * kUlp * max_abs(ref);
-  }
+  double bound(const std::string& name) const { return testing::fixture_f32_bound(F, name); }
 };
 
 // The hybrid_mla MTP layer runs each mode as the stack's hybrid layers (DESIGN.md section 10) and

@@ -202,6 +202,29 @@ def build(c, w, ids):
     return F, made, failures
 
 
+def save_or_check(out, c, weights, F, made, failures, write, exact):
+    """--write: the fixture into `out` (config, weights, fixture, made_with) when the oracle found no
+    failure; else the committed fixture against this oracle's: float64 values to 1e-9 of each
+    tensor's max, the tables `exact(name)` says equal. Failures go into `failures`."""
+    if write and not failures:
+        os.makedirs(out, exist_ok=True)
+        json.dump(c, open(out + "config.json", "w"), indent=2)
+        st.save(out + "model.safetensors", weights)
+        st.save(out + "fixture.safetensors", F)
+        json.dump(made, open(out + "made_with.json", "w"), indent=1)
+    if not write:
+        old = st.load(out + "fixture.safetensors")
+        if set(old) != set(F): failures.append("the fixture's tensors differ from the oracle's: remake it (--write)")
+        for k in sorted(set(old) & set(F)):
+            if k.endswith("_hi"):
+                n = k[:-3]
+                got, ref = O.j(F, n), O.j(old, n)
+                d = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
+                if not d <= 1e-9: failures.append(f"{n}: relative difference {d} from the committed fixture")
+            elif exact(k):
+                if not np.array_equal(old[k], F[k]): failures.append(f"{k} differs from the committed fixture")
+
+
 def main():
     write = "--write" in sys.argv
     if write:
@@ -214,23 +237,8 @@ def main():
         ids = st.load(OUT + "fixture.safetensors")["input_ids"]
     F, made, failures = build(c, w, ids)
     print(json.dumps(made, indent=1))
-    if write and not failures:
-        os.makedirs(OUT, exist_ok=True)
-        json.dump(c, open(OUT + "config.json", "w"), indent=2)
-        st.save(OUT + "model.safetensors", w)
-        st.save(OUT + "fixture.safetensors", F)
-        json.dump(made, open(OUT + "made_with.json", "w"), indent=1)
-    if not write:  # the committed fixture is this oracle's: float64 values to 1e-9 of each tensor's max, tables equal
-        old = st.load(OUT + "fixture.safetensors")
-        if set(old) != set(F): failures.append("the fixture's tensors differ from the oracle's: remake it (--write)")
-        for k in sorted(set(old) & set(F)):
-            if k.endswith("_hi"):
-                n = k[:-3]
-                got, ref = O.j(F, n), O.j(old, n)
-                d = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
-                if not d <= 1e-9: failures.append(f"{n}: relative difference {d} from the committed fixture")
-            elif k.startswith("dsa_sparse.selected") or k == "input_ids":
-                if not np.array_equal(old[k], F[k]): failures.append(f"{k} differs from the committed fixture")
+    save_or_check(OUT, c, w, F, made, failures, write,
+                  lambda k: k.startswith("dsa_sparse.selected") or k == "input_ids")
     for f in failures: print("FAIL", f)
     sys.exit(1 if failures else 0)
 

@@ -190,23 +190,8 @@ def main():
         ids = st.load(OUT + "fixture.safetensors")["input_ids"]
         F, made, failures = build(c, w, ids)
     print(json.dumps(made, indent=1))
-    if write and not failures:
-        os.makedirs(OUT, exist_ok=True)
-        json.dump(c, open(OUT + "config.json", "w"), indent=2)
-        st.save(OUT + "model.safetensors", {k: v for k, v in w.items() if k.startswith(P)})
-        st.save(OUT + "fixture.safetensors", F)
-        json.dump(made, open(OUT + "made_with.json", "w"), indent=1)
-    if not write:  # the committed fixture is this oracle's: float64 values to 1e-9 of each tensor's max, tables equal
-        old = st.load(OUT + "fixture.safetensors")
-        if set(old) != set(F): failures.append("the fixture's tensors differ from the oracle's: remake it (--write)")
-        for k in sorted(set(old) & set(F)):
-            if k.endswith("_hi"):
-                n = k[:-3]
-                got, ref = O.j(F, n), O.j(old, n)
-                d = np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30)
-                if not d <= 1e-9: failures.append(f"{n}: relative difference {d} from the committed fixture")
-            elif k in ("dsa_sparse.selected.mtp", "input_ids"):
-                if not np.array_equal(old[k], F[k]): failures.append(f"{k} differs from the committed fixture")
+    VH.save_or_check(OUT, c, {k: v for k, v in w.items() if k.startswith(P)}, F, made, failures, write,
+                     lambda k: k in ("dsa_sparse.selected.mtp", "input_ids"))
     for f in failures: print("FAIL", f)
     sys.exit(1 if failures else 0)
 
