@@ -10,7 +10,10 @@
 //             (3) one block per entry e: the pairs of the queries that see e (t from ent_last[e]
 //             to its document's end; selected mode: those whose slots hold e) give dent[e] alike;
 //             (4) dsink: one thread per head sums its terms in row order.
-// Workspace O(b s H) (D and the sink's terms); nothing [s, s] or [s, n_e]. Costs: the selected mode
+// Query rows at an offset (context parallelism): the query-side grids and arrays cover the sq local
+// rows, positions (layout, window, visibility) are global (q_row0 + local row), and the key kernels
+// walk only the rows of [q_row0, q_row0 + sq) that see their key.
+// Workspace O(b sq H) (D and the sink's terms); nothing [s, s] or [s, n_e]. Costs: the selected mode
 // tests a slot against the row's earlier slots (a repeated index counts once: O(k^2) per row) and
 // the entries' backward scans k slots per candidate query (O(n_e L k), L the document length): fine
 // for the tests and small runs, the first thing a fast kernel replaces (an inverse index, as the
@@ -69,13 +72,15 @@ __device__ bool visible(const AttnCompressedParams& p, int64_t bb, int64_t st, i
   return e >= 0 && e < p.n_e && p.ent_doc[bb * p.n_e + e] == st && p.ent_last[bb * p.n_e + e] <= t;
 }
 
-// Query row (bb, t)'s key list: positions [0, n_w) are window keys u0 + j, then (dense) entries
-// lo + j or (selected) the row's slots. key() gives a position's row: kv's (>= 0), ent's (encoded
-// -2 - e) or -1 when the position holds no key.
+// Query row `row`'s key list (local row tl of batch row bb, global position t = q_row0 + tl):
+// positions [0, n_w) are window keys u0 + j, then (dense) entries lo + j or (selected) the row's
+// slots. key() gives a position's row: kv's (>= 0), ent's (encoded -2 - e) or -1 when the position
+// holds no key.
 struct RowKeys {
-  int64_t bb, t, st, u0, n_w, lo, n;
-  __device__ RowKeys(const AttnCompressedParams& p, int64_t row) : bb(row / p.s), t(row % p.s) {
-    st = p.doc_start[row];
+  int64_t row, bb, tl, t, st, u0, n_w, lo, n;
+  __device__ RowKeys(const AttnCompressedParams& p, int64_t r)
+      : row(r), bb(r / p.sq), tl(r % p.sq), t(p.q_row0 + r % p.sq) {
+    st = p.doc_start[bb * p.s + t];
     u0 = imax(st, t - p.window + 1);
     n_w = t - u0 + 1;
     lo = 0;
@@ -92,7 +97,7 @@ struct RowKeys {
   __device__ int64_t key(const AttnCompressedParams& p, int64_t j) const {
     if (j < n_w) return u0 + j;
     if (p.k == 0) return -2 - (lo + j - n_w);
-    const int32_t* slots = p.idx + (bb * p.s + t) * p.k;
+    const int32_t* slots = p.idx + row * p.k;
     const int64_t i = j - n_w, e = slots[i];
     if (!visible(p, bb, st, t, e)) return -1;
     for (int64_t i2 = 0; i2 < i; ++i2)
@@ -123,13 +128,13 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(AttnCompressedParams p) {
   float *qs = smem, *acc = smem + d;
   const RowKeys rk(p, row);
   T* out = static_cast<T*>(p.out) + (row * p.H + h) * d;
-  float* lse = p.lse + (rk.bb * p.H + h) * p.s + rk.t;
+  float* lse = p.lse + (rk.bb * p.H + h) * p.sq + rk.tl;
   if (rk.st > rk.t) {  // padding: out 0, lse +inf
     for (int64_t c = threadIdx.x; c < d; c += kThreads) store(out[c], 0.f);
     if (threadIdx.x == 0) *lse = INFINITY;
     return;
   }
-  const int64_t q0 = rk.bb * p.q_bstride + rk.t * p.q_rstride + h * p.q_hstride;
+  const int64_t q0 = rk.bb * p.q_bstride + rk.tl * p.q_rstride + h * p.q_hstride;
   for (int64_t c = threadIdx.x; c < d; c += kThreads) qs[c] = at<T>(p.q, q0 + c), acc[c] = 0.f;
   __syncthreads();
   float m = -INFINITY, l = 0.f;
@@ -172,14 +177,14 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttnCompressedParams p, fl
     if (threadIdx.x == 0) Dw[row * p.H + h] = 0.f, sink_terms[row * p.H + h] = 0.f;
     return;
   }
-  const int64_t q0 = rk.bb * p.q_bstride + rk.t * p.q_rstride + h * p.q_hstride, o0 = (row * p.H + h) * d;
+  const int64_t q0 = rk.bb * p.q_bstride + rk.tl * p.q_rstride + h * p.q_hstride, o0 = (row * p.H + h) * d;
   float part = 0.f;
   for (int64_t c = threadIdx.x; c < d; c += kThreads) {
     qs[c] = at<T>(p.q, q0 + c), dos[c] = at<T>(p.dout, o0 + c), acc[c] = 0.f;
     part += dos[c] * at<T>(p.out, o0 + c);
   }
   const float D = block_sum<kThreads>(part, red);
-  const float lse = p.lse[(rk.bb * p.H + h) * p.s + rk.t];
+  const float lse = p.lse[(rk.bb * p.H + h) * p.sq + rk.tl];
   if (threadIdx.x == 0) {
     Dw[row * p.H + h] = D;
     sink_terms[row * p.H + h] = p.sink && fabsf(lse) < INFINITY ? -expf(p.sink[h] - lse) * D : 0.f;
@@ -211,17 +216,18 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(AttnCompressedParams p, fl
   for (int64_t c = threadIdx.x; c < d; c += kThreads) store(dq[c], acc[c]);
 }
 
-// Whether query row (bb, t) attends entry e (visible; selected mode: one of its slots holds it).
-__device__ bool attends(const AttnCompressedParams& p, int64_t bb, int64_t t, int64_t e) {
+// Whether (local) query row `row` attends entry e (visible; selected mode: one of its slots holds it).
+__device__ bool attends(const AttnCompressedParams& p, int64_t row, int64_t e) {
   if (p.k == 0) return true;  // the caller walks only queries that see e
-  const int32_t* slots = p.idx + (bb * p.s + t) * p.k;
+  const int32_t* slots = p.idx + row * p.k;
   for (int64_t i = 0; i < p.k; ++i)
     if (slots[i] == e) return true;
   return false;
 }
 
 // (2) and (3): the gradient of one key (window key u of batch row bb: entry < 0; else entry e):
-// sum over the (query, head) pairs that attend it of dS scale q + P dout, pairs in (t, h) order.
+// sum over the (query, head) pairs that attend it of dS scale q + P dout, pairs in (t, h) order,
+// t over the query rows [q_row0, q_row0 + sq) only (global positions; their data at t - q_row0).
 template <class T>
 __global__ void __launch_bounds__(kThreads) dkey_kernel(AttnCompressedParams p, bool entries, const float* Dw) {
   HMLA_DYNAMIC_SHARED(float, smem);
@@ -229,7 +235,7 @@ __global__ void __launch_bounds__(kThreads) dkey_kernel(AttnCompressedParams p, 
   __shared__ int64_t pairs[kThreads];
   const int64_t d = p.d;
   float *ks = smem, *acc = smem + d;
-  int64_t bb, key, t0, t1;  // queries [t0, t1)
+  int64_t bb, key, t0, t1;  // queries [t0, t1), global
   T* dst;
   if (!entries) {
     bb = blockIdx.x / p.s, key = blockIdx.x % p.s;
@@ -243,6 +249,7 @@ __global__ void __launch_bounds__(kThreads) dkey_kernel(AttnCompressedParams p, 
     dst = static_cast<T*>(p.dent) + blockIdx.x * d;
     t0 = p.ent_last[blockIdx.x], t1 = st < 0 ? t0 : p.doc_end[bb * p.s + st];  // an unused slot: none
   }
+  t0 = imax(t0, p.q_row0), t1 = imax(t0, imin(t1, p.q_row0 + p.sq));  // this call's query rows
   for (int64_t c = threadIdx.x; c < d; c += kThreads) ks[c] = key_at<T>(p, bb, key, c), acc[c] = 0.f;
   __syncthreads();
   const int64_t npairs = (t1 - t0) * p.H;
@@ -250,12 +257,12 @@ __global__ void __launch_bounds__(kThreads) dkey_kernel(AttnCompressedParams p, 
     const int64_t j = j0 + threadIdx.x;
     float g = 0.f, pj = 0.f;
     if (j < npairs) {
-      const int64_t t = t0 + j / p.H, h = j % p.H, row = bb * p.s + t;
-      if (!entries || attends(p, bb, t, -2 - key)) {
-        const int64_t q0 = bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride, o0 = (row * p.H + h) * d;
+      const int64_t tl = t0 + j / p.H - p.q_row0, h = j % p.H, row = bb * p.sq + tl;
+      if (!entries || attends(p, row, -2 - key)) {
+        const int64_t q0 = bb * p.q_bstride + tl * p.q_rstride + h * p.q_hstride, o0 = (row * p.H + h) * d;
         float z = 0.f, dp = 0.f;
         for (int64_t c = 0; c < d; ++c) z += at<T>(p.q, q0 + c) * ks[c], dp += at<T>(p.dout, o0 + c) * ks[c];
-        pj = expf(p.scale * z - p.lse[(bb * p.H + h) * p.s + t]);
+        pj = expf(p.scale * z - p.lse[(bb * p.H + h) * p.sq + tl]);
         g = pj * (dp - Dw[row * p.H + h]) * p.scale;
       }
     }
@@ -266,8 +273,8 @@ __global__ void __launch_bounds__(kThreads) dkey_kernel(AttnCompressedParams p, 
       float a = acc[c];
       for (int64_t i = 0; i < cnt; ++i) {
         if (gs[i] == 0.f && ps[i] == 0.f) continue;
-        const int64_t t = t0 + pairs[i] / p.H, h = pairs[i] % p.H;
-        const int64_t q0 = bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride, o0 = ((bb * p.s + t) * p.H + h) * d;
+        const int64_t tl = t0 + pairs[i] / p.H - p.q_row0, h = pairs[i] % p.H;
+        const int64_t q0 = bb * p.q_bstride + tl * p.q_rstride + h * p.q_hstride, o0 = ((bb * p.sq + tl) * p.H + h) * d;
         a += gs[i] * at<T>(p.q, q0 + c) + ps[i] * at<T>(p.dout, o0 + c);  // key role, value role
       }
       acc[c] = a;
@@ -281,23 +288,25 @@ __global__ void __launch_bounds__(kThreads) dkey_kernel(AttnCompressedParams p, 
 __global__ void dsink_kernel(AttnCompressedParams p, const float* terms) {
   for (int64_t h = threadIdx.x; h < p.H; h += blockDim.x) {
     float s = 0.f;
-    for (int64_t row = 0; row < p.b * p.s; ++row) s += terms[row * p.H + h];
+    for (int64_t row = 0; row < p.b * p.sq; ++row) s += terms[row * p.H + h];
     p.dsink[h] += s;
   }
 }
 
 template <class T>
 void fwd(const AttnCompressedParams& p) {
-  HMLA_LAUNCH(fwd_kernel<T>, unsigned(p.b * p.s * p.H), kThreads, 2 * p.d * sizeof(float), stream(), p);
+  HMLA_LAUNCH(fwd_kernel<T>, unsigned(p.b * p.sq * p.H), kThreads, 2 * p.d * sizeof(float), stream(), p);
   check_launch("attn_compressed_fwd");
 }
 
 template <class T>
 void bwd(const AttnCompressedParams& p) {
-  Scratch<float> Dw(p.b * p.s * p.H), terms(p.b * p.s * p.H);
-  HMLA_LAUNCH(dq_kernel<T>, unsigned(p.b * p.s * p.H), kThreads, 3 * p.d * sizeof(float), stream(), p, Dw.get(),
-              terms.get());
-  check_launch("attn_compressed_bwd dq");
+  Scratch<float> Dw(p.b * p.sq * p.H), terms(p.b * p.sq * p.H);
+  if (p.sq > 0) {  // no query rows: dkv and dent still 0 (the key kernels below)
+    HMLA_LAUNCH(dq_kernel<T>, unsigned(p.b * p.sq * p.H), kThreads, 3 * p.d * sizeof(float), stream(), p, Dw.get(),
+                terms.get());
+    check_launch("attn_compressed_bwd dq");
+  }
   HMLA_LAUNCH(dkey_kernel<T>, unsigned(p.b * p.s), kThreads, 2 * p.d * sizeof(float), stream(), p, false,
               static_cast<const float*>(Dw.get()));
   check_launch("attn_compressed_bwd dkv");
@@ -315,7 +324,7 @@ void bwd(const AttnCompressedParams& p) {
 }  // namespace
 
 void attn_compressed_fwd(const AttnCompressedParams& p) {
-  if (p.b * p.s == 0) return;
+  if (p.b * p.sq == 0) return;
   p.dtype == DType::bf16 ? fwd<__nv_bfloat16>(p) : fwd<float>(p);
 }
 
@@ -327,12 +336,11 @@ void attn_compressed_bwd(const AttnCompressedParams& p) {
 // The plan (cuda_kernels.h): f32 or bf16, d up to kMaxD, the grid's blocks within 2^31.
 Plan plan(Op, const AttnCompressedParams& p) {
   if (!f32_or_bf16(p.dtype)) return {};
-  if (p.sq != p.s || p.q_row0 != 0)  // context parallelism's row shards: the CPU's so far (V4 on CUDA, issue 46)
-    return {Variant::none, "compressed attention: query rows at an offset (context parallelism) run on the CPU so far"};
   if (p.d > CompressedTraits::kMaxD)
     return {Variant::none, "compressed attention: head width " + std::to_string(p.d) + " above " +
                                std::to_string(CompressedTraits::kMaxD) + " (the SIMT kernels' shared memory)"};
-  if (p.b * p.s * p.H >= (int64_t(1) << 31)) return {Variant::none, "compressed attention: more than 2^31 (row, head) blocks"};
+  if (p.b * p.sq * p.H >= (int64_t(1) << 31) || p.b * p.s >= (int64_t(1) << 31))
+    return {Variant::none, "compressed attention: more than 2^31 (row, head) or key blocks"};
   return {Variant::simt, {}};
 }
 

@@ -7,7 +7,9 @@
 //           K-th smallest 64-bit key (descending I, then ascending e: all keys distinct), the keys
 //           up to it are gathered into shared memory (in any order: the sort fixes it) and a
 //           bitonic sort orders them. Scratch O(kMaxBlocks n_e); shared memory 8 nextpow2(min(K, n_e)).
-//   scores  one block per query row, one thread per entry (tests and the KL: [b, s, n_e]).
+//   scores  one block per query row, one thread per entry (tests and the KL: [b, sq, n_e]).
+// Query rows at an offset (context parallelism): the kernels walk the sq local rows; the layout and
+// the visibility read global position q_row0 + local row, as the CPU.
 // Costs per row O(nI dI n) for the scores, O(8 n) for the select, O(K log^2 K) for the sort.
 #include <cuda_runtime.h>
 
@@ -41,9 +43,10 @@ using u64 = unsigned long long;
 
 cudaStream_t stream() { return current_stream().get(); }
 
-// Query row `row`'s visible entry range [lo, hi) (empty for padding rows), as the CPU finds it.
+// Query row `row`'s visible entry range [lo, hi) (empty for padding rows), as the CPU finds it: row
+// is local (of the sq query rows), its position t = q_row0 + row % sq global (the layout's).
 __device__ void visible_range(const CompressedIndexParams& p, int64_t row, int64_t& lo, int64_t& hi) {
-  const int64_t bb = row / p.s, t = row % p.s, st = p.doc_start[row];
+  const int64_t bb = row / p.sq, t = p.q_row0 + row % p.sq, st = p.doc_start[bb * p.s + t];
   lo = hi = 0;
   if (st > t || p.n_e == 0) return;
   visible_entries(p.ent_doc + bb * p.n_e, p.ent_last + bb * p.n_e, p.n_e, st, t, lo, hi);
@@ -53,7 +56,7 @@ __device__ void visible_range(const CompressedIndexParams& p, int64_t row, int64
 __device__ float score(const CompressedIndexParams& p, int64_t row, int64_t e) {
   const float* q = p.qI + row * p.nI * p.dI;
   const float* w = p.w + row * p.nI;
-  const float* k = p.kI + ((row / p.s) * p.n_e + e) * p.dI;
+  const float* k = p.kI + ((row / p.sq) * p.n_e + e) * p.dI;
   float I = 0.f;
   for (int64_t h = 0; h < p.nI; ++h) {
     float d = 0.f;
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(CompressedIndexParams p,
   __shared__ u64 s_prefix;
   __shared__ unsigned s_rem, s_cnt;
   float* sc = scratch + int64_t(blockIdx.x) * p.n_e;
-  for (int64_t row = blockIdx.x; row < p.b * p.s; row += gridDim.x) {
+  for (int64_t row = blockIdx.x; row < p.b * p.sq; row += gridDim.x) {
     int64_t lo, hi;
     visible_range(p, row, lo, hi);
     const int64_t n = hi - lo, kk = n < p.K ? n : p.K;
@@ -150,8 +153,9 @@ int64_t next_pow2(int64_t n) {
 }  // namespace
 
 void compressed_index_topk(const CompressedIndexParams& p) {
-  if (p.b * p.s == 0) return;
-  const int64_t blocks = p.b * p.s < CompressedIndexTraits::kMaxBlocks ? p.b * p.s : CompressedIndexTraits::kMaxBlocks;
+  const int64_t rows = p.b * p.sq;
+  if (rows == 0) return;
+  const int64_t blocks = rows < CompressedIndexTraits::kMaxBlocks ? rows : CompressedIndexTraits::kMaxBlocks;
   Scratch<float> sc(blocks * p.n_e);
   const int64_t P = next_pow2(p.K < p.n_e ? p.K : p.n_e);
   HMLA_LAUNCH(topk_kernel, unsigned(blocks), kThreads, size_t(P) * sizeof(u64), stream(), p, sc.get());
@@ -159,20 +163,18 @@ void compressed_index_topk(const CompressedIndexParams& p) {
 }
 
 void compressed_index_scores(const CompressedIndexParams& p) {
-  if (p.b * p.s == 0 || p.n_e == 0) return;
-  HMLA_LAUNCH(scores_kernel, unsigned(p.b * p.s), kThreads, 0, stream(), p);
+  if (p.b * p.sq == 0 || p.n_e == 0) return;
+  HMLA_LAUNCH(scores_kernel, unsigned(p.b * p.sq), kThreads, 0, stream(), p);
   check_launch("compressed_index_scores");
 }
 
 // The plan (cuda_kernels.h): f32 (the op's only dtype); the top-k's sort holds min(K, n_e) keys in
 // shared memory; the scores' grid is a block per row.
 Plan plan(Op op, const CompressedIndexParams& p) {
-  if (p.sq != p.s || p.q_row0 != 0)  // context parallelism's row shards: the CPU's so far (V4 on CUDA, issue 46)
-    return {Variant::none, "compressed index: query rows at an offset (context parallelism) run on the CPU so far"};
   if (op == Op::compressed_index_topk && (p.K < p.n_e ? p.K : p.n_e) > CompressedIndexTraits::kMaxK)
     return {Variant::none, "compressed index: K = " + std::to_string(p.K) + " above " +
                                std::to_string(CompressedIndexTraits::kMaxK) + " (the SIMT top-k's shared memory)"};
-  if (p.b * p.s >= (int64_t(1) << 31)) return {Variant::none, "compressed index: more than 2^31 query rows"};
+  if (p.b * p.sq >= (int64_t(1) << 31)) return {Variant::none, "compressed index: more than 2^31 query rows"};
   return {Variant::simt, {}};
 }
 

@@ -6,9 +6,11 @@
 //            ranked in shared memory), lseE_h per head (two sweeps: max, then sum), log Z (one thread,
 //            f64), I into the block's slice of a [blocks, n] scratch, lseI, then P, kl and dI per
 //            candidate; one thread per index head sums G_h over the candidates into dqI and dw.
-//   entries  a block per entry (grid-stride) walks the rows that see it, [ent_last, document end) in
-//            order (sparse: those whose slots list it), recomputing P, I and dI from the rows' saved
-//            log Z and lseI, and adds dS^T qI into its dkI row.
+//   entries  a block per entry (grid-stride) walks the rows that see it, [ent_last, document end)
+//            within this call's query rows [q_row0, q_row0 + sq) (context parallelism: positions
+//            global, data at local row t - q_row0), in order (sparse: those whose slots list it),
+//            recomputing P, I and dI from the rows' saved log Z and lseI, and adds dS^T qI into its
+//            dkI row.
 //   loss     one thread sums rw[t] kl(t) in row order, as the CPU.
 // Limits (the plan): H <= kMaxH and K <= kMaxK (shared memory), fewer than 2^31 rows.
 #include <cuda_runtime.h>
@@ -45,8 +47,9 @@ using KlP = CompressedIndexKlParams;
 
 cudaStream_t stream() { return current_stream().get(); }
 
+// Local query row `row`'s visible entries [lo, hi); its position t = q_row0 + row % sq is global.
 __device__ void row_range(const KlP& p, int64_t row, int64_t& lo, int64_t& hi) {
-  const int64_t bb = row / p.s, t = row % p.s, st = p.doc_start[row];
+  const int64_t bb = row / p.sq, t = p.q_row0 + row % p.sq, st = p.doc_start[bb * p.s + t];
   lo = hi = 0;
   if (st > t || p.n_e == 0) return;
   visible_entries(p.ent_doc + bb * p.n_e, p.ent_last + bb * p.n_e, p.n_e, st, t, lo, hi);
@@ -55,7 +58,7 @@ __device__ void row_range(const KlP& p, int64_t row, int64_t& lo, int64_t& hi) {
 // qI[row, g] . kI[bb, e] as the indexer's header orders it (a chain of fmaf).
 __device__ float index_dot(const KlP& p, int64_t row, int64_t g, int64_t e) {
   const float* q = p.qI + (row * p.nI + g) * p.dI;
-  const float* k = p.kI + ((row / p.s) * p.n_e + e) * p.dI;
+  const float* k = p.kI + ((row / p.sq) * p.n_e + e) * p.dI;
   float d = 0.f;
   for (int64_t c = 0; c < p.dI; ++c) d = fmaf(q[c], k[c], d);
   return d;
@@ -70,9 +73,9 @@ __device__ float index_score(const KlP& p, int64_t row, int64_t e) {
   return I;
 }
 
-// scale q_h(row) . ent[bb, e].
+// scale q_h(row) . ent[bb, e] (row local).
 __device__ float logit(const KlP& p, int64_t row, int64_t h, int64_t e) {
-  const int64_t bb = row / p.s, t = row % p.s;
+  const int64_t bb = row / p.sq, t = row % p.sq;
   const float* q = p.q + bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride;
   const float* k = p.ent + (bb * p.n_e + e) * p.d;
   float d = 0.f;
@@ -96,7 +99,7 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(KlP p, float* scratch, i
   int32_t* list = reinterpret_cast<int32_t*>(sh + p.H);
   unsigned char* keep = reinterpret_cast<unsigned char*>(list + (kSparse ? p.K : 0));
   float* buf = scratch + int64_t(blockIdx.x) * n_max;  // I, then dI, per candidate
-  for (int64_t row = blockIdx.x; row < p.b * p.s; row += gridDim.x) {
+  for (int64_t row = blockIdx.x; row < p.b * p.sq; row += gridDim.x) {
     int64_t lo, hi;
     row_range(p, row, lo, hi);
     int64_t n = hi - lo;
@@ -134,16 +137,16 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(KlP p, float* scratch, i
       if (threadIdx.x == 0) sh[h] = n > 0 ? m + logf(z) : -INFINITY;
     }
     __syncthreads();
-    const int64_t bb = row / p.s, t = row % p.s;
+    const int64_t bb = row / p.sq, t = row % p.sq;  // t: the local row
     if (threadIdx.x == 0) {  // log Z in f64 over heads, then the shifts in place of lseE
       double m = -INFINITY, sum = 0;
-      for (int64_t h = 0; h < p.H; ++h) m = fmax(m, double(sh[h]) - double(p.lse[(bb * p.H + h) * p.s + t]));
+      for (int64_t h = 0; h < p.H; ++h) m = fmax(m, double(sh[h]) - double(p.lse[(bb * p.H + h) * p.sq + t]));
       if (m > -INFINITY) {
-        for (int64_t h = 0; h < p.H; ++h) sum += exp(double(sh[h]) - double(p.lse[(bb * p.H + h) * p.s + t]) - m);
+        for (int64_t h = 0; h < p.H; ++h) sum += exp(double(sh[h]) - double(p.lse[(bb * p.H + h) * p.sq + t]) - m);
         m += log(sum);
       }
       s_logZ = m;
-      for (int64_t h = 0; h < p.H; ++h) sh[h] = shift_of(p.lse[(bb * p.H + h) * p.s + t], m);
+      for (int64_t h = 0; h < p.H; ++h) sh[h] = shift_of(p.lse[(bb * p.H + h) * p.sq + t], m);
       logZ_out[row] = m;
     }
     float mI = -INFINITY;
@@ -205,9 +208,11 @@ __global__ void __launch_bounds__(kThreads) entries_kernel(KlP p, const double* 
     for (int64_t c = threadIdx.x; c < p.dI; c += kThreads) dk[c] = 0.f;
     const int32_t st = p.ent_doc[ie];
     if (st == -1) continue;
-    const int64_t t_hi = p.doc_end[bb * p.s + st];
-    for (int64_t t = p.ent_last[ie]; t < t_hi; ++t) {  // every row here sees e
-      const int64_t row = bb * p.s + t;
+    // Global positions, within this call's query rows [q_row0, q_row0 + sq).
+    const int64_t t_lo = p.ent_last[ie] > p.q_row0 ? p.ent_last[ie] : p.q_row0;
+    const int64_t t_hi = p.doc_end[bb * p.s + st] < p.q_row0 + p.sq ? p.doc_end[bb * p.s + st] : p.q_row0 + p.sq;
+    for (int64_t t = t_lo; t < t_hi; ++t) {  // every row here sees e
+      const int64_t row = bb * p.sq + t - p.q_row0;
       const double lz = logZ[row];
       const float gr = finite(lz) ? p.coeff * p.row_weight[row] : 0.f;
       if (gr == 0.f) continue;  // block-uniform
@@ -218,7 +223,7 @@ __global__ void __launch_bounds__(kThreads) entries_kernel(KlP p, const double* 
       }
       float P = 0.f;
       for (int64_t h = threadIdx.x; h < p.H; h += kThreads)
-        P += expf(logit(p, row, h, e) - shift_of(p.lse[(bb * p.H + h) * p.s + t], lz));
+        P += expf(logit(p, row, h, e) - shift_of(p.lse[(bb * p.H + h) * p.sq + t - p.q_row0], lz));
       P = block_sum<kThreads>(P, red);
       for (int64_t g = threadIdx.x; g < p.nI; g += kThreads) sg[g] = index_dot(p, row, g, e);
       __syncthreads();
@@ -244,17 +249,19 @@ __global__ void kl_sum_kernel(const float* rw, const float* kl, int64_t rows, do
 
 template <bool kSparse>
 void run(const KlP& p, const char* what) {
-  const int64_t rows = p.b * p.s;
-  if (rows == 0) return;
+  const int64_t rows = p.b * p.sq;
+  if (p.b * p.s == 0) return;
   Scratch<double> logZ(rows);
   Scratch<float> lseI(rows), kl(rows);
   const int64_t n_max = kSparse ? p.K : p.n_e;
   const int64_t blocks = rows < KT::kMaxBlocks ? rows : KT::kMaxBlocks;
   Scratch<float> buf(blocks * n_max);
   const size_t smem = size_t(p.H) * 4 + (kSparse ? size_t(p.K) * 5 : 0);
-  HMLA_LAUNCH(rows_kernel<kSparse>, unsigned(blocks), kThreads, smem, stream(), p, buf.get(), n_max, logZ.get(),
-              lseI.get(), kl.get());
-  check_launch(what);
+  if (rows > 0) {  // no query rows: dkI still 0 (the entries kernel)
+    HMLA_LAUNCH(rows_kernel<kSparse>, unsigned(blocks), kThreads, smem, stream(), p, buf.get(), n_max, logZ.get(),
+                lseI.get(), kl.get());
+    check_launch(what);
+  }
   const int64_t ne = p.b * p.n_e;
   if (ne > 0) {
     HMLA_LAUNCH(entries_kernel<kSparse>, unsigned(ne < KT::kMaxBlocks ? ne : KT::kMaxBlocks), kThreads,
@@ -273,14 +280,12 @@ void compressed_index_kl_sparse(const CompressedIndexKlParams& p) { run<true>(p,
 // The plan (cuda_kernels.h): f32 (the op's only dtype), H and K within the shared memory above.
 Plan plan(Op op, const CompressedIndexKlParams& p) {
   const char* name = op == Op::compressed_index_kl_sparse ? "compressed_index_kl_sparse" : "compressed_index_kl_dense";
-  if (p.sq != p.s || p.q_row0 != 0)  // context parallelism's row shards: the CPU's so far (V4 on CUDA, issue 46)
-    return {Variant::none, std::string(name) + ": query rows at an offset (context parallelism) run on the CPU so far"};
   if (p.H > KT::kMaxH)
     return {Variant::none, std::string(name) + ": H = " + std::to_string(p.H) + " above " + std::to_string(KT::kMaxH)};
   if (op == Op::compressed_index_kl_sparse && p.K > KT::kMaxK)
     return {Variant::none, std::string(name) + ": K = " + std::to_string(p.K) + " above " + std::to_string(KT::kMaxK) +
                                " (the SIMT kernel's shared memory)"};
-  if (p.b * p.s >= (int64_t(1) << 31)) return {Variant::none, std::string(name) + ": more than 2^31 query rows"};
+  if (p.b * p.sq >= (int64_t(1) << 31)) return {Variant::none, std::string(name) + ": more than 2^31 query rows"};
   return {Variant::simt, {}};
 }
 

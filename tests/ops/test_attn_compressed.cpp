@@ -152,10 +152,15 @@ TEST(AttnCompressedInputs, RefusesEntriesOutOfOrderAndAZeroWindow) {
 // calls at q_row0 = k s / shards (keys, entries and the layout whole), put together, meet the float64
 // oracle by the rule (the key gradients' shard sum adds its rounding). A kernel that read the layout,
 // the window or the visibility at the local row instead of the global position fails every row with
-// documents; the CPU only (CUDA's plans refuse an offset until issue 46).
+// documents (as one that walked a key's queries outside the call's rows). The CPU and, where there
+// is one (the GPU or the emulator), CUDA.
 TEST(AttnCompressedShards, QueryRowsAtAnOffsetMeetTheOracle) {
-  for (const AttnCompressedCase& c : op_cases::attn_compressed_cases())
-    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(c, Device::cpu, shards), "") << c.name << " in " << shards;
+  std::vector<Device> devs{Device::cpu};
+  if (cuda_backend() && cuda_device_count() > 0) devs.push_back(Device::cuda);
+  for (Device dev : devs)
+    for (const AttnCompressedCase& c : op_cases::attn_compressed_cases())
+      for (int64_t shards : {2, 3})
+        EXPECT_EQ(op_cases::check(c, dev, shards), "") << c.name << " in " << shards << " on " << device_name(dev);
 }
 
 TEST(AttnCompressedInputs, RefusesQueryRowsPastTheLayout) {

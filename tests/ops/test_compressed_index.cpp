@@ -149,10 +149,13 @@ TEST(CompressedIndexInputs, RefusesBadShapesDtypesKAndMetadata) {
 
 // Context parallelism's row shards (DESIGN.md section 8): every case row's query rows in 2 and 3
 // calls at q_row0 = k s / shards, put together, give the table and the scores the oracle's rule
-// accepts (a kernel reading the layout at the local row would pick other documents' entries).
+// accepts (a kernel reading the layout at the local row would pick other documents' entries); on
+// CUDA (the GPU or the emulator) also the CPU's bits.
 TEST(CompressedIndexShards, QueryRowsAtAnOffsetMeetTheOracle) {
-  for (const op_cases::CompressedIndexCase& c : op_cases::compressed_index_cases())
-    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(c, Device::cpu, shards), "") << c.name << " in " << shards;
+  for (Device dev : devices())
+    for (const op_cases::CompressedIndexCase& c : op_cases::compressed_index_cases())
+      for (int64_t shards : {2, 3})
+        EXPECT_EQ(op_cases::check(c, dev, shards), "") << c.name << " in " << shards << " on " << device_name(dev);
 }
 
 }  // namespace

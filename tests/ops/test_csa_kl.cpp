@@ -4,7 +4,8 @@
 // below f32's range) keep the target; the sparse table is a set (order, repeats, invisible and
 // out-of-range picks change no bit) and K past every row's visible count is the dense KL; rows without
 // a target give exact zeros; the bits do not depend on the thread count; kl_acc; the memory property
-// (nothing [s, n_e]); the entry points' refusals. CPU.
+// (nothing [s, n_e]); the entry points' refusals. CPU; the row shards also on CUDA where there is one
+// (the GPU, or the SIMT emulator: test_csa_kl_emu runs those).
 #include <gtest/gtest.h>
 
 #include <omp.h>
@@ -20,6 +21,7 @@
 
 #include "cases_csa_kl.h"
 #include "hmla/core/allocator.h"
+#include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
 
 namespace hmla {
@@ -319,10 +321,14 @@ TEST(CsaKlInputs, RefusesBadShapesDtypesAndTables) {
 
 // Context parallelism's row shards (DESIGN.md section 8): every case row's query rows in 2 and 3
 // calls at q_row0 = k s / shards (q, lse, row weights, table and indexer queries sliced; entries
-// whole), put together, meet the float64 oracle by the rule; dkI is the shards' sum.
+// whole), put together, meet the float64 oracle by the rule; dkI is the shards' sum. The CPU and, where
+// there is one (the GPU or test_csa_kl_emu's emulator), CUDA in 3 shards only (the middle one at an
+// offset on both ends; 2 as well doubles the emulator's ~25 s).
 TEST(CsaKlShards, QueryRowsAtAnOffsetMeetTheOracle) {
   for (const CsaKlRow& r : op_cases::csa_kl_rows())
-    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(r, Device::cpu, shards), "") << r.name << " in " << shards;
+    for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(r, kCpu, shards), "") << r.name << " in " << shards;
+  if (cuda_backend() && cuda_device_count() > 0)
+    for (const CsaKlRow& r : op_cases::csa_kl_rows()) EXPECT_EQ(op_cases::check(r, Device::cuda, 3), "") << r.name << " on CUDA";
 }
 
 }  // namespace
