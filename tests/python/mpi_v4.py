@@ -8,8 +8,9 @@ MTP loss), gradient norms, each phase's moments and the final weights by harness
 bounds (the runs differ by the f32 reassociation of the gradient sums; AdamW's eps 1 keeps the
 update well-conditioned, lr 0.05 keeps every routing decision where it was). The CP run's seq_len 24
 gives each rank 12 rows: an HCA window (16 rows) straddles the ranks and its halo (15 rows) reaches
-past the neighbour's whole shard; CSA windows (4) and their halo (7) straddle them too. Both runs
-log the attention mass as the mean over both ranks' loss rows."""
+past the neighbour's whole shard; CSA windows (4) and their halo (7) straddle them too; --cp 4 (6
+rows a rank) sends halos further back still. The runs log the attention mass as the mean over
+every rank's loss rows."""
 import os
 import subprocess
 import sys
@@ -60,10 +61,11 @@ phases:
     return path
 
 
-def train_pair(check, a, prog, label, ref, run, flags=()):
-    """One rank into `ref` and two (mpirun -np 2, `flags`) into `run`; True when both ran."""
+def train_pair(check, a, prog, label, ref, run, flags=(), ranks=2):
+    """One rank into `ref` (unless it is there) and `ranks` (mpirun, `flags`) into `run`; True when both ran."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    runs = {"one": [a.hmla, "train", prog, "--out", ref], label: mpirun(2) + [a.hmla, "train", prog, "--out", run, *flags]}
+    runs = {} if os.path.exists(f"{ref}/metrics.jsonl") else {"one": [a.hmla, "train", prog, "--out", ref]}
+    runs[label] = mpirun(ranks) + [a.hmla, "train", prog, "--out", run, *flags]
     res = {k: subprocess.run(c, capture_output=True, text=True, timeout=300, env=env) for k, c in runs.items()}
     for k, r in res.items():
         check(f"V4 train {k} runs", r.returncode == 0, r.stderr[-400:])
@@ -113,6 +115,10 @@ def context_parallel(check, a):
     # context parallelism (f32 sums over the 96 rows): lse moves by <= rows eps |logit| (logits of a
     # few units here), and each mass share with it: 16 rows eps bounds it; rank 0's rows alone: 8e-3.
     attention_mass(check, "cp2", f"{w}/cp-one", f"{w}/cp2", 16 * rows * 2.0 ** -24)
+    # Four ranks of 6 rows: a CSA halo (7 rows) reaches two ranks back, an HCA halo (15) three.
+    if train_pair(check, a, prog, "cp4", f"{w}/cp-one", f"{w}/cp4", ("--cp", "4"), ranks=4):
+        compare_training(check, "V4 train cp4", f"{w}/cp-one", f"{w}/cp4", rows=rows, lr_over_eps=0.05, steps=7,
+                         seq_len=24)
 
 
 if __name__ == "__main__":
