@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "hf_fixture.h"
+#include "v4_fixture.h"
 #include "hmla/core/error.h"
 #include "hmla/io/json_strict.h"
 #include "hmla/model/decode.h"
@@ -70,11 +70,7 @@ struct Fixture {
   io::TensorMap w = io::load_safetensors(kDir + "model.safetensors");
   Batch batch;
   Fixture() {
-    const Tensor ids = F.at("input_ids");
-    std::vector<int32_t> v;
-    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
-    batch.input_ids = Tensor::from_vector<int32_t>({ids.size(0), ids.size(1)}, v);
-    batch.layout = layout_causal(ids.size(0), ids.size(1));
+    batch = testing::causal_batch(F.at("input_ids"));
   }
   Model model(LayerMode mode) const {
     Model m = build_model(in_mode(c, mode), hybrid_layers(c));

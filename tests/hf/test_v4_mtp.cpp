@@ -312,11 +312,7 @@ struct HybridMtpFixture {
   HybridMtpFixture() {
     c.v4.mtp_params = true;
     for (auto& [name, t] : io::load_safetensors(dir + "model.safetensors")) w[name] = t;
-    const Tensor ids = F.at("input_ids");
-    std::vector<int32_t> v;
-    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
-    batch.input_ids = Tensor::from_vector<int32_t>({ids.size(0), ids.size(1)}, v);
-    batch.layout = layout_causal(ids.size(0), ids.size(1));
+    batch = testing::causal_batch(F.at("input_ids"));
   }
   // The stack's hybrid layers and the MTP layer in `mode` (as a programme's phase sets them), the CSA
   // layer over its top-k as the oracle computes it, the others mha.

@@ -18,6 +18,16 @@ namespace hmla::testing {
 
 inline const std::string kV4Dir = std::string(HMLA_SOURCE_DIR) + "/tests/hf/fixtures/";
 
+// A fixture's input_ids (i64 [b, s]) as a batch of one causal document per row.
+inline Batch causal_batch(const Tensor& ids) {
+  std::vector<int32_t> v;
+  for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
+  Batch batch;
+  batch.input_ids = Tensor::from_vector<int32_t>({ids.size(0), ids.size(1)}, v);
+  batch.layout = layout_causal(ids.size(0), ids.size(1));
+  return batch;
+}
+
 struct V4Fixture {
   ModelConfig c = load_model_config(kV4Dir + "v4/config.json");
   io::TensorMap F = io::load_safetensors(kV4Dir + "v4/fixture.safetensors");
@@ -27,18 +37,9 @@ struct V4Fixture {
   double bound = 0;         // B
   V4Fixture() {
     load_into_model(m, io::load_safetensors(kV4Dir + "v4/model.safetensors"), "v4 fixture");
-    const Tensor ids = F.at("input_ids");
-    const int64_t b = ids.size(0), s = ids.size(1);
-    std::vector<int32_t> v;
-    for (int64_t i = 0; i < ids.numel(); ++i) v.push_back(int32_t(ids.data<int64_t>()[i]));
-    batch.input_ids = Tensor::from_vector<int32_t>({b, s}, v);
-    batch.layout = layout_causal(b, s);
+    batch = causal_batch(F.at("input_ids"));
     ref = joined(F, "logits");
-    const std::vector<float> f32 = F.at("logits_f32").to_vector<float>();
-    double e = 0, mag = 0;
-    for (size_t i = 0; i < ref.size(); ++i)
-      e = std::max(e, std::abs(double(f32[i]) - ref[i])), mag = std::max(mag, std::abs(ref[i]));
-    bound = 2 * e + 8 * 0x1p-23 * mag;
+    bound = fixture_f32_bound(F, "logits");
   }
 };
 
