@@ -1,6 +1,8 @@
 // DeepSeek-V4's attention core on the GPU (hmla/ops/compressed_attention.h), f32 or bf16 inputs and
-// outputs, f32 math, f32 lse: simple SIMT kernels, correct rather than fast, no atomics (every sum
-// runs in a fixed order: deterministic).
+// outputs, f32 math, f32 lse: the family's plan and dispatch, and its simple SIMT kernels, correct
+// rather than fast, no atomics (every sum runs in a fixed order: deterministic). bf16 with d up to
+// 512 runs the tensor-core kernels instead (attn_compressed_mma.cu, attn_compressed_mma_bwd.cu:
+// CompressedMmaTraits::mma); the SIMT kernels take f32 and what those do not fit.
 //   forward   one block per (query row, head): the row's key list (window, then the dense mode's
 //             visible entry range or the selected mode's k slots) in chunks of kThreads, one key
 //             per thread; an online softmax over the chunks; a thread per channel adds P V.
@@ -32,6 +34,7 @@
 #include "mma.cuh"  // HMLA_DYNAMIC_SHARED
 #include "reduce.cuh"
 #include "runtime.h"
+#include "traits.h"
 
 namespace hmla::cuda {
 
@@ -325,17 +328,24 @@ void bwd(const AttnCompressedParams& p) {
 
 void attn_compressed_fwd(const AttnCompressedParams& p) {
   if (p.b * p.sq == 0) return;
+  if (plan(Op::attn_compressed_fwd, p).variant == Variant::mma) return attn_compressed_fwd_mma(p);
   p.dtype == DType::bf16 ? fwd<__nv_bfloat16>(p) : fwd<float>(p);
 }
 
 void attn_compressed_bwd(const AttnCompressedParams& p) {
   if (p.b * p.s == 0) return;
+  if (plan(Op::attn_compressed_bwd, p).variant == Variant::mma) return attn_compressed_bwd_mma(p);
   p.dtype == DType::bf16 ? bwd<__nv_bfloat16>(p) : bwd<float>(p);
 }
 
-// The plan (cuda_kernels.h): f32 or bf16, d up to kMaxD, the grid's blocks within 2^31.
+// The plan (cuda_kernels.h): f32 or bf16, d up to kMaxD, the grid's blocks within 2^31; the tensor
+// cores for bf16 with d up to 512 and k up to 4096 (CompressedMmaTraits::mma: both passes' shared
+// memory; any H: a partial 16-head tile is masked, and any d: zero-padded to a multiple of 16).
 Plan plan(Op, const AttnCompressedParams& p) {
   if (!f32_or_bf16(p.dtype)) return {};
+  if (p.b * p.sq >= (int64_t(1) << 31) || p.b * p.s >= (int64_t(1) << 31) || p.b * p.n_e >= (int64_t(1) << 31))
+    return {Variant::none, "compressed attention: more than 2^31 query rows, keys or entries"};
+  if (CompressedMmaTraits::mma(p.dtype == DType::bf16, p.d, p.k)) return {Variant::mma, {}};
   if (p.d > CompressedTraits::kMaxD)
     return {Variant::none, "compressed attention: head width " + std::to_string(p.d) + " above " +
                                std::to_string(CompressedTraits::kMaxD) + " (the SIMT kernels' shared memory)"};

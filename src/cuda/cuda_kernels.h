@@ -22,6 +22,11 @@ inline bool f32_or_bf16(DType t) { return t == DType::f32 || t == DType::bf16; }
 // a test seam, through which the tests run the backward in many chunks. Returns the previous one.
 int64_t set_sparse_bwd_workspace_bytes(int64_t bytes);
 
+// DeepSeek-V4's attention core on the tensor cores (attn_compressed_mma.cu, attn_compressed_mma_bwd.cu;
+// bf16, CompressedMmaTraits::mma): what attn_compressed_fwd / _bwd run where their plan says mma.
+void attn_compressed_fwd_mma(const AttnCompressedParams& p);
+void attn_compressed_bwd_mma(const AttnCompressedParams& p);
+
 // The sparse indexer KL on the tensor cores (indexer_kl_sparse.cu; bf16 qI, kI, q, k,
 // IndexerKlTraits::mma_sparse): dqI, dkI, dw and kl per row [b * sq] (the caller sums the loss).
 void indexer_kl_sparse_mma(const IndexerKlParams& p, float* kl);

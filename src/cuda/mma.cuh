@@ -346,6 +346,58 @@ __device__ __forceinline__ void mma_acc_kn(float (&out)[kCt][4], const float (&p
   }
 }
 
+// out[dt] += P V for the first `width` columns of V, V being rows [0, 8 kNt) of a row-major shared
+// tile (the sparse and compressed attentions' gathered keys: a value is its key's first Dv channels, so no transposed copy); P a
+// 16 x (8 kNt) accumulator tile turned into A operands in registers. `live` (warp-uniform, a
+// prefix of the column tiles) says which 8-key tiles hold listed keys: a 16-key step with both
+// live is one m16n8k16 per 8 columns, one with only its first an m16n8k8 (the last step of a row
+// whose length is 8 mod 16), one with neither nothing (P is exactly 0 there).
+template <int kNt, int kDt>
+__device__ __forceinline__ void mma_acc_pv(float (&out)[kDt][4], const float (&p)[kNt][4], const __nv_bfloat16* Vs,
+                                           int ldv, int width, int lane, uint32_t live) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int kt = 0; kt < kNt / 2; ++kt) {
+    const uint32_t both = (live >> (2 * kt)) & 3u;
+    if (!both) continue;
+    if (both == 3u) {
+      uint32_t a[4];
+      acc_to_a(a, p[2 * kt], p[2 * kt + 1]);
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        if (dt * 8 >= width) break;
+        uint32_t b[2];
+        load_b_kn(b, Vs, ldv, kt * 16, dt * 8, lane);
+        mma_bf16_16816(out[dt], a, b);
+      }
+    } else {  // keys [16 kt, 16 kt + 8) only
+      const uint32_t a[2] = {pack_bf16(p[2 * kt][0], p[2 * kt][1]), pack_bf16(p[2 * kt][2], p[2 * kt][3])};
+      const __nv_bfloat16* col = Vs + (kt * 16 + 2 * c) * ldv + g;
+#pragma unroll
+      for (int dt = 0; dt < kDt; ++dt) {
+        if (dt * 8 >= width) break;
+        mma_bf16_1688(out[dt], a, ld16x2(col + dt * 8, col + ldv + dt * 8));
+      }
+    }
+  }
+}
+
+// The warp's 16 rows (r0 + g, r0 + g + 8) of a shared f32 score tile [., ld] in accumulator layout,
+// times c2 (log2 units), -inf at positions j0 + column >= limit and in n-tiles not in `live`.
+template <int kNt>
+__device__ __forceinline__ void read_scores(float (&s)[kNt][4], const float* Ss, int ld, int r0, int j0, int limit,
+                                            float c2, uint32_t live, int lane) {
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = nt * 8 + 2 * c + (e & 1);
+      const bool ok = ((live >> nt) & 1u) && j0 + col < limit;
+      s[nt][e] = ok ? Ss[(r0 + g + (e < 2 ? 0 : 8)) * ld + col] * c2 : -INFINITY;
+    }
+}
+
 // One tile of an online logsumexp over the rows g (e < 2) and g + 8 (e >= 2) of two 16 x 8
 // accumulators: v holds the tile's values, -inf where masked; (mx, l) the lane's running max and
 // sum of exp(v - mx) per row (mx = -inf, l = 0 while nothing was seen).

@@ -68,6 +68,55 @@ static_assert(SparseTraits::bwd_smem_bytes(576, 512, SparseTraits::kMaxKW) + 102
 static_assert(SparseTraits::fwd_smem_bytes(128, 576, SparseTraits::kMaxKW) <= SparseTraits::kFwdMaxSmemBytes,
               "the latent form at 576 wide fits the forward's shared memory at any listed length");
 
+// DeepSeek-V4's attention core on the tensor cores (attn_compressed_mma.cu, attn_compressed_mma_bwd.cu;
+// the SIMT kernels of attn_compressed.cu take the rest). MQA with one shared K = V head, so the
+// heads are the mma rows (FlashMLA's layout): every head of a query row meets every key of the row.
+// Forward: a block owns one query row, 16 x (at most kFwdHeadWarps) heads and all of d in chunks of
+// kFwdChunk value columns, one warp per (16 heads, chunk), key tiles of kFwdBk gathered keys (the
+// sparse forward's scheme, SparseTraits: the same reasons). Backward: a block per (query row, group
+// of kBwdHeads heads), 8 warps, key tiles of kBwdKeys (the sparse backward's scheme): S and dP once
+// per tile, dq in registers, the tile's key gradients summed over the group's heads into a workspace.
+// Widths that are not multiples of 16 are zero-padded in the shared tiles (exact). kMaxD: d up to 512
+// (V4's head width) keeps both passes' shared memory under an A100's 163 KB at kMaxK selected slots
+// (the forward sorts a row's slots in shared memory: two int32 buffers of the next power of two).
+struct CompressedMmaTraits {
+  static constexpr int kPad = 8;
+  static constexpr int64_t kMaxD = 512, kMaxK = 4096;
+  static constexpr int kFwdHeadWarps = 4, kFwdChunks = 4, kFwdChunk = 128, kFwdBk = 32;
+  static constexpr int kBwdWarps = 8, kBwdKeys = 32, kBwdHeads = 32, kBwdSplit = kBwdWarps / (kBwdHeads / 16);
+  static constexpr int kBwdPartLd = kBwdKeys + 4;
+  static constexpr int64_t kMaxSmemBytes = 163 * 1024;
+  // The key gradients' workspace: f32 [rows, head groups, W + entries, d] for a chunk of rows.
+  static constexpr int64_t kBwdWorkspaceBytes = int64_t(512) << 20;
+  static constexpr int64_t pad16(int64_t n) { return (n + 15) / 16 * 16; }
+  static constexpr int64_t pow2_at_least(int64_t n) {
+    int64_t r = 1;
+    while (r < n) r *= 2;
+    return r;
+  }
+  static constexpr int64_t fwd_head_warps(int64_t H) { return H < 16 * kFwdHeadWarps ? (H + 15) / 16 : kFwdHeadWarps; }
+  // Q [heads, d'] and the key tile [kFwdBk, d'] (bf16, d' = pad16(d) + kPad), the scores [heads,
+  // kFwdBk + kPad] (f32), the selected slots' sort buffers (2 x pow2(k) i32).
+  static constexpr int64_t fwd_smem_bytes(int64_t H, int64_t d, int64_t k) {
+    const int64_t heads = 16 * fwd_head_warps(H), ld = pad16(d) + kPad;
+    return (heads + kFwdBk) * ld * 2 + heads * (kFwdBk + kPad) * 4 + (k > 0 ? 2 * pow2_at_least(k) * 4 : 0);
+  }
+  // Q, dO and the key tile (bf16 [32, d']), dS, dS^T, P^T (bf16 [32, 32 + kPad]), the partial S / dP.
+  static constexpr int64_t bwd_smem_bytes(int64_t d) {
+    const int64_t ld = pad16(d) + kPad;
+    return 2 * ((2 * kBwdHeads + kBwdKeys) * ld + 3 * kBwdKeys * (kBwdHeads + kPad)) + 4 * kBwdSplit * kBwdHeads * kBwdPartLd;
+  }
+  // Whether both passes run on the tensor cores (else on the SIMT kernels).
+  static constexpr bool mma(bool bf16, int64_t d, int64_t k) {
+    return bf16 && d >= 1 && d <= kMaxD && k <= kMaxK && fwd_smem_bytes(64, d, k) <= kMaxSmemBytes &&
+           bwd_smem_bytes(d) + 1024 <= kMaxSmemBytes;
+  }
+  static_assert(kBwdHeads % 16 == 0 && kBwdSplit == 4, "4 warps per 16-head tile: two halves of S, two of dP");
+  static_assert(kBwdKeys == 32 && kFwdBk % 16 == 0 && kFwdChunks <= kFwdBk / 8, "the sparse kernels' tiles");
+  static_assert(kMaxD <= kFwdChunks * kFwdChunk && kMaxD % (16 * kBwdSplit) == 0, "one block covers d");
+};
+static_assert(CompressedMmaTraits::mma(true, 512, 4096), "V4's head width and any top-k up to 4096 on the tensor cores");
+
 // The indexer's scores and selection (indexer_topk.cu): blocks of kSelThreads sort a row's
 // candidates in a shared buffer of kMaxK; the scores of a chunk of rows live in a workspace of
 // kWorkspaceBytes; the score tiles are kRowsPerBlock query rows by kKeyTile keys.
