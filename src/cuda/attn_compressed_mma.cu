@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(32 * T::kFwdHeadWarps * T::kFwdChunks)
 
   const int64_t row = blockIdx.x;
   CompressedRow r(p, row);
-  if (p.k > 0 && p.n_e > 0) r.n_ent = sort_entries(p, row, r, list, list + T::pow2_at_least(p.k));
+  if (p.k > 0 && p.n_e > 0) r.n_ent = sort_entries(p, row, r, list, list + pow2_ceil(p.k));
   const int n = r.n_w + r.n_ent;
   const int h0 = int(blockIdx.y) * heads, nh = int(p.H - h0 < heads ? p.H - h0 : heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(256) clean_table_kernel(const AttnCompressedPa
   HMLA_DYNAMIC_SHARED(int32_t, buf);  // [pow2(k)] twice
   const int64_t row = blockIdx.x;
   const CompressedRow r(p, row);
-  const int n = p.n_e > 0 ? sort_entries(p, row, r, buf, buf + T::pow2_at_least(p.k)) : 0;
+  const int n = p.n_e > 0 ? sort_entries(p, row, r, buf, buf + pow2_ceil(p.k)) : 0;
   for (int i = threadIdx.x; i < p.k; i += blockDim.x) clean[row * p.k + i] = i < n ? buf[i] : -1;
   if (threadIdx.x == 0) count[row] = n;
 }

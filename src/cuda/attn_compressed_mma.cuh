@@ -40,14 +40,21 @@ struct CompressedRow {
   }
 };
 
+__device__ __forceinline__ int64_t lmin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t lmax(int64_t a, int64_t b) { return a > b ? a : b; }
+__device__ __forceinline__ int pow2_ceil(int64_t n) {  // CompressedMmaTraits::pow2_at_least on the device
+  int r = 1;
+  while (r < n) r *= 2;
+  return r;
+}
+
 // The selected mode's entries of a row: its k slots that hold an entry visible to it, sorted
 // ascending (bitonic, in shared memory), repeats dropped, compacted to the front of buf; returns
 // their count. buf and tmp: pow2_at_least(k) int32 each. All threads take part; ends with a barrier.
 // Static, as compact(): its __shared__ counter is each TU's own.
 __device__ static inline int sort_entries(const AttnCompressedParams& p, int64_t row, const CompressedRow& r, int32_t* buf,
                                    int32_t* tmp) {
-  int P = 1;
-  while (P < p.k) P *= 2;
+  const int P = pow2_ceil(p.k);
   const int32_t* slots = p.idx + row * p.k;
   const int32_t* doc = p.ent_doc + r.bb * p.n_e;
   const int32_t* last = p.ent_last + r.bb * p.n_e;

@@ -210,7 +210,7 @@ __global__ void reduce_keys_kernel(const CompressedBwdParams bp, int64_t r0, int
   if (!entries) {  // window key u: rows [u, u + W) of its document
     bb = key / p.s;
     const int64_t u = key % p.s, st = p.doc_start[key];
-    t0 = u, t1 = st > u ? u : std::min<int64_t>(u + p.window, p.doc_end[key]);
+    t0 = u, t1 = st > u ? u : lmin(u + p.window, p.doc_end[key]);
   } else {  // entry e: rows from ent_last[e] to its document's end
     bb = key / p.n_e;
     const int64_t st = p.ent_doc[key];
@@ -221,8 +221,8 @@ __global__ void reduce_keys_kernel(const CompressedBwdParams bp, int64_t r0, int
     }
   }
   // The chunk's local rows of batch row bb: flat rows bb sq + (t - q_row0) within [r0, r0 + nr).
-  const int64_t f0 = bb * p.sq - p.q_row0, lo = std::max(t0, std::max(p.q_row0, r0 - f0));
-  const int64_t hi = std::min(t1, std::min(p.q_row0 + p.sq, r0 + nr - f0));
+  const int64_t f0 = bb * p.sq - p.q_row0, lo = lmax(t0, lmax(p.q_row0, r0 - f0));
+  const int64_t hi = lmin(t1, lmin(p.q_row0 + p.sq, r0 + nr - f0));
   if (lo >= hi) return;
   const float* ws = entries ? bp.ws_e : bp.ws_w;
   const int64_t width = entries ? bp.Ec : bp.Wc;
@@ -230,7 +230,7 @@ __global__ void reduce_keys_kernel(const CompressedBwdParams bp, int64_t r0, int
     float a = acc[key * dp + col];
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t local = f0 + t - r0;
-      const int64_t st = p.doc_start[bb * p.s + t], u0 = std::max(st, t - p.window + 1);
+      const int64_t st = p.doc_start[bb * p.s + t], u0 = lmax(st, t - p.window + 1);
       const int64_t pos = entries ? key % p.n_e - lo_doc : key % p.s - u0;  // ws_e holds the entries alone
       for (int h = 0; h < groups; ++h) a += ws[((local * groups + h) * width + pos) * dp + col];
     }

@@ -1,8 +1,9 @@
-// The emulator's work counter on the attention, sparse attention and indexer-KL kernels: for each
+// The emulator's work counter on the attention, sparse attention, compressed attention and indexer-KL kernels: for each
 // row of their case tables (op_cases.h) the CUDA backend runs, the tensor-core FLOPs the kernels'
 // mma.sync instructions issued (emulate.h, ScopedWorkLog) against the op's FLOPs by the
 // FlashAttention convention:
 //   attention forward: 2 (Dqk + Dv) per valid (query row, key) pair and head;
+//   (compressed attention, DeepSeek-V4's core: d + d per pair, K = V, window keys and entries alike)
 //   attention backward: 2.5 x the forward (S again, dP, dV, dQ, dK: 2 (3 Dqk + 2 Dv) >= 2.5 x
 //     2 (Dqk + Dv) whenever Dqk >= Dv, true of every row);
 //   the indexer KL (forward and backward in one op): per valid pair, the attention target's scores
@@ -34,6 +35,7 @@
 #include "case_support.h"
 #include "check_util.h"
 #include "hmla/ops/attention.h"
+#include "hmla/ops/compressed_attention.h"
 #include "hmla/ops/backend.h"
 #include "hmla/ops/indexer.h"
 #include "hmla/ops/sparse_attention.h"
@@ -210,6 +212,94 @@ TEST(WorkCounter, SparseAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
     attn_sparse_bwd(in, sv, put({c.b, c.s, c.H, c.Dv}, randn_bf16(c.b * c.s * c.H * c.Dv, 4)));
     bwd.add(c.name, log, 2.5 * f);
   }
+  fwd.finish();
+  bwd.finish();
+}
+
+// DeepSeek-V4's attention core (attn_compressed) on one document of s rows: the window W and, at
+// the compressor's rate m, dense mode (k = 0: every visible entry, HCA) or a top-k table of k
+// slots per row (CSA: k distinct visible entries drawn at random, -1 past the visible count, as
+// the indexer's own tables are). Attended pairs per row: its window keys and its entries.
+struct CompressedWorkRow {
+  std::string name;
+  int64_t s, H, d, W, m, k;
+};
+
+void compressed_work(const std::vector<CompressedWorkRow>& rows, Tally& fwd, Tally& bwd) {
+  for (const CompressedWorkRow& c : rows) {
+    const DocLayout layout = layout_causal(1, c.s);
+    const int64_t n_e = c.s / c.m;
+    std::vector<int32_t> last(static_cast<size_t>(n_e)), doc(static_cast<size_t>(n_e), 0), idx;
+    for (int64_t e = 0; e < n_e; ++e) last[size_t(e)] = int32_t((e + 1) * c.m - 1);
+    std::vector<int64_t> keys(static_cast<size_t>(c.s));  // attended keys per row
+    std::mt19937_64 rng(11);
+    for (int64_t t = 0; t < c.s; ++t) {
+      const int64_t vis = (t + 1) / c.m, win = std::min(c.W, t + 1);
+      if (c.k == 0) {
+        keys[size_t(t)] = win + vis;
+        continue;
+      }
+      std::vector<int32_t> pick(static_cast<size_t>(vis));
+      std::iota(pick.begin(), pick.end(), 0);
+      std::shuffle(pick.begin(), pick.end(), rng);
+      pick.resize(size_t(std::min(vis, c.k)), 0);
+      keys[size_t(t)] = win + int64_t(pick.size());
+      pick.resize(size_t(c.k), -1);
+      idx.insert(idx.end(), pick.begin(), pick.end());
+    }
+    AttnCompressedInputs in;
+    in.q = put({1, c.s, c.H, c.d}, randn_bf16(size_t(c.s * c.H * c.d), 1));
+    in.kv = put({1, c.s, c.d}, randn_bf16(size_t(c.s * c.d), 2));
+    in.ent = put({1, n_e, c.d}, randn_bf16(size_t(n_e * c.d), 3));
+    in.ent_last = Tensor::from_vector<int32_t>({1, n_e}, last).to(Device::cuda);
+    in.ent_doc = Tensor::from_vector<int32_t>({1, n_e}, doc).to(Device::cuda);
+    if (c.k > 0) in.idx = Tensor::from_vector<int32_t>({1, c.s, c.k}, idx).to(Device::cuda);
+    in.sink = Tensor::from_vector<float>({c.H}, randn_bf16(size_t(c.H), 4)).to(Device::cuda);
+    in.layout = &layout;
+    in.scale = 1.f / std::sqrt(float(c.d));
+    in.window = c.W;
+    ASSERT_EQ(cuda_backend()->plan(Op::attn_compressed_bwd, AttnCompressedParams{DType::bf16, 1, c.s, c.H, c.d, c.s, 0,
+                                                                                  n_e, c.k})
+                  .variant,
+              Variant::mma)
+        << c.name;
+    int64_t pairs = 0;
+    double tiles8 = 0;  // a row's keys in 8-key tiles: the m16n8 floor (heads in 16s, d in 16s)
+    for (int64_t n : keys) pairs += n, tiles8 += double((n + 7) / 8);
+    const double f = double(pairs) * double(c.H) * 2 * double(2 * c.d);
+    const double h16 = double((c.H + 15) / 16 * 16), d16 = double((c.d + 15) / 16 * 16);
+    AttnCompressedSaved sv;
+    {
+      emu::ScopedWorkLog log;
+      sv = attn_compressed_fwd(in);
+      fwd.add(c.name, log, f, tiles8 * 8 * h16 * 2 * (2 * d16));  // S and P V
+    }
+    emu::ScopedWorkLog log;
+    attn_compressed_bwd(in, sv, put({1, c.s, c.H, c.d}, randn_bf16(size_t(c.s * c.H * c.d), 5)));
+    bwd.add(c.name, log, 2.5 * f, tiles8 * 8 * h16 * 2 * (5 * d16));  // S, dP, dq, dS^T q, P^T dout
+  }
+}
+
+// A small geometry in the default suite: 16 heads of 64, W 32, s 128, CSA's top-k and HCA's dense
+// entries at rates 4 and 32.
+TEST(WorkCounter, CompressedAttentionIssuesAtMostItsBoundOfTensorCoreWork) {
+  Tally fwd{"compressed forward", 1.2, 1.11}, bwd{"compressed backward", 1.5, 1.18};
+  compressed_work({{"csa_h16_d64_k16", 128, 16, 64, 32, 4, 16}, {"hca_h16_d64", 128, 16, 64, 32, 32, 0}}, fwd, bwd);
+  fwd.finish();
+  bwd.finish();
+}
+
+// DeepSeek-V4-Flash's geometry (H 64, d 512 of which 64 roped, W 128; CSA at rate 4 with a top-k
+// table, HCA at rate 128 dense) at s = 256 and 512. index_topk is 512 there, more than the
+// entries visible at these lengths (every one would be picked), so the table keeps 64 of them.
+// Heavy (ctest -L heavy): minutes under the emulator on 2 cores.
+TEST(WorkCounter, CompressedAttentionAtV4FlashGeometry) {
+  Tally fwd{"compressed fwd V4-Flash", 1.2, 1.035}, bwd{"compressed bwd V4-Flash", 1.5, 1.055};
+  compressed_work({{"csa_s256_k64", 256, 64, 512, 128, 4, 64},
+                   {"hca_s256", 256, 64, 512, 128, 128, 0},
+                   {"csa_s512_k64", 512, 64, 512, 128, 4, 64},
+                   {"hca_s512", 512, 64, 512, 128, 128, 0}},
+                  fwd, bwd);
   fwd.finish();
   bwd.finish();
 }
