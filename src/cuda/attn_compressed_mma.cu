@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(32 * T::kFwdHeadWarps * T::kFwdChunks)
   CompressedRow r(p, row);
   if (p.k > 0 && p.n_e > 0) r.n_ent = sort_entries(p, row, r, list, list + pow2_ceil(p.k));
   const int n = r.n_w + r.n_ent;
+  const RowKeys keys(p, r, p.k > 0 ? list : nullptr);
   const int h0 = int(blockIdx.y) * heads, nh = int(p.H - h0 < heads ? p.H - h0 : heads);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int hw = warp % head_warps, vc = warp / head_warps, r0 = hw * 16;
@@ -63,7 +64,7 @@ __global__ void __launch_bounds__(32 * T::kFwdHeadWarps * T::kFwdChunks)
     const int nk = n - j0 < kFwdBk ? n - j0 : kFwdBk;
     const uint32_t live = (1u << ((nk + 7) / 8)) - 1u;  // column tiles holding keys
     __syncthreads();
-    load_rows(Ks, ld, kFwdBk, nk, d, dp, vec_k, [&](int i) { return r.key(p, j0 + i, list); });
+    load_rows(Ks, ld, kFwdBk, nk, d, dp, vec_k, [&](int i) { return keys.row(j0 + i); });
     __syncthreads();
     if (live & mine) {
       float s[kNt][4];

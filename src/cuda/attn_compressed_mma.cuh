@@ -32,11 +32,22 @@ struct CompressedRow {
       n_ent = int(hi - lo);
     }
   }
-  // The bf16 row of key position j (j < n_w + n_ent); list: the selected mode's entries.
-  __device__ const __nv_bfloat16* key(const AttnCompressedParams& p, int j, const int32_t* list) const {
-    if (j < n_w) return static_cast<const __nv_bfloat16*>(p.kv) + (bb * p.s + u0 + j) * p.d;
-    const int64_t e = p.k == 0 ? lo + (j - n_w) : list[j - n_w];
-    return static_cast<const __nv_bfloat16*>(p.ent) + (bb * p.n_e + e) * p.d;
+};
+
+// Where a row's keys live, in few registers (what the kernels keep over their key loop): row(j) is
+// the bf16 row of key position j < n_w + n_ent; list: the selected mode's entries, else null.
+struct RowKeys {
+  const __nv_bfloat16 *win, *ent;  // the row's first window key; its first entry (dense) or entry 0
+  const int32_t* list;
+  int n_w;
+  int64_t d;
+  __device__ RowKeys(const AttnCompressedParams& p, const CompressedRow& r, const int32_t* lst)
+      : win(static_cast<const __nv_bfloat16*>(p.kv) + (r.bb * p.s + r.u0) * p.d),
+        ent(static_cast<const __nv_bfloat16*>(p.ent) + (r.bb * p.n_e + (lst ? 0 : r.lo)) * p.d),
+        list(lst), n_w(r.n_w), d(p.d) {}
+  __device__ const __nv_bfloat16* row(int j) const {
+    if (j < n_w) return win + int64_t(j) * d;
+    return ent + int64_t(list ? list[j - n_w] : j - n_w) * d;
   }
 };
 

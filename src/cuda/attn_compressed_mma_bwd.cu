@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -70,6 +71,7 @@ __global__ void __launch_bounds__(32 * T::kBwdWarps)
   const int32_t* list = p.k > 0 ? bp.clean + row * p.k : nullptr;
   if (p.k > 0) r.n_ent = p.n_e > 0 ? bp.count[row] : 0;
   const int n = r.n_w + r.n_ent;
+  const RowKeys keys(p, r, list);
   const int hg = blockIdx.y, groups = int(gridDim.y);
   const int h0 = hg * kBwdHeads, nh = int(p.H - h0 < kBwdHeads ? p.H - h0 : kBwdHeads);
   const __nv_bfloat16* q = bf(p.q) + r.bb * p.q_bstride + r.tl * p.q_rstride + h0 * p.q_hstride;
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(32 * T::kBwdWarps)
   for (int j0 = 0; j0 < n; j0 += kBwdKeys) {
     const int nk = n - j0 < kBwdKeys ? n - j0 : kBwdKeys;
     __syncthreads();
-    load_rows(Ks, ld, kBwdKeys, nk, d, dp, vec_k, [&](int i) { return r.key(p, j0 + i, list); });
+    load_rows(Ks, ld, kBwdKeys, nk, d, dp, vec_k, [&](int i) { return keys.row(j0 + i); });
     __syncthreads();
     // 1. The warp's part of S = Q K^T or dP = dO K^T (K = V), over the live 8-key n-tiles.
     if (heads_live) {
@@ -244,7 +246,13 @@ __global__ void narrow_kernel(const float* acc, int64_t n, int d, int dp, __nv_b
   if (i < n * d) dst[i] = __float2bfloat16(acc[(i / d) * dp + i % d]);
 }
 
+std::atomic<int64_t> g_workspace_bytes{T::kBwdWorkspaceBytes};
+
 }  // namespace
+
+int64_t set_attn_compressed_bwd_workspace_bytes(int64_t bytes) {
+  return g_workspace_bytes.exchange(std::max<int64_t>(bytes, 1));
+}
 
 void attn_compressed_bwd_mma(const AttnCompressedParams& f) {
   cudaStream_t st = current_stream().get();
@@ -267,7 +275,7 @@ void attn_compressed_bwd_mma(const AttnCompressedParams& f) {
       bp.clean = clean.data<int32_t>(), bp.count = count.data<int32_t>();
     }
     const int64_t per_row = groups * (bp.Wc + bp.Ec) * dp * int64_t(sizeof(float));
-    const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, T::kBwdWorkspaceBytes / per_row));
+    const int64_t chunk_rows = std::max<int64_t>(1, std::min<int64_t>(rows, g_workspace_bytes.load() / per_row));
     Tensor ws_w = Tensor::empty({chunk_rows * groups * bp.Wc, dp}, DType::f32, Device::cuda);
     Tensor ws_e = Tensor::empty({std::max<int64_t>(chunk_rows * groups * bp.Ec, 1), dp}, DType::f32, Device::cuda);
     bp.ws_w = ws_w.data<float>(), bp.ws_e = ws_e.data<float>();

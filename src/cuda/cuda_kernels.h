@@ -26,6 +26,9 @@ int64_t set_sparse_bwd_workspace_bytes(int64_t bytes);
 // bf16, CompressedMmaTraits::mma): what attn_compressed_fwd / _bwd run where their plan says mma.
 void attn_compressed_fwd_mma(const AttnCompressedParams& p);
 void attn_compressed_bwd_mma(const AttnCompressedParams& p);
+// Its key-gradient workspace budget in bytes (CompressedMmaTraits::kBwdWorkspaceBytes until set): a
+// test seam, as set_sparse_bwd_workspace_bytes (1: a row per chunk). Returns the previous one.
+int64_t set_attn_compressed_bwd_workspace_bytes(int64_t bytes);
 
 // The sparse indexer KL on the tensor cores (indexer_kl_sparse.cu; bf16 qI, kI, q, k,
 // IndexerKlTraits::mma_sparse): dqI, dkI, dw and kl per row [b * sq] (the caller sums the loss).

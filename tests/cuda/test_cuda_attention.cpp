@@ -8,6 +8,8 @@
 #include <cstdlib>
 
 #include "attn_cuda_check.h"
+#include "cases_attn_compressed.h"
+#include "cuda_kernels.h"
 #include "case_support.h"
 #include "check_util.h"
 #include "indexer_cuda_check.h"
@@ -68,6 +70,19 @@ TEST(CudaSparse, ChunkedBackwardAndTheTableCheck) {
   }();
   EXPECT_TRUE(chunked.ok) << chunked.json();
   EXPECT_TRUE(cuda_check::sparse_rejects_duplicates());
+}
+
+// DeepSeek-V4's attention core: the tensor-core backward's key gradients a row at a time (a
+// workspace of one row: a chunk per row, each reduction walking only its chunk's rows) on the
+// table's rows with documents, two batch rows and selected slots: the oracle's bound as in one chunk.
+TEST(CudaCompressed, ChunkedBackwardMeetsTheOracle) {
+  if (!cuda_check::device_available()) GTEST_SKIP() << "no CUDA device";
+  const int64_t previous = cuda::set_attn_compressed_bwd_workspace_bytes(1);
+  for (const op_cases::AttnCompressedCase& c : op_cases::attn_compressed_cases())
+    if (c.name == "dense_packed_h4" || c.name == "dense_two_rows" || c.name == "selected_h1_two_rows") {
+      EXPECT_EQ(op_cases::check(c, Device::cuda), "") << c.name;
+    }
+  cuda::set_attn_compressed_bwd_workspace_bytes(previous);
 }
 
 class CudaIndexerSelect : public ::testing::TestWithParam<IndexerSelectCase> {};
