@@ -1,6 +1,6 @@
 // DeepSeek-V4's attention core (hmla/ops/compressed_attention.h) in the registry: rows of packed
 // documents (one shorter than the window, one shorter than the rate, tail padding), W = 1 and
-// W > s, H = 1 and 4, dense and selected modes (-1 pads, invisible picks, repeated picks), with and
+// W > s, H = 1, 4 and 72, dense and selected modes (-1 pads, invisible picks, repeated picks), with and
 // without entries and sink, rows of more than 128 keys and heads of more than 128 channels. Each row carries its check (run by tests/ops/test_case_rows.cpp on the
 // CPU and the emulated CUDA device): forward and every gradient against attn_compressed_ref, the
 // float64 definition with the full masked score matrix (fine in an oracle), by STYLE.md's rule.
@@ -52,6 +52,9 @@ inline std::vector<AttnCompressedCase> attn_compressed_cases() {
       {"dense_many_keys", o, 1, 300, 2, 8, 200, 2, {{0, 290}}},
       {"selected_many_keys", o, 1, 260, 1, 8, 150, 2, {{0, 10, 260}}, 140},
       {"wide_head", o, 1, 20, 2, 160, 6, 4, {{0, 20}}, 3},
+      // More than 64 heads: the tensor-core forward's two head groups (64 + 8) and its backward's
+      // three (32 + 32 + 8, the last tile masked), whose key gradients sum over the groups.
+      {"heads_72_selected", o, 1, 24, 72, 16, 6, 4, {{0, 9, 24}}, 4},
   };
 }
 
