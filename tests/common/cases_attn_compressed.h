@@ -235,8 +235,9 @@ inline void uses(Uses& u, const AttnCompressedCase& c, DType dt) {
 // stored bf16 out (each <= 2^-9 mag). shards > 1 (context parallelism's row shards): the query rows
 // in `shards` calls at q_row0 = k s / shards, their rows put together and their key gradients summed
 // in shard order in f32, which adds (shards - 1) u mag to those gradients' rounding term.
-inline std::string check(const AttnCompressedCase& c, Device dev, int64_t shards = 1) {
-  const DType dt = backend(dev).compute_dtype();
+// f32: the inputs in f32 whatever the backend's compute dtype (CUDA: the SIMT kernels, which f32 takes).
+inline std::string check(const AttnCompressedCase& c, Device dev, int64_t shards = 1, bool f32 = false) {
+  const DType dt = f32 ? DType::f32 : backend(dev).compute_dtype();
   AttnCompressedData x = attn_compressed_data(c);
   auto rnd = [dt](std::vector<double>& v) {
     for (double& e : v) e = dt == DType::bf16 ? double(bf16_to_f32(f32_to_bf16(float(e)))) : double(float(e));
