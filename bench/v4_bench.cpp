@@ -13,6 +13,7 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <new>
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
@@ -108,11 +109,6 @@ std::string machine_name(Device dev) {
   return "cpu";
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // One row: what it runs, its work and the bytes live while it is timed.
 struct Row {
   Row(std::string k, Op o) : kernel(std::move(k)), op(o) {}
@@ -161,7 +157,8 @@ class Runner {
       const int reps = o_.reps > 0 ? o_.reps : int(std::clamp(2000.0 / std::max(warm, 1e-3), 1.0, 5.0));
       std::vector<double> ms;
       for (int i = 0; i < reps; ++i) ms.push_back(once());
-      const double t = median(ms);
+      std::sort(ms.begin(), ms.end());
+      const double t = ms[ms.size() / 2];  // the median
       j["impl"] = variant_name(r.plan.variant);
       j["dtype"] = dtype_name(r.dtype);
       if (dev_ == Device::cpu) j["threads"] = omp_get_max_threads();
@@ -172,6 +169,9 @@ class Runner {
       j["plan_bytes"] = r.mem.total();
     } catch (const Error& e) {  // a kernel's refusal or a device error: this row's line says so
       j["error"] = e.what();
+      ++failures_;
+    } catch (const std::bad_alloc&) {  // the plan is a lower bound: workspaces, fragmentation
+      j["error"] = "out of memory while running (the row's plan of " + format_bytes(double(r.mem.total())) + " fitted)";
       ++failures_;
     }
     os_ << j.dump() << std::endl;
