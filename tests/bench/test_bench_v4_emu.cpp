@@ -1,8 +1,7 @@
 // `hmla bench v4 --device cuda` (bench/v4_bench.cpp) on the SIMT-emulated device at toy widths: the
 // GPU run's code path without a GPU. Every row runs the variant the CUDA plan names on device
-// tensors (the attention's operands in the device's bf16), or, where the backend does not run the
-// op (V4's sqrtsoftplus router, the CPU's so far), is a line saying why; the work counted is the CPU
-// run's, row by row.
+// tensors (the attention's operands in the device's bf16) and counts the CPU run's work, row by
+// row; a row whose plan refuses its shapes is a line with the plan's reason.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -42,11 +41,6 @@ TEST(BenchV4, EveryRowRunsOnTheEmulatedDeviceOrSaysWhy) {
     EXPECT_EQ(k, v4_bench_kernels()[i]);
     EXPECT_EQ(g.at("device"), "hmla SIMT emulator (CPU)");
     EXPECT_FALSE(g.contains("error"));
-    if (k.starts_with("moe_route")) {
-      ASSERT_TRUE(g.contains("skipped"));
-      EXPECT_NE(g.at("skipped").get<std::string>().find("sigmoid"), std::string::npos);
-      continue;
-    }
     ASSERT_TRUE(g.contains("ms"));
     EXPECT_EQ(g.at("impl"), "simt");
     EXPECT_EQ(c.at("impl"), "cpu");
@@ -54,6 +48,22 @@ TEST(BenchV4, EveryRowRunsOnTheEmulatedDeviceOrSaysWhy) {
     EXPECT_GT(g.at("ms").get<double>(), 0);
     for (const char* f : {"flops", "bytes", "pairs", "n_e"}) EXPECT_EQ(g.value(f, -1.0), c.value(f, -1.0)) << f;
   }
+}
+
+// The SIMT top-k sorts min(K, n_e) keys in shared memory (at most 4096): K = 4097 over more entries
+// than that is refused by the plan, before any input is made, and the line says why.
+TEST(BenchV4, ARowThePlanRefusesIsALineWithItsReason) {
+  V4BenchOptions o;
+  o.device = "cuda";
+  o.kernels = {"csa_index_topk"};
+  o.topk = 4097;
+  o.seq_lens = {4 * 4097 + 4};
+  const std::vector<nlohmann::json> gpu = lines(o);
+  ASSERT_EQ(gpu.size(), 1u);
+  EXPECT_FALSE(gpu[0].contains("ms"));
+  EXPECT_NE(gpu[0].value("skipped", "").find("the cuda backend does not run it: compressed index: K = 4097 above 4096"),
+            std::string::npos)
+      << gpu[0].dump();
 }
 
 }  // namespace
