@@ -45,28 +45,29 @@ using Json = nlohmann::ordered_json;
 using Timed = std::function<void()>;
 
 // Values uniform in [-sd sqrt 3, sd sqrt 3) (variance sd^2) from a hash of (seed, index), filled by
-// every thread: a normal draw per element would take tens of seconds at s = 65536.
+// every host thread into a block of at most 2^24 that is copied to the device once and repeated
+// there: at s = 65536 a host fill and upload of every element would take longer than the kernels.
 Tensor filled(const Shape& shape, uint64_t seed, float sd, Device dev, DType dt = DType::f32) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  float* p = t.data<float>();
-  const int64_t n = t.numel();
+  const int64_t n = shape_numel(shape), block = std::min<int64_t>(n, int64_t(1) << 24);
+  Tensor h = Tensor::empty({block}, DType::f32);
+  float* p = h.data<float>();
   const float a = sd * std::sqrt(3.f);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < block; ++i) {
     uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(i) * 0xBF58476D1CE4E5B9ull;  // splitmix64's finaliser
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
     p[i] = a * (float(z >> 40) * 0x1p-23f - 1.f);
   }
-  Tensor d = t.on(dev);
-  return dt == DType::f32 ? d : converted(d, dt);
-}
-
-Tensor constant(const Shape& shape, float v, Device dev) {
-  Tensor t = Tensor::empty(shape, DType::f32);
-  std::fill(t.data<float>(), t.data<float>() + t.numel(), v);
-  return t.on(dev);
+  Tensor b = h.on(dev), t = b;
+  if (n > block) {
+    t = Tensor::empty({n}, DType::f32, dev);
+    for (int64_t off = 0; off < n; off += block)
+      t.slice(0, off, std::min(n, off + block)).copy_from(b.slice(0, 0, std::min(block, n - off)));
+  }
+  t = t.view(shape);
+  return dt == DType::f32 ? t : converted(t, dt);
 }
 
 // The compressed entries of one causal document at rate m, their metadata on the device.
@@ -125,7 +126,6 @@ struct Row {
 class Runner {
  public:
   Runner(const V4BenchOptions& o, Device dev, std::ostream& os) : o_(o), dev_(dev), os_(os), name_(machine_name(dev)) {}
-  Device dev() const { return dev_; }
   int failures() const { return failures_; }
   bool wanted(const std::string& k) const { return o_.kernels.empty() || std::count(o_.kernels.begin(), o_.kernels.end(), k); }
 
@@ -373,7 +373,7 @@ void kl_row(Runner& R, const At& a, bool sparse, bool dense) {
     in.q = filled({1, s, H, d}, 21, 1.f, a.dev);
     in.ent = filled({1, n, d}, 23, 1.f, a.dev);
     in.scale = 1.f / std::sqrt(float(d));
-    in.row_weight = constant({1, s}, 1.f / float(s), a.dev);
+    in.row_weight = Tensor::from_vector<float>({1, s}, std::vector<float>(size_t(s), 1.f / float(s))).on(a.dev);
     in.kl_acc = Tensor::zeros({1}, DType::f64, a.dev);  // no read-back per call: as the trainer runs it
     if (sparse) in.topk = compressed_index_topk(in.sc, K);
     {
@@ -395,7 +395,8 @@ void mhc_rows(Runner& R, const At& a) {
   MhcParams mp;
   mp.N = N, mp.n = n, mp.D = D, mp.iters = iters;
   auto weights = [=] {
-    return MhcWeights{filled({mr, K}, 31, 0.02f, a.dev), filled({mr}, 32, 0.1f, a.dev), constant({3}, 1.f, a.dev)};
+    return MhcWeights{filled({mr, K}, 31, 0.02f, a.dev), filled({mr}, 32, 0.1f, a.dev),
+                      Tensor::from_vector<float>({3}, {1.f, 1.f, 1.f}).on(a.dev)};
   };
   struct Pre {
     Tensor x, y, post, comb;
