@@ -88,6 +88,16 @@ def main():
           skipped == [("csa_dense_attn_fwd", 128), ("csa_kl_dense", 128)] and
           all("--dense-max-s 64" in j["skipped"] for j in rows if "skipped" in j), str(skipped))
 
+    # bench train on a V4 stack (the device check's V4 step, rehearsed on the tiny one): tokens/s and model FLOPs.
+    r = subprocess.run([a.hmla, "bench", "train", "--config", os.path.join(ROOT, "configs", "deepseek_v4_tiny.json"),
+                        "--seq-len", "64", "--mode", "mha,dsa_sparse", "--batch", "1", "--reps", "1", "--python", ""],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    tr = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    check("bench train on a V4 config: tokens/s and model FLOPs per mode", r.returncode == 0 and
+          [j["mode"] for j in tr] == ["mha", "dsa_sparse"] and
+          all(j["hmla_tokens_per_s"] > 0 and j["model_flops"] > 0 and j["model_tflops"] > 0 for j in tr) and
+          tr[0]["model_flops"] != tr[1]["model_flops"], r.stdout[-400:] + r.stderr[-200:])
+
     v4 = [a.hmla, "bench", "v4", "--device", "cpu"]
     for name, args, needle in (
             ("--s 0", ["--s", "0"], "--s: must be an integer in [1, 16777216], got '0'"),
