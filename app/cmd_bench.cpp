@@ -154,6 +154,8 @@ void add_bench_command(CLI::App& app) {
       ->check(OneOf({"cpu", "cuda"}, "device"));
   tr->callback([to] { bench::run_train_bench(*to, std::cout); });
 
+  add_bench_v4_command(*bench);
+
   auto tk = std::make_shared<TokenizerBenchOptions>();
   CLI::App* tb = bench->add_subcommand(
       "tokenizer",

@@ -32,6 +32,7 @@ void add_train_commands(CLI::App& app) {
     std::string programme;
     TrainOptions t;
     bool memory_plan = false;
+    std::vector<int64_t> plan_seq_lens;
   };
   auto o = std::make_shared<TrainOpts>();
   CLI::App* train = app.add_subcommand(
@@ -55,11 +56,17 @@ void add_train_commands(CLI::App& app) {
       ->capture_default_str()
       ->check(NonEmpty());
   train->add_flag("--memory-plan", o->memory_plan, "print each phase's memory plan (parameters, gradients, moments,\n"
-                  "activations by kind) and exit: no data read, nothing allocated, no budget check");
+                  "activations by kind) and whether it fits the budget, then exit: no data read, nothing\n"
+                  "allocated; --device cuda needs no device (HMLA_MEMORY_BUDGET: the budget)");
+  train->add_option("--plan-seq-len", o->plan_seq_lens, "with --memory-plan: a plan per sequence length (every\n"
+                    "phase's seq_len replaced), e.g. 4096,16384,65536")
+      ->delimiter(',')
+      ->check(CLI::Range(int64_t(2), int64_t(1) << 40));
   train->callback([o] {
     check_cp_split(o->t.cp_split);
+    HMLA_CHECK(o->plan_seq_lens.empty() || o->memory_plan, ConfigError, "--plan-seq-len needs --memory-plan");
     if (o->memory_plan) {
-      std::cout << programme_memory_plan(load_programme(o->programme), o->t);
+      std::cout << programme_memory_plan(load_programme(o->programme), o->t, o->plan_seq_lens);
       return;
     }
     inject_test_failure(o->t);

@@ -103,18 +103,6 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Pairs (t, j) with j in A(t), and with at most `cap` of them per row (the sparse selection).
-double valid_pairs(const DocLayout& layout, int64_t cap) {
-  const std::vector<int32_t> ds = layout.doc_start.to_vector<int32_t>();
-  double n = 0;
-  for (int64_t r = 0; r < layout.b; ++r)
-    for (int64_t t = 0; t < layout.s; ++t) {
-      const int64_t a = t - ds[r * layout.s + t] + 1;
-      if (a > 0) n += double(cap > 0 ? std::min(a, cap) : a);
-    }
-  return n;
-}
-
 int64_t count_params(const Model& m, bool (*which)(const std::string&)) {
   int64_t n = 0;
   for (const ParamSpec& p : m.table)
@@ -132,36 +120,6 @@ int64_t activation_plan(const ModelConfig& cfg, int64_t batch, int64_t s, DType 
 }
 
 }  // namespace
-
-double model_flops(const ModelConfig& c, LayerMode mode, const DocLayout& layout, int64_t params,
-                   int64_t embedding_params, int64_t indexer_params) {
-  const double tokens = double(layout.b * layout.s), L = double(c.num_hidden_layers), H = double(c.num_attention_heads);
-  double idle = 0;  // the routed experts a token does not use, per MoE layer
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    if (c.is_moe_layer(l))
-      idle += double(c.moe.n_routed_experts - c.moe.num_experts_per_tok) * 3.0 * double(c.moe.moe_intermediate_size) *
-              double(c.hidden_size);
-  const double backbone = double(params - embedding_params - indexer_params) - idle, idx = double(indexer_params);
-  const bool warmup = mode == LayerMode::dsa_warmup;
-  double f = (warmup ? 2.0 : 6.0) * backbone * tokens + 6.0 * idx * tokens;
-  const double passes = warmup ? 1.0 : 3.5;  // the attention's forward (+ 2.5 x for its backward)
-  const double pairs = valid_pairs(layout, 0);
-  if (mode == LayerMode::dsa_sparse) {
-    const double Wa = double(c.kv_lora_rank + c.qk_rope_head_dim), sel = valid_pairs(layout, c.index_topk + c.index_window);
-    f += passes * L * H * 2.0 * (Wa + double(c.kv_lora_rank)) * sel;
-  } else if (mode == LayerMode::mqa_full_causal) {
-    f += passes * L * H * 2.0 * double(2 * c.kv_lora_rank + c.qk_rope_head_dim) * pairs;
-  } else {
-    f += passes * L * H * 2.0 * double(c.qk_head_dim() + c.v_head_dim) * pairs;
-  }
-  if (is_dsa(mode)) {
-    const double HIDI = double(c.index_n_heads * c.index_head_dim);
-    const double cand = mode == LayerMode::dsa_sparse ? valid_pairs(layout, c.index_topk) : pairs;
-    const double Dqk = mode == LayerMode::dsa_sparse ? double(c.kv_lora_rank + c.qk_rope_head_dim) : double(c.qk_head_dim());
-    f += L * (2.0 * HIDI * pairs + (6.0 * HIDI + 2.0 * H * Dqk) * cand);
-  }
-  return f;
-}
 
 void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
   const int threads = omp_get_max_threads();
@@ -253,15 +211,15 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
       const double hm = median(hmla_ms), tm = median(torch_ms);
       const double tokens = double(opt.batch * s);
       auto num = [](double x) { return std::isfinite(x) ? nlohmann::ordered_json(x) : nlohmann::ordered_json(); };
+      const double flops = model_flops(
+          cfg, mode, batch.layout, m.arena.numel(),
+          count_params(m, [](const std::string& n) { return n == "model.embed_tokens.weight"; }),
+          count_params(m, [](const std::string& n) { return n.find("indexer.") != std::string::npos; }));
+      const double tflops = flops / (hm * 1e-3) / 1e12;
       if (gpu) {
-        const double flops = model_flops(
-            cfg, mode, batch.layout, m.arena.numel(),
-            count_params(m, [](const std::string& n) { return n == "model.embed_tokens.weight"; }),
-            count_params(m, [](const std::string& n) { return n.find("indexer.") != std::string::npos; }));
-        const double tflops = flops / (hm * 1e-3) / 1e12;
         nlohmann::ordered_json j{{"bench", "cuda-train"}, {"mode", mode_text}, {"seq_len", s}, {"batch", opt.batch},
                                  {"params", m.arena.numel()}, {"reps", opt.reps}, {"step_ms", hm},
-                                 {"tokens_per_s", tokens / hm * 1e3}, {"model_tflops", tflops},
+                                 {"tokens_per_s", tokens / hm * 1e3}, {"model_flops", flops}, {"model_tflops", tflops},
                                  {"mfu", tflops / kH200PeakTflops}, {"peak_bytes", allocator(dev).peak_bytes()},
                                  {"activation_plan_bytes", activation_plan(cfg, opt.batch, s, compute_dtype(dev))},
                                  {"activation_plan_f32_bytes", activation_plan(cfg, opt.batch, s, DType::f32)},
@@ -277,6 +235,7 @@ void run_train_bench(const TrainBenchOptions& opt, std::ostream& os) {
                                {"params", m.arena.numel()}, {"threads", threads}, {"reps", opt.reps},
                                {"hmla_step_ms", hm}, {"torch_step_ms", num(tm)},
                                {"hmla_tokens_per_s", tokens / hm * 1e3}, {"torch_tokens_per_s", num(tokens / tm * 1e3)},
+                               {"model_flops", flops}, {"model_tflops", tflops},
                                {"speedup", num(tm / hm)}, {"hmla_peak_bytes", peak},
                                {"activation_plan_bytes", activation_plan(cfg, opt.batch, s, DType::f32)},
                                {"loss_rel_diff", num(std::abs(torch_loss0 - hmla_loss0) / std::abs(hmla_loss0))},

@@ -31,7 +31,12 @@ struct TrainBenchOptions {
 // so the other experts' parameters are not counted), plus attention over the valid pairs by the FlashAttention convention (3.5 x
 // the forward's 2 (Dqk + Dv) per pair and head; the forward alone in dsa_warmup), sparse attention
 // over the valid selected pairs, and in the dsa modes the indexer's scores (2 HI DI per pair of
-// A(t)) and its KL (6 HI DI + 2 H Dqk per candidate pair).
+// A(t)) and its KL (6 HI DI + 2 H Dqk per candidate pair). A DeepSeek-V4 stack (model_flops.cpp):
+// the same 6 x parameters (its CSA indexers' only in the DSA modes, where they run), each layer's
+// core over its window and compressed entries (2 (d + d) per pair and head, 3.5 x; a CSA layer in
+// dsa_sparse over the top-k), and a CSA layer's indexer in the DSA modes: the top-k's scores (2 HI
+// DI per visible entry, dsa_sparse) and the KL (6 HI DI + 2 H d per candidate entry); hybrid_mla
+// layers as MLA layers of their own geometry.
 double model_flops(const ModelConfig& cfg, LayerMode mode, const DocLayout& layout, int64_t params,
                    int64_t embedding_params, int64_t indexer_params);
 

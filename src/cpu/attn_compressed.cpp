@@ -187,7 +187,26 @@ void attn_compressed_bwd(const AttnCompressedParams& p) {
   if (p.sink) add_thread_partials(p.dsink, dsink_part.data<float>(), nthreads, H);  // a parameter's gradient: added
 }
 
-// The CPU's plan for both passes (cpu_kernels.h): f32, any widths.
+// The attention mass's sums in f64, rows in order (batch row, query row, head).
+void attn_compressed_mass(const AttnMassParams& p) {
+  double sum[4] = {0, 0, 0, 0};  // window, entries, sink, (row, head) pairs
+  for (int64_t r = 0; r < p.b; ++r)
+    for (int64_t t = 0; t < p.sq; ++t) {
+      if (!(p.row_weight[r * p.sq + t] > 0.f)) continue;  // not a loss row (padding: lse = +inf)
+      for (int64_t h = 0; h < p.H; ++h) {
+        const int64_t i = (r * p.H + h) * p.sq + t;
+        const double p_sink = std::exp(double(p.sink ? p.sink[h] : -INFINITY) - double(p.lse[i]));
+        const double p_ws = std::exp(double(p.lse_ws[i]) - double(p.lse[i]));
+        const double part[3] = {p_ws - p_sink, 1 - p_ws, p_sink};  // window, entries, sink
+        for (int k = 0; k < 3; ++k) sum[k] += part[k];
+        sum[3] += 1;
+      }
+    }
+  for (int k = 0; k < 4; ++k) p.acc[k] += sum[k];
+}
+
+// The CPU's plans (cpu_kernels.h): f32, any widths.
 Plan plan(Op, const AttnCompressedParams& p) { return plan_if(f32(p.dtype), Variant::cpu); }
+Plan plan(Op, const AttnMassParams&) { return {Variant::cpu, {}}; }
 
 }  // namespace hmla::cpu

@@ -16,7 +16,7 @@ void sum_squares(const SumSquaresParams& p) {
 void stats_add(const StatsParams& p) { p.s[p.dst] += p.s[p.src] / p.div; }
 
 void stats_losses(const StatsParams& p) {
-  p.bad[0] = std::isfinite(p.s[kStatLm]) && std::isfinite(p.s[kStatKl]) ? 0.f : 1.f;
+  p.bad[0] = std::isfinite(p.s[kStatLm]) && std::isfinite(p.s[kStatKl]) && std::isfinite(p.s[kStatMtp]) ? 0.f : 1.f;
 }
 
 void stats_clip(const StatsParams& p) {

@@ -225,7 +225,10 @@ class CudaAllocator final : public Allocator {
     CudaCounters& c = cuda::counters();
     (kind == cudaMemcpyDeviceToHost ? c.d2h_bytes : kind == cudaMemcpyHostToDevice ? c.h2d_bytes : c.d2d_bytes) +=
         int64_t(bytes);
-    if (kind == cudaMemcpyHostToDevice) return staging_.upload(dst, src, bytes, st);
+    if (kind == cudaMemcpyHostToDevice) {
+      ++c.uploads;
+      return staging_.upload(dst, src, bytes, st);
+    }
     check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, st), "cudaMemcpyAsync");
     if (kind == cudaMemcpyDeviceToHost) {
       ++c.syncs;

@@ -61,9 +61,19 @@ __device__ __forceinline__ bool before(float va, int64_t a, float vb, int64_t b)
   return va > vb || (va == vb && a < b);
 }
 __device__ __forceinline__ float sigmoid(float u) { return 1.f / (1.f + expf(-u)); }
+// The score s(u): sigmoid, or DeepSeek-V4's sqrt(softplus(u)) (torch's softplus: u itself above 20),
+// and ds/du at u with score s (0 where s underflowed to 0), as src/cpu/moe.cpp forms them.
+__device__ __forceinline__ float score_of(MoeScore f, float u) {
+  return f == MoeScore::sigmoid ? sigmoid(u) : sqrtf(u > 20.f ? u : log1pf(expf(u)));
+}
+__device__ __forceinline__ float dscore(MoeScore f, float u, float s) {
+  if (f == MoeScore::sigmoid) return s * (1.f - s);
+  return s > 0.f ? (u > 20.f ? 1.f : sigmoid(u)) / (2.f * s) : 0.f;
+}
 // Expert e's choice value c = s + bias.
 __device__ __forceinline__ float choice(const MoeRouteParams& p, const float* u, int64_t e) {
-  return p.bias ? sigmoid(u[e]) + p.bias[e] : sigmoid(u[e]);
+  const float s = score_of(p.score_fn, u[e]);
+  return p.bias ? s + p.bias[e] : s;
 }
 // Group g's score: its largest choice value plus its second largest (the CPU's scan).
 __device__ float group_score(const MoeRouteParams& p, const float* u, int64_t g, int64_t per) {
@@ -84,8 +94,9 @@ __global__ void route_fwd_kernel(MoeRouteParams p) {
   const int64_t E = p.E, k = p.k, G = p.n_group, per = E / G;
   HMLA_MOE_GRID_STRIDE(t, p.N) {
     const float* u = p.logits + t * E;
+    int32_t* idx = p.idx + t * k;
     uint64_t keep = 0;
-    for (int64_t r = 0; r < p.topk_group; ++r) {  // the best topk_group groups
+    for (int64_t r = 0; r < p.topk_group && !p.fixed; ++r) {  // the best topk_group groups
       int64_t best = G;
       float best_score = 0.f;
       for (int64_t g = 0; g < G; ++g) {
@@ -95,8 +106,11 @@ __global__ void route_fwd_kernel(MoeRouteParams p) {
       }
       if (best < G) keep |= uint64_t(1) << best;
     }
-    int32_t* idx = p.idx + t * k;
     for (int64_t j = 0; j < k; ++j) {  // the k experts of the kept groups by descending c
+      if (p.fixed) {                     // hash routing: the experts are given
+        idx[j] = p.fixed[t * k + j];
+        continue;
+      }
       int64_t best = -1;
       float best_c = 0.f;
       for (int64_t e = 0; e < E; ++e) {
@@ -113,7 +127,7 @@ __global__ void route_fwd_kernel(MoeRouteParams p) {
     float* w = p.weight + t * k;
     float sum = 0.f;
     for (int64_t j = 0; j < k; ++j) {
-      sc[j] = sigmoid(u[idx[j]]);
+      sc[j] = score_of(p.score_fn, u[idx[j]]);
       sum += sc[j];
     }
     const float den = p.norm_topk_prob ? sum + 1e-20f : 1.f;
@@ -121,7 +135,7 @@ __global__ void route_fwd_kernel(MoeRouteParams p) {
   }
 }
 
-// dL/ds_j = (scaling dw_j - sum_i dw_i w_i) / D, du_j = dL/ds_j s_j (1 - s_j) (src/cpu/moe.cpp).
+// dL/ds_j = (scaling dw_j - sum_i dw_i w_i) / D, du_j = dL/ds_j ds/du (src/cpu/moe.cpp).
 __global__ void route_bwd_kernel(MoeRouteParams p) {
   const int64_t E = p.E, k = p.k;
   HMLA_MOE_GRID_STRIDE(t, p.N) {
@@ -139,7 +153,8 @@ __global__ void route_bwd_kernel(MoeRouteParams p) {
     }
     for (int64_t j = 0; j < k; ++j) {
       const float ds = (p.scaling * dw[j] - q) / den;
-      du[idx[j]] = ds * s[j] * (1.f - s[j]);
+      const float u = p.logits ? p.logits[t * E + idx[j]] : 0.f;
+      du[idx[j]] = ds * dscore(p.score_fn, u, s[j]);
     }
   }
 }
@@ -358,13 +373,9 @@ void moe_grouped_bwd(const MoeGroupedParams& p) {
 // The plans (cuda_kernels.h): the kept groups in a 64-bit mask; the gather's source and the row
 // dot's operands may be bf16 activations; the grouped products take linear's dtypes, their
 // experts' matrices at one stride (one arena) and a grid that fits.
-// DeepSeek-V4's routing (sqrtsoftplus scores, hash routing) runs on the CPU so far: the CUDA
-// kernels score by sigmoid and choose (a null bias is no correction).
-Plan plan(Op, const MoeRouteParams& p) {
-  if (p.score_fn != MoeScore::sigmoid || p.fixed)
-    return {Variant::none, "the CUDA router scores by sigmoid and chooses (DeepSeek-V4's routing is the CPU's so far)"};
-  return plan_if(p.n_group <= MoeTraits::kMaxGroups, Variant::simt);
-}
+// The router: sigmoid or sqrtsoftplus scores, chosen or given (hash routing); a null bias is no
+// correction.
+Plan plan(Op, const MoeRouteParams& p) { return plan_if(p.n_group <= MoeTraits::kMaxGroups, Variant::simt); }
 Plan plan(Op, const MoeDispatchParams&) { return {Variant::simt, {}}; }
 Plan plan(Op, const MoeRowsParams& p) {
   return plan_if(f32_or_bf16(p.src_dtype) && f32_or_bf16(p.a_dtype) && f32_or_bf16(p.b_dtype), Variant::simt);

@@ -40,7 +40,7 @@ __global__ void stats_add_kernel(StatsParams p) { p.s[p.dst] += p.s[p.src] / p.d
 __device__ bool finite(double x) { return x - x == 0; }
 
 __global__ void stats_losses_kernel(StatsParams p) {
-  p.bad[0] = finite(p.s[kStatLm]) && finite(p.s[kStatKl]) ? 0.f : 1.f;
+  p.bad[0] = finite(p.s[kStatLm]) && finite(p.s[kStatKl]) && finite(p.s[kStatMtp]) ? 0.f : 1.f;
 }
 
 // IEEE sqrt and division in f64, as the host's std::sqrt and operator/ (the same bits).

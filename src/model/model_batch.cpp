@@ -3,6 +3,7 @@
 // and the indexer's loss-row weights, this rank's rows under CP, uploaded as one buffer.
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -12,10 +13,6 @@
 #include "model_internal.h"
 
 namespace hmla {
-
-namespace {
-
-}  // namespace
 
 void lm_targets_ahead(const int32_t* ids, const DocLayout& layout, int64_t pad, int64_t ahead,
                       std::vector<int32_t>& target, std::vector<float>& keep) {
@@ -73,6 +70,22 @@ void check_token_ids(const Batch& batch, int64_t V) {
 
 }  // namespace
 
+int64_t BatchWords::add(const void* src, int64_t n) {
+  const int64_t at = int64_t(host_.size());
+  host_.resize(size_t(at + n));
+  if (n > 0) std::memcpy(host_.data() + at, src, size_t(n) * 4);
+  return at;
+}
+
+void BatchWords::upload(Device dev) { all_ = Tensor::from_vector<int32_t>({int64_t(host_.size())}, host_).on(dev); }
+
+Tensor BatchWords::view(int64_t at, const Shape& shape, DType dt) const {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  const Tensor t = all_.slice(0, at, at + n);
+  return (dt == DType::i32 ? t : t.bitcast(dt)).view(shape);
+}
+
 DeviceBatch device_batch(const Model& m, const Batch& batch, const Comm& cp, int64_t lm_targets, int64_t valid_rows) {
   const ModelConfig& c = m.cfg;
   check_token_ids(batch, c.vocab_size);
@@ -84,29 +97,24 @@ DeviceBatch device_batch(const Model& m, const Batch& batch, const Comm& cp, int
   shard_targets(batch, c.pad_token_id, lm_targets, cp, target, keep);
   const Tensor ids = take_rows(batch.input_ids.view({b, S, 1}), sh);
   const Tensor rw = take_rows(loss_row_weights(batch.layout, &batch.input_ids, c.pad_token_id, valid_rows).view({b, S, 1}), sh);
-  // Words: ids, target, keep, row_weight (N each), then doc_start, doc_end (b * S each).
-  const Tensor host = Tensor::empty({4 * N + 2 * BS}, DType::i32);
-  char* w = static_cast<char*>(host.raw_data());
-  for (auto [src, n] : {std::pair<const void*, int64_t>{ids.data<int32_t>(), N}, {target.data(), N}, {keep.data(), N},
-                        {rw.data<float>(), N}, {batch.layout.doc_start.data<int32_t>(), BS},
-                        {batch.layout.doc_end.data<int32_t>(), BS}}) {
-    std::memcpy(w, src, size_t(n) * 4);
-    w += n * 4;
-  }
-  const Tensor all = host.on(m.device());
-  int64_t off = 0;
-  auto words = [&](int64_t n) {
-    off += n;
-    return all.slice(0, off - n, off);
-  };
+  // Words: ids, target, keep, row_weight (N each), doc_start, doc_end (b * S each), then a V4 model's.
+  BatchWords w;
+  const int64_t at_ids = w.add(ids.data<int32_t>(), N), at_target = w.add(target.data(), N),
+                at_keep = w.add(keep.data(), N), at_rw = w.add(rw.data<float>(), N),
+                at_start = w.add(batch.layout.doc_start.data<int32_t>(), BS),
+                at_end = w.add(batch.layout.doc_end.data<int32_t>(), BS);
+  std::optional<V4BatchWords> v4;
+  if (c.is_v4()) v4.emplace(m, batch, sh, w);
+  w.upload(m.device());
   DeviceBatch d;
-  d.ids = words(N).view({b, sh.rows});
-  d.target = words(N);
-  d.keep = words(N).bitcast(DType::f32);
-  d.row_weight = words(N).bitcast(DType::f32).view({b, sh.rows});
+  d.ids = w.view(at_ids, {b, sh.rows});
+  d.target = w.view(at_target, {N});
+  d.keep = w.view(at_keep, {N}, DType::f32);
+  d.row_weight = w.view(at_rw, {b, sh.rows}, DType::f32);
   d.layout = batch.layout;
-  d.layout.device_start = words(BS).view({b, S});
-  d.layout.device_end = words(BS).view({b, S});
+  d.layout.device_start = w.view(at_start, {b, S});
+  d.layout.device_end = w.view(at_end, {b, S});
+  if (v4) v4->views(w, d);
   return d;
 }
 

@@ -64,15 +64,32 @@ const RopeCache& Model::rope(int64_t s, int64_t pos0) const {
   return it->second;
 }
 
+const Tensor& Model::constant(const std::string& key, const std::function<Tensor()>& make) const {
+  auto it = constants_.find(key);
+  if (it == constants_.end()) it = constants_.emplace(key, make().on(device())).first;
+  return it->second;
+}
+
 namespace {
+
+// A V4 model's compute views (Model::compute_params) where the compute dtype is not f32.
+void v4_compute_params(Model& m) {
+  const DType dt = compute_dtype(m.device());
+  if (dt == DType::f32) return;
+  m.compute_arena = Tensor::empty({m.arena.numel()}, dt, m.device());
+  m.compute_params = arena_views(m.table, m.compute_arena);
+  for (auto& [name, t] : m.compute_params)
+    if (t.dim() < 2 || name == "model.embed_tokens.weight" || name.ends_with(".ffn.gate.weight") ||
+        name.ends_with("_fn") || name.ends_with(".ape"))
+      t = m.params.at(name);
+  refresh_compute_weights(m);
+}
 
 // A DeepSeek-V4 model (v4_model.h): its table's arena, named views only (the typed views are
 // v4_tensors, made per step), and its integer tables (zeros until loaded or initialised). The
 // layers with DSA machinery (ModelConfig::has_dsa: CSA, hybrid_mla) have their indexers where
 // has_indexer says (one entry per layer), and must where their mode runs one.
 Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
-  HMLA_CHECK(device == Device::cpu, ConfigError,
-             "deepseek_v4: the V4 layers run on the CPU so far (CUDA: a later issue, docs/deepseek_v4.md)");
   HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
   Model m;
   m.cfg = c;
@@ -87,7 +104,8 @@ Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer,
   m.table = model_param_table(c, m.has_indexer);
   m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
   m.params = arena_views(m.table, m.arena);
-  for (const ParamSpec& p : v4_int_tables(c)) m.ints[p.name] = Tensor::zeros(p.shape, DType::i32, device);
+  for (const ParamSpec& p : v4_int_tables(c)) m.ints[p.name] = Tensor::zeros(p.shape, DType::i32);  // host
+  v4_compute_params(m);
   return m;
 }
 

@@ -4,13 +4,16 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "hmla/core/error.h"
 #include "hmla/core/layout.h"
 #include "hmla/core/tensor.h"
 #include "hmla/dist/comm.h"
+#include "hmla/dist/cp.h"
 #include "hmla/model/model.h"
+#include "hmla/ops/compress.h"
 
 namespace hmla {
 
@@ -45,12 +48,64 @@ inline Tensor& saved_slot(Tensor& slot, const Shape& shape, DType dt, Device dev
 // LM targets and their weights, the indexer's loss-row weights, and the layout's device form. Built
 // on the host as one buffer of 4-byte words and uploaded in one copy (issue 27: one upload per
 // micro-batch; no op uploads a layout of its own); on the CPU the views are that buffer itself.
+// A DeepSeek-V4 compress rate's entries (compressed_entries of the whole layout) and what the
+// layers read of them: first [b, n] on the host (entries.first) and on the device (first), the
+// window's last row and its document's start (attn_compressed's ent_last / ent_doc, -1: a padding
+// slot), and each entry's RoPE row (its window's first position; 0 for padding slots).
+struct V4BatchEntries {
+  CompressedEntries entries;
+  Tensor first, last, doc, rope_row;  // [b, n] i32 each (rope_row [b * n]) on the model's device
+};
+
+// A compress rate's V4BatchEntries of `layout` on the host (v4_batch.cpp).
+V4BatchEntries v4_entry_tables(const DocLayout& layout, int64_t rate);
+
 struct DeviceBatch {
   Tensor ids;         // [b, s] i32, this rank's rows
   Tensor target;      // [N] i32, N = b * s
   Tensor keep;        // [N] f32, the LM loss's row weights (already over the step's target count)
   Tensor row_weight;  // [b, s] f32, the indexer KL's loss-row weights of this rank's rows
   DocLayout layout;   // the whole batch's layout ([b, S]) with its device form
+  // DeepSeek-V4 stacks (v4_batch.cpp), in the same upload: the entries per compress rate, the hash
+  // layers' experts per layer ([N, k] i32, tid2eid's rows of the ids), and per MTP depth k its
+  // input ids (the token k + 1 ahead in the document, else pad: [b, s]), targets (k + 2 ahead: [N]
+  // i32) and their 0/1 weights ([N] f32; v4_mtp_step scales them by the step's counts), and the
+  // whole batch's count of those targets (every rank's rows).
+  std::map<int64_t, V4BatchEntries> v4_entries;
+  std::map<int64_t, Tensor> hash_experts;
+  std::vector<Tensor> mtp_ids, mtp_target, mtp_keep;
+  std::vector<int64_t> mtp_count;
+};
+
+// The host words of a micro-batch's one upload (4 bytes each: i32, or f32 bits): add() appends a
+// piece and returns where it starts; after upload(), view() is a piece of the device copy.
+class BatchWords {
+ public:
+  int64_t add(const void* src, int64_t n);
+  void upload(Device dev);
+  Tensor view(int64_t at, const Shape& shape, DType dt = DType::i32) const;
+
+ private:
+  std::vector<int32_t> host_;
+  Tensor all_;
+};
+
+// A DeepSeek-V4 model's part of the batch (v4_batch.cpp): add_v4_words puts its words into w (the
+// rows of shard sh), then v4_batch_views fills d's V4 fields from the uploaded copy.
+class V4BatchWords {
+ public:
+  V4BatchWords(const Model& m, const Batch& batch, const RowShard& sh, BatchWords& w);
+  void views(const BatchWords& w, DeviceBatch& d) const;
+
+ private:
+  struct Piece {
+    int64_t key = 0, at = 0;
+    Shape shape;
+    DType dt = DType::i32;
+  };
+  std::vector<std::pair<int64_t, CompressedEntries>> entries_;
+  std::vector<Piece> first_, last_, doc_, rope_, hash_, mtp_ids_, mtp_target_, mtp_keep_;
+  std::vector<int64_t> mtp_count_;
 };
 
 // The LM targets `ahead` tokens on (model.h's count_lm_targets; ahead 1: the LM loss's, k + 2: the

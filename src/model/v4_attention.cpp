@@ -9,7 +9,10 @@
 // r channels of a head as interleaved pairs. The backward runs the same chain in reverse; the inverse RoPE on the
 // output is the transposed rotation (with the attention factor folded into cos and sin, exactly
 // transformers' apply_rotary_pos_emb(out, cos, -sin)), so its backward is the forward rotation.
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "hmla/dist/cp.h"
@@ -43,36 +46,34 @@ void rope_last(const Tensor& t, int64_t heads, int64_t width, int64_t r, int64_t
        transpose);
 }
 
-// The per-head norm without a weight: rmsnorm against ones (its weight gradient goes to scratch).
-Tensor ones(const Dims& d, int64_t n) {
-  Tensor o = Tensor::empty({n}, DType::f32);
-  for (int64_t i = 0; i < n; ++i) o.data<float>()[i] = 1.f;
-  return o.on(d.dev);
+// The entries' RoPE tables: row e of the table holds the angle of its window's first row (rope_row
+// [n] i32 on the device; padding entries: row 0, their pooled rows are 0 and stay 0), gathered from
+// the tables of every row rc.
+RopeCache entry_rope(const RopeCache& rc, const Tensor& rope_row) {
+  const int64_t n = rope_row.numel(), half = rc.cos.size(1);
+  const Device dev = rc.cos.device();
+  RopeCache e{Tensor::empty({n, half}, DType::f32, dev), Tensor::empty({n, half}, DType::f32, dev)};
+  embedding_fwd(rope_row, rc.cos, e.cos);
+  embedding_fwd(rope_row, rc.sin, e.sin);
+  return e;
 }
 
-// The entries' RoPE tables: row e of the table holds the angle of its window's first row
-// (padding entries: row 0; their pooled rows are 0 and stay 0).
-RopeCache entry_rope(const RopeCache& rc, const CompressedEntries& e) {
-  const Tensor cos = rc.cos.on(Device::cpu), sin = rc.sin.on(Device::cpu);
-  const int64_t half = cos.size(1), n = e.first.numel();
-  Tensor ec = Tensor::empty({n, half}, DType::f32), es = Tensor::empty({n, half}, DType::f32);
-  const int32_t* first = e.first.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = std::max<int32_t>(first[i], 0);
-    for (int64_t j = 0; j < half; ++j) {
-      ec.data<float>()[i * half + j] = cos.data<float>()[p * half + j];
-      es.data<float>()[i * half + j] = sin.data<float>()[p * half + j];
-    }
-  }
-  return {ec.on(rc.cos.device()), es.on(rc.cos.device())};
+// Rate m's entry tables of the layout: the micro-batch's (uploaded with it), else made here.
+V4BatchEntries entry_tables(const V4Rows& rows, const DocLayout& layout, int64_t m, Device dev) {
+  if (rows.batch && rows.batch->v4_entries.count(m)) return rows.batch->v4_entries.at(m);
+  V4BatchEntries t = v4_entry_tables(layout, m);
+  t.entries.device_first = t.first = t.first.on(dev);
+  t.last = t.last.on(dev), t.doc = t.doc.on(dev), t.rope_row = t.rope_row.on(dev);
+  return t;
 }
 
 // A compressor (rate m, width w, CSA's two series when overlap) over x [b, s, D]. Context
 // parallelism: this rank pools its own entries from its frame, then every entry is gathered (v4_cp.cpp).
 V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4CompressorTensors& w, const Tensor& x,
-                              const DocLayout& layout, int64_t m, int64_t width, bool overlap, const V4Rows& rows) {
+                              const DocLayout& layout, const V4BatchEntries& t, int64_t m, int64_t width, bool overlap,
+                              const V4Rows& rows) {
   V4Compressed c;
-  c.e = compressed_entries(layout, m);
+  c.e = t.entries;
   if (c.e.n == 0) return c;
   const int64_t C = (overlap ? 2 : 1) * width, n = c.e.n;
   const Tensor xr = x.view({d.N, d.D});
@@ -97,7 +98,14 @@ V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4Comp
   c.pooled = f32(d, {d.b, np, width});
   compress_fwd(c.kvc, c.gc, w.ape, pool, *at, overlap, c.pooled);
   c.rstd = f32(d, {d.b * np});
-  c.rope = entry_rope(rows.compress_all, rows.sharded() ? own_entries(c.e, c.owners, rows.cp->rank(), 0) : c.e);
+  if (rows.sharded()) {  // the owned entries' rows (context parallelism runs on the host's tables)
+    const Tensor own = own_entries(c.e, c.owners, rows.cp->rank(), 0).first;
+    std::vector<int32_t> r(size_t(own.numel()));
+    for (size_t i = 0; i < r.size(); ++i) r[i] = std::max<int32_t>(own.data<int32_t>()[i], 0);
+    c.rope = entry_rope(rows.compress_all, Tensor::from_vector<int32_t>({own.numel()}, r).on(d.dev));
+  } else {
+    c.rope = entry_rope(rows.compress_all, t.rope_row);
+  }
   Tensor ent = f32(d, {d.b, np, width});
   v4_entries_norm_rope(mc, w, c.pooled.view({d.b * np, width}), c.rope, ent.view({d.b * np, width}), c.rstd);
   c.ent = rows.sharded() ? cp_gather_entries(*rows.cp, c.owners, ent, n) : ent;
@@ -123,28 +131,12 @@ void compress_backward(const Dims& d, const V4CompressorTensors& w, const V4Comp
   linear_bwd(dgc.view({d.N, C}), xr, w.wgate, g.wgate, dx, 1.f);
 }
 
-// attn_compressed's entry metadata from the compressor's list: the window's last row and its
-// document's start (-1: a padding slot).
-void entry_metadata(const CompressedEntries& e, int64_t m, const DocLayout& layout, Tensor& last, Tensor& doc) {
-  const int64_t b = e.first.size(0), n = e.n;
-  last = Tensor::empty({b, n}, DType::i32);
-  doc = Tensor::empty({b, n}, DType::i32);
-  const int32_t* first = e.first.data<int32_t>();
-  const int32_t* st = layout.doc_start.data<int32_t>();
-  for (int64_t r = 0; r < b; ++r)
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t f = first[r * n + i];
-      last.data<int32_t>()[r * n + i] = f < 0 ? -1 : int32_t(f + m - 1);
-      doc.data<int32_t>()[r * n + i] = f < 0 ? -1 : st[r * layout.s + f];
-    }
-}
-
 // The CSA indexer's forward (its compressor's entries, its queries and head weights) into sv.
 void index_forward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, const Tensor& x, V4AttnSaved& sv,
-                   const DocLayout& layout, const V4Rows& rows) {
+                   const DocLayout& layout, const V4BatchEntries& t, const V4Rows& rows) {
   HMLA_CHECK(w.iwq_b.defined(), ConfigError, "a CSA layer runs ", mode_name(sv.mode), " without its indexer's tensors");
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  sv.icomp = compress_entries(c, d, w.icomp, x, layout, sv.m, dI, true, rows);
+  sv.icomp = compress_entries(c, d, w.icomp, x, layout, t, sv.m, dI, true, rows);
   sv.qI = f32(d, {d.N, nI * dI});
   sv.wI = f32(d, {d.N, nI});
   v4_index_queries(c, w, x, sv.qr, rows.compress, sv.qI, sv.wI);
@@ -195,21 +187,63 @@ AttnCompressedInputs v4_core_inputs(const ModelConfig& c, const V4AttnTensors& w
   return core_inputs(c, dims(c, x), w, sv, layout, rows);
 }
 
-V4Rows v4_rows(const ModelConfig& c, int64_t s, Device dev, Comm& cp) {
-  const int64_t r = c.qk_rope_head_dim, mp = c.max_position_embeddings;
+namespace {
+
+// The RoPE tables of a V4Rows (main: the sliding layers'; compress: the compressor's and its
+// indexer's; hybrid: the hybrid_mla layers' MLA tables) from make(key, host tables), on the device.
+template <class Make>
+V4Rows rows_with(const ModelConfig& c, int64_t s, Comm& cp, Make make) {
   V4Rows v;
   v.sh = row_shard(cp, s);
   v.cp = &cp;
-  const RopeTables main = rope_tables(c.rope, r, mp), comp = rope_tables(c.v4.compress_rope, r, mp);
-  auto on = [dev](const RopeCache& t) { return RopeCache{t.cos.on(dev), t.sin.on(dev)}; };
-  v.main = on(rope_cache(main, v.sh.rows, v.sh.row0));
-  v.compress = on(rope_cache(comp, v.sh.rows, v.sh.row0));
-  v.compress_all = v.sharded() ? on(rope_cache(comp, s)) : v.compress;
+  const int64_t r = c.qk_rope_head_dim, mp = c.max_position_embeddings;
+  auto tables = [&](const char* name, const RopeConfig& rope, int64_t rows, int64_t row0) {
+    return make(std::string(name) + "." + std::to_string(rows) + "." + std::to_string(row0),
+                [&, rows, row0] { return rope_cache(rope_tables(rope, r, mp), rows, row0); });
+  };
+  v.main = tables("main", c.rope, v.sh.rows, v.sh.row0);
+  v.compress = tables("compress", c.v4.compress_rope, v.sh.rows, v.sh.row0);
+  v.compress_all = v.sharded() ? tables("compress", c.v4.compress_rope, s, 0) : v.compress;
+  for (int64_t L = 0; L < c.num_hidden_layers + c.form.num_nextn_predict_layers; ++L)
+    if (c.v4.is_hybrid_mla(L)) {  // every hybrid_mla layer's config has the same RoPE
+      const ModelConfig h = hybrid_mla_config(c, L);
+      v.hybrid = make("hybrid." + std::to_string(v.sh.rows) + "." + std::to_string(v.sh.row0),
+                      [&] { return rope_cache(h, v.sh.rows, v.sh.row0); });
+      break;
+    }
+  return v;
+}
+
+}  // namespace
+
+V4Rows v4_rows(const ModelConfig& c, int64_t s, Device dev, Comm& cp) {
+  V4Rows v = rows_with(c, s, cp, [dev](const std::string&, const std::function<RopeCache()>& host) {
+    const RopeCache h = host();
+    return RopeCache{h.cos.on(dev), h.sin.on(dev)};
+  });
+  v.ones = host_ones(c.v4.head_dim).on(dev);
+  return v;
+}
+
+V4Rows v4_rows(const Model& m, const DeviceBatch& in, Comm& cp) {
+  const ModelConfig& c = m.cfg;
+  V4Rows v = rows_with(c, in.layout.s, cp, [&m](const std::string& key, const std::function<RopeCache()>& host) {
+    RopeCache h;  // made once per key
+    auto part = [&](bool cos) {
+      return [&, cos] {
+        if (!h.cos.defined()) h = host();
+        return cos ? h.cos : h.sin;
+      };
+    };
+    return RopeCache{m.constant("v4.rope." + key + ".cos", part(true)), m.constant("v4.rope." + key + ".sin", part(false))};
+  });
+  v.batch = &in;
+  v.ones = m.constant("v4.ones", [&c] { return host_ones(c.v4.head_dim); });
   return v;
 }
 
 void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
-                     V4AttnSaved& sv) {
+                     const Tensor& ones, V4AttnSaved& sv) {
   const Dims d = dims(c, x);
   const float eps = float(c.rms_norm_eps);
   const Tensor xr = x.view({d.N, d.D});
@@ -222,7 +256,7 @@ void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor&
   sv.rstd_q = f32(d, {d.N * d.H});
   sv.q = f32(d, {d.N, d.H * d.d});
   linear_fwd(sv.qr, w.wq_b, sv.qb);
-  rmsnorm_fwd(sv.qb.view({d.N * d.H, d.d}), ones(d, d.d), eps, sv.q.view({d.N * d.H, d.d}), sv.rstd_q);
+  rmsnorm_fwd(sv.qb.view({d.N * d.H, d.d}), ones, eps, sv.q.view({d.N * d.H, d.d}), sv.rstd_q);
   rope_last(sv.q, d.H, d.d, d.r, d.s, rc, false);
   sv.kvr = f32(d, {d.N, d.d});
   sv.rstd_kv = f32(d, {d.N});
@@ -270,15 +304,16 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   sv.m = c.v4.compress_rate(L);
   sv.csa = kind == V4Kind::csa;
   sv.mode = c.mode(L);
-  v4_attn_project(c, w, x, rc, sv);
+  v4_attn_project(c, w, x, rc, rows.ones, sv);
   if (rows.sharded()) sv.kv_all = cp_all_gather_rows(*rows.cp, sv.kv.view({d.b, d.s, d.d}));
   if (sv.m > 0) {
-    sv.comp = compress_entries(c, d, w.comp, x, layout, sv.m, d.d, sv.csa, rows);
-    if (sv.comp.e.n > 0) entry_metadata(sv.comp.e, sv.m, layout, sv.ent_last, sv.ent_doc);
+    const V4BatchEntries t = entry_tables(rows, layout, sv.m, d.dev);
+    sv.comp = compress_entries(c, d, w.comp, x, layout, t, sv.m, d.d, sv.csa, rows);
+    if (sv.comp.e.n > 0) sv.ent_last = t.last, sv.ent_doc = t.doc;
     // DESIGN.md section 10: a CSA layer attends every visible entry (no indexer) but in dsa_sparse;
     // in the dsa modes its indexer runs (dsa_warmup: for the KL only).
     sv.indexer = c.runs_indexer(L) && sv.comp.e.n > 0;
-    if (sv.indexer) index_forward(c, d, w, x, sv, layout, rows);
+    if (sv.indexer) index_forward(c, d, w, x, sv, layout, t, rows);
     if (sv.indexer && sv.mode == LayerMode::dsa_sparse)
       sv.idx = compressed_index_topk(index_inputs(c, d, sv, layout, rows), c.index_topk);
   }
@@ -343,7 +378,7 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
   const Tensor dq = cg.dq.view({d.N, d.H * d.d});
   rope_last(dq, d.H, d.d, d.r, d.s, rc, true);
   Tensor dqb = f32(d, {d.N, d.H * d.d}), dones = Tensor::zeros({d.d}, DType::f32, d.dev);
-  rmsnorm_bwd(dq.view({d.N * d.H, d.d}), sv.qb.view({d.N * d.H, d.d}), ones(d, d.d), sv.rstd_q,
+  rmsnorm_bwd(dq.view({d.N * d.H, d.d}), sv.qb.view({d.N * d.H, d.d}), rows.ones, sv.rstd_q,
               dqb.view({d.N * d.H, d.d}), dones);
   Tensor dqr = f32(d, {d.N, d.Rq}), dqa = f32(d, {d.N, d.Rq});
   linear_bwd(dqb, sv.qr, w.wq_b, g.wq_b, dqr);

@@ -112,7 +112,9 @@ CompressedEntries own_entries(const CompressedEntries& e, const EntryOwners& o, 
     const size_t k = size_t(rank * b + bb);
     for (int64_t i = 0; i < o.n[k]; ++i) first[size_t(bb * P + i)] = int32_t(e.first.data<int32_t>()[bb * e.n + o.lo[k] + i] - shift);
   }
-  return {Tensor::from_vector<int32_t>({b, P}, first), P};
+  CompressedEntries own;
+  own.first = Tensor::from_vector<int32_t>({b, P}, first), own.n = P;
+  return own;
 }
 
 Tensor cp_gather_entries(Comm& cp, const EntryOwners& o, const Tensor& own, int64_t n) {

@@ -63,7 +63,8 @@ void compressor_step(const Decoder& dc, const V4CompressorTensors& w, const Tens
     gate.slice(0, m, rows).copy_from(cc.gate);
   }
   const DocLayout one = layout_causal(1, rows);
-  const CompressedEntries entry{Tensor::from_vector<int32_t>({1, 1}, {int32_t(rows - m)}), 1};
+  CompressedEntries entry;
+  entry.first = Tensor::from_vector<int32_t>({1, 1}, {int32_t(rows - m)}), entry.n = 1;
   Tensor pooled = f32({1, 1, width}), rstd = f32({1});
   compress_fwd(kv.view({1, rows, C}), gate.view({1, rows, C}), w.ape, entry, one, overlap, pooled);
   v4_entries_norm_rope(dc.c, w, pooled.view({1, width}), rope_cache(dc.compress, 1, e * m),
@@ -111,7 +112,7 @@ Tensor attention(const Decoder& dc, int64_t L, const Tensor& a, const Token& tk,
   const RopeCache& rc = kind == V4Kind::sliding ? tk.main : tk.compress;
   const Tensor x = a.view({1, 1, D});
   V4AttnSaved sv;
-  v4_attn_project(c, w, x, rc, sv);
+  v4_attn_project(c, w, x, rc, host_ones(c.v4.head_dim).on(x.device()), sv);
   lc.window.slice(0, t % rows, t % rows + 1).copy_from(sv.kv);
   std::vector<int64_t> entries;  // the entries the token attends to
   if (m > 0) {

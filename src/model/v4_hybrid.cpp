@@ -17,10 +17,11 @@ MlaLayer hybrid_layer(const V4HybridSaved& sv, int64_t L, const AttnTensors& w) 
 }  // namespace
 
 void v4_hybrid_fwd(const ModelConfig& c, int64_t L, const AttnTensors& w, const Tensor& x, const DocLayout& layout,
-                   V4HybridSaved& sv, const Tensor& y, Comm& cp) {
+                   V4HybridSaved& sv, const Tensor& y, Comm& cp, const RopeCache& rope) {
   sv.cfg = hybrid_mla_config(c, L);
   sv.layer = L;
   sv.mla = MlaSaved{};
+  sv.mla.rope = rope;
   const Tensor out = mla_forward(hybrid_layer(sv, L, w), x, layout, sv.mla, cp);  // [b, s, D]
   Tensor(y).copy_from(out.view(y.shape()));                                   // y is the caller's view
 }

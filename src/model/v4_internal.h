@@ -18,6 +18,7 @@
 #include "hmla/ops/compressed_attention.h"
 #include "hmla/ops/mhc.h"
 #include "hmla/ops/nn.h"
+#include "model_internal.h"
 
 namespace hmla {
 
@@ -26,12 +27,27 @@ namespace hmla {
 // context-parallel group, and the RoPE tables ([rows, r / 2], attention factor folded in) of those
 // rows: main (sliding layers) and compress (layers with a compressor and their indexer), and the
 // compress table of every row (the entries', at each window's first position).
+// The micro-batch's V4 tables (batch: each compress rate's entries, uploaded with the batch; null:
+// a layer makes its rate's on the host and uploads them) and the per-head q norm's weight (ones
+// [head_dim]) go with them.
 struct V4Rows {
   RopeCache main, compress, compress_all;
+  RopeCache hybrid;  // the hybrid_mla layers' (their MLA config's RoPE), where the stack has some
   RowShard sh;
   Comm* cp = nullptr;
+  const DeviceBatch* batch = nullptr;
+  Tensor ones;
   bool sharded() const { return cp->size() > 1; }
 };
+// What the V4 layers compute with: the compute views where the device has them (Model::compute_params).
+inline const io::TensorMap& v4_compute_views(const Model& m) {
+  return m.compute_params.empty() ? m.params : m.compute_params;
+}
+// n ones, f32, on the host.
+inline Tensor host_ones(int64_t n) { return Tensor::from_vector<float>({n}, std::vector<float>(size_t(n), 1.f)); }
+// For a step's micro-batch `in`: the tables from the model's constants (uploaded once), in's entries.
+V4Rows v4_rows(const Model& m, const DeviceBatch& in, Comm& cp);
+// For s rows on dev without a batch (tests, tools): the tables made and uploaded here.
 V4Rows v4_rows(const ModelConfig& c, int64_t s, Device dev, Comm& cp);
 
 // Rank r's compressed entries under context parallelism (v4_cp.cpp): the entries whose window ends
@@ -102,9 +118,10 @@ struct V4AttnSaved {
 
 // The block's pieces, shared by the forward below and decoding (v4_decode.cpp), on x [b, s, D]
 // (N = b s rows, each batch row at the s positions of rc [s, r / 2]):
-// q (qa, rstd_qa, qr, qb, rstd_q, q) and K = V (kvr, rstd_kv, kv) of sv, normed and roped.
+// q (qa, rstd_qa, qr, qb, rstd_q, q) and K = V (kvr, rstd_kv, kv) of sv, normed and roped (ones:
+// [head_dim] of ones on x's device, the per-head norm's weight).
 void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
-                     V4AttnSaved& sv);
+                     const Tensor& ones, V4AttnSaved& sv);
 // From sv.core [b, s, H, d]: sv.o (the inverse RoPE at the query's row), sv.ya and y [N, D].
 void v4_attn_output(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
                     V4AttnSaved& sv, const Tensor& y);
@@ -154,8 +171,9 @@ struct V4HybridSaved {
 // y [N, D] = hybrid_mla layer L's attention of x [b, s, D] (attn_norm's output; w: its self_attn.*
 // tensors; an MTP layer's too, L = num_hidden_layers + i), as an MLA layer in c.mode(L); sv filled. cp:
 // the context-parallel group (x: this rank's rows of the layout's, mla_forward's convention).
+// rope: the MLA layer's RoPE tables of x's rows on its device (V4Rows::hybrid; undefined: made here).
 void v4_hybrid_fwd(const ModelConfig& c, int64_t L, const AttnTensors& w, const Tensor& x, const DocLayout& layout,
-                   V4HybridSaved& sv, const Tensor& y, Comm& cp = Comm::self());
+                   V4HybridSaved& sv, const Tensor& y, Comm& cp = Comm::self(), const RopeCache& rope = {});
 
 struct V4HybridBackward {
   bool backbone = true;  // false: only the indexer's backward (its KL), dy and dx unused (train_indexer_only)
@@ -229,8 +247,8 @@ Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids);
 // the streams' gradient ADDED into dx [N, n, D]; the MTP layers that run their indexer
 // (v4_mtp_kl_layers) add their KL sum into kl_acc (hybrid_mla) or kl_acc_csa (CSA; f64 [1] each)
 // and their indexer's gradient. Returns the
-// mean over the depths of their CE means (without coeff), also added into opt.mtp_loss when it is
-// given. Without opt.backbone (dsa_warmup): the depths' forwards and those indexers' KL backward
+// mean over the depths of their CE means (without coeff); with opt.stats, NaN: it is added into
+// kStatMtp on the device. Without opt.backbone (dsa_warmup): the depths' forwards and those indexers' KL backward
 // only; dx, the loss and every other gradient untouched; returns 0.
 double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, const V4Rows& ropes,
                    const Tensor& x_final, const V4Tensors& w, const V4Tensors& g, io::TensorMap& grads, const Tensor& dx,

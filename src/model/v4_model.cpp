@@ -119,9 +119,9 @@ struct Forward {
 }  // namespace
 
 // The hash layer's experts: tid2eid's rows of the tokens ([N, k] i32). Shared with decoding
-// (v4_internal.h).
+// (v4_internal.h); a training step's come with its batch (v4_batch.cpp).
 Tensor hash_experts(const Model& m, int64_t L, const Tensor& ids) {
-  const Tensor table = m.ints.at(layer_prefix(L) + "ffn.gate.tid2eid").on(Device::cpu);
+  const Tensor& table = m.ints.at(layer_prefix(L) + "ffn.gate.tid2eid");  // on the host
   const Tensor h = ids.to(Device::cpu);  // a contiguous copy
   const int64_t N = h.numel(), k = table.size(1);
   Tensor out = Tensor::empty({N, k}, DType::i32);
@@ -138,7 +138,7 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in, Comm&
   const Device dev = m.device();
   const float eps = float(c.rms_norm_eps);
   Forward f;
-  f.rows = v4_rows(c, in.layout.s, dev, cp);
+  f.rows = v4_rows(m, in, cp);
   Tensor e0 = f32(dev, {N, D}), x = f32(dev, {N, n, D});
   embedding_fwd(in.ids, w.embed, e0);
   for (int64_t i = 0; i < n; ++i) scale(e0, 1.f, x.select(1, i));
@@ -149,14 +149,14 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in, Comm&
     sv.x = x;
     v4_block_entry(c, lw.hc_attn, lw.attn_norm, x, {sv.hc1, sv.xa, sv.post1, sv.comb1, sv.a, sv.rstd_a});
     sv.ya = f32(dev, {N, D});
-    if (c.v4.is_hybrid_mla(L)) v4_hybrid_fwd(c, L, lw.mla, sv.a.view({b, s, D}), in.layout, sv.hybrid, sv.ya, cp);
+    if (c.v4.is_hybrid_mla(L)) v4_hybrid_fwd(c, L, lw.mla, sv.a.view({b, s, D}), in.layout, sv.hybrid, sv.ya, cp, f.rows.hybrid);
     else v4_attention_fwd(c, L, lw.attn, sv.a.view({b, s, D}), in.layout, f.rows, sv.attn, sv.ya);
     sv.x_mid = f32(dev, {N, n, D});
     mhc_post_fwd(x, sv.ya, sv.post1, sv.comb1, sv.x_mid);
     v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
     f.mlps.push_back(make_mlp(c, L, lw.mlp));
     Mlp& mlp = *f.mlps.back();
-    if (c.v4.hash.at(size_t(L))) mlp.fixed = hash_experts(m, L, in.ids);
+    if (c.v4.hash.at(size_t(L))) mlp.fixed = in.hash_experts.at(L);
     for (const ActField& fl : mlp.fields())
       sv.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, fl.ids ? DType::i32 : DType::f32, dev));
     sv.yf = f32(dev, {N, D});
@@ -175,10 +175,13 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in, Comm&
   return f;
 }
 
-void check_v4_batch(const Model& m) {
-  HMLA_CHECK(m.device() == Device::cpu, ConfigError,
-             "deepseek_v4: the V4 layers run on the CPU so far (CUDA: a later issue, docs/deepseek_v4.md)");
+// Context parallelism's exchanges of a V4 stack (v4_cp.cpp) run on host tensors so far.
+void check_v4_batch(const Model& m, const Comm& cp) {
+  HMLA_CHECK(m.device() == Device::cpu || cp.size() == 1, ConfigError,
+             "deepseek_v4: context parallelism on a V4 stack runs on the CPU so far (--cp ", cp.size(),
+             " with --device cuda; docs/deepseek_v4.md)");
 }
+
 
 }  // namespace
 
@@ -201,8 +204,8 @@ V4Tensors v4_tensors(const io::TensorMap& named, const ModelConfig& c) {
 
 Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* topk, std::vector<Tensor>* experts,
                  Comm& cp) {
-  check_v4_batch(m);
-  const V4Tensors w = v4_tensors(m.params, m.cfg);
+  check_v4_batch(m, cp);
+  const V4Tensors w = v4_tensors(v4_compute_views(m), m.cfg);
   Forward f = forward(m, w, in, cp);
   const int64_t N = in.ids.numel(), V = m.cfg.vocab_size;
   Tensor logits = Tensor::empty({N, V}, DType::f32, m.device());
@@ -219,8 +222,8 @@ Tensor v4_logits(const Model& m, const DeviceBatch& in, std::vector<Tensor>* top
 }
 
 double v4_lm_loss(const Model& m, const DeviceBatch& in, Comm& cp) {
-  check_v4_batch(m);
-  const V4Tensors w = v4_tensors(m.params, m.cfg);
+  check_v4_batch(m, cp);
+  const V4Tensors w = v4_tensors(v4_compute_views(m), m.cfg);
   Forward f = forward(m, w, in, cp);
   const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
   lm_head_loss(m, w.head, f.n_final, in.target, in.keep, Tensor(), Tensor(), acc);
@@ -228,12 +231,12 @@ double v4_lm_loss(const Model& m, const DeviceBatch& in, Comm& cp) {
 }
 
 StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt, io::TensorMap& grads, Comm& cp) {
-  check_v4_batch(m);
+  check_v4_batch(m, cp);
   const ModelConfig& c = m.cfg;
   HMLA_CHECK(opt.moe_aux_coeff == 0, ConfigError,
              "deepseek_v4: moe_aux_loss_coeff > 0: the sequence-wise balance loss is built for sigmoid routers "
              "only; V4 balances by its router bias (moe_bias_update_rate)");
-  const V4Tensors w = v4_tensors(m.params, c), g = v4_tensors(grads, c);
+  const V4Tensors w = v4_tensors(v4_compute_views(m), c), g = v4_tensors(grads, c);
   Forward f = forward(m, w, in, cp);
   const int64_t b = in.ids.size(0), s = in.ids.size(1), N = b * s, n = c.v4.hc_mult, D = c.hidden_size;
   const Device dev = m.device();

@@ -11,6 +11,7 @@
 // hybrid_mla MTP layer runs the phase's mode (mtp_mode) and trains its indexer by its KL in the dsa
 // modes; in dsa_warmup (no backbone) only that runs, after the depths' forwards. The forward keeps
 // every depth (D is 1 in DeepSeek's releases). CPU, f32, as v4_model.cpp.
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "hmla/model/mlp.h"
 #include "hmla/model/model.h"
 #include "hmla/model/v4_tables.h"
+#include "hmla/ops/optim.h"
 #include "model_internal.h"
 #include "v4_internal.h"
 
@@ -76,7 +78,7 @@ void attention_fwd(const ModelConfig& c, int64_t L, const V4LayerTensors& w, con
     case V4Kind::hca:
       return v4_attention_fwd(c, L, w.attn, x, layout, ropes, d.attn, d.ya);
     case V4Kind::hybrid_mla:
-      return v4_hybrid_fwd(c, L, w.mla, x, layout, d.hybrid, d.ya, *ropes.cp);
+      return v4_hybrid_fwd(c, L, w.mla, x, layout, d.hybrid, d.ya, *ropes.cp, ropes.hybrid);
   }
 }
 
@@ -108,19 +110,6 @@ void attention_bwd(const ModelConfig& c, int64_t L, const V4LayerTensors& w, con
                     {dy.defined(), kl ? in.row_weight : Tensor(), kl ? slots.hybrid : Tensor()}, *ropes.cp);
       return;
   }
-}
-
-// u_k: the token `ahead` rows on inside t's document, else pad (t's document has none: a row whose
-// targets are not counted reads no other document either).
-Tensor ids_ahead(const Tensor& ids, const DocLayout& layout, int64_t pad, int64_t ahead) {
-  const int64_t b = layout.b, s = layout.s;
-  const int32_t* de = layout.doc_end.data<int32_t>();
-  const int32_t* v = ids.data<int32_t>();
-  std::vector<int32_t> u(size_t(b * s), int32_t(pad));
-  for (int64_t r = 0; r < b; ++r)
-    for (int64_t t = 0; t + ahead < s; ++t)
-      if (!layout.is_padding(r, t) && t + ahead < de[r * s + t]) u[size_t(r * s + t)] = v[r * s + t + ahead];
-  return Tensor::from_vector<int32_t>({b, s}, u);
 }
 
 void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, const DeviceBatch& in,
@@ -207,12 +196,11 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
              "; the trainer makes them so for a programme with mtp_loss_coeff > 0)");
   HMLA_CHECK(opt.mtp_targets.empty() || int64_t(opt.mtp_targets.size()) == depths, ConfigError,
              "StepOptions::mtp_targets has ", opt.mtp_targets.size(), " counts for ", depths, " MTP layers");
-  // Every row's ids (the token k + 1 ahead may be another rank's, under context parallelism): the
-  // inputs and targets of every row, then this rank's rows of them.
-  const int64_t b = in.layout.b, S = in.layout.s;
+  HMLA_CHECK(int64_t(in.mtp_ids.size()) == depths, ConfigError, "the micro-batch has MTP inputs for ",
+             in.mtp_ids.size(), " depths, the model ", depths);
+  const int64_t b = in.layout.b;
   const RowShard& sh = ropes.sh;
-  const Tensor ids = ropes.sharded() ? cp_all_gather_rows(*ropes.cp, in.ids.view({b, sh.rows, 1})).view({b, S})
-                                     : in.ids.to(Device::cpu);
+  const Device dev = m.device();
   std::vector<Depth> dd(static_cast<size_t>(depths));
   std::vector<MtpTensors> mw, mg;
   Tensor x = x_final;
@@ -220,19 +208,18 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
     HMLA_CHECK(!c.v4.hash_layer(c.num_hidden_layers + k), ConfigError, "mlp_layer_types[",
                c.num_hidden_layers + k, "] = hash_moe: a hash-routed MTP layer does not train (it would route by u_k)");
     Depth& d = dd[size_t(k)];
-    mw.push_back(mtp_tensors(m.params, c, k));
+    mw.push_back(mtp_tensors(v4_compute_views(m), c, k));
     mg.push_back(mtp_tensors(grads, c, k));
     d.x = x;
-    d.ids = take_rows(ids_ahead(ids, in.layout, c.pad_token_id, k + 1), sh).on(m.device());
-    std::vector<int32_t> target;
-    std::vector<float> keep;
-    lm_targets_ahead(ids.data<int32_t>(), in.layout, c.pad_token_id, k + 2, target, keep);
-    int64_t count = 0;
-    for (float v : keep) count += v > 0.f;
-    const int64_t T = opt.mtp_targets.empty() ? std::max<int64_t>(count, 1) : std::max<int64_t>(opt.mtp_targets[size_t(k)], 1);
-    for (float& v : keep) v *= float(opt.mtp_coeff / double(depths) / double(T));
-    d.target = take_rows(Tensor::from_vector<int32_t>({b, S}, target), sh).view({N}).on(m.device());
-    d.keep = take_rows(Tensor::from_vector<float>({b, S}, keep), sh).view({N}).on(m.device());
+    // The depth's inputs and targets came with the batch (every row's ids were on the host: under
+    // context parallelism the token k + 1 ahead may be another rank's); its targets' weights are
+    // the batch's 0/1 times coeff / D / (the step's target count).
+    d.ids = in.mtp_ids[size_t(k)];
+    d.target = in.mtp_target[size_t(k)];
+    const int64_t T = std::max<int64_t>(opt.mtp_targets.empty() ? in.mtp_count[size_t(k)]
+                                                                : opt.mtp_targets[size_t(k)], 1);
+    d.keep = f32(dev, {N});
+    scale(in.mtp_keep[size_t(k)], float(opt.mtp_coeff / double(depths) / double(T)), d.keep);
     depth_forward(m, mw.back(), w.embed, in, ropes, k, d);
     x = d.x_out;
   }
@@ -243,17 +230,18 @@ double v4_mtp_step(const Model& m, const DeviceBatch& in, const StepOptions& opt
     return 0;
   }
   // acc: coeff / D sum_k CE_k (the rows' weights carry the factors), then without coeff.
-  const Tensor acc = Tensor::zeros({1}, DType::f64, m.device());
+  const bool on_stats = opt.stats.defined();
+  Tensor acc = on_stats ? opt.stats.slice(0, kStatMbMtp, kStatMbMtp + 1) : Tensor::zeros({1}, DType::f64, dev);
+  if (on_stats) acc.fill_zero();
   Tensor dnext;
   for (int64_t k = depths - 1; k >= 0; --k)
     dnext = depth_backward(m, mw[size_t(k)], mg[size_t(k)], w, g, in, ropes, k, dd[size_t(k)], dnext, acc, kl);
   add(dx.view({N, n * D}), dnext.view({N, n * D}), dx.view({N, n * D}));
-  const double loss = acc.to_vector<double>()[0] / opt.mtp_coeff;  // V4 runs on the CPU: nothing to keep on a device
-  if (opt.mtp_loss.defined()) {
-    Tensor out = opt.mtp_loss;
-    out.copy_from(Tensor::from_vector<double>({1}, {out.to_vector<double>()[0] + loss}));
+  if (on_stats) {  // kept on the device for the step's one read-back
+    stats_add(opt.stats, kStatMtp, kStatMbMtp, opt.mtp_coeff);
+    return std::numeric_limits<double>::quiet_NaN();
   }
-  return loss;
+  return acc.to_vector<double>()[0] / opt.mtp_coeff;
 }
 
 }  // namespace hmla

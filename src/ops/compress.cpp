@@ -75,7 +75,7 @@ void compress_fwd(const Tensor& kv, const Tensor& gate, const Tensor& ape, const
   CompressParams p = params(kv, gate, ape, e, layout, overlap, op);
   need(out, {p.b, p.n, p.W}, op, "out");
   p.out = out.data<float>();
-  const Tensor first = e.first.on(kv.device()), starts = layout.doc_start_on(kv.device());  // alive for the call
+  const Tensor first = e.first_on(kv.device()), starts = layout.doc_start_on(kv.device());  // alive for the call
   p.first = first.data<int32_t>(), p.doc_start = starts.data<int32_t>();
   detail::run(op, Op::compress_fwd, p, {&kv, &gate, &ape, &out});
 }
@@ -89,7 +89,7 @@ void compress_bwd(const Tensor& dout, const Tensor& kv, const Tensor& gate, cons
   need(dgate, kv.shape(), op, "dgate");
   need(dape, ape.shape(), op, "dape");
   p.dout = dout.data<float>(), p.dkv = dkv.data<float>(), p.dgate = dgate.data<float>(), p.dape = dape.data<float>();
-  const Tensor first = e.first.on(kv.device()), starts = layout.doc_start_on(kv.device());
+  const Tensor first = e.first_on(kv.device()), starts = layout.doc_start_on(kv.device());
   p.first = first.data<int32_t>(), p.doc_start = starts.data<int32_t>();
   detail::run(op, Op::compress_bwd, p, {&dout, &kv, &gate, &ape, &dkv, &dgate, &dape});
 }

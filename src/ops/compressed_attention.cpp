@@ -165,4 +165,21 @@ AttnCompressedGrads attn_compressed_bwd(const AttnCompressedInputs& in, const At
   return g;
 }
 
+void attn_compressed_mass(const Tensor& lse, const Tensor& lse_ws, const Tensor& sink, const Tensor& row_weight,
+                          const Tensor& acc) {
+  HMLA_CHECK(lse.defined() && lse.dim() == 3, ShapeError, "attention mass: lse must be [b, H, s], got ", detail::desc(lse));
+  const int64_t b = lse.size(0), H = lse.size(1), sq = lse.size(2);
+  const Device dev = lse.device();
+  check_dense(lse, "lse", {b, H, sq}, DType::f32, dev);
+  check_dense(lse_ws, "lse_ws", {b, H, sq}, DType::f32, dev);
+  if (sink.defined()) check_dense(sink, "sink", {H}, DType::f32, dev);
+  check_dense(row_weight, "row_weight", {b, sq}, DType::f32, dev);
+  check_dense(acc, "the mass's sums", {4}, DType::f64, dev);
+  AttnMassParams p;
+  p.b = b, p.sq = sq, p.H = H;
+  p.lse = lse.data<float>(), p.lse_ws = lse_ws.data<float>(), p.sink = sink.defined() ? sink.data<float>() : nullptr;
+  p.row_weight = row_weight.data<float>(), p.acc = acc.data<double>();
+  detail::run("attention mass", Op::attn_compressed_mass, p, {&lse, &lse_ws, &sink, &row_weight, &acc});
+}
+
 }  // namespace hmla

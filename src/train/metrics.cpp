@@ -64,6 +64,7 @@ MetricsRow parse_row(const json& j) {
     for (size_t q = 0; q < 3; ++q) r.attn_mass[k][q] = number(j, mass_key(k, q).c_str());
   r.cuda_syncs = number(j, "cuda_syncs"), r.cuda_launches = number(j, "cuda_launches");
   r.h2d_bytes = number(j, "h2d_bytes"), r.d2h_bytes = number(j, "d2h_bytes");
+  r.cuda_uploads = number(j, "cuda_uploads");
   r.equivalence_max_diff = number(j, "equivalence_max_diff");
   r.equivalence_max_logit = number(j, "equivalence_max_logit");
   r.heldout_lm_loss = number(j, "heldout_lm_loss");
@@ -97,6 +98,7 @@ std::string metrics_line(const MetricsRow& r) {
       if (std::isfinite(r.cuda_syncs)) {  // a CUDA step's host cost
         j["cuda_syncs"] = whole_number(r.cuda_syncs), j["cuda_launches"] = whole_number(r.cuda_launches);
         j["h2d_bytes"] = whole_number(r.h2d_bytes), j["d2h_bytes"] = whole_number(r.d2h_bytes);
+        j["cuda_uploads"] = whole_number(r.cuda_uploads);
       }
       if (!r.moe_layers.empty()) {  // a MoE model's step
         j["moe_layers"] = r.moe_layers;

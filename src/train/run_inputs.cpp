@@ -1,9 +1,11 @@
 // The run's inputs (run_inputs.h): the hybrid mask, the memory plan of every phase, the data.
 #include "run_inputs.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
+#include "hmla/core/cuda.h"
 #include "hmla/core/error.h"
 #include "hmla/core/size_check.h"
 #include "hmla/train/run_state.h"
@@ -75,7 +77,11 @@ std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
   ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
   train_mtp_layers(pr, cfg);
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
-  const DType compute = compute_dtype(dev);
+  // CUDA's compute dtype (DESIGN.md section 4) is known without a device or its backend.
+  const DType compute = dev == Device::cpu ? DType::f32 : DType::bf16;
+  const bool env = std::getenv("HMLA_MEMORY_BUDGET") && *std::getenv("HMLA_MEMORY_BUDGET");
+  const bool known = env || dev == Device::cpu || cuda_device_count() > 0;
+  const int64_t budget = known ? memory_budget(dev) : -1;
   std::ostringstream out;
   auto line = [&out](const std::string& what, double bytes) {
     out << "  " << what << std::string(what.size() < 58 ? 58 - what.size() : 1, ' ') << format_bytes(bytes) << "\n";
@@ -98,9 +104,16 @@ std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
     for (size_t i = 1; i < params.items().size(); ++i) line(params.items()[i].what, double(params.items()[i].bytes));
     out << "  activations of a micro-batch (lower bounds):\n";
     for (const MemoryPlan::Item& it : acts.items()) line("  " + it.what, double(it.bytes));
-    line("total (at least)", 4 * p + double(params.total()) - p + double(acts.total()));
-    out << "  budget: " << (memory_budget(dev) < 0 ? std::string("unlimited") : format_bytes(double(memory_budget(dev))))
-        << " (" << memory_budget_source(dev) << ")\n";
+    const double total = 4 * p + double(params.total()) - p + double(acts.total());
+    line("total (at least)", total);
+    if (!known) {
+      out << "  budget: unknown (no CUDA device here; HMLA_MEMORY_BUDGET sets one, e.g. 141000000000 for an H200)\n";
+      continue;
+    }
+    out << "  budget: " << (budget < 0 ? std::string("unlimited") : format_bytes(double(budget))) << " ("
+        << memory_budget_source(dev) << ")\n";
+    if (budget >= 0)
+      out << "  fits: " << (total <= double(budget) ? "yes" : "no, " + format_bytes(total - double(budget)) + " over") << "\n";
   }
   return out.str();
 }

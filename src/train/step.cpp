@@ -104,9 +104,9 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   // The step's scalars stay on the device until its one read-back (hmla/ops/optim.h): the
   // micro-batches' losses, the norms, the clip scales and the gate of the update.
   const MoeSlots ms{int64_t(moe_layers(model.cfg).size()), model.cfg.moe.n_routed_experts};
-  // A V4 stack's logging step: the attention mass's sums [3 kinds, 4] after the MTP slot.
+  // A V4 stack's logging step: the attention mass's sums [3 kinds, 4] after the MoE part.
   const bool mass = log_step && model.cfg.is_v4();
-  const int64_t at_mass = kStatCount + ms.size() + (mtp ? 1 : 0);
+  const int64_t at_mass = kStatCount + ms.size();
   const Tensor all_stats = Tensor::zeros({at_mass + (mass ? 12 : 0)}, DType::f64, model.device());
   const Tensor stats = all_stats.slice(0, 0, kStatCount);
   const Tensor bad = Tensor::zeros({1}, DType::f32, model.device());
@@ -119,10 +119,9 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   if (aux) so.moe_aux_coeff = ph.moe_aux_loss_coeff, so.aux_sequences = std::max<int64_t>(sequences, 1);
   // dsa_warmup: no MTP loss, but a hybrid_mla MTP layer's indexer trains by its KL (v4_step).
   if (ph.mtp_loss_coeff > 0) so.mtp_coeff = ph.mtp_loss_coeff;
-  if (mtp) {  // the MTP loss's slot after the MoE part (docs/deepseek_v4_math.md section 14)
+  if (mtp) {  // the MTP loss goes into kStatMtp (docs/deepseek_v4_math.md section 14)
     so.mtp_targets = mtp_targets;
     for (int64_t& t : so.mtp_targets) t = std::max<int64_t>(t, 1);
-    so.mtp_loss = all_stats.slice(0, kStatCount + ms.size(), kStatCount + ms.size() + 1);
   }
   if (mass) so.attn_mass = all_stats.slice(0, at_mass, at_mass + 12).view({3, 4});
   double tokens = 0;
@@ -140,7 +139,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   optim.launch_step(model, grads, step, stats, bad);
   const std::vector<double> h = all_stats.to_vector<double>();  // the step's one read-back
   // lm, kl, tokens of this rank's micro-batches, the MTP loss, the CSA layers' kl, the mass's sums
-  std::vector<double> sums = {h[kStatLm], h[kStatKl], tokens, mtp ? h[size_t(kStatCount + ms.size())] : 0.0,
+  std::vector<double> sums = {h[kStatLm], h[kStatKl], tokens, mtp ? h[kStatMtp] : 0.0,
                               h[kStatKlCsa]};
   if (mass) sums.insert(sums.end(), h.begin() + at_mass, h.begin() + at_mass + 12);
   grid.world.allreduce_sum(sums.data(), int64_t(sums.size()));
@@ -184,6 +183,7 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   if (dev == Device::cuda) {
     row.cuda_syncs = double(r.cuda.syncs), row.cuda_launches = double(r.cuda.launches);
     row.h2d_bytes = double(r.cuda.h2d_bytes), row.d2h_bytes = double(r.cuda.d2h_bytes);
+    row.cuda_uploads = double(r.cuda.uploads);
   }
   return row;
 }

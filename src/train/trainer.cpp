@@ -217,8 +217,18 @@ std::vector<MetricsRow> own_metrics(const fs::path& path) {
 
 }  // namespace
 
-std::string programme_memory_plan(const Programme& pr, const TrainOptions& opt) {
-  return train::memory_plan_table(pr, opt.cp, training_device(opt.device.empty() ? pr.device : opt.device));
+std::string programme_memory_plan(const Programme& pr, const TrainOptions& opt, const std::vector<int64_t>& seq_lens) {
+  // A plan needs no device: CUDA's is planned in its compute dtype whether or not one is visible.
+  const std::string dev = opt.device.empty() ? pr.device : opt.device;
+  HMLA_CHECK(dev == "cpu" || dev == "cuda", ConfigError, "device '", dev, "': use cpu or cuda");
+  Programme p = pr;
+  std::string out;
+  for (int64_t s : seq_lens.empty() ? std::vector<int64_t>{0} : seq_lens) {
+    if (s > 0)
+      for (PhaseSettings& ph : p.phases) ph.seq_len = s;
+    out += train::memory_plan_table(p, opt.cp, dev == "cpu" ? Device::cpu : Device::cuda);
+  }
+  return out;
 }
 
 Device training_device(const std::string& requested) {

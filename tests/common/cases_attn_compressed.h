@@ -224,6 +224,43 @@ inline AttnCompressedParams params(const AttnCompressedCase& c, DType dt, bool b
 }
 inline void uses(Uses& u, const AttnCompressedCase& c, DType dt) {
   u(Op::attn_compressed_fwd, params(c, dt, false))(Op::attn_compressed_bwd, params(c, dt, true));
+  u(Op::attn_compressed_mass, AttnMassParams{});
+}
+
+// attn_compressed_mass on the forward's lse and that of the same core without entries, against the
+// float64 sums of the formula on the same (read-back) values, over the rows whose weight is 1 (every
+// third row and the padding rows weigh 0). Each of the n <= b s H terms is an exp of an f64
+// difference (within an ulp of the true value on either backend) and a sum of n terms of size <= 1
+// rounds by at most n^2 2^-53 in any order, so the bound is (n + n^2) 2^-52.
+inline std::string check_mass(const AttnCompressedInputs& in, const AttnCompressedCase& c, Device dev) {
+  auto host = [](const Tensor& t) { return t.to(Device::cpu).to_vector<float>(); };
+  const Tensor lse = attn_compressed_fwd(in).lse;
+  AttnCompressedInputs ws_in = in;
+  ws_in.ent = ws_in.ent_last = ws_in.ent_doc = ws_in.idx = Tensor();
+  const Tensor lse_ws = in.ent.defined() ? attn_compressed_fwd(ws_in).lse : lse;
+  std::vector<float> rw(size_t(c.b * c.s));
+  for (int64_t r = 0; r < c.b; ++r)
+    for (int64_t t = 0; t < c.s; ++t) rw[size_t(r * c.s + t)] = in.layout->is_padding(r, t) || t % 3 == 0 ? 0.f : 1.f;
+  const Tensor acc = Tensor::zeros({4}, DType::f64, dev);
+  attn_compressed_mass(lse, lse_ws, in.sink, Tensor::from_vector<float>({c.b, c.s}, rw).to(dev), acc);
+  const std::vector<float> l = host(lse), w = host(lse_ws);
+  const std::vector<float> sink = in.sink.defined() ? host(in.sink) : std::vector<float>(size_t(c.H), -INFINITY);
+  double want[4] = {0, 0, 0, 0};
+  for (int64_t r = 0; r < c.b; ++r)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t t = 0; t < c.s; ++t) {
+        if (rw[size_t(r * c.s + t)] == 0.f) continue;
+        const size_t i = size_t((r * c.H + h) * c.s + t);
+        const double ps = std::exp(double(sink[size_t(h)]) - double(l[i])), pw = std::exp(double(w[i]) - double(l[i]));
+        want[0] += pw - ps, want[1] += 1 - pw, want[2] += ps, want[3] += 1;
+      }
+  const std::vector<double> got = acc.to(Device::cpu).to_vector<double>();
+  const double n = want[3], bound = (n + n * n) * 0x1p-52;
+  std::string err;
+  for (int k = 0; k < 4; ++k)
+    if (!(std::abs(got[size_t(k)] - want[k]) <= bound))
+      err += "mass[" + std::to_string(k) + "] = " + std::to_string(got[size_t(k)]) + ", float64 " + std::to_string(want[k]) + "; ";
+  return err;
 }
 
 // The row on a device against attn_compressed_ref: the inputs rounded to the backend's compute
@@ -305,6 +342,7 @@ inline std::string check(const AttnCompressedCase& c, Device dev, int64_t shards
   }
   std::string err;
   if (run[0] != run[1]) err += "two runs differ; ";
+  if (shards == 1) err += check_mass(in, c, dev);
   const auto r64 = attn_compressed_ref<double>(c, x);
   const auto r32 = attn_compressed_ref<float>(c, x);
   double lmag = 0;

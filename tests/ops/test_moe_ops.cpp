@@ -150,6 +150,28 @@ TEST(MoeRouter, DeepSeekV4SqrtSoftplusHashAndNoBias) {
     const std::vector<float> du32 = v4_dlogits<float>(u, idx, dw, E, k, scale), gd = dlogits.to_vector<float>();
     for (size_t i = 0; i < gd.size(); ++i)
       EXPECT_NEAR(gd[i], du64[i], 2 * std::abs(double(du32[i]) - du64[i]) + 8 * std::ldexp(std::abs(du64[i]), -23)) << i;
+    if (!cuda_backend() || cuda_device_count() == 0) continue;
+    // The CUDA router (V4's routing in the device step): the CPU's choice exactly; the weights and
+    // the logits' gradient exactly under the emulator (the same libm), else within 4 ulps (the
+    // device's expf, log1pf and sqrtf are within 2 ulps each, then a division and a product; the
+    // gradient within 8: ds/du adds a sigmoid and a division).
+    const Device dev = Device::cuda;
+    const MoeRouting rd{Tensor::empty({N, k}, DType::i32, dev), Tensor::empty({N, k}, DType::f32, dev),
+                        Tensor::empty({N, k}, DType::f32, dev)};
+    const Tensor ld = logits.to(dev);
+    moe_route_fwd(ld, hash ? Tensor() : Tensor::from_vector<float>({E}, bias).to(dev), router, rd,
+                  hash ? Tensor::from_vector<int32_t>({N, k}, fixed).to(dev) : Tensor());
+    EXPECT_EQ(rd.idx.to(Device::cpu).to_vector<int32_t>(), idx) << (hash ? "hash" : "learned") << " on the device";
+    Tensor dld = Tensor::empty({N, E}, DType::f32, dev);
+    moe_route_bwd(Tensor::from_vector<float>({N, k}, dw).to(dev), rd, router, dld, ld);
+    const std::vector<float> wd = rd.weight.to(Device::cpu).to_vector<float>(), gdd = dld.to(Device::cpu).to_vector<float>();
+#ifdef HMLA_CUDA_EMULATE
+    EXPECT_EQ(wd, got);
+    EXPECT_EQ(gdd, gd);
+#else
+    for (size_t i = 0; i < wd.size(); ++i) EXPECT_NEAR(wd[i], got[i], 8 * std::ldexp(std::abs(got[i]), -24)) << i;
+    for (size_t i = 0; i < gdd.size(); ++i) EXPECT_NEAR(gdd[i], gd[i], 16 * std::ldexp(std::abs(gd[i]), -24)) << i;
+#endif
   }
 }
 

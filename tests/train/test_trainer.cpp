@@ -6,6 +6,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -613,6 +614,48 @@ TEST(Trainer, AHybridMlaMtpLayerRunsTheFourPhases) {
 TEST(Trainer, ACsaMtpLayerTrainsItsIndexerByTheCsaKl) {
   mtp_layer_runs_the_four_phases("tests/train/tiny_v4_csa_mtp.json", "mtp.0.attn.indexer.", 6, "mtp.0.attn.wkv.weight",
                                  "indexer_kl_csa");
+}
+
+}  // namespace
+}  // namespace hmla
+
+namespace hmla {
+namespace {
+
+// `hmla train --memory-plan --device cuda --plan-seq-len ...` for V4-Flash with no device here: a
+// plan per sequence length and phase, with the bf16 compute copy CUDA keeps, against the budget
+// HMLA_MEMORY_BUDGET names (an H200's 141 GB), each with its verdict; each plan at its own length,
+// the layers' saved activations the same per token at both.
+TEST(Trainer, TheV4FlashMemoryPlanNeedsNoDevice) {
+  ::setenv("HMLA_MEMORY_BUDGET", "141000000000", 1);
+  TrainOptions o;
+  o.device = "cuda";
+  const std::string t =
+      programme_memory_plan(load_programme(HMLA_SOURCE_DIR "/configs/deepseek_v4_flash_4k.yaml"), o, {4096, 16384});
+  ::unsetenv("HMLA_MEMORY_BUDGET");
+  auto count = [&t](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("memory plan ["), 8u) << t;  // 2 lengths x 4 phases
+  EXPECT_EQ(count("bf16 compute copy"), 8u);
+  EXPECT_EQ(count("budget: 131.3 GiB (HMLA_MEMORY_BUDGET)"), 8u);
+  EXPECT_EQ(count("fits: no"), 8u);  // 284B parameters: far beyond one GPU (issue 47's sharding)
+  std::vector<int64_t> seq, per;  // "= 1 x S x V values": the plan's length and values per token
+  const std::string key = "the V4 layers' saved activations (f32) ((batch / micro_batches) x seq_len x (values per token) = 1 x ";
+  for (size_t at = t.find(key); at != std::string::npos; at = t.find(key, at + 1)) {
+    const std::string rest = t.substr(at + key.size());
+    seq.push_back(std::stoll(rest));
+    per.push_back(std::stoll(rest.substr(rest.find(" x ") + 3)));
+  }
+  ASSERT_EQ(seq.size(), 8u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(seq[i], 4096);
+    EXPECT_EQ(seq[i + 4], 16384);
+    EXPECT_EQ(per[i], per[i + 4]) << i;
+    EXPECT_GT(per[i], 1000000);  // V4-Flash's 43 layers keep millions of values per token
+  }
 }
 
 }  // namespace

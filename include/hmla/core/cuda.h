@@ -20,9 +20,10 @@ int cuda_select_device(int world_rank);
 // and kernel launches (hmla's kernels and cuBLASLt products). All zero in a build without CUDA.
 struct CudaCounters {
   int64_t syncs = 0, h2d_bytes = 0, d2h_bytes = 0, d2d_bytes = 0, launches = 0;
+  int64_t uploads = 0;  // host-to-device copies (h2d_bytes is their total)
   CudaCounters operator-(const CudaCounters& o) const {
     return {syncs - o.syncs, h2d_bytes - o.h2d_bytes, d2h_bytes - o.d2h_bytes, d2d_bytes - o.d2d_bytes,
-            launches - o.launches};
+            launches - o.launches, uploads - o.uploads};
   }
 };
 CudaCounters cuda_counters();

@@ -4,6 +4,7 @@
 // state use arenas of the same table. Forward and backward are explicit (no tape).
 #pragma once
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -82,16 +83,27 @@ struct Model {
   // back on every save: the multi-token-prediction layers (CheckpointTensors::kept).
   io::StoredMap kept;
   // Integer tables the model computes with but never trains (DeepSeek-V4's hash layers'
-  // ffn.gate.tid2eid, v4_int_tables): i32 on the model's device, stored as the checkpoint's I64.
+  // ffn.gate.tid2eid, v4_int_tables): i32 on the host whatever the device (a micro-batch's experts
+  // are looked up there and uploaded with it: model_internal.h's DeviceBatch), stored as the
+  // checkpoint's I64.
   io::TensorMap ints;
+  // DeepSeek-V4 (v4_model.h): the names' views the V4 layers compute with, by Model::wc's rule
+  // (the compute copy's matrices where a product reads them; f32 views for the rest, and for the
+  // embedding, the routers' gates, the mHC projections and the compressors' position biases, which
+  // their ops read in f32). Empty where the compute dtype is f32: params is what they read.
+  io::TensorMap compute_params;
   Device device() const { return arena.device(); }  // where it computes (every tensor of a step)
   // The RoPE tables (rope_cache) of s rows from position pos0, on the model's device: made and
   // uploaded once per shape, so a step uploads none. They depend on the config's RoPE fields
   // only, which no phase changes.
   const RopeCache& rope(int64_t s, int64_t pos0) const;
+  // A constant the steps read (a RoPE table of DeepSeek-V4's, a vector of ones), made by `make` on
+  // the host and uploaded the first time `key` is asked for, then kept: a step uploads none.
+  const Tensor& constant(const std::string& key, const std::function<Tensor()>& make) const;
 
  private:
   mutable std::map<std::pair<int64_t, int64_t>, RopeCache> rope_;
+  mutable std::map<std::string, Tensor> constants_;
 };
 
 // Allocates the arena (zeros, on `device`) for this config, MoE layers included (their experts run
@@ -174,11 +186,10 @@ struct StepOptions {
   // docs/deepseek_v4_math.md section 14): mtp_coeff > 0 adds mtp_coeff / D sum_k CE_k to what the
   // backward differentiates (D = num_nextn_predict_layers, CE_k depth k's mean over its targets);
   // mtp_targets[k] is depth k's global target count over the step (count_lm_targets with ahead =
-  // k + 2; empty: this batch's own); mtp_loss (optional, f64 [1] on the model's device) gets the
-  // micro-batch's (1 / D) sum_k CE_k ADDED, without the coefficient. 0: the step is today's, bit for bit.
+  // k + 2; empty: this batch's own); with stats, the micro-batch's (1 / D) sum_k CE_k is ADDED into
+  // its kStatMtp slot, without the coefficient. 0: the step is today's, bit for bit.
   double mtp_coeff = 0;
   std::vector<int64_t> mtp_targets;
-  Tensor mtp_loss;
   // DeepSeek-V4 stacks' attention mass (docs/v4_attention.md "Attention mass"), computed only when
   // given (the trainer's logging steps): f64 [3, 4] on the model's device, a row per kind in
   // V4Kind's order (sliding, CSA, HCA); each V4 attention layer of the stack ADDS into its kind's
@@ -204,7 +215,7 @@ struct StepStats {
   // A DeepSeek-V4 stack's: the same means over its CSA layers and over its hybrid_mla layers (NaN
   // where the kind runs none, and with StepOptions::stats: then kStatKlCsa has the CSA one).
   double indexer_kl_csa = NAN, indexer_kl_hybrid = NAN;
-  double mtp_loss = 0;     // with mtp_coeff > 0: (1 / D) sum_k CE_k, without coeff (also added into opt.mtp_loss)
+  double mtp_loss = 0;     // with mtp_coeff > 0: (1 / D) sum_k CE_k, without coeff (NaN with StepOptions::stats: kStatMtp has it)
   int64_t tokens = 0;
 };
 

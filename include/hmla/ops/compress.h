@@ -48,8 +48,14 @@ struct CompressParams {
 // The entries of every row of `layout` for windows of m tokens: first [b, n] i32 on the host (-1
 // pads rows with fewer), n the longest row's count (0 when no document has a full window).
 struct CompressedEntries {
-  Tensor first;
+  Tensor first;  // [b, n] i32 on the host
   int64_t n = 0;
+  // The same list on a device, when the caller uploaded it once (the training step's batch does);
+  // the ops read it instead of a copy per call (first_on).
+  Tensor device_first;
+  Tensor first_on(Device dev) const {
+    return device_first.defined() && device_first.device() == dev ? device_first : first.on(dev);
+  }
 };
 CompressedEntries compressed_entries(const DocLayout& layout, int64_t m);
 

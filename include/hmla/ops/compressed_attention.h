@@ -89,6 +89,22 @@ struct AttnCompressedGrads {
   Tensor dsink;  // [H] f32, with a sink
 };
 
+// The attention mass's sums (DeepSeek-V4's metrics; docs/v4_attention.md "Attention mass"): from a
+// forward's lse and lse_ws, the same core's without entries (window + sink; lse itself where the
+// layer has none), over the query rows with row_weight > 0 and every head, in f64:
+//   sink = e^{sink_h - lse}, window = e^{lse_ws - lse} - sink, entries = 1 - e^{lse_ws - lse},
+// their sums and the count of (row, head) pairs ADDED into acc [4] (window, entries, sink, pairs).
+struct AttnMassParams {
+  int64_t b = 0, sq = 0, H = 0;
+  const float* lse = nullptr;         // [b, H, sq]
+  const float* lse_ws = nullptr;      // [b, H, sq]
+  const float* sink = nullptr;        // [H] or null (no sink: -inf)
+  const float* row_weight = nullptr;  // [b, sq]
+  double* acc = nullptr;              // [4], added into
+};
+void attn_compressed_mass(const Tensor& lse, const Tensor& lse_ws, const Tensor& sink, const Tensor& row_weight,
+                          const Tensor& acc);
+
 // Whether the inputs' device runs both passes on them (its plans): f32 on the CPU; f32 and bf16 on
 // CUDA.
 bool attn_compressed_supports(const AttnCompressedInputs& in);
@@ -102,7 +118,8 @@ AttnCompressedGrads attn_compressed_bwd(const AttnCompressedInputs& in, const At
 }  // namespace hmla
 
 // The family's backend entries (op_list.h).
-#define HMLA_ATTN_COMPRESSED_PARAMS(X) X(AttnCompressedParams)
+#define HMLA_ATTN_COMPRESSED_PARAMS(X) X(AttnCompressedParams) X(AttnMassParams)
 #define HMLA_ATTN_COMPRESSED_OPS(X)                   \
   X(void, attn_compressed_fwd, AttnCompressedParams)  \
-  X(void, attn_compressed_bwd, AttnCompressedParams)
+  X(void, attn_compressed_bwd, AttnCompressedParams) \
+  X(void, attn_compressed_mass, AttnMassParams)

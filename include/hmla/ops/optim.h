@@ -19,6 +19,8 @@ enum StatSlot : int64_t {
   kStatMbLm,            // this micro-batch's LM loss (chunks of the head)
   kStatMbKl,            // this micro-batch's KL summed over its dsa layers but CSA ones
   kStatMbKlCsa,         // this micro-batch's KL summed over its CSA layers
+  kStatMtp,             // the step's MTP loss (sum over micro-batches of (1 / D) sum_k CE_k, without coeff)
+  kStatMbMtp,           // this micro-batch's coeff / D sum_k CE_k
   kStatSsBackbone,      // the gradient's sum of squares, backbone tensors in table order
   kStatSsIndexer,       // the same over the indexers' tensors
   kStatNormBackbone,    // sqrt of the above (stats_clip)
@@ -43,7 +45,7 @@ double sum_squares(const Tensor& x, double init = 0);
 
 // The step's scalar steps on its stats buffer s, each one thread of work on the device:
 //   stats_add:    s[dst] += s[src] / div (a micro-batch's sums into the step's)
-//   stats_losses: bad[0] = 0 if s[lm] and s[kl] are finite, else 1 (this rank's verdict; the
+//   stats_losses: bad[0] = 0 if s[lm], s[kl] and s[mtp] are finite, else 1 (this rank's verdict; the
 //                 caller sums bad over the ranks on the device)
 //   stats_clip:   the norms sqrt(s[ss]), the clip scales (clip > 0 && norm > clip) ? float(clip /
 //                 norm) : 1, and s[finite] = (bad[0] == 0 && both norms finite)

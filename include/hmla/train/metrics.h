@@ -53,7 +53,7 @@ struct MetricsRow {
   // logging steps) for the kinds the stack has (a sliding layer's entries: none).
   AttnMass attn_mass = no_attn_mass();
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
-  double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none;
+  double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none, cuda_uploads = none;
   // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in
   // order): the load imbalance max_e load / mean load over the step's global counts, and the
   // sequence-wise balance loss with its coefficient (written only where the loss ran).

@@ -41,7 +41,9 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& l
 
 // `hmla train --memory-plan`: each phase's memory plan item by item (parameters, gradients, the
 // optimizer's moments, a micro-batch's activations by kind; lower bounds), on the run's device,
-// without the budget check, the data or any allocation. Reads the programme's model config only.
-std::string programme_memory_plan(const Programme& pr, const TrainOptions& opt);
+// without the budget check, the data or any allocation (CUDA's plan needs no visible device), and
+// whether it fits the budget. Reads the programme's model config only. seq_lens: one plan per
+// sequence length, every phase's seq_len replaced (empty: the programme's own).
+std::string programme_memory_plan(const Programme& pr, const TrainOptions& opt, const std::vector<int64_t>& seq_lens = {});
 
 }  // namespace hmla

@@ -54,6 +54,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -273,6 +274,123 @@ TEST(CudaTraining, AMoeModelMatchesTheCpuAndCostsNoMoreSyncs) {
   EXPECT_EQ(steps, 6);  // 2 + 1 + 1 + 2: every phase ran on the device
   print_worst();
   for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
+}
+
+// DeepSeek-V4 (emu_model_v4.json: a sliding, a CSA, an HCA and a hybrid_mla layer on mHC streams of
+// 2, a hash-routed and three learned sqrtsoftplus MoE layers, a CSA MTP layer trained with
+// mtp_loss_coeff) through every phase on the device against the CPU. The rule is the one above with
+// V4's count of rounding sites. On CUDA the V4 layers keep their activations in f32 and each
+// product rounds both operands to bf16 (the matrices are the bf16 compute copy); the compressors,
+// the attention core, the CSA indexer, mHC and the routers compute in f32 on f32 inputs (no
+// rounding); the hybrid_mla layer is the MLA layer on the device (bf16 activations). A logit crosses
+// per sliding layer 5 products (wq_a, wq_b, wkv, wo_a, wo_b), a CSA or HCA layer 7 (and the
+// compressor's wkv and wgate), the hybrid_mla layer the MLA layer's 18 (4 projections, q, k, v, P
+// and 6 bf16 activations), each MoE block 2 products on its path (up or gate, then down), the head 1:
+// k = 2 (5 + 2) + 2 (2 (7 + 2)) + 18 + 4 + 2 = 74 sites, a relative sd of 0.42 u sqrt(74) = 1.4%
+// per logit; over T = 128 tokens 3 sd is 0.37% of a loss. The backward crosses the products' sites
+// again (dx = dy W rounds both: k = 146, 1.9%; 3 sd over 100 elements 0.58%). An MTP logit adds its
+// layer's e_proj, h_proj and CSA layer (2 + 2 + 18 = 22: k = 96, 0.42%). The KLs, and the backbone's
+// norm in dsa_sparse, keep the rule's 10% (a difference of nearly equal distributions; top-k swaps).
+#ifdef HMLA_CUDA_EMULATE
+using Schedules = emu::ScopedSchedules;  // the emulator's block and thread orders for a scope
+#else
+struct Schedules {  // a device runs its own orders
+  explicit Schedules(const char*) {}
+};
+#endif
+
+constexpr double kV4LossRtol = 0.0037, kV4GradRtol = 0.0058, kV4MtpRtol = 0.0042;
+
+std::string programme_v4() {
+  return programme_text("tests/cuda/emu/emu_model_v4.json", 5, "warmup_steps: 1, micro_batches: 2, mtp_loss_coeff: 0.3, moe_aux_loss_coeff: 0.0",
+                        "  - {name: pre, mode: mha, steps: 2}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
+                        "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n");
+}
+
+std::vector<std::string> v4_differences(const std::vector<json>& cpu, const std::vector<json>& cuda) {
+  if (cpu.size() != cuda.size())
+    return {"the runs logged " + std::to_string(cpu.size()) + " and " + std::to_string(cuda.size()) + " rows"};
+  std::vector<std::string> out;
+  int step = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const std::string where = cpu[i].dump().substr(0, 40);
+    for (const char* k : {"lm_loss", "heldout_lm_loss"}) compare(cpu[i], cuda[i], k, kV4LossRtol, step, where, out);
+    compare(cpu[i], cuda[i], "mtp_loss", kV4MtpRtol, step, where, out);
+    const bool sparse = cpu[i].value("phase", "") == "sparse";
+    compare(cpu[i], cuda[i], "grad_norm_backbone", sparse ? kIndexerRtol : kV4GradRtol, step, where, out);
+    for (const char* k : {"indexer_kl", "indexer_kl_csa", "indexer_kl_hybrid", "grad_norm_indexer"})
+      compare(cpu[i], cuda[i], k, kIndexerRtol, step, where, out);
+    step += cpu[i].contains("step");
+  }
+  return out;
+}
+
+// The V4 programme's steady steps cost the host one wait, one upload per micro-batch (its batch and
+// the V4 tables the host derives from it: v4_batch.cpp) and, outside dsa_warmup, the bias update's
+// expert load; one read-back of the stats.
+TEST(CudaTraining, AV4StackMatchesTheCpuInOneSyncAStep) {
+  HMLA_NEED_DEVICE();
+  const Schedules one("forward");  // the launches' own schedules are DeterministicV4Steps'
+  const fs::path cpu = tmpdir("v4_cpu"), cuda = tmpdir("v4_cuda");
+  run(cpu, "cpu", false, programme_v4());
+  run(cuda, "cuda", false, programme_v4());
+  const std::vector<json> a = metrics(cpu), b = metrics(cuda);
+  for (const std::string& d : v4_differences(a, b)) ADD_FAILURE() << d;
+  int steps = 0;
+  for (const json& r : b) {
+    if (!r.contains("step")) continue;
+    ++steps;
+    std::printf("phase %s step %d: %d syncs, %d uploads, %d launches, %d bytes up, %d bytes back\n",
+                r["phase"].get<std::string>().c_str(), r["step"].get<int>(), r["cuda_syncs"].get<int>(),
+                r["cuda_uploads"].get<int>(), r["cuda_launches"].get<int>(), r["h2d_bytes"].get<int>(),
+                r["d2h_bytes"].get<int>());
+    if (r["step"].get<int>() == 1) continue;  // the phase's first step makes its caches
+    EXPECT_LE(r["cuda_syncs"].get<int64_t>(), 1) << r.dump();
+    const int64_t load = r["phase"].get<std::string>() == "warm" ? 0 : 1;
+    EXPECT_EQ(r["cuda_uploads"].get<int64_t>(), 2 + load) << r.dump();
+    // Back: the stats with the 4 MoE layers' loads (E = 4) and balance losses, and a logging step's mass.
+    EXPECT_LE(r["d2h_bytes"].get<int64_t>(), (kStatCount + 4 * (4 + 1) + 12) * 8) << r.dump();
+  }
+  EXPECT_EQ(steps, 7);
+  for (const json& r : b)  // the MTP loss is logged where the MTP layer trains
+    if (r.contains("step") && r["phase"].get<std::string>() != "warm") EXPECT_TRUE(r.contains("mtp_loss")) << r.dump();
+  print_worst();
+  for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
+}
+
+// Two emulated runs of a short V4 programme (a step of mha, dsa_warmup and dsa_sparse, the MTP layer
+// trained) whose launches run their blocks and threads in different orders (the reverse and a
+// shuffled schedule) log the same bits and save the same weights.
+TEST(CudaTraining, DeterministicV4Steps) {
+  HMLA_NEED_DEVICE();
+  const std::string text =
+      programme_text("tests/cuda/emu/emu_model_v4.json", 6, "warmup_steps: 1, micro_batches: 1, mtp_loss_coeff: 0.3, moe_aux_loss_coeff: 0.0",
+                     "  - {name: pre, mode: mha, steps: 1}\n  - {name: warm, mode: dsa_warmup, steps: 1}\n"
+                     "  - {name: sparse, mode: dsa_sparse, steps: 1}\n");
+  const fs::path x = tmpdir("v4_rev"), y = tmpdir("v4_shuf");
+  {
+    const Schedules s("reverse");
+    run(x, "cuda", false, text);
+  }
+  {
+    const Schedules s("shuffled");
+    run(y, "cuda", false, text);
+  }
+  std::vector<json> a = metrics(x), b = metrics(y);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (json* r : {&a[i], &b[i]})
+      for (const char* k : {"tokens_per_s", "seconds", "wall_s"}) r->erase(k);
+    EXPECT_EQ(a[i], b[i]);
+  }
+  auto bytes = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string wx = bytes(x / "model.safetensors");
+  EXPECT_GT(wx.size(), 1000u);
+  EXPECT_TRUE(wx == bytes(y / "model.safetensors")) << "the final weights differ";
+  for (const fs::path& d : {x, y}) fs::remove_all(d);
 }
 
 // The rule's own test: the device's dense attention with every head reading the first head's
