@@ -352,8 +352,11 @@ TEST(CudaTraining, AV4StackMatchesTheCpuInOneSyncAStep) {
     EXPECT_LE(r["d2h_bytes"].get<int64_t>(), (kStatCount + 4 * (4 + 1) + 12) * 8) << r.dump();
   }
   EXPECT_EQ(steps, 7);
-  for (const json& r : b)  // the MTP loss is logged where the MTP layer trains
-    if (r.contains("step") && r["phase"].get<std::string>() != "warm") EXPECT_TRUE(r.contains("mtp_loss")) << r.dump();
+  for (const json& r : b) {  // the MTP loss is logged where the MTP layer trains
+    if (r.contains("step") && r["phase"].get<std::string>() != "warm") {
+      EXPECT_TRUE(r.contains("mtp_loss")) << r.dump();
+    }
+  }
   print_worst();
   for (const fs::path& d : {cpu, cuda}) fs::remove_all(d);
 }
