@@ -275,7 +275,7 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
   } else {
     plan.add("the logits", {rows, s, V}, f);
   }
-  if (c.is_v4()) plan_v4_activations(plan, c, rows, s);
+  if (c.is_v4()) plan_v4_activations(plan, c, rows, s, compute);
   else plan_activation_table(plan, c, rows, s, compute, recompute);
   if (c.has_moe_layers()) {  // one MoE layer's f32 workspace at a time (MoeMlp in mlp.cpp)
     const MoeConfig& m = c.moe;

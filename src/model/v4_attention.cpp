@@ -5,7 +5,8 @@
 //   core = attn_compressed (window + entries + sink, K = V); o = RoPE^T(core) at the query's row;
 //   y = (o grouped wo_a^T) wo_b^T.
 // Rows are N = b s (context parallelism: this rank's s rows of the layout's; keys and entries come
-// from every row, gathered: v4_cp.cpp), every activation f32 and contiguous; RoPE rotates the last
+// from every row, gathered: v4_cp.cpp), every activation contiguous, in the compute dtype (v4_act:
+// bf16 on CUDA) but the compressors' pooling and the CSA indexer's inputs (f32); RoPE rotates the last
 // r channels of a head as interleaved pairs. The backward runs the same chain in reverse; the inverse RoPE on the
 // output is the transposed rotation (with the attention factor folded into cos and sin, exactly
 // transformers' apply_rotary_pos_emb(out, cos, -sin)), so its backward is the forward rotation.
@@ -36,6 +37,7 @@ Dims dims(const ModelConfig& c, const Tensor& x) {
 }
 
 Tensor f32(const Dims& d, const Shape& sh) { return Tensor::empty(sh, DType::f32, d.dev); }
+Tensor act(const Dims& d, const Shape& sh) { return v4_act(d.dev, sh); }
 
 // RoPE on the last r channels of every head of t [rows, heads * width], rows of `rows_per_seq`
 // positions each (the table's rows); transpose: the transposed rotation.
@@ -71,7 +73,7 @@ V4BatchEntries entry_tables(const V4Rows& rows, const DocLayout& layout, int64_t
 // parallelism: this rank pools its own entries from its frame, then every entry is gathered (v4_cp.cpp).
 V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4CompressorTensors& w, const Tensor& x,
                               const DocLayout& layout, const V4BatchEntries& t, int64_t m, int64_t width, bool overlap,
-                              const V4Rows& rows) {
+                              const V4Rows& rows, DType ent_dtype) {
   V4Compressed c;
   c.e = t.entries;
   if (c.e.n == 0) return c;
@@ -106,7 +108,7 @@ V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4Comp
   } else {
     c.rope = entry_rope(rows.compress_all, t.rope_row);
   }
-  Tensor ent = f32(d, {d.b, np, width});
+  Tensor ent = Tensor::empty({d.b, np, width}, ent_dtype, d.dev);
   v4_entries_norm_rope(mc, w, c.pooled.view({d.b * np, width}), c.rope, ent.view({d.b * np, width}), c.rstd);
   c.ent = rows.sharded() ? cp_gather_entries(*rows.cp, c.owners, ent, n) : ent;
   return c;
@@ -136,7 +138,7 @@ void index_forward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, 
                    const DocLayout& layout, const V4BatchEntries& t, const V4Rows& rows) {
   HMLA_CHECK(w.iwq_b.defined(), ConfigError, "a CSA layer runs ", mode_name(sv.mode), " without its indexer's tensors");
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  sv.icomp = compress_entries(c, d, w.icomp, x, layout, t, sv.m, dI, true, rows);
+  sv.icomp = compress_entries(c, d, w.icomp, x, layout, t, sv.m, dI, true, rows, DType::f32);
   sv.qI = f32(d, {d.N, nI * dI});
   sv.wI = f32(d, {d.N, nI});
   v4_index_queries(c, w, x, sv.qr, rows.compress, sv.qI, sv.wI);
@@ -179,6 +181,14 @@ AttnCompressedInputs core_inputs(const ModelConfig& c, const Dims& d, const V4At
 // The grouped output's first product as one batched matmul over the G groups: group g's
 // [N, H d / G] slice of o against rows [g Ro, (g + 1) Ro) of wo_a.
 Tensor groups(const Tensor& t, const Dims& d, int64_t width) { return t.view({d.N, d.G, width}).transpose(0, 1); }
+
+// o [N, H d] = RoPE^T(core) at the query's rows: the forward's, and the backward's again (an
+// elementwise pass is cheaper than keeping [N, H d]).
+Tensor output_rows(const Dims& d, const Tensor& core, const RopeCache& rc) {
+  const Tensor o = core.clone().view({d.N, d.H * d.d});
+  rope_last(o, d.H, d.d, d.r, d.s, rc, true);
+  return o;
+}
 
 }  // namespace
 
@@ -247,20 +257,20 @@ void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor&
   const Dims d = dims(c, x);
   const float eps = float(c.rms_norm_eps);
   const Tensor xr = x.view({d.N, d.D});
-  sv.qa = f32(d, {d.N, d.Rq});
+  sv.qa = act(d, {d.N, d.Rq});
   sv.rstd_qa = f32(d, {d.N});
-  sv.qr = f32(d, {d.N, d.Rq});
+  sv.qr = act(d, {d.N, d.Rq});
   linear_fwd(xr, w.wq_a, sv.qa);
   rmsnorm_fwd(sv.qa, w.q_norm, eps, sv.qr, sv.rstd_qa);
-  sv.qb = f32(d, {d.N, d.H * d.d});
+  sv.qb = act(d, {d.N, d.H * d.d});
   sv.rstd_q = f32(d, {d.N * d.H});
-  sv.q = f32(d, {d.N, d.H * d.d});
+  sv.q = act(d, {d.N, d.H * d.d});
   linear_fwd(sv.qr, w.wq_b, sv.qb);
   rmsnorm_fwd(sv.qb.view({d.N * d.H, d.d}), ones, eps, sv.q.view({d.N * d.H, d.d}), sv.rstd_q);
   rope_last(sv.q, d.H, d.d, d.r, d.s, rc, false);
-  sv.kvr = f32(d, {d.N, d.d});
+  sv.kvr = act(d, {d.N, d.d});
   sv.rstd_kv = f32(d, {d.N});
-  sv.kv = f32(d, {d.N, d.d});
+  sv.kv = act(d, {d.N, d.d});
   linear_fwd(xr, w.wkv, sv.kvr);
   rmsnorm_fwd(sv.kvr, w.norm, eps, sv.kv, sv.rstd_kv);
   rope_last(sv.kv, 1, d.d, d.r, d.s, rc, false);
@@ -269,11 +279,10 @@ void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor&
 void v4_attn_output(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
                     V4AttnSaved& sv, const Tensor& y) {
   const Dims d = dims(c, x);
-  sv.o = sv.core.clone().view({d.N, d.H * d.d});
-  rope_last(sv.o, d.H, d.d, d.r, d.s, rc, true);
+  const Tensor o = output_rows(d, sv.core, rc);
   const int64_t Hg = d.H * d.d / d.G;
-  sv.ya = f32(d, {d.N, d.G * d.Ro});
-  matmul(groups(sv.o, d, Hg), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::yes, groups(sv.ya, d, d.Ro));
+  sv.ya = act(d, {d.N, d.G * d.Ro});
+  matmul(groups(o, d, Hg), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::yes, groups(sv.ya, d, d.Ro));
   linear_fwd(sv.ya, w.wo_b, y);
 }
 
@@ -308,7 +317,7 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   if (rows.sharded()) sv.kv_all = cp_all_gather_rows(*rows.cp, sv.kv.view({d.b, d.s, d.d}));
   if (sv.m > 0) {
     const V4BatchEntries t = entry_tables(rows, layout, sv.m, d.dev);
-    sv.comp = compress_entries(c, d, w.comp, x, layout, t, sv.m, d.d, sv.csa, rows);
+    sv.comp = compress_entries(c, d, w.comp, x, layout, t, sv.m, d.d, sv.csa, rows, compute_dtype(d.dev));
     if (sv.comp.e.n > 0) sv.ent_last = t.last, sv.ent_doc = t.doc;
     // DESIGN.md section 10: a CSA layer attends every visible entry (no indexer) but in dsa_sparse;
     // in the dsa modes its indexer runs (dsa_warmup: for the KL only).
@@ -317,7 +326,7 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
     if (sv.indexer && sv.mode == LayerMode::dsa_sparse)
       sv.idx = compressed_index_topk(index_inputs(c, d, sv, layout, rows), c.index_topk);
   }
-  sv.core = f32(d, {d.b, d.s, d.H, d.d});
+  sv.core = act(d, {d.b, d.s, d.H, d.d});
   sv.lse = f32(d, {d.b, d.H, d.s});
   attn_compressed_fwd(core_inputs(c, d, w, sv, layout, rows), AttnCompressedSaved{sv.core, sv.lse});
   v4_attn_output(c, w, x, rc, sv, y);
@@ -335,8 +344,8 @@ void indexer_backward(const ModelConfig& c, const Dims& d, const V4AttnTensors& 
   const RopeCache& rc = rows.compress;
   CompressedIndexKlInputs in;
   in.sc = index_inputs(c, d, sv, layout, rows);
-  in.q = sv.q.view({d.b, d.s, d.H, d.d});
-  in.ent = sv.comp.ent;
+  in.q = converted(sv.q, DType::f32).view({d.b, d.s, d.H, d.d});  // the KL reads f32
+  in.ent = converted(sv.comp.ent, DType::f32);
   in.lse = sv.lse;
   in.scale = float(1.0 / std::sqrt(double(d.d)));
   in.row_weight = opt.row_weight;
@@ -368,14 +377,16 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
   // The grouped output: dya = dy wo_b; per group dwo_a[g] += dya_g^T o_g, do_g = dya_g wo_a[g].
   Tensor dya = f32(d, {d.N, d.G * d.Ro}), dout = f32(d, {d.N, d.H * d.d});
   linear_bwd(dy, sv.ya, w.wo_b, g.wo_b, dya);
-  matmul(groups(dya, d, d.Ro), Trans::yes, groups(sv.o, d, Hg), Trans::no, g.wo_a.view({d.G, d.Ro, Hg}), 1.f, 1.f);
+  const Tensor o = output_rows(d, sv.core, rc);
+  matmul(groups(dya, d, d.Ro), Trans::yes, groups(o, d, Hg), Trans::no, g.wo_a.view({d.G, d.Ro, Hg}), 1.f, 1.f);
   matmul(groups(dya, d, d.Ro), Trans::no, w.wo_a.view({d.G, d.Ro, Hg}), Trans::no, groups(dout, d, Hg));
   rope_last(dout, d.H, d.d, d.r, d.s, rc, false);  // o = R^T core, so dcore = R do
+  // The core reads and returns its compute dtype (bf16 on CUDA; on the CPU the tensors themselves).
   const AttnCompressedGrads cg = attn_compressed_bwd(core_inputs(c, d, w, sv, layout, rows),
                                                      AttnCompressedSaved{sv.core, sv.lse},
-                                                     dout.view({d.b, d.s, d.H, d.d}), g.sink);
+                                                     compute_operand(dout.view({d.b, d.s, d.H, d.d})), g.sink);
   // q: RoPE^T, the per-head norm, wq_b, q_norm, wq_a.
-  const Tensor dq = cg.dq.view({d.N, d.H * d.d});
+  const Tensor dq = converted(cg.dq, DType::f32).view({d.N, d.H * d.d});
   rope_last(dq, d.H, d.d, d.r, d.s, rc, true);
   Tensor dqb = f32(d, {d.N, d.H * d.d}), dones = Tensor::zeros({d.d}, DType::f32, d.dev);
   rmsnorm_bwd(dq.view({d.N * d.H, d.d}), sv.qb.view({d.N * d.H, d.d}), rows.ones, sv.rstd_q,
@@ -385,12 +396,14 @@ void v4_attention_bwd(const ModelConfig& c, const V4AttnTensors& w, const V4Attn
   rmsnorm_bwd(dqr, sv.qa, w.q_norm, sv.rstd_qa, dqa, g.q_norm);
   linear_bwd(dqa, xr, w.wq_a, g.wq_a, dx);
   // K = V (every row's gradient, this rank's rows' summed over the ranks): RoPE^T, norm, wkv.
-  const Tensor dkv = (rows.sharded() ? cp_reduce_scatter_rows(*rows.cp, cg.dkv) : cg.dkv).view({d.N, d.d});
+  const Tensor dkv_all = converted(cg.dkv, DType::f32);
+  const Tensor dkv = (rows.sharded() ? cp_reduce_scatter_rows(*rows.cp, dkv_all) : dkv_all).view({d.N, d.d});
   rope_last(dkv, 1, d.d, d.r, d.s, rc, true);
   Tensor dkvr = f32(d, {d.N, d.d});
   rmsnorm_bwd(dkv, sv.kvr, w.norm, sv.rstd_kv, dkvr, g.norm);
   linear_bwd(dkvr, xr, w.wkv, g.wkv, dx, 1.f);
-  if (sv.comp.e.n > 0) compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.csa, cg.dent, dx, rows);
+  if (sv.comp.e.n > 0)
+    compress_backward(d, w.comp, g.comp, x, layout, sv.comp, sv.csa, converted(cg.dent, DType::f32), dx, rows);
 }
 
 }  // namespace hmla

@@ -16,6 +16,7 @@
 #include "hmla/model/v4_model.h"
 #include "hmla/ops/compress.h"
 #include "hmla/ops/compressed_attention.h"
+#include "hmla/ops/backend.h"
 #include "hmla/ops/mhc.h"
 #include "hmla/ops/nn.h"
 #include "model_internal.h"
@@ -97,7 +98,8 @@ Tensor cp_gather_entries(Comm& cp, const EntryOwners& o, const Tensor& own, int6
 // over the ranks.
 Tensor cp_scatter_entry_grads(Comm& cp, const EntryOwners& o, const Tensor& dent);
 
-// The attention block's saved state over N = b s rows (x is the block's input, attn_norm's output).
+// The attention block's saved state over N = b s rows (x is the block's input, attn_norm's output);
+// activations in the compute dtype (v4_act), rstd and lse f32.
 struct V4AttnSaved {
   int64_t m = 0;                  // the layer's compress rate (0: sliding)
   bool csa = false;               // a CSA layer: its compressor pools two overlapped series
@@ -113,7 +115,8 @@ struct V4AttnSaved {
   V4Compressed icomp;             // the indexer's compressor (its entries kI = icomp.ent)
   Tensor qI, wI;                  // [N, nI dI] roped, [N, nI] (scales folded in)
   Tensor core, lse;               // [b, s, H, d], [b, H, s]: the attention core's output
-  Tensor o, ya;                   // [N, H d] after the inverse RoPE, [N, G Ro] the grouped projection
+  Tensor ya;                      // [N, G Ro] the grouped projection's first product (o = RoPE^T(core),
+                                  // [N, H d], is not kept: the backward makes it again from core)
 };
 
 // The block's pieces, shared by the forward below and decoding (v4_decode.cpp), on x [b, s, D]
@@ -122,7 +125,7 @@ struct V4AttnSaved {
 // [head_dim] of ones on x's device, the per-head norm's weight).
 void v4_attn_project(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
                      const Tensor& ones, V4AttnSaved& sv);
-// From sv.core [b, s, H, d]: sv.o (the inverse RoPE at the query's row), sv.ya and y [N, D].
+// From sv.core [b, s, H, d]: o (the inverse RoPE at the query's row), sv.ya and y [N, D].
 void v4_attn_output(const ModelConfig& c, const V4AttnTensors& w, const Tensor& x, const RopeCache& rc,
                     V4AttnSaved& sv, const Tensor& y);
 // Compressed entries from pooled rows [n, width]: ent [n, width] = RoPE(norm(pooled)) at the rows
@@ -188,9 +191,14 @@ double v4_hybrid_bwd(const V4HybridSaved& sv, const AttnTensors& w, const AttnTe
                      const DocLayout& layout, const Tensor& dy, const Tensor& dx, const V4HybridBackward& opt,
                      Comm& cp = Comm::self());
 
+// Precision (DESIGN.md section 7): what a V4 layer keeps between ops is in its device's compute
+// dtype (f32 on the CPU, bf16 on CUDA); the mHC streams, their mixers, the sublayers' outputs that
+// mhc_post reads, the compressors' pooling, statistics (rstd, lse) and every gradient stay f32.
+inline Tensor v4_act(Device dev, const Shape& sh) { return Tensor::empty(sh, compute_dtype(dev), dev); }
+
 // One mHC block's mixers and collapsed input (the attention's or the MoE's half of a layer), views
 // the caller keeps: the entry's saved rstd and z, the collapsed input xin [N, D], post [N, n], comb
-// [N, n, n], the norm's output nx [N, D] and rstd [N].
+// [N, n, n], the norm's output nx [N, D] (the sublayer's input, compute dtype) and rstd [N].
 struct V4Block {
   MhcSaved& hc;
   Tensor &xin, &post, &comb, &nx, &rstd;
@@ -205,7 +213,7 @@ inline void v4_block_entry(const ModelConfig& c, const MhcWeights& w, const Tens
   b.xin = f32({N, D});
   b.post = f32({N, n});
   b.comb = f32({N, n, n});
-  b.nx = f32({N, D});
+  b.nx = v4_act(dev, {N, D});
   b.rstd = f32({N});
   const float eps = float(c.rms_norm_eps);
   mhc_pre_fwd(x, w, c.v4.hc_sinkhorn_iters, eps, float(c.v4.hc_eps), b.xin, b.post, b.comb, b.hc);

@@ -6,7 +6,8 @@
 // then hh = hc_head(X), the final norm and the head. The streams start as n copies of the
 // embedding. Backward: each block's exit (mhc_post_bwd) gives the stream gradient through comb and
 // the sublayer's output gradient; the sublayer's input gradient goes back through its norm and the
-// entry (mhc_pre_bwd); the two stream gradients are summed. Everything f32 (the CPU).
+// entry (mhc_pre_bwd); the two stream gradients are summed. The streams, mixers and gradients are
+// f32, the sublayers' inputs and saved activations the compute dtype (v4_internal.h v4_act).
 #include "hmla/model/v4_model.h"
 
 #include <limits>
@@ -158,7 +159,7 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in, Comm&
     Mlp& mlp = *f.mlps.back();
     if (c.v4.hash.at(size_t(L))) mlp.fixed = in.hash_experts.at(L);
     for (const ActField& fl : mlp.fields())
-      sv.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, fl.ids ? DType::i32 : DType::f32, dev));
+      sv.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, field_dtype(fl, compute_dtype(dev)), dev));
     sv.yf = f32(dev, {N, D});
     mlp.forward(sv.f, sv.mlp, sv.yf);
     sv.x_out = f32(dev, {N, n, D});

@@ -119,11 +119,11 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
   const int64_t L = c.num_hidden_layers + k;
   const Device dev = m.device();
   const float eps = float(c.rms_norm_eps);
-  d.e = f32(dev, {N, D}), d.en = f32(dev, {N, D}), d.rstd_e = f32(dev, {N}), d.ep = f32(dev, {N, D});
+  d.e = f32(dev, {N, D}), d.en = v4_act(dev, {N, D}), d.rstd_e = f32(dev, {N}), d.ep = f32(dev, {N, D});
   embedding_fwd(d.ids, embed, d.e);
   rmsnorm_fwd(d.e, w.enorm, eps, d.en, d.rstd_e);
   linear_fwd(d.en, w.e_proj, d.ep);
-  d.hn = f32(dev, {N * n, D}), d.rstd_h = f32(dev, {N * n}), d.y = f32(dev, {N, n, D});
+  d.hn = v4_act(dev, {N * n, D}), d.rstd_h = f32(dev, {N * n}), d.y = f32(dev, {N, n, D});
   rmsnorm_fwd(d.x.view({N * n, D}), w.hnorm, eps, d.hn, d.rstd_h);
   linear_fwd(d.hn, w.h_proj, d.y.view({N * n, D}));
   for (int64_t i = 0; i < n; ++i) add(d.y.select(1, i), d.ep, d.y.select(1, i));
@@ -136,7 +136,7 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
   v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, d.x_mid, {d.hc2, d.xf, d.post2, d.comb2, d.f, d.rstd_f});
   d.moe = make_mlp(c, L, lw.mlp);  // learned routing (a hash MTP layer is refused: v4_mtp_step)
   for (const ActField& fl : d.moe->fields())
-    d.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, fl.ids ? DType::i32 : DType::f32, dev));
+    d.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, field_dtype(fl, compute_dtype(dev)), dev));
   d.yf = f32(dev, {N, D});
   d.moe->forward(d.f, d.mlp, d.yf);
   d.x_out = f32(dev, {N, n, D});

@@ -145,41 +145,53 @@ std::vector<ParamSpec> v4_int_tables(const ModelConfig& c) {
   return t;
 }
 
-void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s) {
-  // What v4_model.cpp's forward keeps per token (f32), summed over the layers: the streams after
-  // each block, each block's mixers and norms, the attention's chain (v4_internal.h V4AttnSaved),
-  // the compressors' projections, the MoE's fields; per entry the pooled rows and the entries.
+void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
+                         DType compute) {
+  // What v4_model.cpp's forward keeps per token, summed over the layers, in f32 (f) and in the
+  // compute dtype (a: v4_internal.h v4_act): the streams after each block, each block's mixers,
+  // norms and the sublayer's input, the attention's chain (v4_internal.h V4AttnSaved), the
+  // compressors' projections, the MoE's fields; per entry the pooled rows and the entries.
   const V4Config& v = c.v4;
   const int64_t n = v.hc_mult, D = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, Rq = c.q_lora_rank;
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  const int64_t block = 2 * D + 2 + (2 + n) * n + n + n * n;
-  int64_t per_token = n * D, idx = 0;  // the embedding's streams
-  std::map<int64_t, int64_t> per_entry;  // rate -> values per entry over the layers of that rate
+  const int64_t block_f = D + 2 + (2 + n) * n + n + n * n;  // xin, rstd, z, post, comb (nx: compute)
+  int64_t per_f = n * D, per_a = 0, idx = 0;  // the embedding's streams
+  std::map<int64_t, std::pair<int64_t, int64_t>> per_entry;  // rate -> (f32, compute) values per entry
+  auto add = [](int64_t& to, int64_t v) { to = checked_add(to, v, "the V4 activations"); };
   // The MTP layers (v4_mtp.cpp), where they train, keep a block's fields each (one at a time) and
   // their inputs and heads: the embedding, enorm's and e_proj's outputs, hnorm's and h_proj's over
   // the streams, the norms' statistics, hc_head and the final norm.
   const int64_t mtp = v.mtp_params ? c.form.num_nextn_predict_layers : 0;
   for (int64_t L = 0; L < c.num_hidden_layers + mtp; ++L) {
-    int64_t t = 2 * n * D + 2 * block + 2 * D;  // the streams, the two blocks, the sublayers' outputs
+    add(per_f, 2 * n * D + 2 * block_f + 2 * D);  // the streams, the two blocks, the sublayers' outputs
+    add(per_a, 2 * D);                            // the sublayers' inputs
     if (v.is_hybrid_mla(L)) {  // the MLA layer's saved tensors per row (one rank: S = s), an MTP layer's too
-      for (const MlaField& f : mla_fields(hybrid_mla_config(c, L), L, 1, 1, 1, DType::f32, false))
-        t = checked_add(t, shape_numel(f.shape), "the V4 activations");
-    } else {
-      t += 2 * Rq + 1 + 4 * H * d + 2 * H + 2 * d + 1 + v.o_groups * v.o_lora_rank;
+      for (const MlaField& f : mla_fields(hybrid_mla_config(c, L), L, 1, 1, 1, compute, false))
+        add(f.dtype == DType::f32 ? per_f : per_a, shape_numel(f.shape));
+    } else {  // rstd_qa, rstd_q, lse, rstd_kv; qa, qr, qb, q, core, kvr, kv, ya
+      add(per_f, 1 + 2 * H + 1);
+      add(per_a, 2 * Rq + 3 * H * d + 2 * d + v.o_groups * v.o_lora_rank);
     }
-    for (const ActField& f : mlp_fields(c, L)) t += std::max<int64_t>(f.width, 1);
+    for (const ActField& f : mlp_fields(c, L))
+      add(field_dtype(f, compute) == DType::f32 ? per_f : per_a, std::max<int64_t>(f.width, 1));
     const int64_t m = v.compress_rate(L), coff = v.kind(L) == V4Kind::csa ? 2 : 1;
-    if (m > 0) t += 2 * coff * d, per_entry[m] += 2 * d + 1;
+    if (m > 0) add(per_f, 2 * coff * d), per_entry[m].first += d + 1, per_entry[m].second += d;
     const bool runs = L < c.num_hidden_layers && c.runs_indexer(L) && v.kind(L) == V4Kind::csa;
-    if (runs) t += 4 * dI + nI * dI + nI, per_entry[m] += 2 * dI + 1;  // its indexer: compressor, qI, w
+    if (runs) add(per_f, 4 * dI + nI * dI + nI), per_entry[m].first += 2 * dI + 1;  // its indexer: compressor, qI, w
     if (runs && c.layer_modes[size_t(L)] == LayerMode::dsa_sparse) idx += c.index_topk;
-    if (L >= c.num_hidden_layers) t += 6 * D + 2 * n * D + 3 + 2 * n;
-    per_token = checked_add(per_token, t, "the V4 activations");
+    if (L >= c.num_hidden_layers) add(per_f, 5 * D + n * D + 3 + 2 * n), add(per_a, D + n * D);  // en, hn: compute
   }
-  plan.add("the V4 layers' saved activations (f32)", {rows, s, {"values per token", per_token}}, 4);
-  for (const auto& [m, values] : per_entry)
+  const int64_t a = dtype_size(compute);
+  const std::string an = dtype_name(compute);
+  plan.add("the V4 layers' saved activations (f32)", {rows, s, {"values per token", per_f}}, 4);
+  plan.add("the V4 layers' saved activations (" + an + ")", {rows, s, {"values per token", per_a}}, a);
+  for (const auto& [m, values] : per_entry) {
+    const SizeFactor entries{"s / " + std::to_string(m), s.value / m};
     plan.add("the compressed entries of rate " + std::to_string(m) + " (f32)",
-             {rows, {"s / " + std::to_string(m), s.value / m}, {"values per entry", values}}, 4);
+             {rows, entries, {"values per entry", values.first}}, 4);
+    plan.add("the compressed entries of rate " + std::to_string(m) + " (" + an + ")",
+             {rows, entries, {"values per entry", values.second}}, a);
+  }
   if (idx > 0) plan.add("the CSA layers' top-k tables (i32)", {rows, s, {"index_topk x CSA layers", idx}}, 4);
   plan.add("the final streams, hc_head and norm (f32)", {rows, s, {"values per token", 3 * D + 2 + n}}, 4);
 }

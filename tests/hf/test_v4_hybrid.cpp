@@ -600,7 +600,7 @@ TEST(V4Hybrid, DecodeRefusesAndThePlanCountsTheLayer) {
   EXPECT_THROW(plan_decode(plan, m.cfg, {"positions", 32}), ConfigError);
   auto planned = [](const ModelConfig& c) {
     MemoryPlan p;
-    plan_v4_activations(p, c, {"rows", 1}, {"s", 1});
+    plan_v4_activations(p, c, {"rows", 1}, {"s", 1}, DType::f32);
     return p.total();
   };
   const ModelConfig c = load_model_config(kTiny);

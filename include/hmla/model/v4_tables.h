@@ -41,8 +41,10 @@ bool is_mtp_tensor(const std::string& name);    // a name under mtp.
 std::vector<ParamSpec> v4_int_tables(const ModelConfig& c);
 
 // What a V4 forward over rows x s tokens keeps (v4_model.cpp), by kind: the part of
-// plan_activations (model.h) that the MLA models' activation table is. A hybrid_mla layer's
-// attention keeps the MLA layer's fields (mla_fields, in its mode) in f32.
-void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s);
+// plan_activations (model.h) that the MLA models' activation table is, in f32 and in the compute
+// dtype `compute` (what the device keeps between ops). A hybrid_mla layer's attention keeps the MLA
+// layer's fields (mla_fields, in its mode).
+void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
+                         DType compute);
 
 }  // namespace hmla

@@ -279,18 +279,31 @@ TEST(CudaTraining, AMoeModelMatchesTheCpuAndCostsNoMoreSyncs) {
 // DeepSeek-V4 (emu_model_v4.json: a sliding, a CSA, an HCA and a hybrid_mla layer on mHC streams of
 // 2, a hash-routed and three learned sqrtsoftplus MoE layers, a CSA MTP layer trained with
 // mtp_loss_coeff) through every phase on the device against the CPU. The rule is the one above with
-// V4's count of rounding sites. On CUDA the V4 layers keep their activations in f32 and each
-// product rounds both operands to bf16 (the matrices are the bf16 compute copy); the compressors,
-// the attention core, the CSA indexer, mHC and the routers compute in f32 on f32 inputs (no
-// rounding); the hybrid_mla layer is the MLA layer on the device (bf16 activations). A logit crosses
-// per sliding layer 5 products (wq_a, wq_b, wkv, wo_a, wo_b), a CSA or HCA layer 7 (and the
-// compressor's wkv and wgate), the hybrid_mla layer the MLA layer's 18 (4 projections, q, k, v, P
-// and 6 bf16 activations), each MoE block 2 products on its path (up or gate, then down), the head 1:
-// k = 2 (5 + 2) + 2 (2 (7 + 2)) + 18 + 4 + 2 = 74 sites, a relative sd of 0.42 u sqrt(74) = 1.4%
-// per logit; over T = 128 tokens 3 sd is 0.37% of a loss. The backward crosses the products' sites
-// again (dx = dy W rounds both: k = 146, 1.9%; 3 sd over 100 elements 0.58%). An MTP logit adds its
-// layer's e_proj, h_proj and CSA layer (2 + 2 + 18 = 22: k = 96, 0.42%). The KLs, and the backbone's
+// V4's count of rounding sites. On CUDA the V4 layers keep their activations in bf16 (v4_act) and
+// the mHC streams, the sublayers' outputs, the compressors' pooling and the CSA indexer in f32
+// (mHC and the routers compute in f32: no rounding). Per logit, in the forward:
+// - a sliding layer's attention: 5 products (wq_a, wq_b, wkv, wo_a, wo_b), 2 inputs each, and 9
+//   bf16 activations that are no product's input (qa and kvr before their norms, qb before the
+//   per-head norm, q and kv after the norms and after RoPE, the core's P and its output): 19;
+// - a CSA or HCA layer's: those 19, the compressor's 2 products (4) and its entries after the
+//   norm and after RoPE (2; the pooling is f32): 25;
+// - the hybrid_mla layer's: the MLA layer's 18 (4 projections, q, k, v, P and 6 activations);
+// - each MoE block: 2 products on the path (gate or up, then down) and the SwiGLU's bf16 g and u: 6;
+// - the head: 1 product, 2.
+// k = (19 + 6) + 2 (25 + 6) + (18 + 6) + 2 = 113 sites, a relative sd of 0.42 u sqrt(113) = 1.74%
+// per logit; over T = 128 tokens 3 sd is 0.46% of a loss. The backward crosses them again, the
+// products' dy and W (32 products: 64 sites) and each attention core's dO, P, dS and its input
+// gradient (4 cores: 16): k = 193, 2.28%; 3 sd over 100 elements 0.68%. An MTP logit adds its
+// layer's e_proj and h_proj (4) and CSA layer (31): k = 148, 0.53%. The KLs, and the backbone's
 // norm in dsa_sparse, keep the rule's 10% (a difference of nearly equal distributions; top-k swaps).
+// Drift (the step growth's premise, checked here for V4's larger count): AdamW's first updates are
+// lr sign(g), so a gradient element within rounding of 0 moves 2 lr apart on the two backends. An
+// element is a sum over the T tokens' contributions c of either sign, its error 3 eps_g c (eps_g =
+// 2.28%) and its density at 0 about 0.4 / (c sqrt T): a share f = 2.4 eps_g / sqrt(T) = 0.48% of the
+// elements flips, moving a tensor of sd sigma_w = 0.05 (initializer_range) by 2 lr sqrt(f) / sigma_w
+// of its norm, and the next step's gradients as much: 0.84% a step at the other tests' lr 3e-3 (over
+// the 0.68% bound itself), 0.084% at lr 3e-4, within the growth's 0.68% / 8 = 0.085% a step. So the V4
+// programme trains its backbone at lr 3e-4 (the indexers at indexer_lr 3e-3: their KLs have 10%).
 #ifdef HMLA_CUDA_EMULATE
 using Schedules = emu::ScopedSchedules;  // the emulator's block and thread orders for a scope
 #else
@@ -299,12 +312,13 @@ struct Schedules {  // a device runs its own orders
 };
 #endif
 
-constexpr double kV4LossRtol = 0.0037, kV4GradRtol = 0.0058, kV4MtpRtol = 0.0042;
+constexpr double kV4LossRtol = 0.0046, kV4GradRtol = 0.0068, kV4MtpRtol = 0.0053;
 
 std::string programme_v4() {
   return programme_text("tests/cuda/emu/emu_model_v4.json", 5, "warmup_steps: 1, micro_batches: 2, mtp_loss_coeff: 0.3, moe_aux_loss_coeff: 0.0",
-                        "  - {name: pre, mode: mha, steps: 2}\n  - {name: eq, mode: mqa_full_causal, steps: 1}\n"
-                        "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2}\n");
+                        "  - {name: pre, mode: mha, steps: 2, lr: 3.0e-4}\n"
+                        "  - {name: eq, mode: mqa_full_causal, steps: 1, lr: 3.0e-4}\n"
+                        "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2, lr: 3.0e-4}\n");
 }
 
 std::vector<std::string> v4_differences(const std::vector<json>& cpu, const std::vector<json>& cuda) {
