@@ -172,6 +172,57 @@ void Comm::reduce_scatter_sum(const float* send, float* recv, int64_t n, Device 
 #endif
 }
 
+void Comm::alltoall(const void* send, void* recv, int64_t nbytes, Device dev) {
+  alltoallv(send, std::vector<int64_t>(size_t(size_), nbytes), recv, std::vector<int64_t>(size_t(size_), nbytes), dev);
+}
+
+void Comm::alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                     const std::vector<int64_t>& recv_bytes, Device dev) {
+  HMLA_CHECK(int64_t(send_bytes.size()) == size_ && int64_t(recv_bytes.size()) == size_, ShapeError,
+             "alltoallv: ", send_bytes.size(), " send and ", recv_bytes.size(), " receive counts for ", size_, " ranks");
+  int64_t total_send = 0, total_recv = 0;
+  for (int r = 0; r < size_; ++r) {
+    HMLA_CHECK(send_bytes[size_t(r)] >= 0 && recv_bytes[size_t(r)] >= 0, ShapeError, "alltoallv: a negative count");
+    total_send += send_bytes[size_t(r)], total_recv += recv_bytes[size_t(r)];
+    if (r != rank_) bytes_sent_ += send_bytes[size_t(r)];
+  }
+  if (size_ == 1) {
+    HMLA_CHECK(send_bytes[0] == recv_bytes[0], ShapeError, "alltoallv: one rank sends ", send_bytes[0],
+               " bytes to itself and receives ", recv_bytes[0]);
+    if (recv != send && send_bytes[0] > 0) {
+      if (dev == Device::cpu) std::memcpy(recv, send, size_t(send_bytes[0]));
+      else device_copy(recv, dev, send, dev, send_bytes[0]);
+    }
+    return;
+  }
+#ifdef HMLA_HAVE_MPI
+  if (dev == Device::cuda) {
+#ifdef HMLA_HAVE_NCCL
+    nccl::alltoallv(nccl_group(*mpi_, rank_, size_), send, send_bytes.data(), recv, recv_bytes.data());
+#else
+    std::vector<char> s = to_host(send, total_send), r(size_t(total_recv));
+    alltoallv(s.data(), send_bytes, r.data(), recv_bytes);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) bytes_sent_ -= send_bytes[size_t(q)];  // counted once
+    to_device(recv, r);
+#endif
+    return;
+  }
+  // MPI's counts and displacements are int: bytes as MPI_BYTE, each total under 2^31.
+  HMLA_CHECK(total_send < kChunk && total_recv < kChunk, ShapeError, "alltoallv of ", total_send, " bytes sent and ",
+             total_recv, " received exceeds MPI's int count");
+  const size_t R = static_cast<size_t>(size_);
+  std::vector<int> sc(R), sd(R), rc(R), rd(R);
+  for (int r = 0, so = 0, ro = 0; r < size_; ++r) {
+    sc[size_t(r)] = int(send_bytes[size_t(r)]), sd[size_t(r)] = so, so += sc[size_t(r)];
+    rc[size_t(r)] = int(recv_bytes[size_t(r)]), rd[size_t(r)] = ro, ro += rc[size_t(r)];
+  }
+  MPI_Alltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(), MPI_BYTE, mpi_->comm);
+#else
+  (void)total_send, (void)total_recv;
+#endif
+}
+
 void Comm::allreduce_sum(float* x, int64_t n, Device dev) {
   if (!mpi_ || size_ == 1) return;
 #ifdef HMLA_HAVE_MPI

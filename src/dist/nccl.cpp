@@ -68,4 +68,20 @@ void reduce_scatter_sum(Group& g, const float* send, float* recv, int64_t n) {
   g.sync();
 }
 
+void alltoallv(Group& g, const void* send, const int64_t* send_bytes, void* recv, const int64_t* recv_bytes) {
+  after_device_work();
+  int size = 0;
+  check(ncclCommCount(g.comm, &size), "ncclCommCount");
+  const char* s = static_cast<const char*>(send);
+  char* r = static_cast<char*>(recv);
+  check(ncclGroupStart(), "ncclGroupStart");
+  for (int peer = 0; peer < size; ++peer) {
+    if (send_bytes[peer] > 0) check(ncclSend(s, size_t(send_bytes[peer]), ncclUint8, peer, g.comm, g.stream), "ncclSend");
+    if (recv_bytes[peer] > 0) check(ncclRecv(r, size_t(recv_bytes[peer]), ncclUint8, peer, g.comm, g.stream), "ncclRecv");
+    s += send_bytes[peer], r += recv_bytes[peer];
+  }
+  check(ncclGroupEnd(), "ncclGroupEnd");
+  g.sync();
+}
+
 }  // namespace hmla::nccl

@@ -13,5 +13,8 @@ std::shared_ptr<Group> create(const void* mpi_comm, int rank, int size);
 void allreduce_sum(Group& g, float* x, int64_t n);
 void allgather(Group& g, const void* send, void* recv, int64_t nbytes);
 void reduce_scatter_sum(Group& g, const float* send, float* recv, int64_t n);
+// Point-to-point pairs in one group call: send_bytes[r] from send's r-th block to rank r,
+// recv_bytes[r] from rank r into recv's r-th block (blocks in rank order, packed).
+void alltoallv(Group& g, const void* send, const int64_t* send_bytes, void* recv, const int64_t* recv_bytes);
 
 }  // namespace hmla::nccl

@@ -9,12 +9,14 @@
 // through host memory and MPI.
 //
 // bytes_sent() counts what this rank sends through all-gathers and reduce-scatters, as the ring
-// algorithm sends it: (size - 1) blocks of the per-rank size for either. All-reduces (gradients,
-// counters) are not counted.
+// algorithm sends it: (size - 1) blocks of the per-rank size for either, and through all-to-alls
+// the bytes it sends to the other ranks (its own block stays). All-reduces (gradients, counters)
+// are not counted.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hmla/core/allocator.h"
 
@@ -38,6 +40,13 @@ class Comm {
   void allgather(const void* send, void* recv, int64_t nbytes, Device dev = Device::cpu);
   // recv[0 .. n) = sum over ranks of their send[rank() * n .. (rank() + 1) * n).
   void reduce_scatter_sum(const float* send, float* recv, int64_t n, Device dev = Device::cpu);
+  // recv bytes [r * n, (r + 1) * n) = rank r's send bytes [rank() * n, (rank() + 1) * n).
+  void alltoall(const void* send, void* recv, int64_t nbytes, Device dev = Device::cpu);
+  // The same with a size per pair: send_bytes[r] bytes to rank r (send's blocks in rank order),
+  // recv_bytes[r] from rank r (recv's blocks in rank order); recv_bytes[r] must be what rank r
+  // sends here (the caller exchanged the counts, e.g. by alltoall). send and recv do not overlap.
+  void alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                 const std::vector<int64_t>& recv_bytes, Device dev = Device::cpu);
   static bool nccl_built();
   void barrier();
   int64_t bytes_sent() const { return bytes_sent_; }
