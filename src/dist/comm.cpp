@@ -201,10 +201,27 @@ void Comm::allreduce_sum(float* x, int64_t n, Device dev) {
       MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_T, OP, mpi_->comm);     \
     }                                                                         \
   }
-HMLA_ALLREDUCE(allreduce_sum, double, MPI_DOUBLE, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_sum, int64_t, MPI_INT64_T, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_max, double, MPI_DOUBLE, MPI_MAX)
 #undef HMLA_ALLREDUCE
+
+void Comm::allreduce_sum(double* x, int64_t n, Device dev) {
+  if (!mpi_ || size_ == 1) return;
+  if (dev == Device::cuda) {
+#ifdef HMLA_HAVE_NCCL
+    nccl::allreduce_sum(nccl_group(*mpi_, rank_, size_), x, n);
+#else
+    std::vector<char> h = to_host(x, n * int64_t(sizeof(double)));
+    allreduce_sum(reinterpret_cast<double*>(h.data()), n);
+    to_device(x, h);
+#endif
+    return;
+  }
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int count = int(std::min<int64_t>(n - off, kChunk));
+    MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_DOUBLE, MPI_SUM, mpi_->comm);
+  }
+}
 
 void Comm::barrier() {
   if (mpi_) MPI_Barrier(mpi_->comm);
@@ -216,7 +233,7 @@ void Comm::abort(const std::string& msg, int code) {
   std::exit(code);
 }
 #else
-void Comm::allreduce_sum(double*, int64_t) {}
+void Comm::allreduce_sum(double*, int64_t, Device) {}
 void Comm::allreduce_sum(int64_t*, int64_t) {}
 void Comm::allreduce_max(double*, int64_t) {}
 void Comm::barrier() {}
