@@ -50,6 +50,11 @@ void add_train_commands(CLI::App& app) {
   train->add_option("--cp", o->t.cp, "context-parallel ranks per replica (under mpirun -np CP * DP): each\n"
                                      "group of CP consecutive ranks splits every sequence by rows; the\n"
                                      "DP groups are data parallel")->capture_default_str()->check(Int(1, 1 << 20));
+  train->add_flag("--shard-optimizer", o->t.shard_optimizer,
+                  "ZeRO-1: each rank keeps the optimizer state of its share of whole tensors (balanced by\n"
+                  "size); gradients reduce-scattered to their owners, updated weights all-gathered\n"
+                  "(docs/scale_out.md). Checkpoints then hold one optimizer file per rank and resume\n"
+                  "on any rank count, sharded or not");
   train->add_option("--device", o->t.device, "cpu or cuda (default: the programme's device key, else cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")

@@ -223,23 +223,32 @@ void Comm::alltoallv(const void* send, const std::vector<int64_t>& send_bytes, v
 #endif
 }
 
-void Comm::allreduce_sum(float* x, int64_t n, Device dev) {
-  if (!mpi_ || size_ == 1) return;
 #ifdef HMLA_HAVE_MPI
+// A SUM all-reduce in place: NCCL for device buffers (staged through the host without it), MPI in
+// int-sized chunks for host buffers.
+template <class T>
+void allreduce_sum_in(Comm::Handle& h, int rank, int size, T* x, int64_t n, Device dev, MPI_Datatype type) {
   if (dev == Device::cuda) {
 #ifdef HMLA_HAVE_NCCL
-    nccl::allreduce_sum(nccl_group(*mpi_, rank_, size_), x, n);
+    nccl::allreduce_sum(nccl_group(h, rank, size), x, n);
 #else
-    std::vector<char> h = to_host(x, n * int64_t(sizeof(float)));
-    allreduce_sum(reinterpret_cast<float*>(h.data()), n);
-    to_device(x, h);
+    std::vector<char> staged = to_host(x, n * int64_t(sizeof(T)));
+    allreduce_sum_in(h, rank, size, reinterpret_cast<T*>(staged.data()), n, Device::cpu, type);
+    to_device(x, staged);
 #endif
     return;
   }
   for (int64_t off = 0; off < n; off += kChunk) {
     const int count = int(std::min<int64_t>(n - off, kChunk));
-    MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_FLOAT, MPI_SUM, mpi_->comm);
+    MPI_Allreduce(MPI_IN_PLACE, x + off, count, type, MPI_SUM, h.comm);
   }
+}
+#endif
+
+void Comm::allreduce_sum(float* x, int64_t n, Device dev) {
+  if (!mpi_ || size_ == 1) return;
+#ifdef HMLA_HAVE_MPI
+  allreduce_sum_in(*mpi_, rank_, size_, x, n, dev, MPI_FLOAT);
 #endif
 }
 
@@ -252,10 +261,14 @@ void Comm::allreduce_sum(float* x, int64_t n, Device dev) {
       MPI_Allreduce(MPI_IN_PLACE, x + off, count, MPI_T, OP, mpi_->comm);     \
     }                                                                         \
   }
-HMLA_ALLREDUCE(allreduce_sum, double, MPI_DOUBLE, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_sum, int64_t, MPI_INT64_T, MPI_SUM)
 HMLA_ALLREDUCE(allreduce_max, double, MPI_DOUBLE, MPI_MAX)
 #undef HMLA_ALLREDUCE
+
+void Comm::allreduce_sum(double* x, int64_t n, Device dev) {
+  if (!mpi_ || size_ == 1) return;
+  allreduce_sum_in(*mpi_, rank_, size_, x, n, dev, MPI_DOUBLE);
+}
 
 void Comm::barrier() {
   if (mpi_) MPI_Barrier(mpi_->comm);
@@ -267,7 +280,7 @@ void Comm::abort(const std::string& msg, int code) {
   std::exit(code);
 }
 #else
-void Comm::allreduce_sum(double*, int64_t) {}
+void Comm::allreduce_sum(double*, int64_t, Device) {}
 void Comm::allreduce_sum(int64_t*, int64_t) {}
 void Comm::allreduce_max(double*, int64_t) {}
 void Comm::barrier() {}

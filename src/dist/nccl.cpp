@@ -56,6 +56,12 @@ void allreduce_sum(Group& g, float* x, int64_t n) {
   g.sync();
 }
 
+void allreduce_sum(Group& g, double* x, int64_t n) {
+  after_device_work();
+  check(ncclAllReduce(x, x, size_t(n), ncclFloat64, ncclSum, g.comm, g.stream), "ncclAllReduce");
+  g.sync();
+}
+
 void allgather(Group& g, const void* send, void* recv, int64_t nbytes) {
   after_device_work();
   check(ncclAllGather(send, recv, size_t(nbytes), ncclUint8, g.comm, g.stream), "ncclAllGather");

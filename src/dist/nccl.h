@@ -11,6 +11,7 @@ struct Group;
 // `mpi_comm` points to the group's MPI_Comm.
 std::shared_ptr<Group> create(const void* mpi_comm, int rank, int size);
 void allreduce_sum(Group& g, float* x, int64_t n);
+void allreduce_sum(Group& g, double* x, int64_t n);
 void allgather(Group& g, const void* send, void* recv, int64_t nbytes);
 void reduce_scatter_sum(Group& g, const float* send, float* recv, int64_t n);
 // Point-to-point pairs in one group call: send_bytes[r] from send's r-th block to rank r,

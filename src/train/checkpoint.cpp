@@ -2,6 +2,8 @@
 // checks of the data, the programme and metrics.jsonl against what the checkpoint recorded.
 #include "checkpoint.h"
 
+#include <cstdio>
+
 #include "hmla/data/loader.h"
 #include "hmla/io/safetensors.h"
 #include "hmla/model/indexer.h"
@@ -61,23 +63,63 @@ std::string checkpoint_name(int64_t phase, const PhaseSettings& ph, const std::s
   return std::to_string(phase) + "-" + ph.name + "-" + what;
 }
 
+std::string optimizer_shard_name(int rank, int ranks) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "optimizer-%05d-of-%05d.safetensors", rank + 1, ranks);
+  return buf;
+}
+
 void save_checkpoint(const fs::path& ckroot, const std::string& name, const Model& m, const Optimizer& o,
-                     const RunState& st) {
-  const io::TensorMap params = host_params(m);
-  check_finite_weights(params);
+                     const RunState& st, Comm& comm) {
+  const bool root = comm.is_root();
   const fs::path dir = ckroot / name, tmp = ckroot / ("." + name + ".tmp"), old = ckroot / ("." + name + ".old");
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
-  RemoveUnlessKept cleanup{tmp};
-  save_model_config((tmp / "config.json").string(), m.cfg);
-  save_model_weights(tmp.string(), m, params);  // parameters, integer tables (I64), the kept MTP tensors
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
-  io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
+  RemoveUnlessKept cleanup{root ? tmp : fs::path()};
+  cleanup.kept = !root;  // the other ranks only add their files
+  if (root) {
+    const io::TensorMap params = host_params(m);
+    check_finite_weights(params);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
+    save_model_config((tmp / "config.json").string(), m.cfg);
+    save_model_weights(tmp.string(), m, params);  // parameters, integer tables (I64), the kept MTP tensors
+    if (!o.sharded()) io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
+    io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
+  }
+  if (o.sharded()) {  // each rank its own moments, keyed by name, once the root made the directory
+    comm.barrier();
+    io::save_safetensors((tmp / optimizer_shard_name(comm.rank(), comm.size())).string(), host_tensors(o.state()));
+    comm.barrier();
+  }
+  if (!root) return;
   if (fs::exists(dir)) fs::rename(dir, old);
   fs::rename(tmp, dir);
   cleanup.kept = true;
   fs::remove_all(old);
   io::write_file_atomic((ckroot / "latest").string(), name + "\n");
+}
+
+io::TensorMap load_optimizer_state(const fs::path& dir) {
+  if (fs::exists(dir / "optimizer.safetensors")) return io::load_safetensors((dir / "optimizer.safetensors").string());
+  // A sharded run's files: optimizer-R-of-N for every R of one N, each tensor's moments in one.
+  int ranks = -1;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    int r = 0, n = 0;
+    char tail[32] = {};
+    if (std::sscanf(e.path().filename().string().c_str(), "optimizer-%d-of-%d.%31s", &r, &n, tail) != 3) continue;
+    HMLA_CHECK(ranks < 0 || ranks == n, IoError, dir.string(), ": optimizer shards of ", ranks, " and of ", n,
+               " ranks; a checkpoint holds one run's");
+    ranks = n;
+  }
+  HMLA_CHECK(ranks > 0, IoError, dir.string(), ": no optimizer state (optimizer.safetensors or optimizer-*-of-*.safetensors)");
+  io::TensorMap all;
+  for (int r = 0; r < ranks; ++r) {
+    const fs::path f = dir / optimizer_shard_name(r, ranks);
+    HMLA_CHECK(fs::exists(f), IoError, f.string(), " is missing: the checkpoint's optimizer state is incomplete");
+    for (auto& [key, t] : io::load_safetensors(f.string()))
+      HMLA_CHECK(all.emplace(key, std::move(t)).second, IoError, f.string(), ": '", key,
+                 "' is also in another shard; a checkpoint holds each tensor's state once");
+  }
+  return all;
 }
 
 void save_final_model(const fs::path& out, const Model& model) {
@@ -119,7 +161,7 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
   CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
   s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
   s.initialised = load_checkpoint_into_model(s.model, std::move(ck), (dir / "model.safetensors").string(), pr.seed).size();
-  s.opt_state = io::load_safetensors((dir / "optimizer.safetensors").string());
+  s.opt_state = load_optimizer_state(dir);
   log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";
   return s;
 }

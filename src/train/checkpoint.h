@@ -1,5 +1,6 @@
 // Checkpoints (docs/programme.md, "Run directory"): out/checkpoints/<name>/{config.json,
-// model.safetensors, optimizer.safetensors, state.json}, written atomically, and where a run
+// model.safetensors, optimizer.safetensors (sharded: optimizer-R-of-N.safetensors), state.json},
+// written atomically, and where a run
 // starts: fresh (an init_checkpoint or a seeded initialisation) or from the latest checkpoint.
 #pragma once
 #include <filesystem>
@@ -18,9 +19,17 @@ std::string checkpoint_name(int64_t phase, const PhaseSettings& ph, const std::s
 
 // Built in a temporary directory (from host copies of a device's tensors) and renamed into
 // place; then ckroot/latest names it. A diverged model (a non-finite weight) is never saved, and
-// a failed save leaves no temporary directory behind.
+// a failed save leaves no temporary directory behind. Rank 0 of `comm` writes it; with a sharded
+// optimizer every rank calls it and writes its moments (optimizer_shard_name) into the directory
+// rank 0 made, which must therefore be on a filesystem every rank sees.
 void save_checkpoint(const std::filesystem::path& ckroot, const std::string& name, const Model& m, const Optimizer& o,
-                     const RunState& st);
+                     const RunState& st, Comm& comm);
+// "optimizer-00002-of-00004.safetensors": rank 1 of 4's moments, keyed by tensor name.
+std::string optimizer_shard_name(int rank, int ranks);
+// A checkpoint's optimizer state: optimizer.safetensors (one arena per moment), else every
+// optimizer-R-of-N file merged (IoError for a missing file or a tensor held twice);
+// Optimizer::load_state takes either, whatever the rank count now.
+io::TensorMap load_optimizer_state(const std::filesystem::path& dir);
 // The run's final config.json and model.safetensors in `out` (a diverged model is never saved).
 void save_final_model(const std::filesystem::path& out, const Model& model);
 

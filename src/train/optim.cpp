@@ -3,6 +3,7 @@
 #include "hmla/train/optim.h"
 
 #include <cmath>
+#include <map>
 #include <numbers>
 
 #include "hmla/model/v4_tables.h"
@@ -60,23 +61,50 @@ double lr_at(const OptimSettings& o, double base, int64_t step) {
   return base * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * p)));
 }
 
-Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp)
-    : o_(o), indexer_only_(indexer_only), train_mtp_(train_mtp), table_(m.table) {
+Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp, Comm* shard_over)
+    : o_(o), indexer_only_(indexer_only), train_mtp_(train_mtp), table_(m.table), shard_(shard_over) {
   HMLA_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError, "optimizer '", o.optimizer,
              "': use adamw or muon");
-  m_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
-  v_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
-  m_ = arena_views(table_, m_arena_);
-  v_ = arena_views(table_, v_arena_);
+  if (!shard_) {
+    m_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
+    v_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
+    m_ = arena_views(table_, m_arena_);
+    v_ = arena_views(table_, v_arena_);
+    return;
+  }
+  std::vector<bool> trained;
+  for (const ParamSpec& p : table_) trained.push_back(updates(p));
+  plan_ = shard_plan(table_, trained, shard_->size(), shard_->rank());
+  std::vector<ParamSpec> kept;  // the moments this rank keeps: its tensors that the phase updates
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (plan_.mine(i) && trained[i]) kept.push_back(table_[i]);
+  m_arena_ = Tensor::zeros({table_numel(kept)}, DType::f32, m.device());
+  v_arena_ = Tensor::zeros({table_numel(kept)}, DType::f32, m.device());
+  m_ = arena_views(kept, m_arena_);
+  v_ = arena_views(kept, v_arena_);
+  gshard_ = Tensor::zeros({plan_.block}, DType::f32, m.device());
+  const int64_t base = int64_t(plan_.rank) * plan_.block;
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (plan_.mine(i))
+      gowned_[table_[i].name] = gshard_.slice(0, plan_.offset[i] - base, plan_.offset[i] - base +
+                                                                             shape_numel(table_[i].shape)).view(table_[i].shape);
+}
+
+bool Optimizer::updates(const ParamSpec& p) const {
+  if (indexer_only_ && !is_indexer_tensor(p.name)) return false;
+  if (is_router_bias(p.name)) return false;                   // not a gradient parameter (DESIGN.md section 9)
+  return train_mtp_ || !is_mtp_tensor(p.name);                // frozen where the phase trains no MTP loss
 }
 
 OptimStats Optimizer::step(Model& m, io::TensorMap& grads, int64_t step) {
+  HMLA_CHECK(!sharded(), Error, "Optimizer::step runs unsharded only: a sharded step is launch_sharded_step");
   const Tensor stats = Tensor::zeros({kStatCount}, DType::f64, m.device());
   launch_step(m, grads, step, stats, Tensor::zeros({1}, DType::f32, m.device()));
   return stats_of(stats.to_vector<double>(), step);
 }
 
 void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const Tensor& stats, const Tensor& bad) {
+  HMLA_CHECK(!sharded(), Error, "a sharded optimizer steps by launch_sharded_step");
   auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
   group_sum_squares(table_, grads, false, slot(kStatSsBackbone));
   group_sum_squares(table_, grads, true, slot(kStatSsIndexer));
@@ -84,13 +112,51 @@ void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const 
   // every update below leaves weights and moments as they were, so a non-finite gradient never
   // reaches the parameters although the host learns of it only after the launches.
   stats_clip(stats, bad, o_.clip_backbone, o_.clip_indexer);
+  update(m, grads, step, stats);
+  refresh_compute_weights(m);  // the products' copy, once per step (DESIGN.md section 4)
+}
+
+void Optimizer::launch_sharded_step(Model& m, const Tensor& garena, int64_t step, const Tensor& stats,
+                                    const Tensor& bad) {
+  HMLA_CHECK(sharded() && garena.numel() == plan_.arena_numel(), Error,
+             "launch_sharded_step needs a sharded optimizer and its owner-ordered gradient arena");
+  const Device dev = m.device();
+  // Each value reaches its owner summed over the group (the sums that the unsharded all-reduce
+  // makes, in the reduce-scatter's order), and only there.
+  shard_->reduce_scatter_sum(garena.data<float>(), gshard_.data<float>(), plan_.block, dev);
+  std::vector<ParamSpec> owned;
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (plan_.mine(i)) owned.push_back(table_[i]);
+  auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
+  group_sum_squares(owned, gowned_, false, slot(kStatSsBackbone));
+  group_sum_squares(owned, gowned_, true, slot(kStatSsIndexer));
+  static_assert(kStatSsIndexer == kStatSsBackbone + 1, "the two sums of squares are one all-reduce");
+  shard_->allreduce_sum(stats.data<double>() + kStatSsBackbone, 2, dev);  // the global norms' squares
+  stats_clip(stats, bad, o_.clip_backbone, o_.clip_indexer);                // the same gate on every rank
+  update(m, gowned_, step, stats);
+  // The owners' weights into their blocks (the gradients there are spent), gathered through the
+  // arena into every rank's parameters: each rank ends the step holding the whole model.
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (plan_.mine(i) && updates(table_[i])) gowned_.at(table_[i].name).copy_from(m.params.at(table_[i].name));
+  shard_->allgather(gshard_.data<float>(), garena.data<float>(), plan_.block * int64_t(sizeof(float)), dev);
+  const io::TensorMap gathered = shard_views(table_, plan_, garena);
+  for (size_t i = 0; i < table_.size(); ++i)
+    if (!plan_.mine(i) && updates(table_[i])) m.params.at(table_[i].name).copy_from(gathered.at(table_[i].name));
+  refresh_compute_weights(m);
+}
+
+int64_t Optimizer::grad_arena_numel(const Model& m) const { return sharded() ? plan_.arena_numel() : m.arena.numel(); }
+
+io::TensorMap Optimizer::grad_views(const Tensor& arena) const {
+  return sharded() ? shard_views(table_, plan_, arena) : arena_views(table_, arena);
+}
+
+void Optimizer::update(Model& m, const io::TensorMap& grads, int64_t step, const Tensor& stats) {
   const double t = double(step + 1);
   const double bc1 = 1 - std::pow(o_.beta1, t), bc2 = 1 - std::pow(o_.beta2, t);
   for (const ParamSpec& p : table_) {
+    if (!updates(p) || !m_.count(p.name)) continue;  // frozen, or another rank's (sharded)
     const bool idx = is_indexer_tensor(p.name);
-    if (indexer_only_ && !idx) continue;
-    if (is_router_bias(p.name)) continue;  // not a gradient parameter (DESIGN.md section 9)
-    if (!train_mtp_ && is_mtp_tensor(p.name)) continue;  // frozen where the phase trains no MTP loss
     const StatSlot gscale = idx ? kStatScaleIndexer : kStatScaleBackbone;
     const float lr = float(lr_at(o_, idx ? o_.indexer_lr : o_.lr, step));
     const Tensor &w = m.params.at(p.name), &g = grads.at(p.name), &mm = m_.at(p.name);
@@ -108,7 +174,6 @@ void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const 
     h.bc1 = bc1, h.bc2 = bc2;
     adamw_update(w, g, mm, v_.at(p.name), h, stats, gscale);
   }
-  refresh_compute_weights(m);  // the products' copy, once per step (DESIGN.md section 4)
 }
 
 OptimStats Optimizer::stats_of(const std::vector<double>& s, int64_t step) const {
@@ -124,16 +189,47 @@ OptimStats Optimizer::stats_of(const std::vector<double>& s, int64_t step) const
   return st;
 }
 
-io::TensorMap Optimizer::state() const { return {{"optimizer.m", m_arena_}, {"optimizer.v", v_arena_}}; }
+io::TensorMap Optimizer::state() const {
+  if (!sharded()) return {{"optimizer.m", m_arena_}, {"optimizer.v", v_arena_}};
+  io::TensorMap s;
+  for (const auto& [name, t] : m_) s["m." + name] = t, s["v." + name] = v_.at(name);
+  return s;
+}
 
 void Optimizer::load_state(const io::TensorMap& s, const std::string& what) {
-  for (const char* name : {"optimizer.m", "optimizer.v"}) {
-    auto it = s.find(name);
-    HMLA_CHECK(it != s.end() && it->second.numel() == m_arena_.numel() && it->second.dtype() == DType::f32, IoError,
-               what, ": optimizer state '", name, "' is missing or does not match the model");
+  if (s.count("optimizer.m") || s.count("optimizer.v")) {  // one arena per moment, in table order
+    const int64_t n = table_numel(table_);
+    for (const char* name : {"optimizer.m", "optimizer.v"}) {
+      auto it = s.find(name);
+      HMLA_CHECK(it != s.end() && it->second.numel() == n && it->second.dtype() == DType::f32, IoError, what,
+                 ": optimizer state '", name, "' is missing or does not match the model");
+    }
+    if (!sharded()) {
+      m_arena_.copy_from(s.at("optimizer.m").view({m_arena_.numel()}));
+      v_arena_.copy_from(s.at("optimizer.v").view({v_arena_.numel()}));
+      return;
+    }
+    const io::TensorMap fm = arena_views(table_, s.at("optimizer.m").view({n}));
+    const io::TensorMap fv = arena_views(table_, s.at("optimizer.v").view({n}));
+    for (auto& [name, t] : m_) t.copy_from(fm.at(name)), v_.at(name).copy_from(fv.at(name));
+    return;
   }
-  m_arena_.copy_from(s.at("optimizer.m").view({m_arena_.numel()}));
-  v_arena_.copy_from(s.at("optimizer.v").view({v_arena_.numel()}));
+  // Keyed by name (a sharded run's files, merged): every tensor this optimizer updates must be
+  // there; the others' moments are zero in any run (they never move within the phase).
+  std::map<std::string, const ParamSpec*> known;
+  for (const ParamSpec& p : table_) known["m." + p.name] = &p, known["v." + p.name] = &p;
+  for (const auto& [key, t] : s) {
+    auto it = known.find(key);
+    HMLA_CHECK(it != known.end() && t.dtype() == DType::f32 && t.shape() == it->second->shape, IoError, what,
+               ": optimizer state '", key, "' matches no tensor of the model");
+  }
+  for (const ParamSpec& p : table_) {
+    if (!updates(p) || !m_.count(p.name)) continue;
+    for (const std::string key : {"m." + p.name, "v." + p.name}) {
+      HMLA_CHECK(s.count(key), IoError, what, ": optimizer state '", key, "' is missing");
+      (key[0] == 'm' ? m_ : v_).at(p.name).copy_from(s.at(key));
+    }
+  }
 }
 
 }  // namespace hmla

@@ -1,6 +1,7 @@
 // The training step (step.h): micro-batches, the model's forward and backward per micro-batch,
-// one SUM all-reduce of the gradient arena and the losses, the update gated on the device, one
-// read-back of the step's stats, the divergence checks.
+// one SUM all-reduce of the gradient arena (sharded: a reduce-scatter to the owners, then an
+// all-gather of the weights) and the losses, the update gated on the device, one read-back of the
+// step's stats, the divergence checks.
 #include "step.h"
 
 #include <algorithm>
@@ -134,9 +135,14 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   // losses (all-reduced below) are non-finite exactly when some rank's are: a sum of finite
   // per-rank values cannot overflow (each is a sum of f32-sized terms, far below 1e308).
   stats_losses(stats, bad);
-  grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
-  grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
-  optim.launch_step(model, grads, step, stats, bad);
+  if (optim.sharded()) {  // ZeRO-1: each tensor's sum reaches its owner only, the weights come back
+    grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
+    optim.launch_sharded_step(model, garena, step, stats, bad);
+  } else {
+    grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
+    grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
+    optim.launch_step(model, grads, step, stats, bad);
+  }
   const std::vector<double> h = all_stats.to_vector<double>();  // the step's one read-back
   // lm, kl, tokens of this rank's micro-batches, the MTP loss, the CSA layers' kl, the mass's sums
   std::vector<double> sums = {h[kStatLm], h[kStatKl], tokens, mtp ? h[kStatMtp] : 0.0,

@@ -30,7 +30,8 @@ struct StepResult {
 };
 
 // The step's micro-batches dealt round-robin to the data-parallel ranks, gradients (into
-// `garena`, whose views are `grads`) and losses summed over the whole grid, then the update. A
+// `garena`, whose views are `grads`: optim.grad_views) and losses summed over the whole grid (a
+// sharded optimizer's gradients over the grid to each tensor's owner), then the update. A
 // non-finite loss or gradient norm stops the run (DivergenceError naming the phase, the step and
 // the quantity) before the optimizer moves a weight. A logging step (log_step) of a DeepSeek-V4
 // stack also measures its attention mass (StepOptions::attn_mass) over the whole grid's loss rows.

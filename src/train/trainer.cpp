@@ -92,6 +92,7 @@ struct Run {
   std::ostream& log;  // the console on rank 0, a sink elsewhere
   MetricsLog& metrics;
   const SigintCatcher& sigint;
+  const bool shard_optimizer;  // ZeRO-1 over the grid (docs/scale_out.md)
 };
 
 // The model as phase `p` runs it: the hybrid layers in its mode, the others mha, the latent
@@ -173,13 +174,14 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
   // At the phase's entry only: a run resumed inside the phase checked it before its checkpoint.
   if (any_hybrid && !resumed && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse))
     check_phase_equivalence(ph, model, run.in.hybrid, eval, run.grid.cp, run.log, run.metrics);
-  Optimizer optim(model, ph.optim, ph.mode == LayerMode::dsa_warmup, ph.mtp_loss_coeff > 0);
+  Optimizer optim(model, ph.optim, ph.mode == LayerMode::dsa_warmup, ph.mtp_loss_coeff > 0,
+                  run.shard_optimizer ? &run.grid.world : nullptr);
   if (resumed) optim.load_state(opt_state, "checkpoint");
   opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
   PackedLoader loader(run.in.train, ph.seq_len, loader_seed(run.pr, p));
   if (resumed) loader.seek(resumed->data_pos);
-  Tensor garena = Tensor::zeros({model.arena.numel()}, DType::f32, model.device());
-  io::TensorMap grads = arena_views(model.table, garena);
+  Tensor garena = Tensor::zeros({optim.grad_arena_numel(model)}, DType::f32, model.device());
+  io::TensorMap grads = optim.grad_views(garena);
 
   const int64_t first = resumed ? resumed->step : 0;
   const auto t_phase = std::chrono::steady_clock::now();
@@ -197,15 +199,15 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
       throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
                         "; the last complete checkpoint is intact (resume with --resume)");
     const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
-    if (ckpt && root)
+    if (ckpt && (root || optim.sharded()))  // sharded: every rank writes its moments
       save_checkpoint(run.ckroot, checkpoint_name(p, ph, "step" + std::to_string(step + 1)), model, optim,
-                      {p, step + 1, loader.position(), run.in.fingerprint, run.metrics.bytes()});
+                      {p, step + 1, loader.position(), run.in.fingerprint, run.metrics.bytes()}, run.grid.world);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
   write_phase_end_row(run, ph, model, eval, losses, kls, seconds);
-  if (root)
+  if (root || optim.sharded())
     save_checkpoint(run.ckroot, checkpoint_name(p, ph, "end"), model, optim,
-                    {p + 1, 0, {}, run.in.fingerprint, run.metrics.bytes()});
+                    {p + 1, 0, {}, run.in.fingerprint, run.metrics.bytes()}, run.grid.world);
 }
 
 // The rows of the run's own metrics.jsonl, which hmla wrote whole: a malformed line is an error.
@@ -278,7 +280,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   log << in.memory_plan;
   if (start.initialised > 0)
     log << "initialised " << start.initialised << " multi-token-prediction tensors the checkpoint does not hold\n";
-  const Run run{pr, grid, in, out, out / "checkpoints", log, metrics, *sigint};
+  const Run run{pr, grid, in, out, out / "checkpoints", log, metrics, *sigint, opt.shard_optimizer};
   Model& model = start.model;
   for (int64_t p = start.st.phase; p < int64_t(pr.phases.size()); ++p) {
     const bool resuming_here = opt.resume && p == start.st.phase && start.st.step > 0;

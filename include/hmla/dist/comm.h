@@ -33,7 +33,7 @@ class Comm {
   int size() const { return size_; }
   bool is_root() const { return rank_ == 0; }
   void allreduce_sum(float* x, int64_t n, Device dev = Device::cpu);
-  void allreduce_sum(double* x, int64_t n);
+  void allreduce_sum(double* x, int64_t n, Device dev = Device::cpu);
   void allreduce_sum(int64_t* x, int64_t n);
   void allreduce_max(double* x, int64_t n);
   // recv bytes [r * n, (r + 1) * n) = rank r's send bytes [0, n).

@@ -1,10 +1,12 @@
 // Optimizers (docs/optim.md): AdamW, and Muon for 2-D weight matrices with AdamW for 1-D
 // tensors, embeddings and the head. Two parameter groups with their own learning rates and clip
-// norms: the backbone and the indexers (tensors named "...indexer...").
+// norms: the backbone and the indexers (tensors named "...indexer..."). Sharded (ZeRO-1,
+// hmla/train/zero.h): each rank of a group keeps the moments of the whole tensors it owns.
 #pragma once
 #include <string>
 
 #include "hmla/model/model.h"
+#include "hmla/train/zero.h"
 
 namespace hmla {
 
@@ -31,7 +33,12 @@ class Optimizer {
  public:
   // indexer_only: only the indexers' tensors are updated (dsa_warmup); train_mtp false: the
   // multi-token-prediction layers' (mtp.*, where they are parameters) are not (mtp_loss_coeff 0).
-  Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp = true);
+  // shard_over (ZeRO-1, docs/scale_out.md): the group over which the moments are sharded, which
+  // must be the group the gradients are summed over; null: every rank keeps every moment.
+  Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp = true,
+            Comm* shard_over = nullptr);
+  // Whether the update moves this table entry (the phase trains it, it is a gradient parameter).
+  bool updates(const ParamSpec& p) const;
   // Clips each group to its norm, then updates m's parameters from `grads` (same table); one
   // read-back, and a DivergenceError for a non-finite norm, with no weight or moment moved.
   OptimStats step(Model& m, io::TensorMap& grads, int64_t step);
@@ -43,16 +50,36 @@ class Optimizer {
   // The norms and lr of a stats buffer read back after launch_step; DivergenceError (nothing
   // moved) for a non-finite norm.
   OptimStats stats_of(const std::vector<double>& stats, int64_t step) const;
-  // State for checkpoints (one arena of the model's table each) and its restore.
+  // Sharded only: the gradient arena's size and views (owner-ordered, zero.h; the backward writes
+  // every tensor's partial sum there), and the whole step on it: the sums reduce-scattered to
+  // their owners, the norms' squares summed over the group, clip and gate as launch_step, each
+  // owner's update, then the updated weights all-gathered through the arena (it holds weights,
+  // not gradients, afterwards) and the compute copies refreshed.
+  bool sharded() const { return shard_ != nullptr; }
+  int64_t grad_arena_numel(const Model& m) const;
+  io::TensorMap grad_views(const Tensor& arena) const;
+  void launch_sharded_step(Model& m, const Tensor& garena, int64_t step, const Tensor& stats, const Tensor& bad);
+  const ShardPlan& plan() const { return plan_; }
+  // State for checkpoints and its restore. Unsharded: one arena of the model's table each
+  // ("optimizer.m", "optimizer.v"). Sharded: this rank's tensors, keyed by name ("m.<name>",
+  // "v.<name>"). load_state takes either layout whatever this optimizer's, so a checkpoint resumes
+  // on another rank count or sharding (a tensor the file lacks must be one this optimizer does
+  // not update).
   io::TensorMap state() const;
   void load_state(const io::TensorMap& s, const std::string& what);
+  int64_t state_numel() const { return m_arena_.numel(); }  // per moment, on this rank
 
  private:
+  void update(Model& m, const io::TensorMap& grads, int64_t step, const Tensor& stats);
   OptimSettings o_;
   bool indexer_only_, train_mtp_;
   std::vector<ParamSpec> table_;
+  Comm* shard_ = nullptr;
+  ShardPlan plan_;         // sharded: the placement over shard_
+  Tensor gshard_;          // sharded: this rank's block of the reduced gradients [plan_.block]
+  io::TensorMap gowned_;   // its views, the owned tensors
   Tensor m_arena_, v_arena_;
-  io::TensorMap m_, v_;
+  io::TensorMap m_, v_;    // the tensors this rank keeps moments for
 };
 
 }  // namespace hmla

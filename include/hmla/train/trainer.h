@@ -18,6 +18,9 @@ struct TrainOptions {
   int cp = 1;           // context-parallel ranks; the rest of the world is data parallel
   std::string cp_split = "contiguous";  // the only split (check_cp_split)
   std::string device;   // cpu or cuda; empty: the programme's `device` (default cpu)
+  // ZeRO-1 (docs/scale_out.md): each rank keeps the optimizer moments of its whole tensors only;
+  // gradients reduce-scattered to their owners, updated weights all-gathered. One rank: unsharded.
+  bool shard_optimizer = false;
   // A test seam: called on every rank with its rank once the rank grid stands, before anything
   // is read or written; what it throws ends the run as any error does. `hmla train` sets it from
   // HMLA_TEST_FAIL_RANK (app/cmd_train.cpp) for tests/python/mpi_dp.py.
