@@ -8,6 +8,7 @@
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
+#include "hmla/model/rank_plan.h"
 #include "hmla/model/v4_tables.h"
 #include "model_internal.h"
 
@@ -325,7 +326,7 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
 }
 
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                      bool training, DType compute, bool recompute, int64_t ep) {
+                      bool training, DType compute, bool recompute) {
   const int64_t f = sizeof(float);
   const SizeFactor V{"vocab_size", c.vocab_size};
   if (training) {  // the LM head runs over chunks of rows (lm_head_loss), the gradient over the logits
@@ -348,14 +349,16 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
                                     : 2 * c.hidden_size};
     plan.add("a MoE layer's expert rows (workspace)", {rows, s, k, width}, f);
     plan.add("a MoE layer's router logits (workspace)", {rows, s, {"n_routed_experts", m.n_routed_experts}}, f);
-    // Expert parallelism (DESIGN.md section 8): one MoE layer's all-to-all buffers at a time, the
-    // rows sent and received by the dispatch and by the combine in the compute dtype. A rank may
-    // receive up to every token's k choices; balanced routing receives N k, what is planned here.
-    if (ep > 1)
-      plan.add("the EP dispatch and combine buffers (balanced routing: N k rows received)",
-               {rows, s, k, {"send and receive x dispatch and combine", 4}, {"hidden_size", c.hidden_size}},
-               int64_t(dtype_size(compute)));
   }
+}
+
+void plan_ep_buffers(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s, int64_t ep,
+                     DType compute) {
+  if (ep <= 1 || !c.has_moe_layers()) return;
+  plan.add("the EP dispatch and combine buffers (balanced routing: N k rows received)",
+           {rows, s, {"num_experts_per_tok", c.moe.num_experts_per_tok}, {"send and receive x dispatch and combine", 4},
+            {"hidden_size", c.hidden_size}},
+           int64_t(dtype_size(compute)));
 }
 
 }  // namespace hmla

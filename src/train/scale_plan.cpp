@@ -14,7 +14,7 @@
 #include "hmla/core/error.h"
 #include "hmla/dist/ep_traffic.h"
 #include "hmla/model/model.h"
-#include "hmla/ops/backend.h"
+#include "hmla/model/rank_plan.h"
 #include "hmla/train/programme.h"
 #include "run_inputs.h"
 
@@ -90,7 +90,8 @@ RankPlan plan_rank(const PlanCase& pc, const ScaleLayout& l, Device dev) {
   RankPlan r;
   plan_rank_parameters(r.state, c, pc.indexer, {l.ep, l.dp(), l.shard_optimizer}, compute);
   const SizeFactor s = l.cp > 1 ? SizeFactor{"seq_len / cp", pc.seq_len / l.cp} : SizeFactor{"seq_len", pc.seq_len};
-  plan_activations(r.activations, c, {"micro-batch rows", pc.rows}, s, true, compute, pc.recompute, l.ep);
+  plan_activations(r.activations, c, {"micro-batch rows", pc.rows}, s, true, compute, pc.recompute);
+  plan_ep_buffers(r.activations, c, {"micro-batch rows", pc.rows}, s, l.ep, compute);
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) r.moe_layers += c.is_moe_layer(L);
   if (c.is_v4() && c.v4.mtp_params) r.moe_layers += c.form.num_nextn_predict_layers;  // MTP blocks: MoE too
   r.tokens = checked_product({{"rows", pc.rows}, s}, "a rank's tokens");

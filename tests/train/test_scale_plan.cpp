@@ -8,6 +8,7 @@
 #include "hmla/core/error.h"
 #include "hmla/dist/ep_traffic.h"
 #include "hmla/model/model.h"
+#include "hmla/model/rank_plan.h"
 #include "hmla/model/v4_tables.h"
 #include "hmla/train/scale_plan.h"
 

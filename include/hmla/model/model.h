@@ -50,31 +50,8 @@ std::vector<ActSpec> activation_table(const ModelConfig& c, const ActRows& r, DT
 // sizes; a compute dtype other than f32 adds the weights' compute copy).
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
                      DType compute);
-// ep > 1: expert parallelism adds one MoE layer's all-to-all buffers (balanced routing).
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
-                      bool training, DType compute, bool recompute = false, int64_t ep = 1);
-
-// The parameters split as expert parallelism splits them (DESIGN.md section 8): the MoE layers'
-// routed experts (MTP layers' included), and everything else, which every rank holds.
-struct ParamCounts {
-  int64_t replicated = 0;      // f32 values
-  int64_t routed_experts = 0;  // f32 values, all experts of all MoE layers
-  int64_t total() const { return replicated + routed_experts; }
-};
-ParamCounts count_parameters(const ModelConfig& c, const std::vector<bool>& has_indexer);
-
-// One rank's share of the training state (DESIGN.md section 8): ep ranks split each MoE layer's
-// routed experts in contiguous blocks (ep divides n_routed_experts and dp), the rest replicated;
-// the parameters and gradients in f32; AdamW's two f32 moments, with shard_optimizer (ZeRO-1) for
-// 1/dp of the replicated values and 1/(dp / ep) of the rank's experts (their replicas), rounded
-// up; the hash tables; the compute copy. Items: the parameters, their gradients, the moments, then
-// plan_parameters' last items. ep = dp = 1 unsharded totals plan_parameters(training = true).
-struct RankShare {
-  int64_t ep = 1, dp = 1;
-  bool shard_optimizer = false;
-};
-void plan_rank_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer,
-                          const RankShare& r, DType compute);
+                      bool training, DType compute, bool recompute = false);
 // The part of it that is activation_table, to the byte for one rank (S = s; overflow-checked: it
 // runs before anything is allocated).
 void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
