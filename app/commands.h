@@ -13,4 +13,5 @@ void add_model_commands(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_text_commands(CLI::App& app);  // tokenize
 void add_ops_command(CLI::App& app);    // the support matrix
+void add_plan_command(CLI::App& app);   // one rank's memory under a parallel layout
 }  // namespace hmla::app

@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
   hmla::app::add_report_command(app);
   hmla::app::add_text_commands(app);
   hmla::app::add_ops_command(app);
+  hmla::app::add_plan_command(app);
   try {
     check_omp_num_threads();
     app.parse(argc, argv);

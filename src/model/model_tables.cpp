@@ -8,6 +8,7 @@
 #include "hmla/model/decoder_layer.h"
 #include "hmla/model/indexer.h"
 #include "hmla/model/model.h"
+#include "hmla/model/rank_plan.h"
 #include "hmla/model/v4_tables.h"
 #include "model_internal.h"
 
@@ -123,7 +124,12 @@ namespace {
 // The parameter table's entries in its order, each with how many layers repeat it: the embedding,
 // the first layer of each kind (its later layers repeat it; a routed expert's entries n_routed_experts
 // times more), the final entries.
-using RepeatedEntries = std::vector<std::pair<ParamSpec, int64_t>>;
+struct RepeatedEntry {
+  ParamSpec p;
+  int64_t repeats;
+  bool expert;  // a routed expert's (expert parallelism splits these: DESIGN.md section 8)
+};
+using RepeatedEntries = std::vector<RepeatedEntry>;
 template <class Key, class LayerParams>
 void add_layer_kinds(RepeatedEntries& entries, const ModelConfig& c, Key key_of, LayerParams params_of,
                      const std::string& expert_infix) {
@@ -135,14 +141,16 @@ void add_layer_kinds(RepeatedEntries& entries, const ModelConfig& c, Key key_of,
   for (const auto& [L, count] : firsts)
     for (ParamSpec& p : params_of(L)) {
       const bool expert = p.name.find(expert_infix) != std::string::npos;
-      entries.push_back({p, expert ? checked_product({{"layers", count}, {"n_routed_experts", c.moe.n_routed_experts}},
-                                                     "the parameter count")
-                                   : count});
+      entries.push_back({p,
+                         expert ? checked_product({{"layers", count}, {"n_routed_experts", c.moe.n_routed_experts}},
+                                                  "the parameter count")
+                                : count,
+                         expert});
     }
 }
 
 RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has_indexer) {
-  RepeatedEntries entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1}};
+  RepeatedEntries entries{{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}, 1, false}};
   if (c.is_v4()) {
     add_layer_kinds(
         entries, c,
@@ -153,8 +161,10 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
     const std::vector<ParamSpec> all = v4_param_table(c, true);  // its entries after the last layer's
     size_t tail = all.size();
     while (tail > 0 && !all[tail - 1].name.starts_with("model.layers.")) --tail;
-    for (size_t i = tail; i < all.size(); ++i)  // the MTP layers' (where they train) each once, expert 0 E times
-      entries.push_back({all[i], all[i].name.find(".ffn.experts.0.") != std::string::npos ? c.moe.n_routed_experts : 1});
+    for (size_t i = tail; i < all.size(); ++i) {  // the MTP layers' (where they train) each once, expert 0 E times
+      const bool expert = all[i].name.find(".ffn.experts.0.") != std::string::npos;
+      entries.push_back({all[i], expert ? c.moe.n_routed_experts : 1, expert});
+    }
     return entries;
   }
   add_layer_kinds(
@@ -165,8 +175,37 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
         return layer;
       },
       ".mlp.experts.0.");
-  for (ParamSpec& p : head_params(c)) entries.push_back({p, 1});
+  for (ParamSpec& p : head_params(c)) entries.push_back({p, 1, false});
   return entries;
+}
+
+}  // namespace
+
+ParamCounts count_parameters(const ModelConfig& c, const std::vector<bool>& has_indexer) {
+  HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
+  ParamCounts n;
+  for (const auto& [p, repeats, expert] : param_entries(c, has_indexer)) {
+    int64_t& to = expert ? n.routed_experts : n.replicated;
+    to = checked_add(to, checked_product({{"layers", repeats}, {"values", shape_numel(p.shape)}}, "the parameter count"),
+                     "the parameter count");
+  }
+  return n;
+}
+
+namespace {
+
+// V4's hash routing tables (i32, replicated on every rank) and, on a device whose compute dtype is
+// not f32, the weights' compute copy (Model::compute_arena) of `params` values.
+void plan_int_tables_and_copy(MemoryPlan& plan, const ModelConfig& c, int64_t params, DType compute) {
+  int64_t ints = 0;
+  for (const ParamSpec& p : v4_int_tables(c)) ints = checked_add(ints, shape_numel(p.shape), "the tid2eid tables");
+  if (ints > 0)
+    plan.add_bytes("the hash layers' tid2eid tables", checked_product({{"values", ints}, {"bytes", 4}}, "tid2eid"),
+                   std::to_string(ints) + " values of 4 bytes (i32, no gradient)");
+  if (compute != DType::f32)
+    plan.add_bytes(std::string("the weights' ") + dtype_name(compute) + " compute copy",
+                   checked_product({{"parameters", params}, {"bytes", int64_t(dtype_size(compute))}}, "the parameters"),
+                   std::to_string(params) + " values of " + std::to_string(dtype_size(compute)) + " bytes");
 }
 
 }  // namespace
@@ -177,30 +216,52 @@ RepeatedEntries param_entries(const ModelConfig& c, const std::vector<bool>& has
 // itself per-layer memory that may be built only once the plan has passed.
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
                      DType compute) {
-  HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
+  const int64_t total = count_parameters(c, has_indexer).total();
   const RepeatedEntries entries = param_entries(c, has_indexer);
-  int64_t total = 0;
   const ParamSpec* big = nullptr;
-  for (const auto& [p, repeats] : entries) {
-    total = checked_add(total, checked_product({{"layers", repeats}, {"values", shape_numel(p.shape)}}, "the parameter count"),
-                        "the parameter count");
-    if (!big || shape_numel(p.shape) > shape_numel(big->shape)) big = &p;
-  }
+  for (const RepeatedEntry& e : entries)
+    if (!big || shape_numel(e.p.shape) > shape_numel(big->shape)) big = &e.p;
   const std::string largest = big ? "; the largest: " + big->name + " " + shape_str(big->shape) + param_fields(big->name)
                                   : "";
   const int64_t copies = training ? 3 : 1;
   plan.add_bytes(training ? "the parameters, their gradients and the optimizer's moments" : "the parameters",
                  checked_product({{"parameters", total}, {"copies", copies}, {"bytes", 4}}, "the parameters"),
                  std::to_string(total) + " values" + (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
-  int64_t ints = 0;  // V4's hash routing tables, held as i32
-  for (const ParamSpec& p : v4_int_tables(c)) ints = checked_add(ints, shape_numel(p.shape), "the tid2eid tables");
-  if (ints > 0)
-    plan.add_bytes("the hash layers' tid2eid tables", checked_product({{"values", ints}, {"bytes", 4}}, "tid2eid"),
-                   std::to_string(ints) + " values of 4 bytes (i32, no gradient)");
-  if (compute != DType::f32)  // Model::compute_arena: every parameter, in the compute dtype
-    plan.add_bytes(std::string("the weights' ") + dtype_name(compute) + " compute copy",
-                   checked_product({{"parameters", total}, {"bytes", int64_t(dtype_size(compute))}}, "the parameters"),
-                   std::to_string(total) + " values of " + std::to_string(dtype_size(compute)) + " bytes");
+  plan_int_tables_and_copy(plan, c, total, compute);
+}
+
+void plan_rank_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer,
+                          const RankShare& r, DType compute) {
+  HMLA_CHECK(r.ep >= 1 && r.copies >= 1 && r.copies % r.ep == 0, ConfigError, "expert parallel size ", r.ep,
+             " must divide the ", r.copies, " ranks holding each replicated tensor");
+  const MoeConfig& m = c.moe;
+  HMLA_CHECK(r.ep == 1 || c.has_moe_layers(), ConfigError, "--ep ", r.ep, ": the model has no MoE layers (use --ep 1)");
+  HMLA_CHECK(r.ep == 1 || m.n_routed_experts % r.ep == 0, ConfigError, "--ep ", r.ep, " does not divide n_routed_experts = ",
+             m.n_routed_experts, ": each EP rank holds a contiguous block of n_routed_experts / ep experts per MoE layer");
+  const ParamCounts n = count_parameters(c, has_indexer);
+  const int64_t experts = n.routed_experts / r.ep;  // exact: ep divides every MoE layer's expert count
+  const int64_t held = checked_add(n.replicated, experts, "the rank's parameters");
+  const std::string split = std::to_string(n.replicated) + " replicated + " + std::to_string(experts) +
+                            " of the routed experts' " + std::to_string(n.routed_experts) +
+                            (r.ep > 1 ? " (n_routed_experts / ep = " + std::to_string(m.n_routed_experts / r.ep) +
+                                            " experts per MoE layer)"
+                                      : "");
+  const int64_t held_bytes = checked_product({{"values", held}, {"bytes", 4}}, "the rank's parameters");
+  plan.add_bytes("the parameters (f32)", held_bytes, split + " values of 4 bytes");
+  plan.add_bytes("their gradients (f32)", held_bytes, split + " values of 4 bytes");
+  // ZeRO-1: the replicated part over the ranks holding it, each expert over the copies / ep ranks
+  // that hold it; a rank keeps at least the rounded-up share of each (whole tensors: up to one more).
+  const int64_t rep_share = r.shard_optimizer ? (n.replicated + r.copies - 1) / r.copies : n.replicated;
+  const int64_t replicas = r.copies / r.ep;
+  const int64_t exp_share = r.shard_optimizer ? (experts + replicas - 1) / replicas : experts;
+  const int64_t moments = checked_add(rep_share, exp_share, "the optimizer's state");
+  plan.add_bytes("the optimizer's moments (f32, 2 per parameter)",
+                 checked_product({{"values", moments}, {"moments", 2}, {"bytes", 4}}, "the optimizer's state"),
+                 r.shard_optimizer ? "sharded over cp x dp = " + std::to_string(r.copies) + ": " + std::to_string(rep_share) +
+                                         " replicated + " + std::to_string(exp_share) + " expert values (over cp x dp / ep = " +
+                                         std::to_string(replicas) + " replicas) x 2 of 4 bytes"
+                                   : std::to_string(moments) + " values x 2 of 4 bytes");
+  plan_int_tables_and_copy(plan, c, held, compute);
 }
 
 void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
@@ -289,6 +350,15 @@ void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& 
     plan.add("a MoE layer's expert rows (workspace)", {rows, s, k, width}, f);
     plan.add("a MoE layer's router logits (workspace)", {rows, s, {"n_routed_experts", m.n_routed_experts}}, f);
   }
+}
+
+void plan_ep_buffers(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s, int64_t ep,
+                     DType compute) {
+  if (ep <= 1 || !c.has_moe_layers()) return;
+  plan.add("the EP dispatch and combine buffers (balanced routing: N k rows received)",
+           {rows, s, {"num_experts_per_tok", c.moe.num_experts_per_tok}, {"send and receive x dispatch and combine", 4},
+            {"hidden_size", c.hidden_size}},
+           int64_t(dtype_size(compute)));
 }
 
 }  // namespace hmla

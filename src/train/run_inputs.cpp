@@ -73,10 +73,21 @@ void train_mtp_layers(const Programme& pr, ModelConfig& cfg) {
 
 }  // namespace
 
-std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
+std::vector<PhaseModel> phase_models(const Programme& pr) {
   ModelConfig cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
   train_mtp_layers(pr, cfg);
   const std::vector<bool> hybrid = hybrid_mask(pr, cfg.num_hidden_layers);
+  std::vector<PhaseModel> models;
+  for (const PhaseSettings& ph : pr.phases) {
+    ModelConfig pc = cfg;
+    set_modes(pc, hybrid, ph.mode);
+    models.push_back({pc, phase_indexers(cfg, hybrid, ph.mode)});
+  }
+  return models;
+}
+
+std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
+  const std::vector<PhaseModel> models = phase_models(pr);
   // CUDA's compute dtype (DESIGN.md section 4) is known without a device or its backend.
   const DType compute = dev == Device::cpu ? DType::f32 : DType::bf16;
   const bool env = std::getenv("HMLA_MEMORY_BUDGET") && *std::getenv("HMLA_MEMORY_BUDGET");
@@ -86,10 +97,9 @@ std::string memory_plan_table(const Programme& pr, int cp, Device dev) {
   auto line = [&out](const std::string& what, double bytes) {
     out << "  " << what << std::string(what.size() < 58 ? 58 - what.size() : 1, ' ') << format_bytes(bytes) << "\n";
   };
-  for (const PhaseSettings& ph : pr.phases) {
-    ModelConfig pc = cfg;
-    set_modes(pc, hybrid, ph.mode);
-    const std::vector<bool> indexer = phase_indexers(cfg, hybrid, ph.mode);
+  for (size_t i = 0; i < pr.phases.size(); ++i) {
+    const PhaseSettings& ph = pr.phases[i];
+    const auto& [pc, indexer] = models[i];
     const SizeFactor s = cp > 1 ? SizeFactor{"seq_len / cp", ph.seq_len / cp} : SizeFactor{"seq_len", ph.seq_len};
     MemoryPlan params, acts;
     plan_parameters(params, pc, indexer, false, compute);

@@ -25,6 +25,14 @@ struct RunInputs {
 // under --cp holds seq_len / cp rows); then the data.
 RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev);
 
+// Each phase's model, as the run builds it: the config in the phase's modes (the MTP layers
+// parameters where a phase trains them) and the layers that carry indexer tensors.
+struct PhaseModel {
+  ModelConfig cfg;
+  std::vector<bool> indexer;
+};
+std::vector<PhaseModel> phase_models(const Programme& pr);
+
 // programme_memory_plan's table (trainer.h) for cp ranks per replica on dev.
 std::string memory_plan_table(const Programme& pr, int cp, Device dev);
 
