@@ -225,7 +225,7 @@ void Optimizer::load_state(const io::TensorMap& s, const std::string& what) {
   }
   for (const ParamSpec& p : table_) {
     if (!updates(p) || !m_.count(p.name)) continue;
-    for (const std::string key : {"m." + p.name, "v." + p.name}) {
+    for (const std::string& key : {"m." + p.name, "v." + p.name}) {
       HMLA_CHECK(s.count(key), IoError, what, ": optimizer state '", key, "' is missing");
       (key[0] == 'm' ? m_ : v_).at(p.name).copy_from(s.at(key));
     }
