@@ -60,9 +60,9 @@ void compressed_index_topk(const CompressedIndexParams& p) {
     float* I = scores.data<float>() + omp_get_thread_num() * n_e;
     int32_t* cand = cands.data<int32_t>() + omp_get_thread_num() * n_e;
     const int64_t n = hi - lo;
-    const float* q = p.qI + row * p.nI * p.dI;
+    const float* q = f32p(p.qI) + row * p.nI * p.dI;
     const float* w = p.w + row * p.nI;
-    for (int64_t e = lo; e < hi; ++e) I[e - lo] = score(q, w, p.kI + (bb * p.n_e + e) * p.dI, p.nI, p.dI);
+    for (int64_t e = lo; e < hi; ++e) I[e - lo] = score(q, w, f32p(p.kI) + (bb * p.n_e + e) * p.dI, p.nI, p.dI);
     std::iota(cand, cand + n, int32_t(lo));
     // A strict total order on the range (-0 == +0; ties to the smaller entry): the K best are unique.
     auto better = [&](int32_t x, int32_t y) {
@@ -80,13 +80,13 @@ void compressed_index_scores(const CompressedIndexParams& p) {
   for_each_row(p, [&](int64_t row, int64_t bb, int64_t lo, int64_t hi) {
     float* out = p.scores + row * p.n_e;
     std::fill(out, out + p.n_e, -INFINITY);
-    const float* q = p.qI + row * p.nI * p.dI;
+    const float* q = f32p(p.qI) + row * p.nI * p.dI;
     const float* w = p.w + row * p.nI;
-    for (int64_t e = lo; e < hi; ++e) out[e] = score(q, w, p.kI + (bb * p.n_e + e) * p.dI, p.nI, p.dI);
+    for (int64_t e = lo; e < hi; ++e) out[e] = score(q, w, f32p(p.kI) + (bb * p.n_e + e) * p.dI, p.nI, p.dI);
   });
 }
 
 // The CPU's plan (cpu_kernels.h): f32, any shape.
-Plan plan(Op, const CompressedIndexParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const CompressedIndexParams& p) { return plan_if(f32(p.dtype), Variant::cpu); }
 
 }  // namespace hmla::cpu

@@ -99,8 +99,8 @@ struct Tile {
 
 // L [nq, nk] = scale q_h(rows t0..) ent(e0..)^T for batch row bb.
 void logits(const KlP& p, int64_t bb, int64_t t0, int64_t nq, int64_t h, int64_t e0, int64_t nk, float* L) {
-  sgemm(Trans::no, Trans::yes, nq, nk, p.d, p.scale, p.q + bb * p.q_bstride + (t0 - p.q_row0) * p.q_rstride + h * p.q_hstride,
-        p.q_rstride, p.ent + (bb * p.n_e + e0) * p.d, p.d, 0.f, L, nk);
+  sgemm(Trans::no, Trans::yes, nq, nk, p.d, p.scale, f32p(p.q) + bb * p.q_bstride + (t0 - p.q_row0) * p.q_rstride + h * p.q_hstride,
+        p.q_rstride, f32p(p.ent) + (bb * p.n_e + e0) * p.d, p.d, 0.f, L, nk);
 }
 
 // For rows [t0, t0 + nq) and entries [e0, e0 + nk) with the masks lo, hi and the row statistics in the
@@ -108,7 +108,7 @@ void logits(const KlP& p, int64_t bb, int64_t t0, int64_t nq, int64_t h, int64_t
 void tile_grad(const KlP& p, const Tile& tl, int64_t bb, int64_t t0, int64_t nq, int64_t e0, int64_t nk,
                const int64_t* lo, const int64_t* hi) {
   const int64_t row0 = qrow(p, bb, t0);
-  indexer_score_tile(p.qI + row0 * p.nI * p.dI, p.kI + (bb * p.n_e + e0) * p.dI, p.w + row0 * p.nI, nq, nk, p.nI, p.dI,
+  indexer_score_tile(f32p(p.qI) + row0 * p.nI * p.dI, f32p(p.kI) + (bb * p.n_e + e0) * p.dI, p.w + row0 * p.nI, nq, nk, p.nI, p.dI,
                      tl.S, tl.I);
   mask_tile(tl.I, nq, nk, e0, lo, hi);
   std::fill(tl.P, tl.P + nq * nk, 0.f);
@@ -137,7 +137,7 @@ void dense_rows(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb, in
   std::fill(tl.mE, tl.mE + p.H * T::kBq, -INFINITY), std::fill(tl.lE, tl.lE + p.H * T::kBq, 0.f);
   for (int64_t e0 = elo; e0 < ehi; e0 += T::kBk) {
     const int64_t nk = std::min(T::kBk, ehi - e0);
-    indexer_score_tile(p.qI + row0 * p.nI * p.dI, p.kI + (bb * p.n_e + e0) * p.dI, p.w + row0 * p.nI, nq, nk, p.nI,
+    indexer_score_tile(f32p(p.qI) + row0 * p.nI * p.dI, f32p(p.kI) + (bb * p.n_e + e0) * p.dI, p.w + row0 * p.nI, nq, nk, p.nI,
                        p.dI, tl.S, tl.I);
     mask_tile(tl.I, nq, nk, e0, lo, hi);
     softmax_online_tile(tl.I, nq, nk, tl.mI, tl.lI, nullptr, 0);
@@ -169,7 +169,7 @@ void dense_rows(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb, in
     const int64_t nk = std::min(T::kBk, ehi - e0);
     tile_grad(p, tl, bb, t0, nq, e0, nk, lo, hi);
     relu_head_sum_bwd(tl.S, p.w + row0 * p.nI, tl.dI, nq, p.nI, nk, tl.dS, p.dw + row0 * p.nI);
-    sgemm(Trans::no, Trans::no, nq * p.nI, p.dI, nk, 1.f, tl.dS, nk, p.kI + (bb * p.n_e + e0) * p.dI, p.dI, 1.f,
+    sgemm(Trans::no, Trans::no, nq * p.nI, p.dI, nk, 1.f, tl.dS, nk, f32p(p.kI) + (bb * p.n_e + e0) * p.dI, p.dI, 1.f,
           p.dqI + row0 * p.nI * p.dI, p.dI);
   }
   std::copy(tl.kl, tl.kl + nq, kl);
@@ -203,7 +203,7 @@ void dense_entries(const KlP& p, const Tile& tl, const RowStats& st, int64_t bb,
     std::fill(tl.kl, tl.kl + nq, 0.f), std::fill(tl.dw, tl.dw + nq * p.nI, 0.f);  // not needed here
     tile_grad(p, tl, bb, t0, nq, e0, nk, lo, hi);
     relu_head_sum_bwd(tl.S, p.w + row0 * p.nI, tl.dI, nq, p.nI, nk, tl.dS, tl.dw);
-    sgemm(Trans::yes, Trans::no, nk, p.dI, nq * p.nI, 1.f, tl.dS, nk, p.qI + row0 * p.nI * p.dI, p.dI, 1.f, dkI, p.dI);
+    sgemm(Trans::yes, Trans::no, nk, p.dI, nq * p.nI, 1.f, tl.dS, nk, f32p(p.qI) + row0 * p.nI * p.dI, p.dI, 1.f, dkI, p.dI);
   }
 }
 
@@ -272,12 +272,12 @@ void compressed_index_kl_sparse(const KlP& p) {
     logZ = -INFINITY, lseI = INFINITY;
     if (n == 0) return;
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(Kc + i * p.dI, p.kI + (bb * p.n_e + c[i]) * p.dI, p.dI * sizeof(float));
-      std::memcpy(Ec + i * p.d, p.ent + (bb * p.n_e + c[i]) * p.d, p.d * sizeof(float));
+      std::memcpy(Kc + i * p.dI, f32p(p.kI) + (bb * p.n_e + c[i]) * p.dI, p.dI * sizeof(float));
+      std::memcpy(Ec + i * p.d, f32p(p.ent) + (bb * p.n_e + c[i]) * p.d, p.d * sizeof(float));
     }
     const float* w = p.w + row * p.nI;
-    indexer_score_tile(p.qI + row * p.nI * p.dI, Kc, w, 1, n, p.nI, p.dI, S, I);
-    sgemm(Trans::no, Trans::yes, p.H, n, p.d, p.scale, p.q + bb * p.q_bstride + t * p.q_rstride, p.q_hstride, Ec, p.d,
+    indexer_score_tile(f32p(p.qI) + row * p.nI * p.dI, Kc, w, 1, n, p.nI, p.dI, S, I);
+    sgemm(Trans::no, Trans::yes, p.H, n, p.d, p.scale, f32p(p.q) + bb * p.q_bstride + t * p.q_rstride, p.q_hstride, Ec, p.d,
           0.f, L, n);
     for (int64_t h = 0; h < p.H; ++h) {  // lseE_h over the candidates
       const float m = row_max(L + h * n, n);
@@ -331,10 +331,10 @@ void compressed_index_kl_sparse(const KlP& p) {
       bool any = false;
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t t = by[j0 + r], row = bb * p.sq + t;  // t: the local row
-        std::memcpy(QI + r * p.nI * p.dI, p.qI + row * p.nI * p.dI, p.nI * p.dI * sizeof(float));
+        std::memcpy(QI + r * p.nI * p.dI, f32p(p.qI) + row * p.nI * p.dI, p.nI * p.dI * sizeof(float));
         std::memcpy(W + r * p.nI, p.w + row * p.nI, p.nI * sizeof(float));
         for (int64_t h = 0; h < p.H; ++h)
-          std::memcpy(Qt + (r * p.H + h) * p.d, p.q + bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride, p.d * sizeof(float));
+          std::memcpy(Qt + (r * p.H + h) * p.d, f32p(p.q) + bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride, p.d * sizeof(float));
         const double logZ = st.logZ.data<double>()[row];
         for (int64_t h = 0; h < p.H; ++h) shift[r * p.H + h] = shift_of(p.lse[(bb * p.H + h) * p.sq + t], logZ);
         gr[r] = std::isfinite(logZ) ? p.coeff * p.row_weight[row] : 0.f;
@@ -343,9 +343,9 @@ void compressed_index_kl_sparse(const KlP& p) {
       }
       if (!any) continue;
       std::fill(kl, kl + nr, 0.f), std::fill(dw, dw + nr * p.nI, 0.f);
-      sgemm(Trans::no, Trans::yes, nr * p.nI, 1, p.dI, 1.f, QI, p.dI, p.kI + ie * p.dI, p.dI, 0.f, S, 1);
+      sgemm(Trans::no, Trans::yes, nr * p.nI, 1, p.dI, 1.f, QI, p.dI, f32p(p.kI) + ie * p.dI, p.dI, 0.f, S, 1);
       relu_head_sum(S, W, nr, p.nI, 1, I);
-      sgemm(Trans::no, Trans::yes, nr * p.H, 1, p.d, p.scale, Qt, p.d, p.ent + ie * p.d, p.d, 0.f, L, 1);
+      sgemm(Trans::no, Trans::yes, nr * p.H, 1, p.d, p.scale, Qt, p.d, f32p(p.ent) + ie * p.d, p.d, 0.f, L, 1);
       for (int64_t r = 0; r < nr; ++r) {
         float acc = 0.f;
         for (int64_t h = 0; h < p.H; ++h) acc += exp_approx(L[r * p.H + h] - shift[r * p.H + h]);
@@ -360,6 +360,6 @@ void compressed_index_kl_sparse(const KlP& p) {
 }
 
 // The CPU's plan for both KLs (cpu_kernels.h): f32, any shape.
-Plan plan(Op, const CompressedIndexKlParams&) { return {Variant::cpu, {}}; }
+Plan plan(Op, const CompressedIndexKlParams& p) { return plan_if(f32(p.dtype) && f32(p.qk_dtype), Variant::cpu); }
 
 }  // namespace hmla::cpu

@@ -33,5 +33,7 @@ HMLA_OP_LIST(HMLA_DECLARE_KERNEL)
 // The CPU runs f32 (Variant::cpu) wherever the plan says so; bf16 activations are CUDA's.
 HMLA_PARAMS_LIST(HMLA_DECLARE_PLAN)
 inline bool f32(DType t) { return t == DType::f32; }
+// An f32 input a params struct holds as const void* (its plan took f32 only).
+inline const float* f32p(const void* v) { return static_cast<const float*>(v); }
 
 }  // namespace hmla::cpu

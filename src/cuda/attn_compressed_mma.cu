@@ -16,6 +16,7 @@
 
 #include "attn_compressed_mma.cuh"
 #include "attn_dense.cuh"  // bf, kLog2e, rows_aligned
+#include "attn_tile.cuh"
 #include "cuda_kernels.h"
 #include "runtime.h"
 #include "traits.h"
@@ -66,17 +67,7 @@ __global__ void __launch_bounds__(32 * T::kFwdHeadWarps * T::kFwdChunks)
     __syncthreads();
     load_rows(Ks, ld, kFwdBk, nk, d, dp, vec_k, [&](int i) { return keys.row(j0 + i); });
     __syncthreads();
-    if (live & mine) {
-      float s[kNt][4];
-      zero_acc(s);
-      mma_abt_live<kNt, true>(s, Qs, ld, r0, Ks, ld, dp, lane, live & mine);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        if (!(((live & mine) >> nt) & 1u)) continue;
-        float* top = Ss + (r0 + g) * lds + nt * 8 + 2 * c;
-        top[0] = s[nt][0], top[1] = s[nt][1], top[8 * lds] = s[nt][2], top[8 * lds + 1] = s[nt][3];
-      }
-    }
+    tile_scores_to_shared<kNt>(Ss, lds, Qs, ld, r0, Ks, ld, dp, live & mine, lane);
     __syncthreads();
     float s[kNt][4];
     read_scores(s, Ss, lds, r0, j0, n, c2, live, lane);

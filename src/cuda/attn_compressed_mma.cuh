@@ -74,18 +74,7 @@ __device__ static inline int sort_entries(const AttnCompressedParams& p, int64_t
     const bool vis = e >= 0 && e < p.n_e && doc[e] == r.st && last[e] <= r.t;
     buf[i] = vis ? e : INT32_MAX;
   }
-  __syncthreads();
-  for (int k = 2; k <= P; k *= 2)
-    for (int jj = k / 2; jj > 0; jj /= 2) {
-      for (int i = threadIdx.x; i < P; i += blockDim.x) {
-        const int ixj = i ^ jj;
-        if (ixj > i) {
-          const int32_t a = buf[i], b = buf[ixj];
-          if ((a > b) == ((i & k) == 0)) buf[i] = b, buf[ixj] = a;
-        }
-      }
-      __syncthreads();
-    }
+  bitonic_sort(buf, P);
   for (int i = threadIdx.x; i < P; i += blockDim.x)
     tmp[i] = buf[i] != INT32_MAX && (i == 0 || buf[i - 1] != buf[i]) ? buf[i] : -1;
   __shared__ int s_unused;

@@ -25,6 +25,7 @@
 
 #include "attn_compressed_mma.cuh"
 #include "attn_dense.cuh"  // bf, kLog2e, launch_rowdot, launch_dsink
+#include "attn_tile.cuh"
 #include "cuda_kernels.h"
 #include "hmla/core/tensor.h"
 #include "runtime.h"
@@ -101,59 +102,16 @@ __global__ void __launch_bounds__(32 * T::kBwdWarps)
     __syncthreads();
     load_rows(Ks, ld, kBwdKeys, nk, d, dp, vec_k, [&](int i) { return keys.row(j0 + i); });
     __syncthreads();
-    // 1. The warp's part of S = Q K^T or dP = dO K^T (K = V), over the live 8-key n-tiles.
-    if (heads_live) {
-      const uint32_t live = live_columns<kNt>(j0, 0, n - 1);
-      float s[kNt][4];
-      zero_acc(s);
-      mma_abt_live(s, A + klo, ld, ht * 16, Ks + klo, ld, khi - klo, lane, live);
-      float* out = part + (qq * kBwdHeads + ht * 16) * kBwdPartLd;
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        out[g * kBwdPartLd + nt * 8 + 2 * c] = s[nt][0], out[g * kBwdPartLd + nt * 8 + 2 * c + 1] = s[nt][1];
-        out[(g + 8) * kBwdPartLd + nt * 8 + 2 * c] = s[nt][2], out[(g + 8) * kBwdPartLd + nt * 8 + 2 * c + 1] = s[nt][3];
-      }
-    }
-    __syncthreads();
-    // 2. P and dS, once per (head, key); 0 past the list and past H.
-    for (int i = threadIdx.x; i < kBwdHeads * kBwdKeys; i += blockDim.x) {
-      const int h = i / kBwdKeys, k = i % kBwdKeys;
-      float pr = 0.f, ds = 0.f;
-      if (h < nh && j0 + k < n) {
-        const float sv = part[h * kBwdPartLd + k] + part[(kBwdHeads + h) * kBwdPartLd + k];
-        const float dpv = part[(2 * kBwdHeads + h) * kBwdPartLd + k] + part[(3 * kBwdHeads + h) * kBwdPartLd + k];
-        pr = exp2f(sv * c2 - s_lse[h]);
-        ds = pr * (dpv - s_D[h]) * p.scale;
-      }
-      const __nv_bfloat16 dsb = __float2bfloat16(ds);
-      dSs[h * ldt + k] = dsb, dSt[k * ldt + h] = dsb, Pt[k * ldt + h] = __float2bfloat16(pr);
-    }
-    __syncthreads();
-    // 3. dq += dS K over the tile's live 16-key k-steps.
-    if (heads_live) {
-#pragma unroll
-      for (int kt = 0; kt < kBwdKeys / 16; ++kt) {
-        if (j0 + kt * 16 >= n) break;
-        uint32_t a[4];
-        load_a(a, dSs, ldt, ht * 16, kt * 16, lane);
-#pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-          if (i >= mine) break;
-          uint32_t b0[2], b1[2];
-          load_b_kn_x2(b0, b1, Ks, ld, kt * 16, (pair0 + i) * 16, lane);
-          mma_bf16_16816(dq[2 * i], a, b0);
-          mma_bf16_16816(dq[2 * i + 1], a, b1);
-        }
-      }
-    }
+    // 1-3. S and dP (K = V), P and dS, dq += dS K.
+    bwd_tile_dq<kBwdHeads, kBwdKeys, kBwdSplit, kBwdPartLd, kPairs>(dq, part, dSs, dSt, Pt, ldt, A, ld, Ks, ld, klo, khi,
+                                                                   s_lse, s_D, c2, p.scale, nh, j0, n, ht, qq,
+                                                                   heads_live, 0, pair0, mine, lane);
     // 4. The key gradients of the warp's 16 keys: dS^T Q + P^T dO over the group's live heads.
     const int mt = warp / kBwdSplit;
     if (mt * 16 < nk) {
       const int nht = (nh + 15) / 16;
       uint32_t as[kBwdHeads / 16][4], ap[kBwdHeads / 16][4];
-#pragma unroll
-      for (int hs = 0; hs < kBwdHeads / 16; ++hs)
-        if (hs < nht) load_a(as[hs], dSt, ldt, mt * 16, hs * 16, lane), load_a(ap[hs], Pt, ldt, mt * 16, hs * 16, lane);
+      bwd_key_grad_frags<kBwdHeads>(as, ap, dSt, Pt, ldt, mt, nht, lane);
       const int pA = j0 + mt * 16 + g, pB = pA + 8;
       float* wA = pA < r.n_w ? bp.ws_w + ((local * groups + hg) * bp.Wc + pA) * dp
                              : bp.ws_e + ((local * groups + hg) * bp.Ec + pA - r.n_w) * dp;
@@ -162,18 +120,7 @@ __global__ void __launch_bounds__(32 * T::kBwdWarps)
       for (int i = 0; i < mine; ++i) {
         const int col = (pair0 + i) * 16;
         float acc[2][4];
-        zero_acc(acc);
-#pragma unroll
-        for (int hs = 0; hs < kBwdHeads / 16; ++hs) {
-          if (hs >= nht) break;
-          uint32_t b0[2], b1[2];
-          load_b_kn_x2(b0, b1, Qs, ld, hs * 16, col, lane);
-          mma_bf16_16816(acc[0], as[hs], b0);
-          mma_bf16_16816(acc[1], as[hs], b1);
-          load_b_kn_x2(b0, b1, dOs, ld, hs * 16, col, lane);
-          mma_bf16_16816(acc[0], ap[hs], b0);
-          mma_bf16_16816(acc[1], ap[hs], b1);
-        }
+        bwd_key_grad_pair<kBwdHeads>(acc, as, ap, Qs, ld, dOs, ld, col, nht, true, lane);
 #pragma unroll
         for (int h8 = 0; h8 < 2; ++h8) {
           const int cc = col + h8 * 8 + 2 * c;

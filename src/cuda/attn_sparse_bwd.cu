@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attn_dense.cuh"
+#include "attn_tile.cuh"
 #include "cuda_kernels.h"
 #include "hmla/core/tensor.h"
 #include "mma.cuh"
@@ -103,77 +104,21 @@ __global__ void __launch_bounds__(32 * kBwdWarps)
     __syncthreads();
     load_tile(Ks, ldq, kv, p.Dqk, kBwdKeys, nk, int(p.Dqk), vec, list + j0);  // gathered keys (v: their first Dv)
     __syncthreads();
-    // 1. The warp's part of S = Q K^T or dP = dO V^T, over the live 8-key n-tiles.
-    if (heads_live) {
-      const uint32_t live = live_columns<kNt>(j0, 0, n - 1);
-      float s[kNt][4];
-      zero_acc(s);
-      mma_abt_live(s, A + klo, lda, ht * 16, Ks + klo, ldq, khi - klo, lane, live);
-      float* out = part + (q * kBwdHeads + ht * 16) * kBwdPartLd;
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        out[g * kBwdPartLd + nt * 8 + 2 * c] = s[nt][0], out[g * kBwdPartLd + nt * 8 + 2 * c + 1] = s[nt][1];
-        out[(g + 8) * kBwdPartLd + nt * 8 + 2 * c] = s[nt][2], out[(g + 8) * kBwdPartLd + nt * 8 + 2 * c + 1] = s[nt][3];
-      }
-    }
-    __syncthreads();
-    // 2. P and dS, once per (head, key); 0 past the list and past H.
-    for (int i = threadIdx.x; i < kBwdHeads * kBwdKeys; i += blockDim.x) {
-      const int h = i / kBwdKeys, k = i % kBwdKeys;
-      float pr = 0.f, ds = 0.f;
-      if (h < nh && j0 + k < n) {
-        const float sv = part[h * kBwdPartLd + k] + part[(kBwdHeads + h) * kBwdPartLd + k];
-        const float dp = part[(2 * kBwdHeads + h) * kBwdPartLd + k] + part[(3 * kBwdHeads + h) * kBwdPartLd + k];
-        pr = exp2f(sv * c2 - s_lse[h]);
-        ds = pr * (dp - s_D[h]) * p.scale;
-      }
-      const __nv_bfloat16 dsb = __float2bfloat16(ds);
-      dSs[h * ldt + k] = dsb, dSt[k * ldt + h] = dsb, Pt[k * ldt + h] = __float2bfloat16(pr);
-    }
-    __syncthreads();
-    // 3. dq += dS K over the tile's live 16-key k-steps.
-    if (heads_live) {
-#pragma unroll
-      for (int kt = 0; kt < kBwdKeys / 16; ++kt) {
-        if (j0 + kt * 16 >= n) break;
-        uint32_t a[4];
-        load_a(a, dSs, ldt, ht * 16, kt * 16, lane);
-#pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-          if (i >= mine) break;
-          uint32_t b0[2], b1[2];
-          load_b_kn_x2(b0, b1, Ks, ldq, kt * 16, c0 + (pair0 + i) * 16, lane);
-          mma_bf16_16816(dq[2 * i], a, b0);
-          mma_bf16_16816(dq[2 * i + 1], a, b1);
-        }
-      }
-    }
+    // 1-3. S and dP, P and dS, dq += dS K.
+    bwd_tile_dq<kBwdHeads, kBwdKeys, kBwdSplit, kBwdPartLd, kPairs>(dq, part, dSs, dSt, Pt, ldt, A, lda, Ks, ldq, klo, khi,
+                                                                   s_lse, s_D, c2, p.scale, nh, j0, n, ht, q,
+                                                                   heads_live, c0, pair0, mine, lane);
     // 4. dkv's contributions of the warp's 16 keys: dS^T Q + P^T dO over the block's live heads.
     const int mt = warp / kBwdSplit;
     if (mt * 16 < nk) {
       const int nht = (nh + 15) / 16;
       uint32_t as[kBwdHeads / 16][4], ap[kBwdHeads / 16][4];
-#pragma unroll
-      for (int hs = 0; hs < kBwdHeads / 16; ++hs)
-        if (hs < nht) load_a(as[hs], dSt, ldt, mt * 16, hs * 16, lane), load_a(ap[hs], Pt, ldt, mt * 16, hs * 16, lane);
+      bwd_key_grad_frags<kBwdHeads>(as, ap, dSt, Pt, ldt, mt, nht, lane);
       const int pA = j0 + mt * 16 + g, pB = pA + 8;
       for (int i = 0; i < mine; ++i) {
         const int col = c0 + (pair0 + i) * 16;
-        float acc[2][4];
-        zero_acc(acc);
-#pragma unroll
-        for (int hs = 0; hs < kBwdHeads / 16; ++hs) {
-          if (hs >= nht) break;
-          uint32_t b0[2], b1[2];
-          load_b_kn_x2(b0, b1, Qs, ldq, hs * 16, col, lane);
-          mma_bf16_16816(acc[0], as[hs], b0);
-          mma_bf16_16816(acc[1], as[hs], b1);
-          if (col < p.Dv) {  // value columns: Dv is a multiple of 16
-            load_b_kn_x2(b0, b1, dOs, ldv, hs * 16, col, lane);
-            mma_bf16_16816(acc[0], ap[hs], b0);
-            mma_bf16_16816(acc[1], ap[hs], b1);
-          }
-        }
+        float acc[2][4];  // P^T dO on the value columns only: Dv is a multiple of 16
+        bwd_key_grad_pair<kBwdHeads>(acc, as, ap, Qs, ldq, dOs, ldv, col, nht, col < p.Dv, lane);
 #pragma unroll
         for (int h8 = 0; h8 < 2; ++h8) {
           const int cc = col + h8 * 8 + 2 * c;

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "attn_dense.cuh"
+#include "attn_tile.cuh"
 #include "cuda_kernels.h"
 #include "hmla/core/tensor.h"
 #include "mma.cuh"
@@ -77,17 +78,7 @@ __global__ void __launch_bounds__(32 * kFwdWarps)
     __syncthreads();
     load_tile(Ks, ldq, kv, p.Dqk, kFwdBk, nk, int(p.Dqk), vec, list + j0);  // gathered keys
     __syncthreads();
-    if (live & mine) {
-      float s[kNt][4];
-      zero_acc(s);
-      mma_abt_live<kNt, true>(s, Qs, ldq, r0, Ks, ldq, int(p.Dqk), lane, live & mine);
-#pragma unroll
-      for (int nt = 0; nt < kNt; ++nt) {
-        if (!(((live & mine) >> nt) & 1u)) continue;
-        float* top = Ss + (r0 + g) * lds + nt * 8 + 2 * c;
-        top[0] = s[nt][0], top[1] = s[nt][1], top[8 * lds] = s[nt][2], top[8 * lds + 1] = s[nt][3];
-      }
-    }
+    tile_scores_to_shared<kNt>(Ss, lds, Qs, ldq, r0, Ks, ldq, int(p.Dqk), live & mine, lane);
     __syncthreads();
     if (j0 < nc) {  // lse_c: no output, no sink (a tile past the candidates would change nothing)
       float sc[kNt][4], alA, alB;
@@ -142,18 +133,7 @@ __global__ void check_table_kernel(const int32_t* idx, int64_t KW, int64_t skv, 
     if (i < KW && (j < -1 || j >= skv)) atomicMin(err, int(row));
     v[i] = j < 0 ? INT32_MAX : j;  // -1 slots never collide
   }
-  __syncthreads();
-  for (int k = 2; k <= P; k *= 2)
-    for (int jj = k / 2; jj > 0; jj /= 2) {
-      for (int i = threadIdx.x; i < P; i += blockDim.x) {
-        const int ixj = i ^ jj;
-        if (ixj > i) {
-          const int32_t a = v[i], b = v[ixj];
-          if ((a > b) == ((i & k) == 0)) v[i] = b, v[ixj] = a;
-        }
-      }
-      __syncthreads();
-    }
+  bitonic_sort(v, P);
   for (int i = threadIdx.x; i + 1 < P; i += blockDim.x)
     if (v[i] != INT32_MAX && v[i] == v[i + 1]) atomicMin(err, int(row));
 }

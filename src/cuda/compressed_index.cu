@@ -1,6 +1,11 @@
-// The CSA indexer's scores and top-k over compressed entries on the GPU (hmla/ops/compressed_index.h),
-// with the CPU's order (src/cpu/compressed_index.cpp): I(t, e) as the header's chain of fmaf, so the
-// scores and the tables equal the CPU's bit for bit. Simple SIMT kernels, correct rather than fast.
+// The CSA indexer's scores and top-k over compressed entries on the GPU (hmla/ops/compressed_index.h).
+// f32 qI and kI: the CPU's order (src/cpu/compressed_index.cpp), I(t, e) as the header's chain of
+// fmaf, so the scores and the tables equal the CPU's bit for bit; simple SIMT kernels, correct rather
+// than fast (bf16 inputs at widths the tensor cores do not take run them too, widened on load).
+// bf16 qI and kI (nI and dI multiples of 16): the DSA indexer's tensor-core scores and exact radix
+// selection (indexer_topk.cu, indexer_scores.cuh) over each row's visible entry range, rows in chunks
+// whose scores fit TopkTraits::kWorkspaceBytes (never [s, n_e] at long s): f32 accumulation in the
+// tensor cores' order, so the scores are not the CPU's bits (the registry's bf16 rows bound them).
 //   topk    a grid of at most kMaxBlocks blocks walks the query rows; per row one thread per visible
 //           entry writes its score into the block's slice of a [blocks, n_e] f32 scratch; when more
 //           than K are visible, a radix select (8 passes of 8 bits, shared histograms) finds the
@@ -11,7 +16,10 @@
 // Query rows at an offset (context parallelism): the kernels walk the sq local rows; the layout and
 // the visibility read global position q_row0 + local row, as the CPU.
 // Costs per row O(nI dI n) for the scores, O(8 n) for the select, O(K log^2 K) for the sort.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include <cmath>
 #include <cstdint>
@@ -20,8 +28,10 @@
 #include "cuda_kernels.h"
 #include "entry_range.cuh"
 #include "hmla/ops/compressed_index.h"
+#include "indexer_scores.cuh"
 #include "mma.cuh"  // HMLA_DYNAMIC_SHARED
 #include "runtime.h"
+#include "traits.h"
 
 namespace hmla::cuda {
 
@@ -54,13 +64,13 @@ __device__ void visible_range(const CompressedIndexParams& p, int64_t row, int64
 
 // I(row, e) in the header's order.
 __device__ float score(const CompressedIndexParams& p, int64_t row, int64_t e) {
-  const float* q = p.qI + row * p.nI * p.dI;
+  const bool bf = p.dtype == DType::bf16;
+  const int64_t q = row * p.nI * p.dI, k = ((row / p.sq) * p.n_e + e) * p.dI;
   const float* w = p.w + row * p.nI;
-  const float* k = p.kI + ((row / p.sq) * p.n_e + e) * p.dI;
   float I = 0.f;
   for (int64_t h = 0; h < p.nI; ++h) {
     float d = 0.f;
-    for (int64_t c = 0; c < p.dI; ++c) d = fmaf(q[h * p.dI + c], k[c], d);
+    for (int64_t c = 0; c < p.dI; ++c) d = fmaf(input_at(p.qI, q + h * p.dI + c, bf), input_at(p.kI, k + c, bf), d);
     I = fmaf(w[h], d > 0.f ? d : 0.f, I);
   }
   return I;
@@ -150,11 +160,56 @@ int64_t next_pow2(int64_t n) {
   return P;
 }
 
+__global__ void fill_kernel(float* out, int64_t n, float v) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) out[i] = v;
+}
+
+// The tensor-core path (plan: Variant::mma): bf16 qI, kI with nI, dI multiples of kMmaK.
+IndexKeys entry_keys(const CompressedIndexParams& p) {
+  return IndexKeys{p.doc_start, p.s, true, p.ent_doc, p.ent_last, p.n_e};
+}
+bool aligned(const CompressedIndexParams& p) {
+  return p.dI % 8 == 0 && reinterpret_cast<uintptr_t>(p.qI) % 16 == 0 && reinterpret_cast<uintptr_t>(p.kI) % 16 == 0;
+}
+const __nv_bfloat16* bf(const void* v) { return static_cast<const __nv_bfloat16*>(v); }
+
+void topk_mma(const CompressedIndexParams& p) {
+  const int64_t sq = p.sq, n_e = std::max<int64_t>(p.n_e, 1), rows_per_block = TopkTraits::kRowsPerBlock;
+  const int64_t chunk = std::max(rows_per_block, std::min(sq, TopkTraits::kWorkspaceBytes / (4 * n_e)) /
+                                                     rows_per_block * rows_per_block);
+  Scratch<float> ws(chunk * n_e);
+  const IndexKeys keys = entry_keys(p);
+  for (int64_t bb = 0; bb < p.b; ++bb)
+    for (int64_t r = 0; r < sq; r += chunk) {
+      const int64_t n = std::min(chunk, sq - r);
+      if (p.n_e > 0)
+        launch_index_scores(bf(p.qI), bf(p.kI), p.w, keys, bb, sq, p.q_row0, int(p.nI), int(p.dI), r, n, aligned(p),
+                            ws.get(), n_e, stream());
+      launch_index_select(ws.get(), n_e, bb * sq + r, n, sq, p.q_row0, keys, int(p.K), 0, p.idx, stream());
+    }
+}
+
+void scores_mma(const CompressedIndexParams& p) {
+  const int64_t n = p.b * p.sq * p.n_e;
+  HMLA_LAUNCH(fill_kernel, unsigned(std::min<int64_t>((n + 255) / 256, 4096)), 256, 0, stream(), p.scores, n, -INFINITY);
+  check_launch("compressed_index_scores: -inf");
+  for (int64_t bb = 0; bb < p.b; ++bb)
+    launch_index_scores(bf(p.qI), bf(p.kI), p.w, entry_keys(p), bb, p.sq, p.q_row0, int(p.nI), int(p.dI), 0, p.sq,
+                        aligned(p), p.scores + bb * p.sq * p.n_e, p.n_e, stream());
+}
+
+bool mma_fits(Op op, const CompressedIndexParams& p) {
+  return p.dtype == DType::bf16 && p.nI % kMmaK == 0 && p.dI % kMmaK == 0 &&
+         (op == Op::compressed_index_scores || p.K <= TopkTraits::kMaxK) &&
+         index_scores_smem_bytes(p.nI, p.dI) <= TopkTraits::kMaxSmemBytes;
+}
+
 }  // namespace
 
 void compressed_index_topk(const CompressedIndexParams& p) {
   const int64_t rows = p.b * p.sq;
   if (rows == 0) return;
+  if (mma_fits(Op::compressed_index_topk, p)) return topk_mma(p);
   const int64_t blocks = rows < CompressedIndexTraits::kMaxBlocks ? rows : CompressedIndexTraits::kMaxBlocks;
   Scratch<float> sc(blocks * p.n_e);
   const int64_t P = next_pow2(p.K < p.n_e ? p.K : p.n_e);
@@ -164,17 +219,21 @@ void compressed_index_topk(const CompressedIndexParams& p) {
 
 void compressed_index_scores(const CompressedIndexParams& p) {
   if (p.b * p.sq == 0 || p.n_e == 0) return;
+  if (mma_fits(Op::compressed_index_scores, p)) return scores_mma(p);
   HMLA_LAUNCH(scores_kernel, unsigned(p.b * p.sq), kThreads, 0, stream(), p);
   check_launch("compressed_index_scores");
 }
 
-// The plan (cuda_kernels.h): f32 (the op's only dtype); the top-k's sort holds min(K, n_e) keys in
-// shared memory; the scores' grid is a block per row.
+// The plan (cuda_kernels.h): bf16 qI, kI with nI and dI multiples of kMmaK, K up to
+// TopkTraits::kMaxK and the scores' tiles within shared memory on the tensor cores; everything else
+// SIMT (f32: the CPU's bits; bf16 widened), whose top-k's sort holds min(K, n_e) keys in shared
+// memory; the scores' grid is a block per row.
 Plan plan(Op op, const CompressedIndexParams& p) {
+  if (p.b * p.sq >= (int64_t(1) << 31)) return {Variant::none, "compressed index: more than 2^31 query rows"};
+  if (mma_fits(op, p)) return {Variant::mma, {}};
   if (op == Op::compressed_index_topk && (p.K < p.n_e ? p.K : p.n_e) > CompressedIndexTraits::kMaxK)
     return {Variant::none, "compressed index: K = " + std::to_string(p.K) + " above " +
                                std::to_string(CompressedIndexTraits::kMaxK) + " (the SIMT top-k's shared memory)"};
-  if (p.b * p.sq >= (int64_t(1) << 31)) return {Variant::none, "compressed index: more than 2^31 query rows"};
   return {Variant::simt, {}};
 }
 

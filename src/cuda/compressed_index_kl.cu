@@ -12,6 +12,7 @@
 //            recomputing P, I and dI from the rows' saved log Z and lseI, and adds dS^T qI into its
 //            dkI row.
 //   loss     one thread sums rw[t] kl(t) in row order, as the CPU.
+// Inputs: qI, kI and q, ent each pair f32 or bf16, widened on load (f32 math and gradients either way).
 // Limits (the plan): H <= kMaxH and K <= kMaxK (shared memory), fewer than 2^31 rows.
 #include <cuda_runtime.h>
 
@@ -22,6 +23,7 @@
 #include "cuda_kernels.h"
 #include "entry_range.cuh"
 #include "hmla/ops/compressed_index.h"
+#include "indexer_scores.cuh"  // input_at
 #include "mma.cuh"  // HMLA_DYNAMIC_SHARED
 #include "reduce.cuh"
 #include "runtime.h"
@@ -57,10 +59,10 @@ __device__ void row_range(const KlP& p, int64_t row, int64_t& lo, int64_t& hi) {
 
 // qI[row, g] . kI[bb, e] as the indexer's header orders it (a chain of fmaf).
 __device__ float index_dot(const KlP& p, int64_t row, int64_t g, int64_t e) {
-  const float* q = p.qI + (row * p.nI + g) * p.dI;
-  const float* k = p.kI + ((row / p.sq) * p.n_e + e) * p.dI;
+  const bool bf = p.dtype == DType::bf16;
+  const int64_t q = (row * p.nI + g) * p.dI, k = ((row / p.sq) * p.n_e + e) * p.dI;
   float d = 0.f;
-  for (int64_t c = 0; c < p.dI; ++c) d = fmaf(q[c], k[c], d);
+  for (int64_t c = 0; c < p.dI; ++c) d = fmaf(input_at(p.qI, q + c, bf), input_at(p.kI, k + c, bf), d);
   return d;
 }
 
@@ -76,10 +78,10 @@ __device__ float index_score(const KlP& p, int64_t row, int64_t e) {
 // scale q_h(row) . ent[bb, e] (row local).
 __device__ float logit(const KlP& p, int64_t row, int64_t h, int64_t e) {
   const int64_t bb = row / p.sq, t = row % p.sq;
-  const float* q = p.q + bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride;
-  const float* k = p.ent + (bb * p.n_e + e) * p.d;
+  const bool bf = p.qk_dtype == DType::bf16;
+  const int64_t q = bb * p.q_bstride + t * p.q_rstride + h * p.q_hstride, k = (bb * p.n_e + e) * p.d;
   float d = 0.f;
-  for (int64_t c = 0; c < p.d; ++c) d = fmaf(q[c], k[c], d);
+  for (int64_t c = 0; c < p.d; ++c) d = fmaf(input_at(p.q, q + c, bf), input_at(p.ent, k + c, bf), d);
   return p.scale * d;
 }
 
@@ -187,8 +189,8 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(KlP p, float* scratch, i
         const float sg = index_dot(p, row, g, e);
         if (!(sg > 0.f)) continue;
         dwg += buf[i] * sg;
-        const float* k = p.kI + (bb * p.n_e + e) * p.dI;
-        for (int64_t c = 0; c < p.dI; ++c) G[c] += buf[i] * k[c];
+        const int64_t k = (bb * p.n_e + e) * p.dI;
+        for (int64_t c = 0; c < p.dI; ++c) G[c] += buf[i] * input_at(p.kI, k + c, p.dtype == DType::bf16);
       }
       const float wg = p.w[row * p.nI + g];
       for (int64_t c = 0; c < p.dI; ++c) G[c] *= wg;
@@ -233,7 +235,8 @@ __global__ void __launch_bounds__(kThreads) entries_kernel(KlP p, const double* 
       for (int64_t c = threadIdx.x; c < p.dI; c += kThreads) {
         float acc = 0.f;
         for (int64_t g = 0; g < p.nI; ++g)
-          if (sg[g] > 0.f) acc += dI * p.w[row * p.nI + g] * p.qI[(row * p.nI + g) * p.dI + c];
+          if (sg[g] > 0.f)
+            acc += dI * p.w[row * p.nI + g] * input_at(p.qI, (row * p.nI + g) * p.dI + c, p.dtype == DType::bf16);
         dk[c] += acc;
       }
       __syncthreads();  // sg is the next row's
@@ -277,7 +280,7 @@ void run(const KlP& p, const char* what) {
 void compressed_index_kl_dense(const CompressedIndexKlParams& p) { run<false>(p, "compressed_index_kl_dense"); }
 void compressed_index_kl_sparse(const CompressedIndexKlParams& p) { run<true>(p, "compressed_index_kl_sparse"); }
 
-// The plan (cuda_kernels.h): f32 (the op's only dtype), H and K within the shared memory above.
+// The plan (cuda_kernels.h): f32 or bf16 inputs (widened), H and K within the shared memory above.
 Plan plan(Op op, const CompressedIndexKlParams& p) {
   const char* name = op == Op::compressed_index_kl_sparse ? "compressed_index_kl_sparse" : "compressed_index_kl_dense";
   if (p.H > KT::kMaxH)

@@ -1,6 +1,8 @@
-// The lightning indexer's selection on the GPU (DESIGN.md section 5).
+// The lightning indexer's selection on the GPU (DESIGN.md section 5), and its kernels for the CSA
+// indexer over compressed entries (indexer_scores.cuh: a row's keys are one range [lo, hi) either
+// way: DSA [doc_start[t], t], CSA the row's visible entries).
 //
-// Scores: I(t, j) = sum_h w[t, h] relu(qI[t, h] . kI[j]) for j in [doc_start[t], t], bf16 qI/kI
+// Scores: I(t, j) = sum_h w[t, h] relu(qI[t, h] . kI[j]) for the row's keys j, bf16 qI/kI
 // and f32 w, on mma.sync. A block is 4 warps = 4 consecutive query rows sharing key tiles of 64;
 // a warp runs its row's HI heads 16 at a time and reduces relu * w over the heads in registers
 // (quad shuffles), so the [HI, keys] products never leave the SM. Rows go through in chunks whose
@@ -8,7 +10,7 @@
 //
 // Selection: one block per row, exact. Scores map to order-preserving 32-bit keys (-0 taken as +0,
 // as the CPU's float compare does); four 8-bit radix passes find the K-th largest key T among
-// R(t); the keys above T and the first K - #above keys equal to T in ascending j are kept (ties
+// R(t) (the row's keys without the last W); the keys above T and the first K - #above keys equal to T in ascending j are kept (ties
 // to the smaller j); a bitonic sort orders them by (score desc, j asc); then the window and -1.
 // Given the same f32 scores this is the CPU's table bit for bit.
 #include <cuda_bf16.h>
@@ -17,9 +19,10 @@
 #include <cstdint>
 
 #include "cuda_kernels.h"
-#include "traits.h"
+#include "indexer_scores.cuh"
 #include "mma.cuh"
 #include "runtime.h"
+#include "traits.h"
 
 namespace hmla::cuda {
 
@@ -40,10 +43,10 @@ __device__ __forceinline__ uint64_t sort_key(uint32_t key, int64_t j) {
 }
 
 // One block per query row. I points at the row's scores (indexed by key position j); out at its
-// [K + W] table row; t is the row's global position, ds its doc_start.
+// [K + W] table row; t is the row's global position, [lo, hi) its keys.
 __global__ void __launch_bounds__(kSelThreads)
-    select_kernel(const float* scores, int64_t ld, int64_t row0, int64_t sq, int64_t q_row0, const int32_t* doc_start,
-                  int64_t s, int K, int W, int32_t* table) {
+    select_kernel(const float* scores, int64_t ld, int64_t row0, int64_t sq, int64_t q_row0, const IndexKeys keys,
+                  int K, int W, int32_t* table) {
   __shared__ uint64_t sel[kMaxK];
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_prefix, s_mask, s_need, s_count, s_taken;
@@ -55,10 +58,11 @@ __global__ void __launch_bounds__(kSelThreads)
   int32_t* out = table + row * (K + W);
   for (int i = tid; i < K + W; i += kSelThreads) out[i] = -1;
   __syncthreads();  // the -1 fill before any thread writes a key over it
-  const int64_t lo = doc_start[bb * s + t];
-  if (lo > t) return;  // padding: all -1
-  const int64_t r_end = lo > t + 1 - W ? lo : t + 1 - W;  // R(t) = [lo, r_end)
-  for (int64_t j = r_end + tid; j <= t; j += kSelThreads) out[K + (j - r_end)] = int32_t(j);
+  int64_t lo, hi;
+  keys.range(bb, t, lo, hi);
+  if (lo >= hi) return;  // padding, or no key: all -1
+  const int64_t r_end = lo > hi - W ? lo : hi - W;  // R(t) = [lo, r_end), the window [r_end, hi)
+  for (int64_t j = r_end + tid; j < hi; j += kSelThreads) out[K + (j - r_end)] = int32_t(j);
   const int64_t n = r_end - lo;
   int m = 0;  // entries of sel
   if (n <= K) {
@@ -136,11 +140,12 @@ __global__ void __launch_bounds__(kSelThreads)
   for (int i = tid; i < m; i += kSelThreads) out[i] = int32_t(uint32_t(sel[i]));
 }
 
-// Scores of rows [r_begin, r_begin + nrows) (local rows of batch row bb) into ws[row - r_begin, j].
+// Scores of rows [r_begin, r_begin + nrows) (local rows of batch row b_idx) into ws[row - r_begin, j]
+// (row stride ld) for each row's keys j in [lo, hi).
 __global__ void __launch_bounds__(32 * kRowsPerBlock)
-    scores_kernel(const __nv_bfloat16* qI, const __nv_bfloat16* kI, const float* w,
-                  const int32_t* doc_start, int64_t b_idx, int64_t s, int64_t sq, int64_t q_row0, int HI, int DI,
-                  int64_t r_begin, int64_t nrows, bool vec, float* ws) {
+    scores_kernel(const __nv_bfloat16* qI, const __nv_bfloat16* kI, const float* w, const IndexKeys keys, int64_t b_idx,
+                  int64_t sq, int64_t q_row0, int HI, int DI, int64_t r_begin, int64_t nrows, bool vec, float* ws,
+                  int64_t ld) {
   HMLA_DYNAMIC_SHARED(unsigned char, smem);
   const int ldq = DI + kPad;
   __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem);  // [kRowsPerBlock * HI, DI]
@@ -149,30 +154,30 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   const int64_t lr = r_begin + int64_t(blockIdx.x) * kRowsPerBlock;  // first local row of the block
   const int rows = int(r_begin + nrows - lr < kRowsPerBlock ? r_begin + nrows - lr : kRowsPerBlock);
-  const int32_t* ds = doc_start + b_idx * s;
   if (threadIdx.x == 0) range[0] = INT32_MAX, range[1] = -1;
   __syncthreads();
+  int64_t lo = 0, hi = 0;  // this thread's row's keys (thread < rows), then this warp's row's
   if (threadIdx.x < rows) {
-    const int64_t t = q_row0 + lr + threadIdx.x;
-    if (ds[t] <= t) {
-      atomicMin(&range[0], ds[t]);
-      atomicMax(&range[1], int(t));
+    keys.range(b_idx, q_row0 + lr + threadIdx.x, lo, hi);
+    if (lo < hi) {
+      atomicMin(&range[0], int(lo));
+      atomicMax(&range[1], int(hi - 1));
     }
   }
   load_tile(Qs, ldq, qI + (b_idx * sq + lr) * HI * DI, DI, kRowsPerBlock * HI, rows * HI, DI, vec);
   __syncthreads();
   const int jmin = range[0], jmax = range[1];
-  const int64_t t = q_row0 + lr + warp;  // this warp's row
-  const bool live = warp < rows && ds[t] <= t;
-  const int lo = live ? ds[t] : 0;
+  lo = hi = 0;
+  if (warp < rows) keys.range(b_idx, q_row0 + lr + warp, lo, hi);
+  const bool live = lo < hi;
   const float* wt = w + (b_idx * sq + lr + warp) * HI;
-  float* out = ws + (lr + warp - r_begin) * s;
+  float* out = ws + (lr + warp - r_begin) * ld;
   for (int j0 = jmin; j0 <= jmax; j0 += kKeyTile) {
     const int nk = min(kKeyTile, jmax + 1 - j0);
     __syncthreads();
-    load_tile(Ks, ldq, kI + (b_idx * s + j0) * DI, DI, kKeyTile, nk, DI, vec);
+    load_tile(Ks, ldq, kI + (b_idx * keys.n_keys + j0) * DI, DI, kKeyTile, nk, DI, vec);
     __syncthreads();
-    if (!live || j0 > t || j0 + kKeyTile <= lo) continue;
+    if (!live || j0 >= hi || j0 + kKeyTile <= lo) continue;
     for (int half = 0; half < kKeyTile / 32; ++half) {
       float part[4][2];
 #pragma unroll
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
           v += __shfl_xor_sync(0xffffffffu, v, 8);
           v += __shfl_xor_sync(0xffffffffu, v, 16);
           const int64_t j = j0 + half * 32 + nt * 8 + 2 * c + e;
-          if (g == 0 && j >= lo && j <= t) out[j] = v;
+          if (g == 0 && j >= lo && j < hi) out[j] = v;
         }
     }
   }
@@ -205,35 +210,51 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock)
 
 }  // namespace
 
+int64_t index_scores_smem_bytes(int64_t HI, int64_t DI) {
+  return int64_t(sizeof(__nv_bfloat16)) * (kRowsPerBlock * HI + kKeyTile) * (DI + kPad);
+}
+
+void launch_index_scores(const __nv_bfloat16* qI, const __nv_bfloat16* kI, const float* w, const IndexKeys& keys,
+                         int64_t bb, int64_t sq, int64_t q_row0, int HI, int DI, int64_t r_begin, int64_t nrows,
+                         bool vec, float* ws, int64_t ld, cudaStream_t st) {
+  if (nrows == 0) return;
+  const size_t smem = size_t(index_scores_smem_bytes(HI, DI));
+  check(cudaFuncSetAttribute(scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "indexer scores: shared memory");
+  HMLA_LAUNCH(scores_kernel, unsigned((nrows + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st, qI,
+              kI, w, keys, bb, sq, q_row0, HI, DI, r_begin, nrows, vec, ws, ld);
+  check_launch("indexer scores");
+}
+
+void launch_index_select(const float* scores, int64_t ld, int64_t row0, int64_t nrows, int64_t sq, int64_t q_row0,
+                         const IndexKeys& keys, int K, int W, int32_t* table, cudaStream_t st) {
+  if (nrows == 0) return;
+  HMLA_LAUNCH(select_kernel, unsigned(nrows), kSelThreads, 0, st, scores, ld, row0, sq, q_row0, keys, K, W, table);
+  check_launch("indexer select");
+}
+
 void indexer_select(const IndexerTopkParams& p) {
-  if (p.b * p.sq == 0) return;
-  HMLA_LAUNCH(select_kernel, unsigned(p.b * p.sq), kSelThreads, 0, current_stream().get(),
-      p.scores, p.s, 0, p.sq, p.q_row0, p.doc_start, p.s, int(p.K), int(p.W), p.table);
-  check_launch("indexer_select");
+  const IndexKeys keys{p.doc_start, p.s, false, nullptr, nullptr, p.s};
+  launch_index_select(p.scores, p.s, 0, p.b * p.sq, p.sq, p.q_row0, keys, int(p.K), int(p.W), p.table,
+                      current_stream().get());
 }
 
 void indexer_topk(const IndexerTopkParams& p) {
-  const int64_t b = p.b, sq = p.sq, HI = p.HI, DI = p.DI, s = p.s;
+  const int64_t b = p.b, sq = p.sq, s = p.s;
   if (b * sq == 0) return;
   const int64_t chunk = std::max<int64_t>(kRowsPerBlock, std::min<int64_t>(sq, kWorkspaceBytes / (4 * s)) /
                                                              kRowsPerBlock * kRowsPerBlock);
   Tensor ws = Tensor::empty({chunk, s}, DType::f32, Device::cuda);
-  const size_t smem = sizeof(__nv_bfloat16) * (kRowsPerBlock * HI + kKeyTile) * (DI + kPad);
-  check(cudaFuncSetAttribute(scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-        "indexer scores: shared memory");
   cudaStream_t st = current_stream().get();
-  const bool vec = DI % 8 == 0 && reinterpret_cast<uintptr_t>(p.qI) % 16 == 0 &&
+  const bool vec = p.DI % 8 == 0 && reinterpret_cast<uintptr_t>(p.qI) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.kI) % 16 == 0;
+  const IndexKeys keys{p.doc_start, s, false, nullptr, nullptr, s};
   for (int64_t bb = 0; bb < b; ++bb)
     for (int64_t r = 0; r < sq; r += chunk) {
       const int64_t n = std::min(chunk, sq - r);
-      HMLA_LAUNCH(scores_kernel, unsigned((n + kRowsPerBlock - 1) / kRowsPerBlock), 32 * kRowsPerBlock, smem, st,
-          static_cast<const __nv_bfloat16*>(p.qI), static_cast<const __nv_bfloat16*>(p.kI),
-          p.w, p.doc_start, bb, s, sq, p.q_row0, int(HI), int(DI), r, n, vec, ws.data<float>());
-      check_launch("indexer scores");
-      HMLA_LAUNCH(select_kernel, unsigned(n), kSelThreads, 0, st, ws.data<float>(), s, bb * sq + r, sq, p.q_row0,
-                                                         p.doc_start, s, int(p.K), int(p.W), p.table);
-      check_launch("indexer select");
+      launch_index_scores(static_cast<const __nv_bfloat16*>(p.qI), static_cast<const __nv_bfloat16*>(p.kI), p.w, keys,
+                          bb, sq, p.q_row0, int(p.HI), int(p.DI), r, n, vec, ws.data<float>(), s, st);
+      launch_index_select(ws.data<float>(), s, bb * sq + r, n, sq, p.q_row0, keys, int(p.K), int(p.W), p.table, st);
     }
 }
 

@@ -1,13 +1,14 @@
 // Index tables as the sparse kernels walk them (DESIGN.md section 4: [b, sq, K + W] key positions,
 // -1 = no key), shared by the sparse attention (attn_sparse_fwd.cu, attn_sparse_bwd.cu) and the sparse indexer KL
 // (indexer_kl_sparse.cu):
-//   compact()     a row's listed keys into shared memory, candidates (slots < K) first, then the
-//                 window's, each in slot order, -1 slots dropped: the positions every kernel of a
-//                 row numbers its keys by;
-//   InverseIndex  for a chunk of rows, per key the (row, position) entries that list it, in row
-//                 order, built on the device (sparse_index.cu), so a per-(row, position)
-//                 contribution workspace reduces into per-key sums in a fixed order without float
-//                 atomics (inverse_reduce).
+//   bitonic_sort()  a row's keys sorted in shared memory (the table check, V4's selected entries);
+//   compact()       a row's listed keys into shared memory, candidates (slots < K) first, then the
+//                   window's, each in slot order, -1 slots dropped: the positions every kernel of
+//                   a row numbers its keys by;
+//   InverseIndex    for a chunk of rows, per key the (row, position) entries that list it, in row
+//                   order, built on the device (sparse_index.cu), so a per-(row, position)
+//                   contribution workspace reduces into per-key sums in a fixed order without
+//                   float atomics (inverse_reduce).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,6 +17,23 @@
 #include "hmla/core/tensor.h"
 
 namespace hmla::cuda {
+
+// v[0, P) in shared memory sorted ascending in place (bitonic; P a power of two). All threads take
+// part; starts and ends with a barrier.
+__device__ __forceinline__ void bitonic_sort(int32_t* v, int P) {
+  __syncthreads();
+  for (int k = 2; k <= P; k *= 2)
+    for (int jj = k / 2; jj > 0; jj /= 2) {
+      for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        const int ixj = i ^ jj;
+        if (ixj > i) {
+          const int32_t a = v[i], b = v[ixj];
+          if ((a > b) == ((i & k) == 0)) v[i] = b, v[ixj] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
 
 // The row's listed keys among its first KW slots, candidates (slots < K) first, each in slot
 // order; returns their count and sets *nc to the candidates'. All threads take part; ends with a

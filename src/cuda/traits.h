@@ -125,6 +125,7 @@ struct TopkTraits {
   static constexpr int kMaxK = 2048;  // index_topk: DeepSeek-V3.2's and GLM-5's K
   static constexpr int64_t kWorkspaceBytes = int64_t(256) << 20;
   static constexpr int kRowsPerBlock = 4, kKeyTile = 64, kPad = 8;
+  static constexpr int64_t kMaxSmemBytes = 163 * 1024;  // the scores' tiles: an A100's opt-in shared memory
   static_assert(kMaxK % kSelThreads == 0, "the sort's buffer is a whole number of passes of the block");
   static_assert(kKeyTile % kMmaK == 0, "mma tiles are 16 x 8 x 16");
 };

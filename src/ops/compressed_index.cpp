@@ -17,6 +17,12 @@ namespace {
 
 constexpr const char* kOp = "compressed index";
 
+// What a backend was asked, for its refusal.
+std::string widths(const CompressedIndexParams& p) {
+  return std::string(dtype_name(p.dtype)) + " qI and kI, nI = " + std::to_string(p.nI) + ", dI = " + std::to_string(p.dI) +
+         ", K = " + std::to_string(p.K);
+}
+
 void check_dense(const Tensor& t, const char* name, const Shape& want, DType dt, Device dev, const char* op = kOp) {
   HMLA_CHECK(t.defined() && t.shape() == want && t.dtype() == dt && t.device() == dev && t.is_contiguous(), ShapeError,
              op, ": ", name, " must be a contiguous ", dtype_name(dt), shape_str(want), " tensor on ",
@@ -28,10 +34,12 @@ CompressedIndexParams make_params(const CompressedIndexInputs& in, const char* o
              ": qI must be [b, s, nI >= 1, dI >= 1], got ", detail::desc(in.qI));
   const Device dev = in.qI.device();
   const int64_t b = in.qI.size(0), sq = in.qI.size(1), nI = in.qI.size(2), dI = in.qI.size(3);
-  check_dense(in.qI, "qI", {b, sq, nI, dI}, DType::f32, dev, op);
+  // qI and kI in one dtype, f32 or bf16 (the backend's plan says whether it reads bf16).
+  const DType dt = in.qI.dtype() == DType::bf16 ? DType::bf16 : DType::f32;
+  check_dense(in.qI, "qI", {b, sq, nI, dI}, dt, dev, op);
   HMLA_CHECK(in.kI.defined() && in.kI.dim() == 3, ShapeError, op, ": kI must be [b, n_e, dI], got ", detail::desc(in.kI));
   const int64_t n_e = in.kI.size(1);
-  check_dense(in.kI, "kI", {b, n_e, dI}, DType::f32, dev, op);
+  check_dense(in.kI, "kI", {b, n_e, dI}, dt, dev, op);
   check_dense(in.w, "w", {b, sq, nI}, DType::f32, dev, op);
   check_dense(in.ent_last, "ent_last", {b, n_e}, DType::i32, dev, op);
   check_dense(in.ent_doc, "ent_doc", {b, n_e}, DType::i32, dev, op);
@@ -41,9 +49,10 @@ CompressedIndexParams make_params(const CompressedIndexInputs& in, const char* o
   HMLA_CHECK(in.layout->b == b && in.q_row0 >= 0 && in.q_row0 + sq <= s, LayoutError, op, ": the layout covers b = ",
              in.layout->b, ", s = ", s, " but qI has b = ", b, " and rows [", in.q_row0, ", ", in.q_row0 + sq, ")");
   CompressedIndexParams p;
+  p.dtype = dt;
   p.b = b, p.s = s, p.sq = sq, p.q_row0 = in.q_row0, p.nI = nI, p.dI = dI, p.n_e = n_e;
-  p.qI = in.qI.data<float>();
-  p.kI = in.kI.data<float>();
+  p.qI = in.qI.raw_data();
+  p.kI = in.kI.raw_data();
   p.w = in.w.data<float>();
   p.ent_last = in.ent_last.data<int32_t>();
   p.ent_doc = in.ent_doc.data<int32_t>();
@@ -56,7 +65,7 @@ void run(const CompressedIndexInputs& in, CompressedIndexParams p, Op entry) {
   const Device dev = in.qI.device();
   const Tensor ds = in.layout->doc_start_on(dev);
   p.doc_start = ds.data<int32_t>();
-  dispatch(dev, entry, p, kOp, "f32 inputs");
+  dispatch(dev, entry, p, kOp, widths(p));
 }
 
 }  // namespace
@@ -88,14 +97,16 @@ CompressedIndexKlParams make_kl_params(const CompressedIndexKlInputs& in, const 
   const Device dev = in.sc.qI.device();
   const int64_t b = p.b, s = p.sq, n_e = p.n_e;  // s: the query rows
   HMLA_CHECK(in.q.defined() && in.q.dim() == 4 && in.q.size(0) == b && in.q.size(1) == s && in.q.size(2) >= 1 &&
-                 in.q.size(3) >= 1 && in.q.dtype() == DType::f32 && in.q.device() == dev,
-             ShapeError, op, ": q must be an f32 [b = ", b, ", s = ", s, ", H >= 1, d >= 1] tensor on ", device_name(dev),
-             ", got ", detail::desc(in.q));
+                 in.q.size(3) >= 1 && (in.q.dtype() == DType::f32 || in.q.dtype() == DType::bf16) &&
+                 in.q.device() == dev,
+             ShapeError, op, ": q must be an f32 or bf16 [b = ", b, ", s = ", s, ", H >= 1, d >= 1] tensor on ",
+             device_name(dev), ", got ", detail::desc(in.q));
+  const DType qk = in.q.dtype();  // q and ent in one dtype
   HMLA_CHECK(kernel_strides_ok(in.q), ShapeError, op, ": q has strides ", shape_str(in.q.strides()),
              " that no kernel takes (the last dimension contiguous, rows and heads at strides in [", in.q.size(3),
              ", 2^31)); pass a contiguous copy");
   const int64_t H = in.q.size(2), d = in.q.size(3);
-  if (n_e > 0 || in.ent.defined()) check_dense(in.ent, "ent", {b, n_e, d}, DType::f32, dev, op);
+  if (n_e > 0 || in.ent.defined()) check_dense(in.ent, "ent", {b, n_e, d}, qk, dev, op);
   check_dense(in.lse, "lse", {b, H, s}, DType::f32, dev, op);
   check_dense(in.row_weight, "row_weight", {b, s}, DType::f32, dev, op);
   HMLA_CHECK(std::isfinite(in.scale) && in.scale > 0 && std::isfinite(in.coeff) && in.coeff >= 0, ShapeError, op,
@@ -104,11 +115,11 @@ CompressedIndexKlParams make_kl_params(const CompressedIndexKlInputs& in, const 
   if (in.kl_acc.defined())
     HMLA_CHECK(in.kl_acc.dtype() == DType::f64 && in.kl_acc.numel() == 1 && in.kl_acc.device() == dev, ShapeError,
                op, ": kl_acc must be one f64 value on ", device_name(dev), ", got ", detail::desc(in.kl_acc));
-  p.H = H, p.d = d;
+  p.H = H, p.d = d, p.qk_dtype = qk;
   const Shape qs = kernel_strides(in.q);
-  p.q = in.q.data<float>();
+  p.q = in.q.raw_data();
   p.q_bstride = qs[0], p.q_rstride = qs[1], p.q_hstride = qs[2];
-  p.ent = n_e > 0 ? in.ent.data<float>() : nullptr;
+  p.ent = n_e > 0 ? in.ent.raw_data() : nullptr;
   p.lse = in.lse.data<float>();
   p.row_weight = in.row_weight.data<float>();
   p.scale = in.scale, p.coeff = in.coeff;
@@ -127,7 +138,7 @@ CompressedIndexKlResult run_kl(const CompressedIndexKlInputs& in, CompressedInde
   const Tensor ds = in.sc.layout->doc_start_on(dev), de = in.sc.layout->doc_end_on(dev);
   p.doc_start = ds.data<int32_t>();
   p.doc_end = de.data<int32_t>();
-  dispatch(dev, entry, p, op, "f32 inputs");
+  dispatch(dev, entry, p, op, widths(p) + ", " + dtype_name(p.qk_dtype) + " q and ent");
   if (in.kl_acc.defined()) {
     r.kl_sum = r.loss = std::numeric_limits<double>::quiet_NaN();  // on the device only
   } else {

@@ -12,6 +12,20 @@
 // relu is 1-Lipschitz; the head sum is a chain of nI fmaf steps: |I^ - I| <= gamma_dI M +
 // gamma_nI (1 + gamma_dI) M =: delta(t, e), M = sum_h |w_h| A_h (plus 2^-149 per step for an
 // underflow). The scores check asserts exactly that per element (-inf exactly where not visible).
+//
+// bf16 rows (compressed_index_bf16: bf16 qI and kI, f32 w; CUDA only, the CPU's plans take f32):
+// the inputs are rounded to bf16 first, so the oracle sees the op's values and the rounding of the
+// inputs costs nothing; what remains is the f32 arithmetic on them. The SIMT path widens bf16 exactly
+// and runs the f32 chain above: the same delta, and the CPU's bits on f32 tensors holding the same
+// values. The tensor-core path (nI, dI multiples of 16): a product of two bf16 is exact in f32, the
+// mma sums the dI products in f32 in an order of its own (any order: gamma_dI A_h), and the head sum
+// is nI products w relu(d) added in an order of its own (lanes, then a shuffle tree): gamma_(nI+1)
+// (1 + gamma_dI) M. The tensor cores' additions are not specified to round to nearest (truncation
+// doubles the unit roundoff), so the rows allow twice that: delta_tc = 2 (gamma_dI + gamma_(nI+1)
+// (1 + gamma_dI)) M. The tables follow by the same argument with delta_tc for delta: a selected
+// entry's true score is within 2 delta_row of the oracle's K-th best at its slot. Ties certain on the
+// tensor cores: M = 0 only (every product exactly 0); entries with identical kI are not, since the
+// order of an mma's sum is its own per output column (the emulator's schedules vary it).
 // Tables: if every computed score is within delta_row (the row's largest delta) of the true one,
 // the computed k-th largest score is within delta_row of the true k-th largest (order statistics
 // are 1-Lipschitz in the max norm), so the entry a backend puts at slot k has a true score within
@@ -44,6 +58,7 @@ struct CompressedIndexCase {
   int64_t b, s, nI, dI, m, K;            // m: the compressor's rate (an entry per m rows of a document)
   std::vector<std::vector<int64_t>> cu;  // per batch row: cu_seqlens (rows after the last: padding)
   bool ties = false;                     // identical kI pairs, kI = 0 entries, qI = 0 query rows
+  bool bf16 = false;                     // bf16 qI and kI (CUDA: the tensor cores at widths they take)
 };
 inline void PrintTo(const CompressedIndexCase& c, std::ostream* os) { print_row(c, os); }
 
@@ -64,7 +79,25 @@ inline std::vector<CompressedIndexCase> compressed_index_cases() {
   };
 }
 
-// A row's inputs, f64 (the values every backend sees: f32-representable).
+// The bf16 rows (the error argument above): widths the tensor cores take (nI, dI multiples of 16), in
+// packed documents, b = 2, ties, K over the visible count, no entries, more rows than a chunk's block
+// and more entries than a key tile; and widths they do not take (the SIMT kernels, widened).
+inline std::vector<CompressedIndexCase> compressed_index_bf16_cases() {
+  const Oracle o = Oracle::compressed_index_ref;
+  const std::vector<int64_t> packed{0, 3, 9, 33};
+  return {
+      {"mma_packed", o, 1, 40, 16, 32, 4, 3, {packed}, false, true},
+      {"mma_two_rows_ties", o, 2, 48, 32, 16, 2, 8, {{0, 21, 48}, {0, 1, 4, 40}}, true, true},
+      {"mma_k_over_visible", o, 1, 36, 16, 16, 2, 20, {{0, 11, 36}}, false, true},
+      {"mma_no_entries", o, 1, 10, 16, 16, 16, 4, {{0, 10}}, false, true},
+      // Up to 95 visible entries: two key tiles of 64, a radix select.
+      {"mma_many_entries", o, 1, 200, 16, 32, 2, 37, {{0, 190}}, true, true},
+      {"simt_odd_widths", o, 1, 36, 5, 13, 2, 6, {{0, 11, 36}}, true, true},
+  };
+}
+
+// A row's inputs, f64 (the values every backend sees: f32-representable; bf16 rows' qI and kI
+// bf16-representable).
 struct CompressedIndexData {
   int64_t n_e = 0;
   std::vector<double> qI, kI, w;
@@ -94,6 +127,9 @@ inline CompressedIndexData compressed_index_data(const CompressedIndexCase& c) {
   };
   fill(x.qI, size_t(c.b * c.s * c.nI * c.dI), 1.0);
   fill(x.kI, size_t(c.b * x.n_e * c.dI), 1.0);
+  if (c.bf16)
+    for (std::vector<double>* v : {&x.qI, &x.kI})
+      for (double& e : *v) e = double(bf16_to_f32(f32_to_bf16(float(e))));
   fill(x.w, size_t(c.b * c.s * c.nI), 1.0 / std::sqrt(double(c.nI * c.dI)));  // both scales folded in, both signs
   if (c.ties) {
     const size_t dI = size_t(c.dI);
@@ -151,25 +187,28 @@ inline CompressedIndexRef compressed_index_ref(const CompressedIndexCase& c, con
 inline CompressedIndexParams params(const CompressedIndexCase& c, bool topk) {
   const CompressedIndexData x = compressed_index_data(c);
   CompressedIndexParams p;
+  p.dtype = c.bf16 ? DType::bf16 : DType::f32;
   p.b = c.b, p.s = p.sq = c.s, p.nI = c.nI, p.dI = c.dI, p.n_e = x.n_e, p.K = topk ? c.K : 0;
   return p;
 }
-// f32 inputs whatever the backend's compute dtype (the op's only dtype).
+// The row's dtype whatever the backend's compute dtype (f32 rows: the CPU's bits on CUDA too).
 inline void uses(Uses& u, const CompressedIndexCase& c, DType) {
   u(Op::compressed_index_topk, params(c, true))(Op::compressed_index_scores, params(c, false));
 }
 
-// delta(t, e) of the error argument above.
-inline double compressed_index_bound(const CompressedIndexCase& c, double mag) {
+// delta(t, e) of the error argument above; tc: the tensor cores' delta_tc.
+inline double compressed_index_bound(const CompressedIndexCase& c, double mag, bool tc = false) {
   const double u = 0x1p-24;
   auto gamma = [u](double n) { return n * u / (1 - n * u); };
-  return (gamma(double(c.dI)) + gamma(double(c.nI)) * (1 + gamma(double(c.dI)))) * mag +
-         double(c.nI * (c.dI + 1)) * 0x1p-149;
+  const double under = double(c.nI * (c.dI + 1)) * 0x1p-149;
+  if (tc) return 2 * (gamma(double(c.dI)) + gamma(double(c.nI + 1)) * (1 + gamma(double(c.dI)))) * mag + 2 * under;
+  return (gamma(double(c.dI)) + gamma(double(c.nI)) * (1 + gamma(double(c.dI)))) * mag + under;
 }
 
 // The table of one row (valid slots first) against the oracle, by the argument above; "" or what differs.
 inline std::string compressed_index_check_table(const CompressedIndexCase& c, const CompressedIndexData& x,
-                                                const CompressedIndexRef& r, const std::vector<int32_t>& got) {
+                                                const CompressedIndexRef& r, const std::vector<int32_t>& got,
+                                                bool tc = false) {
   const int64_t n_e = x.n_e, K = c.K;
   for (int64_t row = 0; row < c.b * c.s; ++row) {
     const int64_t bb = row / c.s, t = row % c.s;
@@ -180,7 +219,7 @@ inline std::string compressed_index_check_table(const CompressedIndexCase& c, co
     double delta = 0;
     for (int64_t e = 0; e < n_e; ++e)
       if (std::isfinite(r.scores[size_t(row * n_e + e)]))
-        ++n_vis, delta = std::max(delta, compressed_index_bound(c, r.mag[size_t(row * n_e + e)]));
+        ++n_vis, delta = std::max(delta, compressed_index_bound(c, r.mag[size_t(row * n_e + e)], tc));
     while (n_got < K && g[n_got] != -1) ++n_got;
     for (int64_t k = n_got; k < K; ++k)
       if (g[k] != -1) return at + "slot " + std::to_string(k) + " holds " + std::to_string(g[k]) + " after a -1";
@@ -204,7 +243,7 @@ inline std::string compressed_index_check_table(const CompressedIndexCase& c, co
     auto certain_tie = [&](int32_t a, int32_t b2) {
       const double* ka = x.kI.data() + (bb * n_e + a) * c.dI;
       const double* kb = x.kI.data() + (bb * n_e + b2) * c.dI;
-      return std::equal(ka, ka + c.dI, kb) ||
+      return (!tc && std::equal(ka, ka + c.dI, kb)) ||
              (r.mag[size_t(row * n_e + a)] == 0 && r.mag[size_t(row * n_e + b2)] == 0);
     };
     for (int64_t k = 0; k < n_got; ++k)
@@ -217,18 +256,26 @@ inline std::string compressed_index_check_table(const CompressedIndexCase& c, co
 }
 
 // The row on a device: the table (run twice: the bits must repeat) and the scores against the
-// oracle; on CUDA also both against the CPU's on the same inputs, bit for bit. shards > 1 (context
+// oracle; on CUDA also both against the CPU's on the same inputs (bf16 rows: f32 tensors holding the
+// same values; not on the tensor cores, whose order is their own), bit for bit. shards > 1 (context
 // parallelism's row shards): the query rows in `shards` calls at q_row0 = k s / shards, put together.
 inline std::string check(const CompressedIndexCase& c, Device dev, int64_t shards = 1) {
   const CompressedIndexData x = compressed_index_data(c);
   const CompressedIndexRef r = compressed_index_ref(c, x);
+  const bool tc = backend(dev).plan(Op::compressed_index_topk, params(c, true)).variant == Variant::mma;
   auto f32 = [](const Shape& sh, const std::vector<double>& v, Device d) {
     return Tensor::from_vector<float>(sh, std::vector<float>(v.begin(), v.end())).to(d);
   };
+  auto in_dtype = [&](const Shape& sh, const std::vector<double>& v, Device d) {  // qI, kI: the row's dtype
+    if (!c.bf16 || d == Device::cpu) return f32(sh, v, d);
+    Tensor h = Tensor::empty(sh, DType::bf16);
+    for (size_t i = 0; i < v.size(); ++i) h.data<bf16>()[i] = f32_to_bf16(float(v[i]));
+    return h.to(d);
+  };
   auto run = [&](Device d, std::vector<int32_t>& idx, std::vector<float>& scores) {
     CompressedIndexInputs in;
-    in.qI = f32({c.b, c.s, c.nI, c.dI}, x.qI, d);
-    in.kI = f32({c.b, x.n_e, c.dI}, x.kI, d);
+    in.qI = in_dtype({c.b, c.s, c.nI, c.dI}, x.qI, d);
+    in.kI = in_dtype({c.b, x.n_e, c.dI}, x.kI, d);
     in.w = f32({c.b, c.s, c.nI}, x.w, d);
     in.ent_last = Tensor::from_vector<int32_t>({c.b, x.n_e}, x.ent_last).to(d);
     in.ent_doc = Tensor::from_vector<int32_t>({c.b, x.n_e}, x.ent_doc).to(d);
@@ -254,7 +301,7 @@ inline std::string check(const CompressedIndexCase& c, Device dev, int64_t shard
   std::vector<float> scores;
   std::string err;
   if (!run(dev, idx, scores)) err += "two runs' tables differ; ";
-  if (dev != Device::cpu) {
+  if (dev != Device::cpu && !tc) {
     std::vector<int32_t> idx_cpu;
     std::vector<float> scores_cpu;
     run(Device::cpu, idx_cpu, scores_cpu);
@@ -269,19 +316,20 @@ inline std::string check(const CompressedIndexCase& c, Device dev, int64_t shard
       if (scores[i] != -INFINITY) return err + "scores: " + std::to_string(scores[i]) + " where no entry is visible";
       continue;
     }
-    const double e = std::abs(double(scores[i]) - r.scores[i]), bound = compressed_index_bound(c, r.mag[i]);
+    const double e = std::abs(double(scores[i]) - r.scores[i]), bound = compressed_index_bound(c, r.mag[i], tc);
     if (!(e <= bound)) return err + "scores[" + std::to_string(i) + "]: error " + std::to_string(e) + " > bound " + std::to_string(bound);
     if (bound > 0) worst = std::max(worst, e / bound);
   }
   if (const char* v = std::getenv("HMLA_REPORT_ERRORS"); v && *v)
     std::printf("compressed_index %s %s: scores' largest error / bound %.3g\n", c.name.c_str(), device_name(dev), worst);
-  const std::string t = compressed_index_check_table(c, x, r, idx);
+  const std::string t = compressed_index_check_table(c, x, r, idx, tc);
   if (!t.empty()) err += "table: " + t;
   return err;
 }
 
 inline void case_rows_compressed_index(const Backend& be, std::vector<RowUse>& out) {
   add_checked_rows(out, "compressed_index", be, be.compute_dtype(), compressed_index_cases());
+  add_checked_rows(out, "compressed_index_bf16", be, be.compute_dtype(), compressed_index_bf16_cases());
 }
 
 }  // namespace hmla::op_cases

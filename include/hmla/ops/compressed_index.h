@@ -15,6 +15,10 @@
 // the same inputs, so their tables do too): per head h, d = 0 then d = fmaf(qI[t, h, c], kI[e, c], d)
 // for c = 0 .. dI-1; r = d > 0 ? d : +0; then I = 0 and I = fmaf(w[t, h], r, I) for h = 0 .. nI-1.
 // Each step is one explicit fused multiply-add, which no compiler contraction can change.
+// That order (and the bits) holds for f32 qI and kI. bf16 qI and kI (CUDA; the CPU's plans take f32)
+// at nI and dI multiples of 16 run on the tensor cores (src/cuda/indexer_scores.cuh: f32 sums in an
+// order of their own, within twice the f32 bound of tests/common/cases_compressed_index.h); at other
+// widths the SIMT kernels widen them exactly and keep the order above.
 // Selection: idx[t] = the visible entries by descending I, equal I (-0 equals +0) by ascending e,
 // the first min(K, visible) of them, then -1; padding rows (doc_start > t): all -1. A NaN score
 // (a NaN input) is not ordered: such a row's table is unspecified. The selection never builds an
@@ -40,14 +44,16 @@
 namespace hmla {
 
 // The backends' params struct: pointers on the backend's device, filled and validated by the entry
-// points below. Every tensor is contiguous f32 (i32 for the metadata and the table).
+// points below. Every tensor is contiguous f32 (i32 for the metadata and the table) but qI and kI,
+// which are `dtype` (f32 or bf16; the CPU backend's plans take f32 only).
 struct CompressedIndexParams {
+  DType dtype = DType::f32;              // of qI and kI
   int64_t b = 0, s = 0, nI = 0, dI = 0;  // s: the layout's rows
   int64_t sq = 0, q_row0 = 0;            // query rows and the global position of the first
   int64_t n_e = 0;                     // entries per batch row (0: every row's table is -1)
   int64_t K = 0;                       // topk: slots per query row (>= 1); scores: 0
-  const float* qI = nullptr;           // [b, sq, nI, dI]
-  const float* kI = nullptr;           // [b, n_e, dI]
+  const void* qI = nullptr;            // [b, sq, nI, dI] dtype
+  const void* kI = nullptr;            // [b, n_e, dI] dtype
   const float* w = nullptr;            // [b, sq, nI]
   const int32_t* ent_last = nullptr;   // [b, n_e] row of the entry's window's last token
   const int32_t* ent_doc = nullptr;    // [b, n_e] start row of the entry's document; -1: unused slot
@@ -57,8 +63,8 @@ struct CompressedIndexParams {
 };
 
 struct CompressedIndexInputs {
-  Tensor qI;        // [b, sq, nI, dI] f32 contiguous (the indexer queries, RoPE applied): rows [q_row0, q_row0 + sq)
-  Tensor kI;        // [b, n_e, dI] f32 contiguous (the indexer compressor's entries, normed and roped)
+  Tensor qI;        // [b, sq, nI, dI] f32 or bf16 contiguous (the indexer queries, RoPE applied): rows [q_row0, q_row0 + sq)
+  Tensor kI;        // [b, n_e, dI] qI's dtype contiguous (the indexer compressor's entries, normed and roped)
   Tensor w;         // [b, sq, nI] f32 contiguous: per-head weights with BOTH scales folded in (weights_proj(x) * nI^-0.5 * dI^-0.5)
   Tensor ent_last;  // [b, n_e] i32: row of the entry's window's last token (attn_compressed's metadata contract)
   Tensor ent_doc;   // [b, n_e] i32: start row of the entry's document; -1 unused slot
@@ -78,9 +84,10 @@ Tensor compressed_index_scores(const CompressedIndexInputs& in);
 // The KLs' params: the scores' fields (K: the table's slots, sparse only) and the attention's.
 struct CompressedIndexKlParams : CompressedIndexParams {
   int64_t H = 0, d = 0;
-  const float* q = nullptr;  // [b, sq, H, d], last dim contiguous
+  DType qk_dtype = DType::f32;  // of q and ent (f32 or bf16; the CPU: f32)
+  const void* q = nullptr;      // [b, sq, H, d], last dim contiguous
   int64_t q_bstride = 0, q_rstride = 0, q_hstride = 0;
-  const float* ent = nullptr;          // [b, n_e, d]
+  const void* ent = nullptr;           // [b, n_e, d]
   const float* lse = nullptr;          // [b, H, sq]: the attention's saved lse (+inf: padding rows)
   const float* row_weight = nullptr;   // [b, sq]
   const int32_t* doc_end = nullptr;    // [b, s] exclusive
@@ -94,8 +101,8 @@ struct CompressedIndexKlParams : CompressedIndexParams {
 
 struct CompressedIndexKlInputs {
   CompressedIndexInputs sc;  // qI [b, sq, nI, dI], kI [b, n_e, dI], w [b, sq, nI] (scales folded), ent_last, ent_doc, layout
-  Tensor q;                  // [b, sq, H, d] f32 attention queries (detached; last dim contiguous; may be strided like attn_compressed's q)
-  Tensor ent;                // [b, n_e, d] f32 contiguous: the attention's compressed entries (detached)
+  Tensor q;                  // [b, sq, H, d] f32 or bf16 attention queries (detached; last dim contiguous; may be strided like attn_compressed's q)
+  Tensor ent;                // [b, n_e, d] q's dtype contiguous: the attention's compressed entries (detached)
   Tensor lse;                // [b, H, sq] f32: attn_compressed_fwd's saved lse (window + attended entries + sink; +inf on padding rows)
   float scale = 0;           // the attention's scale (on q . ent)
   Tensor row_weight;         // [b, sq] f32: mask[t] / valid_rows

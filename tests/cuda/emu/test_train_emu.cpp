@@ -136,20 +136,30 @@ void compare(const json& a, const json& b, const char* key, double rtol, int ste
   w = std::max(w, std::abs(x - y) / bound);
 }
 
+// The bounds of a comparison and the keys they cover: the LM losses', the backbone's gradient
+// norm's outside dsa_sparse, the MTP loss's (0: not compared), and the indexer keys (kIndexerRtol,
+// as the backbone's gradient norm in dsa_sparse).
+struct Bounds {
+  double loss = kLossRtol, grad = kGradRtol, mtp = 0;
+  std::vector<const char*> indexer_keys = {"indexer_kl", "grad_norm_indexer"};
+};
+
 // Step rows and phase-end rows of two runs, side by side (the same rows in the same order): every
 // difference over its bound.
-std::vector<std::string> differences(const std::vector<json>& cpu, const std::vector<json>& cuda) {
+std::vector<std::string> differences(const std::vector<json>& cpu, const std::vector<json>& cuda,
+                                     const Bounds& bounds = {}) {
   if (cpu.size() != cuda.size())
     return {"the runs logged " + std::to_string(cpu.size()) + " and " + std::to_string(cuda.size()) + " rows"};
   std::vector<std::string> out;
   int step = 0;
   for (size_t i = 0; i < cpu.size(); ++i) {
     const std::string where = cpu[i].dump().substr(0, 40);
-    for (const char* k : {"lm_loss", "heldout_lm_loss"}) compare(cpu[i], cuda[i], k, kLossRtol, step, where, out);
+    for (const char* k : {"lm_loss", "heldout_lm_loss"}) compare(cpu[i], cuda[i], k, bounds.loss, step, where, out);
+    if (bounds.mtp > 0) compare(cpu[i], cuda[i], "mtp_loss", bounds.mtp, step, where, out);
     // In dsa_sparse (the phase named "sparse" here) the device's top-k comes from bf16 scores.
     const bool sparse = cpu[i].value("phase", "") == "sparse";
-    compare(cpu[i], cuda[i], "grad_norm_backbone", sparse ? kIndexerRtol : kGradRtol, step, where, out);
-    for (const char* k : {"indexer_kl", "grad_norm_indexer"}) compare(cpu[i], cuda[i], k, kIndexerRtol, step, where, out);
+    compare(cpu[i], cuda[i], "grad_norm_backbone", sparse ? kIndexerRtol : bounds.grad, step, where, out);
+    for (const char* k : bounds.indexer_keys) compare(cpu[i], cuda[i], k, kIndexerRtol, step, where, out);
     step += cpu[i].contains("step");
   }
   return out;
@@ -321,23 +331,9 @@ std::string programme_v4() {
                         "  - {name: warm, mode: dsa_warmup, steps: 2}\n  - {name: sparse, mode: dsa_sparse, steps: 2, lr: 3.0e-4}\n");
 }
 
-std::vector<std::string> v4_differences(const std::vector<json>& cpu, const std::vector<json>& cuda) {
-  if (cpu.size() != cuda.size())
-    return {"the runs logged " + std::to_string(cpu.size()) + " and " + std::to_string(cuda.size()) + " rows"};
-  std::vector<std::string> out;
-  int step = 0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    const std::string where = cpu[i].dump().substr(0, 40);
-    for (const char* k : {"lm_loss", "heldout_lm_loss"}) compare(cpu[i], cuda[i], k, kV4LossRtol, step, where, out);
-    compare(cpu[i], cuda[i], "mtp_loss", kV4MtpRtol, step, where, out);
-    const bool sparse = cpu[i].value("phase", "") == "sparse";
-    compare(cpu[i], cuda[i], "grad_norm_backbone", sparse ? kIndexerRtol : kV4GradRtol, step, where, out);
-    for (const char* k : {"indexer_kl", "indexer_kl_csa", "indexer_kl_hybrid", "grad_norm_indexer"})
-      compare(cpu[i], cuda[i], k, kIndexerRtol, step, where, out);
-    step += cpu[i].contains("step");
-  }
-  return out;
-}
+// The V4 runs' bounds: the MTP loss and the CSA and hybrid-MLA indexers' KLs too.
+const Bounds kV4Bounds{kV4LossRtol, kV4GradRtol, kV4MtpRtol,
+                       {"indexer_kl", "indexer_kl_csa", "indexer_kl_hybrid", "grad_norm_indexer"}};
 
 // The V4 programme's steady steps cost the host one wait, one upload per micro-batch (its batch and
 // the V4 tables the host derives from it: v4_batch.cpp) and, outside dsa_warmup, the bias update's
@@ -349,7 +345,7 @@ TEST(CudaTraining, AV4StackMatchesTheCpuInOneSyncAStep) {
   run(cpu, "cpu", false, programme_v4());
   run(cuda, "cuda", false, programme_v4());
   const std::vector<json> a = metrics(cpu), b = metrics(cuda);
-  for (const std::string& d : v4_differences(a, b)) ADD_FAILURE() << d;
+  for (const std::string& d : differences(a, b, kV4Bounds)) ADD_FAILURE() << d;
   int steps = 0;
   for (const json& r : b) {
     if (!r.contains("step")) continue;
