@@ -6,7 +6,7 @@
 //   y = (o grouped wo_a^T) wo_b^T.
 // Rows are N = b s (context parallelism: this rank's s rows of the layout's; keys and entries come
 // from every row, gathered: v4_cp.cpp), every activation contiguous, in the compute dtype (v4_act:
-// bf16 on CUDA) but the compressors' pooling and the CSA indexer's inputs (f32); RoPE rotates the last
+// bf16 on CUDA) but the compressors' pooling and the indexer's head weights (f32); RoPE rotates the last
 // r channels of a head as interleaved pairs. The backward runs the same chain in reverse; the inverse RoPE on the
 // output is the transposed rotation (with the attention factor folded into cos and sin, exactly
 // transformers' apply_rotary_pos_emb(out, cos, -sin)), so its backward is the forward rotation.
@@ -73,7 +73,7 @@ V4BatchEntries entry_tables(const V4Rows& rows, const DocLayout& layout, int64_t
 // parallelism: this rank pools its own entries from its frame, then every entry is gathered (v4_cp.cpp).
 V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4CompressorTensors& w, const Tensor& x,
                               const DocLayout& layout, const V4BatchEntries& t, int64_t m, int64_t width, bool overlap,
-                              const V4Rows& rows, DType ent_dtype) {
+                              const V4Rows& rows) {
   V4Compressed c;
   c.e = t.entries;
   if (c.e.n == 0) return c;
@@ -108,7 +108,7 @@ V4Compressed compress_entries(const ModelConfig& mc, const Dims& d, const V4Comp
   } else {
     c.rope = entry_rope(rows.compress_all, t.rope_row);
   }
-  Tensor ent = Tensor::empty({d.b, np, width}, ent_dtype, d.dev);
+  Tensor ent = act(d, {d.b, np, width});
   v4_entries_norm_rope(mc, w, c.pooled.view({d.b * np, width}), c.rope, ent.view({d.b * np, width}), c.rstd);
   c.ent = rows.sharded() ? cp_gather_entries(*rows.cp, c.owners, ent, n) : ent;
   return c;
@@ -138,8 +138,8 @@ void index_forward(const ModelConfig& c, const Dims& d, const V4AttnTensors& w, 
                    const DocLayout& layout, const V4BatchEntries& t, const V4Rows& rows) {
   HMLA_CHECK(w.iwq_b.defined(), ConfigError, "a CSA layer runs ", mode_name(sv.mode), " without its indexer's tensors");
   const int64_t nI = c.index_n_heads, dI = c.index_head_dim;
-  sv.icomp = compress_entries(c, d, w.icomp, x, layout, t, sv.m, dI, true, rows, DType::f32);
-  sv.qI = f32(d, {d.N, nI * dI});
+  sv.icomp = compress_entries(c, d, w.icomp, x, layout, t, sv.m, dI, true, rows);
+  sv.qI = act(d, {d.N, nI * dI});
   sv.wI = f32(d, {d.N, nI});
   v4_index_queries(c, w, x, sv.qr, rows.compress, sv.qI, sv.wI);
 }
@@ -317,7 +317,7 @@ void v4_attention_fwd(const ModelConfig& c, int64_t L, const V4AttnTensors& w, c
   if (rows.sharded()) sv.kv_all = cp_all_gather_rows(*rows.cp, sv.kv.view({d.b, d.s, d.d}));
   if (sv.m > 0) {
     const V4BatchEntries t = entry_tables(rows, layout, sv.m, d.dev);
-    sv.comp = compress_entries(c, d, w.comp, x, layout, t, sv.m, d.d, sv.csa, rows, compute_dtype(d.dev));
+    sv.comp = compress_entries(c, d, w.comp, x, layout, t, sv.m, d.d, sv.csa, rows);
     if (sv.comp.e.n > 0) sv.ent_last = t.last, sv.ent_doc = t.doc;
     // DESIGN.md section 10: a CSA layer attends every visible entry (no indexer) but in dsa_sparse;
     // in the dsa modes its indexer runs (dsa_warmup: for the KL only).
@@ -344,8 +344,8 @@ void indexer_backward(const ModelConfig& c, const Dims& d, const V4AttnTensors& 
   const RopeCache& rc = rows.compress;
   CompressedIndexKlInputs in;
   in.sc = index_inputs(c, d, sv, layout, rows);
-  in.q = converted(sv.q, DType::f32).view({d.b, d.s, d.H, d.d});  // the KL reads f32
-  in.ent = converted(sv.comp.ent, DType::f32);
+  in.q = sv.q.view({d.b, d.s, d.H, d.d});
+  in.ent = sv.comp.ent;
   in.lse = sv.lse;
   in.scale = float(1.0 / std::sqrt(double(d.d)));
   in.row_weight = opt.row_weight;

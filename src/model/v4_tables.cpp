@@ -177,7 +177,10 @@ void plan_v4_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFacto
     const int64_t m = v.compress_rate(L), coff = v.kind(L) == V4Kind::csa ? 2 : 1;
     if (m > 0) add(per_f, 2 * coff * d), per_entry[m].first += d + 1, per_entry[m].second += d;
     const bool runs = L < c.num_hidden_layers && c.runs_indexer(L) && v.kind(L) == V4Kind::csa;
-    if (runs) add(per_f, 4 * dI + nI * dI + nI), per_entry[m].first += 2 * dI + 1;  // its indexer: compressor, qI, w
+    if (runs) {  // its indexer: compressor (kvc, gc f32), w (f32), qI; per entry pooled, rstd (f32), kI
+      add(per_f, 4 * dI + nI), add(per_a, nI * dI);
+      per_entry[m].first += dI + 1, per_entry[m].second += dI;
+    }
     if (runs && c.layer_modes[size_t(L)] == LayerMode::dsa_sparse) idx += c.index_topk;
     if (L >= c.num_hidden_layers) add(per_f, 5 * D + n * D + 3 + 2 * n), add(per_a, D + n * D);  // en, hn: compute
   }

@@ -17,6 +17,12 @@
 // relatively; mag is the magnitude that enters each output before the (Q - P) cancellation:
 // coeff rw (P + Q) |w| |kI| summed over the candidates for dqI, likewise with |qI| over the rows for
 // dkI, with |s| for dw, and sum rw P (|log P| + |log Q| + 1) for kl_sum.
+//
+// The bf16 rows (csa_kl_bf16: qI, kI, q and ent in bf16; CUDA only, the CPU's plans take f32): the
+// inputs are rounded to bf16 values first, so the oracle and the rule see the op's values; the op
+// widens them exactly and runs the f32 arithmetic, so its outputs must also equal, bit for bit, the
+// same device's on f32 tensors holding those values (a kernel that read a bf16 tensor as f32, or
+// rounded anything it should not, fails that).
 #pragma once
 #include <algorithm>
 #include <cfloat>
@@ -46,6 +52,7 @@ struct CsaKlRow {
   bool relu_edges = false;   // kI = 0 entries (s = 0 exactly), identical kI pairs (ties), qI = 0 rows
   bool zero_weight = false;  // a real row with candidates gets row weight 0
   bool strided_q = false;    // q a column slice of a wider tensor (rows and heads at non-contiguous strides)
+  bool bf16 = false;         // qI, kI, q and ent bf16 (their values rounded to bf16 first)
 };
 inline void PrintTo(const CsaKlRow& c, std::ostream* os) { print_row(c, os); }
 
@@ -78,6 +85,21 @@ inline std::vector<CsaKlRow> csa_kl_rows() {
       {"sparse_sink_inf_one_strided_q", o, small(3, 2, 2, 3, 14), CsaSink::inf_one, false, false, true},
       {"sparse_tiles", o, tiles_sparse},
   };
+}
+
+// The bf16 rows: some of the rows above with bf16 qI, kI, q and ent (the tiles: past one tile of
+// rows and entries; relu edges: ties and zeros; a strided q).
+inline std::vector<CsaKlRow> csa_kl_bf16_rows() {
+  std::vector<CsaKlRow> out;
+  for (const CsaKlRow& r : csa_kl_rows())
+    for (const char* name : {"dense_packed", "dense_relu_edges_zero_weight", "dense_m4_strided_q", "dense_tiles",
+                             "sparse_k3", "sparse_sink_inf_one_strided_q", "sparse_tiles"})
+      if (r.name == name) {
+        CsaKlRow b = r;
+        b.bf16 = true;
+        out.push_back(b);
+      }
+  return out;
 }
 
 // The sparse table of x as compressed_index_topk builds it from the true scores (csa_kl_data's rule).
@@ -133,6 +155,9 @@ inline CsaKlRowData csa_kl_row_data(const CsaKlRow& r) {
       }
     }
   }
+  if (r.bf16)
+    for (std::vector<double>* v : {&x.qI, &x.kI, &x.q, &x.ent})
+      for (double& e : *v) e = double(bf16_to_f32(f32_to_bf16(float(e))));
   csa_kl_retable(x, out.d.layout);
   return out;
 }
@@ -171,16 +196,24 @@ inline std::vector<float> csa_kl_lse(const CsaKlRowData& rd, Device dev) {
 }
 
 // The KL's inputs on `dev` from the row's data and a given lse (q strided: the same values as
-// columns [0, d) of a [b, s, H, d + 3] tensor). The result holds the tensors; rd must outlive it.
-inline CompressedIndexKlInputs csa_kl_inputs(const CsaKlRowData& rd, Device dev, bool strided_q, const std::vector<float>& lse) {
+// columns [0, d) of a [b, s, H, d + 3] tensor; bf16: qI, kI, q and ent as bf16 tensors). The result
+// holds the tensors; rd must outlive it.
+inline CompressedIndexKlInputs csa_kl_inputs(const CsaKlRowData& rd, Device dev, bool strided_q, const std::vector<float>& lse,
+                                             bool in_bf16 = false) {
   const CsaKlInputs& x = rd.d.x;
   const CsaKlDims& m = x.dm;
   auto f32 = [dev](const Shape& sh, const std::vector<double>& v) {
     return Tensor::from_vector<float>(sh, std::vector<float>(v.begin(), v.end())).to(dev);
   };
+  auto qk = [&](const Shape& sh, const std::vector<double>& v) {  // the bf16 rows' dtype for qI, kI, q, ent
+    if (!in_bf16) return f32(sh, v);
+    Tensor h = Tensor::empty(sh, DType::bf16);
+    for (size_t i = 0; i < v.size(); ++i) h.data<bf16>()[i] = f32_to_bf16(float(v[i]));
+    return h.to(dev);
+  };
   CompressedIndexKlInputs in;
-  in.sc.qI = f32({m.b, m.s, m.nI, m.dI}, x.qI);
-  in.sc.kI = f32({m.b, m.n_e, m.dI}, x.kI);
+  in.sc.qI = qk({m.b, m.s, m.nI, m.dI}, x.qI);
+  in.sc.kI = qk({m.b, m.n_e, m.dI}, x.kI);
   in.sc.w = f32({m.b, m.s, m.nI}, x.w);
   in.sc.ent_last = Tensor::from_vector<int32_t>({m.b, m.n_e}, x.ent_last).to(dev);
   in.sc.ent_doc = Tensor::from_vector<int32_t>({m.b, m.n_e}, x.ent_doc).to(dev);
@@ -188,11 +221,11 @@ inline CompressedIndexKlInputs csa_kl_inputs(const CsaKlRowData& rd, Device dev,
   if (strided_q) {
     std::vector<double> wide(size_t(m.b * m.s * m.H * (m.d + 3)), 7.0);
     for (int64_t i = 0; i < m.b * m.s * m.H; ++i) std::copy_n(x.q.begin() + i * m.d, m.d, wide.begin() + i * (m.d + 3));
-    in.q = f32({m.b, m.s, m.H, m.d + 3}, wide).slice(3, 0, m.d);
+    in.q = qk({m.b, m.s, m.H, m.d + 3}, wide).slice(3, 0, m.d);
   } else {
-    in.q = f32({m.b, m.s, m.H, m.d}, x.q);
+    in.q = qk({m.b, m.s, m.H, m.d}, x.q);
   }
-  in.ent = f32({m.b, m.n_e, m.d}, x.ent);
+  in.ent = qk({m.b, m.n_e, m.d}, x.ent);
   in.lse = Tensor::from_vector<float>({m.b, m.H, m.s}, lse).to(dev);
   in.scale = float(x.scale);
   in.row_weight = f32({m.b, m.s}, x.row_weight);
@@ -210,8 +243,8 @@ struct CsaKlGot {
 // shards > 1 (context parallelism's row shards): the query rows in `shards` calls at q_row0 = k s /
 // shards, their rows put together, their dkI summed in shard order in f32 and their sums added.
 inline CsaKlGot csa_kl_run(const CsaKlRowData& rd, Device dev, bool strided_q, const std::vector<float>& lse,
-                           int64_t shards = 1) {
-  const CompressedIndexKlInputs in = csa_kl_inputs(rd, dev, strided_q, lse);
+                           int64_t shards = 1, bool in_bf16 = false) {
+  const CompressedIndexKlInputs in = csa_kl_inputs(rd, dev, strided_q, lse, in_bf16);
   const CsaKlDims& m = rd.d.x.dm;
   CsaKlGot g;
   g.dqI.assign(size_t(m.b * m.s * m.nI * m.dI), 0.f), g.dkI.assign(size_t(m.b * m.n_e * m.dI), 0.f);
@@ -450,9 +483,14 @@ inline std::string check(const CsaKlRow& row, Device dev, int64_t shards = 1) {
   std::string err = csa_kl_kink_free(x, r);
   const std::vector<float> lse = csa_kl_lse(rd, dev);
   err += csa_kl_check_lse(x, rd.d.layout, r, lse);
-  const CsaKlGot g = csa_kl_run(rd, dev, row.strided_q, lse, shards), g2 = csa_kl_run(rd, dev, row.strided_q, lse, shards);
-  if (std::memcmp(&g.kl_sum, &g2.kl_sum, sizeof(double)) != 0 || g.dqI != g2.dqI || g.dkI != g2.dkI || g.dw != g2.dw)
-    err += "two runs differ; ";
+  const CsaKlGot g = csa_kl_run(rd, dev, row.strided_q, lse, shards, row.bf16),
+                 g2 = csa_kl_run(rd, dev, row.strided_q, lse, shards, row.bf16);
+  auto same = [](const CsaKlGot& a, const CsaKlGot& b) {
+    return std::memcmp(&a.kl_sum, &b.kl_sum, sizeof(double)) == 0 && a.dqI == b.dqI && a.dkI == b.dkI && a.dw == b.dw;
+  };
+  if (!same(g, g2)) err += "two runs differ; ";
+  if (row.bf16 && !same(g, csa_kl_run(rd, dev, row.strided_q, lse, shards, false)))
+    err += "bf16 inputs differ from f32 tensors holding their values; ";
   if (!(std::abs(g.loss - x.coeff * g.kl_sum) <= 1e-12 * std::abs(g.loss))) err += "loss != coeff kl_sum; ";
   const CsaKlNaive nv = csa_kl_megatron_f32(x, lse, r.cand);
   const CsaKlMags mg = csa_kl_mags(x, r);
@@ -471,6 +509,7 @@ inline std::string check(const CsaKlRow& row, Device dev, int64_t shards = 1) {
 inline CompressedIndexKlParams params(const CsaKlRow& r) {
   CompressedIndexKlParams p;
   p.b = r.c.b, p.s = p.sq = r.c.s, p.nI = r.c.nI, p.dI = r.c.dI, p.H = r.c.H, p.d = r.c.d, p.K = r.c.K;
+  p.dtype = p.qk_dtype = r.bf16 ? DType::bf16 : DType::f32;
   return p;
 }
 // The runner's attention forward (f32, dense or selected on the table) and the KL.
@@ -483,6 +522,7 @@ inline void uses(Uses& u, const CsaKlRow& r, DType) {
 
 inline void case_rows_csa_kl(const Backend& be, std::vector<RowUse>& out) {
   add_checked_rows(out, "csa_kl", be, be.compute_dtype(), csa_kl_rows());
+  add_checked_rows(out, "csa_kl_bf16", be, be.compute_dtype(), csa_kl_bf16_rows());
 }
 
 }  // namespace hmla::op_cases

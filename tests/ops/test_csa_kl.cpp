@@ -290,7 +290,8 @@ TEST(CsaKlInputs, RefusesBadShapesDtypesAndTables) {
   };
   const Bad bads[] = {
       {"compressed_index_kl_dense: q must be", false, [&](CompressedIndexKlInputs& in) { in.q = Tensor::zeros({m.b, m.s - 1, m.H, m.d}, DType::f32); }},
-      {"compressed_index_kl_dense: q must be", false, [&](CompressedIndexKlInputs& in) { in.q = Tensor::zeros({m.b, m.s, m.H, m.d}, DType::bf16); }},
+      {"compressed_index_kl_dense: ent must be a contiguous bf16", false,  // q and ent share a dtype
+       [&](CompressedIndexKlInputs& in) { in.q = Tensor::zeros({m.b, m.s, m.H, m.d}, DType::bf16); }},
       {"compressed_index_kl_dense: q has strides", false,
        [&](CompressedIndexKlInputs& in) { in.q = Tensor::zeros({m.b, m.s, m.d, m.H}, DType::f32).transpose(2, 3); }},
       {"compressed_index_kl_dense: ent must be", false, [&](CompressedIndexKlInputs& in) { in.ent = Tensor::zeros({m.b, m.n_e, m.d + 1}, DType::f32); }},

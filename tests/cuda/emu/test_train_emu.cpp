@@ -290,8 +290,9 @@ TEST(CudaTraining, AMoeModelMatchesTheCpuAndCostsNoMoreSyncs) {
 // 2, a hash-routed and three learned sqrtsoftplus MoE layers, a CSA MTP layer trained with
 // mtp_loss_coeff) through every phase on the device against the CPU. The rule is the one above with
 // V4's count of rounding sites. On CUDA the V4 layers keep their activations in bf16 (v4_act) and
-// the mHC streams, the sublayers' outputs, the compressors' pooling and the CSA indexer in f32
-// (mHC and the routers compute in f32: no rounding). Per logit, in the forward:
+// the mHC streams, the sublayers' outputs and the compressors' pooling in f32 (mHC and the routers
+// compute in f32: no rounding); the CSA indexer reads bf16 qI and kI (its scores on the tensor
+// cores), which reach the logits only through the top-k (the 10% below). Per logit, in the forward:
 // - a sliding layer's attention: 5 products (wq_a, wq_b, wkv, wo_a, wo_b), 2 inputs each, and 9
 //   bf16 activations that are no product's input (qa and kvr before their norms, qb before the
 //   per-head norm, q and kv after the norms and after RoPE, the core's P and its output): 19;
