@@ -155,6 +155,7 @@ void add_bench_command(CLI::App& app) {
   tr->callback([to] { bench::run_train_bench(*to, std::cout); });
 
   add_bench_v4_command(*bench);
+  add_bench_ep_command(*bench);
 
   auto tk = std::make_shared<TokenizerBenchOptions>();
   CLI::App* tb = bench->add_subcommand(

@@ -1,10 +1,12 @@
 // `hmla bench v4`: DeepSeek-V4's kernels through their op entry points at V4-Flash's shapes
-// (bench/v4_bench.h), one JSON line per (kernel, s). Registered by `hmla bench` (cmd_bench.cpp).
+// (bench/v4_bench.h), one JSON line per (kernel, s); `hmla bench ep`: expert parallelism's exchange
+// at a config's MoE geometry under mpirun (bench/ep_bench.h). Registered by `hmla bench` (cmd_bench.cpp).
 #include <algorithm>
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
+#include "ep_bench.h"
 #include "hmla/core/error.h"
 #include "hmla/train/trainer.h"
 #include "v4_bench.h"
@@ -62,6 +64,22 @@ void add_bench_v4_command(CLI::App& bench) {
     training_device(o->device);  // a clear error without a GPU
     bench::run_v4_bench(*o, std::cout);
   });
+}
+
+void add_bench_ep_command(CLI::App& bench) {
+  auto o = std::make_shared<bench::EpBenchOptions>();
+  CLI::App* ep = bench.add_subcommand(
+      "ep",
+      "Expert parallelism's all-to-all (run under mpirun: every rank of the job is one EP group) at a\n"
+      "model config's MoE geometry: per MoE layer and micro-batch, the forward's dispatch and combine and\n"
+      "the backward's two exchanges with balanced routing. One JSON line: the bytes a rank sent, measured\n"
+      "on the wire and checked against `hmla plan`'s count, and the median ms of a layer's exchanges.");
+  ep->add_option("config", o->config, "model config (.json) with MoE layers")->required()->check(CLI::ExistingFile);
+  ep->add_option("--seq-len", o->seq_len, "rows of a micro-batch's sequence")->capture_default_str()->check(Int(1, 1 << 24));
+  ep->add_option("--micro-batch", o->micro_batch, "sequences per micro-batch")->capture_default_str()->check(Int(1, 1 << 16));
+  ep->add_option("--dtype", o->dtype, "the rows' dtype")->capture_default_str()->check(OneOf({"bf16", "f32"}, "dtype"));
+  ep->add_option("--reps", o->reps, "timed layers after one warm-up")->capture_default_str()->check(Int(1, 1000));
+  ep->callback([o] { bench::run_ep_bench(*o, std::cout); });
 }
 
 }  // namespace hmla::app

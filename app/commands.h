@@ -6,6 +6,7 @@ namespace hmla::app {
 
 void add_bench_command(CLI::App& app);
 void add_bench_v4_command(CLI::App& bench);  // `hmla bench v4` (cmd_bench_v4.cpp)
+void add_bench_ep_command(CLI::App& bench);  // `hmla bench ep` (cmd_bench_v4.cpp)
 void add_attention_command(CLI::App& app);
 void add_layer_command(CLI::App& app);
 void add_train_commands(CLI::App& app);

@@ -114,7 +114,6 @@ inline std::string check(const CompressCase& c, Device dev) {
   };
   const std::vector<double> kv = values(b * s * C, 1.37, 1.0), gate = values(b * s * C, 0.71, 2.0),
                             ape = values(m * C, 2.3, 0.5), dout = values(b * n * W, 0.53, 1.0);
-  auto f32 = [](const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); };
   auto on = [dev](const Shape& shape, const std::vector<double>& v) {
     return Tensor::from_vector<float>(shape, std::vector<float>(v.begin(), v.end())).to(dev);
   };
