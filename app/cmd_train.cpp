@@ -55,6 +55,9 @@ void add_train_commands(CLI::App& app) {
                   "size); gradients reduce-scattered to their owners, updated weights all-gathered\n"
                   "(docs/scale_out.md). Checkpoints then hold one optimizer file per rank and resume\n"
                   "on any rank count, sharded or not");
+  train->add_option("--ep", o->t.ep, "expert-parallel ranks: E data-parallel replicas split each MoE layer's routed\n"
+                                     "experts, rows travelling by all-to-all (E divides DP and the experts;\n"
+                                     "CPU; docs/scale_out.md)")->capture_default_str()->check(Int(1, 1 << 20));
   train->add_option("--device", o->t.device, "cpu or cuda (default: the programme's device key, else cpu)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--cp-split", o->t.cp_split, "how sequences are split (only contiguous)")

@@ -99,8 +99,10 @@ void take_layer_views(ArenaCursor& cur, const ModelConfig& c, int64_t L, const A
 }
 
 DecoderLayer decoder_layer(const Model& m, int64_t L, const LayerTensors* grads) {
-  return {m, L, MlaLayer{&m.cfg, L, split_kv_b_proj_at(m, L), layer_attn(m, L), m.attn_backend},
-          make_mlp(m.cfg, L, m.wc.layers[L], grads)};
+  DecoderLayer d{m, L, MlaLayer{&m.cfg, L, split_kv_b_proj_at(m, L), layer_attn(m, L), m.attn_backend},
+                 make_mlp(m.cfg, L, m.wc.layers[L], grads)};
+  d.mlp->ep = m.ep;
+  return d;
 }
 
 void decoder_layer_forward(const DecoderLayer& d, const Tensor& h_in, const DocLayout& layout, LayerSaved& sv, Comm& cp,

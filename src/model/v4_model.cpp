@@ -157,6 +157,7 @@ Forward forward(const Model& m, const V4Tensors& w, const DeviceBatch& in, Comm&
     v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, sv.x_mid, {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f});
     f.mlps.push_back(make_mlp(c, L, lw.mlp));
     Mlp& mlp = *f.mlps.back();
+    mlp.ep = m.ep;
     if (c.v4.hash.at(size_t(L))) mlp.fixed = in.hash_experts.at(L);
     for (const ActField& fl : mlp.fields())
       sv.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, field_dtype(fl, compute_dtype(dev)), dev));
@@ -295,6 +296,7 @@ StepStats v4_step(const Model& m, const DeviceBatch& in, const StepOptions& opt,
     }
     const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
     mlp->fixed = f.mlps[size_t(L)]->fixed;
+    mlp->ep = m.ep;
     dx = v4_block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, sv.x_mid, sv.yf,
                         {sv.hc2, sv.xf, sv.post2, sv.comb2, sv.f, sv.rstd_f}, dx,
                         [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, sv.f, sv.mlp, dnx); });

@@ -135,6 +135,7 @@ void depth_forward(const Model& m, const MtpTensors& w, const Tensor& embed, con
   mhc_post_fwd(d.y, d.ya, d.post1, d.comb1, d.x_mid);
   v4_block_entry(c, lw.hc_ffn, lw.ffn_norm, d.x_mid, {d.hc2, d.xf, d.post2, d.comb2, d.f, d.rstd_f});
   d.moe = make_mlp(c, L, lw.mlp);  // learned routing (a hash MTP layer is refused: v4_mtp_step)
+  d.moe->ep = m.ep;
   for (const ActField& fl : d.moe->fields())
     d.mlp.push_back(Tensor::empty(fl.width ? Shape{N, fl.width} : Shape{N}, field_dtype(fl, compute_dtype(dev)), dev));
   d.yf = f32(dev, {N, D});
@@ -163,6 +164,7 @@ Tensor depth_backward(const Model& m, const MtpTensors& w, const MtpTensors& g, 
   if (dnext.defined()) add(dz.view({N, n * D}), dnext.view({N, n * D}), dz.view({N, n * D}));
   const V4LayerTensors &lw = w.block, &lg = g.block;
   const std::unique_ptr<Mlp> mlp = make_mlp(c, L, lw.mlp, &lg.mlp);
+  mlp->ep = m.ep;
   dz = v4_block_backward(c, lw.hc_ffn, lg.hc_ffn, lw.ffn_norm, lg.ffn_norm, d.x_mid, d.yf,
                          {d.hc2, d.xf, d.post2, d.comb2, d.f, d.rstd_f}, dz, [&](const Tensor& dy, const Tensor& dnx) { mlp->backward(dy, d.f, d.mlp, dnx); });
   dz = v4_block_backward(c, lw.hc_attn, lg.hc_attn, lw.attn_norm, lg.attn_norm, d.y, d.ya,

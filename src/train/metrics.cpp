@@ -65,6 +65,7 @@ MetricsRow parse_row(const json& j) {
   r.cuda_syncs = number(j, "cuda_syncs"), r.cuda_launches = number(j, "cuda_launches");
   r.h2d_bytes = number(j, "h2d_bytes"), r.d2h_bytes = number(j, "d2h_bytes");
   r.cuda_uploads = number(j, "cuda_uploads");
+  r.ep_bytes = number(j, "ep_bytes");
   r.equivalence_max_diff = number(j, "equivalence_max_diff");
   r.equivalence_max_logit = number(j, "equivalence_max_logit");
   r.heldout_lm_loss = number(j, "heldout_lm_loss");
@@ -100,6 +101,7 @@ std::string metrics_line(const MetricsRow& r) {
         j["h2d_bytes"] = whole_number(r.h2d_bytes), j["d2h_bytes"] = whole_number(r.d2h_bytes);
         j["cuda_uploads"] = whole_number(r.cuda_uploads);
       }
+      if (std::isfinite(r.ep_bytes)) j["ep_bytes"] = whole_number(r.ep_bytes);  // an expert-parallel step
       if (!r.moe_layers.empty()) {  // a MoE model's step
         j["moe_layers"] = r.moe_layers;
         j["moe_imbalance"] = r.moe_imbalance;

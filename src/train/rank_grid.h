@@ -13,12 +13,15 @@ struct RankGrid {
   Comm& world;
   Comm cp;                  // this rank's context-parallel group
   int dp = 1, dp_rank = 0;  // the data-parallel replicas, and this rank's
+  // Expert parallelism (--ep E): E consecutive data-parallel replicas of the same context-parallel
+  // rank split each MoE layer's routed experts (DESIGN.md section 8); one rank: no EP.
+  Comm ep;
   bool root() const { return world.is_root(); }
 };
 
-// Checks that --cp divides the ranks and every phase's seq_len, and that the data-parallel
-// replicas divide every phase's micro_batches.
-RankGrid set_up_rank_grid(const Programme& pr, int cp_ranks);
+// Checks that --cp divides the ranks and every phase's seq_len, that the data-parallel replicas
+// divide every phase's micro_batches, and that --ep divides the replicas.
+RankGrid set_up_rank_grid(const Programme& pr, int cp_ranks, int ep_ranks = 1);
 
 // RunDir::claim and RunDir::begin on rank 0; the other ranks wait in a barrier for its verdict:
 // a refusal ends the job with rank 0's message (main's Comm::abort reaches them there), so no

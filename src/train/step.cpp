@@ -126,8 +126,20 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   }
   if (mass) so.attn_mass = all_stats.slice(0, at_mass, at_mass + 12).view({3, 4});
   double tokens = 0;
-  for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
-    tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
+  int64_t ep_bytes = -1;
+  {
+    // The step's MoE layers over the EP group (Mlp::ep): every rank of it runs the same count of
+    // micro-batches (micro_batches % DP == 0), so their exchanges pair up.
+    struct EpScope {
+      Model& m;
+      ~EpScope() { m.ep = nullptr; }
+    } scope{model};
+    const int64_t ep0 = grid.ep.bytes_sent();
+    if (grid.ep.size() > 1) model.ep = &grid.ep;
+    for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
+      tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
+    if (grid.ep.size() > 1) ep_bytes = grid.ep.bytes_sent() - ep0;
+  }
   // Every rank must skip the update when any rank's loss is not finite. The gradient's
   // all-reduce carries a NaN loss's NaN gradient to every rank's norm, but not every non-finite
   // loss has one (an infinite KL where Q underflows has a finite gradient), so each rank's
@@ -150,6 +162,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   if (mass) sums.insert(sums.end(), h.begin() + at_mass, h.begin() + at_mass + 12);
   grid.world.allreduce_sum(sums.data(), int64_t(sums.size()));
   StepResult r;
+  r.ep_bytes = ep_bytes;
   r.lm = sums[0];
   r.kl = sums[1];
   r.tokens = int64_t(sums[2]);
@@ -186,6 +199,7 @@ MetricsRow step_row(const PhaseSettings& ph, int64_t step, const StepResult& r, 
   row.tokens_per_s = double(r.tokens) / r.seconds;
   row.peak_bytes = double(allocator(dev).peak_bytes());
   row.moe_layers = r.moe_layers, row.moe_imbalance = r.moe_imbalance, row.moe_aux_loss = r.moe_aux_loss;
+  if (r.ep_bytes >= 0) row.ep_bytes = double(r.ep_bytes);
   if (dev == Device::cuda) {
     row.cuda_syncs = double(r.cuda.syncs), row.cuda_launches = double(r.cuda.launches);
     row.h2d_bytes = double(r.cuda.h2d_bytes), row.d2h_bytes = double(r.cuda.d2h_bytes);

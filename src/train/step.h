@@ -27,6 +27,7 @@ struct StepResult {
   // load and, where the balance loss ran, its global value (alpha included).
   std::vector<int64_t> moe_layers;
   std::vector<double> moe_imbalance, moe_aux_loss;
+  int64_t ep_bytes = -1;  // expert parallelism: the bytes this rank sent its EP group in the step (-1: no EP)
 };
 
 // The step's micro-batches dealt round-robin to the data-parallel ranks, gradients (into

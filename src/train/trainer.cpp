@@ -252,8 +252,23 @@ static void check_attention_backend(const Programme& pr, Device dev) {
              "headers; reconfigure)");
 }
 
+namespace {
+
+// --ep E: a model with MoE layers whose routed experts E divides, on the CPU (the CUDA path reads
+// each layer's counts back, which the step's one-sync rule has no exception for yet).
+void check_expert_parallel(const ModelConfig& c, int ep, Device dev) {
+  if (ep == 1) return;
+  HMLA_CHECK(c.has_moe_layers(), ConfigError, "--ep ", ep, ": the model has no MoE layers");
+  HMLA_CHECK(c.moe.n_routed_experts % ep == 0, ConfigError, "--ep ", ep, " does not divide n_routed_experts = ",
+             c.moe.n_routed_experts, ": each EP rank computes a contiguous block of the experts");
+  HMLA_CHECK(dev == Device::cpu, ConfigError, "--ep ", ep, " with --device cuda: expert parallelism runs on the CPU so far "
+             "(docs/scale_out.md \"Expert parallel\")");
+}
+
+}  // namespace
+
 void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& console) {
-  RankGrid grid = set_up_rank_grid(pr, opt.cp);
+  RankGrid grid = set_up_rank_grid(pr, opt.cp, opt.ep);
   const bool root = grid.root();
   std::ostringstream sink;  // what the other ranks would print
   std::ostream& log = root ? console : sink;
@@ -263,6 +278,7 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
   check_attention_backend(pr, dev);  // then each phase's model carries it (enter_phase)
   const RunInputs in = load_run_inputs(pr, opt.cp, dev);
+  check_expert_parallel(in.cfg, opt.ep, dev);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root
   RunStart start = opt.resume ? resume_from_latest(pr, opt, in, dev, log) : start_fresh(pr, in.cfg, dev);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""MoE models over MPI: `mpirun -np 2 hmla train` (DP = 2), `--cp 2` and a 2 x 2 CP x DP grid
-against one rank, through all four phases on configs/demo_moe_model.json (a dense layer, then MoE
+"""MoE models over MPI: `mpirun -np 2 hmla train` (DP = 2), `--cp 2`, a 2 x 2 CP x DP grid and
+expert parallelism (`--ep 2` over DP = 4, `--ep 4`, `--cp 2 --ep 2`) against one rank, through all four phases on configs/demo_moe_model.json (a dense layer, then MoE
 layers with group-limited routing and a shared expert): per-step losses and gradient norms, each
 phase's gradient moments and the final weights (the correction biases included), by
 harness.compare_training's bounds; rank 0 alone writes. Load balancing runs as by default (the
@@ -99,17 +99,33 @@ phases:
     runs = {"one": [a.hmla, "train", prog, "--out", f"{w}/one"],
             "dp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/dp2"],
             "cp2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/cp2", "--cp", "2"],
-            "cp2dp2": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/cp2dp2", "--cp", "2"]}
+            "cp2dp2": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/cp2dp2", "--cp", "2"],
+            "ep2dp4": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/ep2dp4", "--ep", "2"],
+            "ep4": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/ep4", "--ep", "4"],
+            "cp2ep2": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/cp2ep2", "--cp", "2", "--ep", "2"],
+            "ep2zero": mpirun(4) + [a.hmla, "train", prog, "--out", f"{w}/ep2zero", "--ep", "2", "--shard-optimizer"]}
     res = {k: subprocess.run(c, capture_output=True, text=True, timeout=300) for k, c in runs.items()}
     for k, r in res.items():
         check(f"MoE train {k} runs", r.returncode == 0, r.stderr[-400:])
     if any(r.returncode for r in res.values()):
         check.exit()
-    for k in ("dp2", "cp2", "cp2dp2"):
+    for k in ("dp2", "cp2", "cp2dp2", "ep2dp4", "ep4", "cp2ep2", "ep2zero"):
         compare_training(check, f"MoE train {k}", f"{w}/one", f"{w}/{k}", rows=8 * 48, lr_over_eps=LR, steps=7,
-                         seq_len=48)
+                         seq_len=48, moments=k != "ep2zero")  # a sharded run's moments are per rank
         check(f"MoE train {k}: rank 0 alone writes", res[k].stdout.count("[pre] step 2/2") == 1)
         balancing(check, w, k)
+    for k in ("dp2", "cp2", "cp2dp2", "ep2dp4", "ep4", "cp2ep2", "ep2zero"):  # the exchange ran, only under --ep
+        sent = [json.loads(x).get("ep_bytes") for x in open(f"{w}/{k}/metrics.jsonl") if '"step"' in x]
+        ep = k.startswith("ep") or "ep" in k[3:]
+        check(f"MoE train {k}: " + ("every step sent rows to its EP group" if ep else "no step logs EP bytes"),
+              all((b or 0) > 0 for b in sent) if ep else all(b is None for b in sent), str(sent[:3]))
+    # --ep must divide the data-parallel replicas (and the experts): one line, nothing trained.
+    for n, ep, want in ((4, "3", "--ep 3 does not divide the 4 data-parallel replicas"),
+                        (1, "2", "--ep 2 does not divide the 1 data-parallel replicas")):
+        r = subprocess.run((mpirun(n) if n > 1 else []) + [a.hmla, "train", prog, "--out", f"{w}/bad{ep}", "--ep", ep],
+                           capture_output=True, text=True, timeout=120)
+        check(f"MoE train --ep {ep} on {n} ranks is refused in one line", r.returncode != 0 and want in r.stderr
+              and not os.path.exists(f"{w}/bad{ep}/metrics.jsonl"), r.stderr[-300:])
     check.exit()
 
 

@@ -2,7 +2,8 @@
 """The DSA programme on a hybrid DeepSeek-V4 stack over MPI: `mpirun -np 2 hmla train` against one
 rank through the phases mha, mqa_full_causal, dsa_warmup and dsa_sparse on
 configs/deepseek_v4_tiny_hybrid.json (HCA, hybrid_mla, CSA, hybrid_mla; hash and learned MoE; mHC),
-as data parallelism (DP = 2) and as context parallelism (--cp 2, DESIGN.md section 8) on the same
+as data parallelism (DP = 2), expert parallelism (--ep 2; --cp 2 --ep 2 on 4 ranks) and as context
+parallelism (--cp 2, DESIGN.md section 8) on the same
 stack with a CSA MTP layer trained by mtp_loss_coeff: per-step losses (LM, the indexer KL and the
 MTP loss), gradient norms, each phase's moments and the final weights by harness.compare_training's
 bounds (the runs differ by the f32 reassociation of the gradient sums; AdamW's eps 1 keeps the
@@ -61,6 +62,14 @@ phases:
     return path
 
 
+def ep_bytes(check, label, run):
+    """An expert-parallel run's rank 0 sends rows to its EP group on every step (the forward's
+    exchanges run in dsa_warmup too)."""
+    import json
+    sent = [json.loads(x).get("ep_bytes") for x in open(f"{run}/metrics.jsonl") if '"step"' in x]
+    check(f"V4 train {label}: every step sent rows to its EP group", sent and all((b or 0) > 0 for b in sent), str(sent))
+
+
 def train_pair(check, a, prog, label, ref, run, flags=(), ranks=2):
     """One rank into `ref` (unless it is there) and `ranks` (mpirun, `flags`) into `run`; True when both ran."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -81,6 +90,12 @@ def main():
         compare_training(check, "V4 train dp2", f"{w}/one", f"{w}/dp2", rows=4 * 32, lr_over_eps=0.05, steps=7,
                          seq_len=32)
         attention_mass(check, "dp2", f"{w}/one", f"{w}/dp2", 1e-12)
+    # Expert parallelism (--ep 2 over the two replicas): each rank computes 4 of the 8 experts of
+    # every MoE layer, hash layers included, over both ranks' rows.
+    if train_pair(check, a, prog, "ep2", f"{w}/one", f"{w}/ep2", ("--ep", "2")):
+        compare_training(check, "V4 train ep2", f"{w}/one", f"{w}/ep2", rows=4 * 32, lr_over_eps=0.05, steps=7,
+                         seq_len=32)
+        ep_bytes(check, "ep2", f"{w}/ep2")
     context_parallel(check, a)
     check.exit()
 
@@ -119,6 +134,11 @@ def context_parallel(check, a):
     if train_pair(check, a, prog, "cp4", f"{w}/cp-one", f"{w}/cp4", ("--cp", "4"), ranks=4):
         compare_training(check, "V4 train cp4", f"{w}/cp-one", f"{w}/cp4", rows=rows, lr_over_eps=0.05, steps=7,
                          seq_len=24)
+    # A 2 x 2 grid of CP and EP: the MTP layer's MoE runs expert-parallel too.
+    if train_pair(check, a, prog, "cp2ep2", f"{w}/cp-one", f"{w}/cp2ep2", ("--cp", "2", "--ep", "2"), ranks=4):
+        compare_training(check, "V4 train cp2ep2", f"{w}/cp-one", f"{w}/cp2ep2", rows=rows, lr_over_eps=0.05, steps=7,
+                         seq_len=24)
+        ep_bytes(check, "cp2ep2", f"{w}/cp2ep2")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hmla/core/tensor.h"
+#include "hmla/dist/comm.h"
 #include "hmla/model/config.h"
 #include "hmla/model/params.h"
 
@@ -58,6 +59,11 @@ class Mlp {
   virtual ~Mlp() = default;
   MoeAuxInputs aux;  // read by a MoE MLP's backward only
   Tensor fixed;      // a MoE MLP's hash routing (DeepSeek-V4's hash_moe): [N, k] i32 experts per row
+  // Expert parallelism (DESIGN.md section 8; docs/scale_out.md "Expert parallel"): with a group of
+  // more than one rank, a MoE MLP computes only its block of the routed experts, over the rows every
+  // rank of the group routes to them (hmla/dist/ep.h); every rank of the group calls each forward
+  // and backward in the same order. Null: every expert here.
+  Comm* ep = nullptr;
   // What the forward keeps for the backward, in arena order.
   virtual std::vector<ActField> fields() const = 0;
   // y [N, hidden] = mlp(x [N, hidden]), written; `saved` are the views of fields() (N rows).

@@ -59,6 +59,9 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
 
 struct Model {
   ModelConfig cfg;
+  // Expert parallelism's group for the MoE layers of a training step (train_step sets it for the
+  // step's forwards and backwards only; Mlp::ep); null: every expert on this rank.
+  Comm* ep = nullptr;
   std::vector<bool> has_indexer;  // per layer
   std::vector<ParamSpec> table;
   Tensor arena;          // every parameter, f32, table order: the master weights

@@ -54,6 +54,7 @@ struct MetricsRow {
   AttnMass attn_mass = no_attn_mass();
   // A CUDA step's host cost (cuda_counters over the step), written only on that device.
   double cuda_syncs = none, cuda_launches = none, h2d_bytes = none, d2h_bytes = none, cuda_uploads = none;
+  double ep_bytes = none;  // expert parallelism: the bytes rank 0 sent its EP group in the step
   // A MoE model's step (docs/moe.md "Load balancing"), one entry per MoE layer (moe_layers, in
   // order): the load imbalance max_e load / mean load over the step's global counts, and the
   // sequence-wise balance loss with its coefficient (written only where the loss ran).

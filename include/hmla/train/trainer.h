@@ -21,6 +21,9 @@ struct TrainOptions {
   // ZeRO-1 (docs/scale_out.md): each rank keeps the optimizer moments of its whole tensors only;
   // gradients reduce-scattered to their owners, updated weights all-gathered. One rank: unsharded.
   bool shard_optimizer = false;
+  // Expert parallelism (docs/scale_out.md "Expert parallel"): E data-parallel replicas split each
+  // MoE layer's routed experts, the rows travelling by all-to-all. CPU only so far.
+  int ep = 1;
   // A test seam: called on every rank with its rank once the rank grid stands, before anything
   // is read or written; what it throws ends the run as any error does. `hmla train` sets it from
   // HMLA_TEST_FAIL_RANK (app/cmd_train.cpp) for tests/python/mpi_dp.py.
