@@ -200,7 +200,7 @@ void Comm::alltoallv(const void* send, const std::vector<int64_t>& send_bytes, v
 #ifdef HMLA_HAVE_NCCL
     nccl::alltoallv(nccl_group(*mpi_, rank_, size_), send, send_bytes.data(), recv, recv_bytes.data());
 #else
-    std::vector<char> s = to_host(send, total_send), r(size_t(total_recv));
+    std::vector<char> s = to_host(send, total_send), r(static_cast<size_t>(total_recv));
     alltoallv(s.data(), send_bytes, r.data(), recv_bytes);
     for (int q = 0; q < size_; ++q)
       if (q != rank_) bytes_sent_ -= send_bytes[size_t(q)];  // counted once
