@@ -2,7 +2,10 @@
 // u = up(x) and act = silu(g) * u [N, intermediate_size]. DeepSeekMoE (docs/moe.md): the router
 // (u = x W_gate^T in f32, group-limited top-k of sigmoid scores + bias), the N x k (token, choice)
 // slots grouped by expert (moe_dispatch), one SwiGLU per expert over its rows, the weighted
-// combine in slot order, plus the shared experts' SwiGLU. Dropless: every slot is computed.
+// combine in slot order, plus the shared experts' SwiGLU. Dropless: every slot is computed. Under
+// expert parallelism (Mlp::ep) the routed experts' rows travel to their owners and back
+// (ep_forward / ep_backward; docs/scale_out.md "Expert parallel"); the kept g, u, act fields are
+// then unused (the owner recomputes them in the backward).
 #include "hmla/model/mlp.h"
 
 #include "hmla/core/error.h"
