@@ -8,7 +8,6 @@
 // then unused (the owner recomputes them in the backward).
 #include "hmla/model/mlp.h"
 
-#include "hmla/core/error.h"
 #include "hmla/dist/ep.h"
 #include "hmla/ops/moe.h"
 #include "hmla/ops/nn.h"
@@ -124,11 +123,12 @@ class MoeMlp final : public Mlp {
     linear_fwd(x, w_.gate, logits);  // f32: the gate is kept f32 (Model::wc)
     moe_route_fwd(logits, w_.e_score_correction_bias, router_, r, fixed);
     const MoeDispatch d = moe_dispatch(r.idx, E);
-    Tensor xs = f32_tmp({N * k, hid_}, dev), ys = f32_tmp({N * k, hid_}, dev);
+    Tensor xs = f32_tmp({N * k, hid_}, dev), ys;
     moe_gather(x, d, k, Tensor(), true, xs);
     if (expert_parallel()) {
       ys = ep_forward(xs, d);
     } else {
+      ys = f32_tmp({N * k, hid_}, dev);
       const Tensor G = slots(sv[kG], k), U = slots(sv[kU], k), A = slots(sv[kAct], k);
       // Each expert's SwiGLU over its rows, as grouped products (the bounds stay on the device).
       moe_grouped_fwd(xs, each(w_.experts, &SwigluTensors::gate_proj), d, G);
