@@ -33,7 +33,7 @@ void check_forward_memory(const Model& m, const Batch& batch, const Comm& cp, bo
   const int64_t b = batch.input_ids.size(0), s = row_shard(cp, batch.input_ids.size(1)).rows;
   MemoryPlan plan;
   const DType compute = compute_dtype(m.device());
-  plan_parameters(plan, m.cfg, m.has_indexer, training, compute);
+  plan_parameters(plan, m.cfg, m.has_indexer, training, compute, m.ep ? m.ep->size() : 1);
   plan_activations(plan, m.cfg, {"b", b}, {"s", s}, training, compute);
   plan.check(std::string(training ? "a training step" : "a forward") + " over input_ids " +
                  shape_str(batch.input_ids.shape()),

@@ -72,6 +72,24 @@ const Tensor& Model::constant(const std::string& key, const std::function<Tensor
 
 namespace {
 
+// The model's table (this rank's under expert parallelism), planned, then its zero arena and views.
+void set_table(Model& m, Device device, Comm* ep) {
+  const int ranks = ep ? ep->size() : 1;
+  HMLA_CHECK(ranks == 1 || m.cfg.has_moe_layers(), ConfigError, "expert parallelism over ", ranks,
+             " ranks: the model has no MoE layers");
+  MemoryPlan plan;
+  plan_parameters(plan, m.cfg, m.has_indexer, false, compute_dtype(device), ranks);
+  plan.check("the model", device);
+  m.table = expert_shard_table(model_param_table(m.cfg, m.has_indexer), m.cfg.moe.n_routed_experts, ranks,
+                               ep ? ep->rank() : 0);
+  m.ep = ranks > 1 ? ep : nullptr;
+  m.first_expert = m.table.size();
+  if (m.ep)
+    while (m.first_expert > 0 && routed_expert_of(m.table[m.first_expert - 1].name) >= 0) --m.first_expert;
+  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
+  m.params = arena_views(m.table, m.arena);
+}
+
 // A V4 model's compute views (Model::compute_params) where the compute dtype is not f32.
 void v4_compute_params(Model& m) {
   const DType dt = compute_dtype(m.device());
@@ -89,7 +107,7 @@ void v4_compute_params(Model& m) {
 // v4_tensors, made per step), and its integer tables (zeros until loaded or initialised). The
 // layers with DSA machinery (ModelConfig::has_dsa: CSA, hybrid_mla) have their indexers where
 // has_indexer says (one entry per layer), and must where their mode runs one.
-Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
+Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device, Comm* ep) {
   HMLA_CHECK(int64_t(has_indexer.size()) == c.num_hidden_layers, ConfigError, "has_indexer needs one entry per layer");
   Model m;
   m.cfg = c;
@@ -98,12 +116,7 @@ Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer,
     HMLA_CHECK(!c.runs_indexer(L) || m.has_indexer.back(), ConfigError, "layer ", L, " runs ",
                mode_name(c.layer_modes[size_t(L)]), " without an indexer");
   }
-  MemoryPlan plan;
-  plan_parameters(plan, c, m.has_indexer, false, compute_dtype(device));
-  plan.check("the model", device);
-  m.table = model_param_table(c, m.has_indexer);
-  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
-  m.params = arena_views(m.table, m.arena);
+  set_table(m, device, ep);
   for (const ParamSpec& p : v4_int_tables(c)) m.ints[p.name] = Tensor::zeros(p.shape, DType::i32);  // host
   v4_compute_params(m);
   return m;
@@ -111,8 +124,8 @@ Model build_v4_model(const ModelConfig& c, const std::vector<bool>& has_indexer,
 
 }  // namespace
 
-Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device) {
-  if (c.is_v4()) return build_v4_model(c, has_indexer, device);
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device, Comm* ep) {
+  if (c.is_v4()) return build_v4_model(c, has_indexer, device, ep);
   bool dense_mlp = false;
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) dense_mlp |= !c.is_moe_layer(L);
   HMLA_CHECK(c.vocab_size > 0 && (c.intermediate_size > 0 || !dense_mlp), ConfigError,
@@ -125,15 +138,10 @@ Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, De
     HMLA_CHECK(!c.runs_indexer(L) || own[L], ConfigError, "layer ", L, " runs ",
                mode_name(c.layer_modes[L]), " without an indexer");
   }
-  MemoryPlan plan;
-  plan_parameters(plan, c, own, false, compute_dtype(device));
-  plan.check("the model", device);
   Model m;
   m.cfg = c;
   m.has_indexer = own;
-  m.table = model_param_table(c, own);
-  m.arena = Tensor::zeros({table_numel(m.table)}, DType::f32, device);
-  m.params = arena_views(m.table, m.arena);
+  set_table(m, device, ep);
   m.w = model_tensors(m.params, c.num_hidden_layers, c.tie_word_embeddings);
   m.wc = compute_tensors(m);
   return m;
@@ -162,15 +170,21 @@ void init_values(const ModelConfig& c, const std::string& name, int64_t n, std::
 
 }  // namespace
 
+std::vector<ParamSpec> full_param_table(const Model& m) {
+  return m.ep ? model_param_table(m.cfg, m.has_indexer) : m.table;
+}
+
 void init_model(Model& m, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
   const Tensor host = Tensor::empty({m.arena.numel()}, DType::f32);  // drawn on the host, then copied
-  float* v = host.data<float>();
-  for (const ParamSpec& p : m.table) {
+  const io::TensorMap at = arena_views(m.table, host);
+  std::vector<float> other;  // another expert-parallel rank's expert: drawn (the stream is the whole table's), dropped
+  for (const ParamSpec& p : full_param_table(m)) {
     const int64_t n = shape_numel(p.shape);
-    init_values(m.cfg, p.name, n, rng, nd, v);
-    v += n;
+    auto it = at.find(p.name);
+    if (it == at.end()) other.resize(size_t(n));
+    init_values(m.cfg, p.name, n, rng, nd, it != at.end() ? it->second.data<float>() : other.data());
   }
   m.arena.copy_from(host);
   init_int_tables(m, rng);
@@ -197,11 +211,11 @@ int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed) {
 void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> nd(0.f, static_cast<float>(m.cfg.initializer_range));
-  for (const ParamSpec& p : m.table) {
+  for (const ParamSpec& p : full_param_table(m)) {  // the whole table's stream, as init_model
     if (std::find(names.begin(), names.end(), p.name) == names.end()) continue;
     const Tensor host = Tensor::empty(p.shape, DType::f32);
     init_values(m.cfg, p.name, host.numel(), rng, nd, host.data<float>());
-    m.params.at(p.name).copy_from(host);
+    if (m.params.count(p.name)) m.params.at(p.name).copy_from(host);
   }
   refresh_compute_weights(m);
 }

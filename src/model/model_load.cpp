@@ -16,7 +16,7 @@ namespace {
 // README: a tensor a command would ignore is an error. A checkpoint with more layers than the
 // config, a sink or an indexer the config does not run, is refused before anything is copied.
 void check_no_unexpected(const Model& m, const io::TensorMap& tensors, const std::string& what) {
-  std::vector<std::string> extra = unexpected_tensors(m.table, tensors);
+  std::vector<std::string> extra = unexpected_tensors(full_param_table(m), tensors);  // every rank's experts
   std::erase_if(extra, [&m](const std::string& n) { return m.ints.count(n) > 0; });  // integer tables
   if (extra.empty()) return;
   for (int64_t L = 0; L < m.cfg.num_hidden_layers; ++L) {  // IndexShare: a shared layer has no indexer
@@ -78,7 +78,9 @@ std::vector<bool> checkpoint_indexers(const ModelConfig& c, const io::TensorMap&
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing) {
   check_no_unexpected(m, tensors, what);
-  for (const ParamSpec& p : m.table) {
+  // Every rank checks the whole table's names and shapes (expert parallelism: the others' experts
+  // too), so a bad checkpoint fails on every rank alike; it loads its own.
+  for (const ParamSpec& p : full_param_table(m)) {
     auto it = tensors.find(p.name);
     if (it == tensors.end()) {
       bool ok = false;
@@ -89,6 +91,7 @@ void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& 
     const Tensor& t = it->second;
     HMLA_CHECK(t.shape() == p.shape, IoError, what, ": tensor '", p.name, "' is ", shape_str(t.shape()),
                ", the config needs ", shape_str(p.shape));
+    if (!m.params.count(p.name)) continue;  // another expert-parallel rank's
     Tensor dst = Tensor::empty(p.shape, DType::f32);  // on the host, checked, then into the arena
     if (t.dtype() == DType::f32) {
       dst.copy_from(t);
@@ -126,7 +129,7 @@ std::vector<std::string> load_checkpoint_into_model(Model& m, CheckpointTensors 
     const std::string pre = mtp_prefix(i), indexer = pre + "self_attn.indexer.";
     const auto it = ck.tensors.lower_bound(pre);
     const bool held = it != ck.tensors.end() && it->first.starts_with(pre);
-    for (const ParamSpec& p : m.table)
+    for (const ParamSpec& p : full_param_table(m))  // every rank's: init_tensors draws the whole table's stream
       if (p.name.starts_with(held ? indexer : pre) && !ck.tensors.count(p.name)) fresh.push_back(p.name);
   }
   load_into_model(m, ck.tensors, what, fresh);

@@ -24,6 +24,31 @@ Tensor int_table_i64(const Model& m, const std::string& name, const Tensor& t) {
 
 }  // namespace
 
+io::TensorMap host_params(const Model& m) {
+  const Tensor arena = m.arena.on(Device::cpu);
+  io::TensorMap out = arena_views(m.table, arena);
+  if (!m.ep) return out;
+  // Each rank's experts are its arena's tail, one equal block per rank (expert_shard_table): they
+  // go to the group's rank 0, which views rank q's block by rank q's table.
+  Comm& ep = *m.ep;
+  const int R = ep.size();
+  const int64_t rep = table_numel(std::vector<ParamSpec>(m.table.begin(), m.table.begin() + ptrdiff_t(m.first_expert)));
+  const int64_t block = arena.numel() - rep;
+  const bool gathers = ep.rank() == 0;
+  const Tensor all = Tensor::empty({gathers ? block * R : 0}, DType::f32);
+  std::vector<int64_t> send(size_t(R), 0), recv(size_t(R), gathers ? block * int64_t(sizeof(float)) : 0);
+  send[0] = block * int64_t(sizeof(float));
+  ep.alltoallv(arena.data<float>() + rep, send, all.data<float>(), recv, Device::cpu);
+  if (!gathers) return out;
+  const std::vector<ParamSpec> full = full_param_table(m);
+  for (int q = 0; q < R; ++q) {
+    const std::vector<ParamSpec> t = expert_shard_table(full, m.cfg.moe.n_routed_experts, R, q);
+    const std::vector<ParamSpec> experts(t.begin() + ptrdiff_t(m.first_expert), t.end());
+    for (auto& [name, v] : arena_views(experts, all.slice(0, q * block, (q + 1) * block))) out[name] = v;
+  }
+  return out;
+}
+
 void save_model_weights(const std::string& dir, const Model& m, const io::TensorMap& host_params,
                         int64_t max_shard_bytes) {
   io::TensorMap tensors = host_params;
@@ -74,7 +99,7 @@ void save_model_weights(const std::string& dir, const Model& m, const io::Tensor
 }
 
 void save_model_weights(const std::string& dir, const Model& m, int64_t max_shard_bytes) {
-  save_model_weights(dir, m, arena_views(m.table, m.arena.on(Device::cpu)), max_shard_bytes);
+  save_model_weights(dir, m, host_params(m), max_shard_bytes);
 }
 
 }  // namespace hmla

@@ -2,6 +2,7 @@
 // activation arena's table (from the decoder layers' field lists), views of an arena, and the
 // plans that check a model and a step fit before anything is allocated.
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <tuple>
 
@@ -58,6 +59,30 @@ std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector
   std::vector<ParamSpec> t{{"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}}};
   for (int64_t L = 0; L < c.num_hidden_layers; ++L) add_layer_params(t, c, L, own_indexer(c, has_indexer, L));
   for (ParamSpec& p : head_params(c)) t.push_back(p);
+  return t;
+}
+
+int64_t routed_expert_of(const std::string& name) {
+  const size_t at = name.find(".experts.");
+  if (at == std::string::npos) return -1;
+  int64_t e = 0;
+  size_t i = at + 9;
+  for (; i < name.size() && i < at + 18 && std::isdigit(static_cast<unsigned char>(name[i])); ++i) e = e * 10 + (name[i] - '0');
+  return i > at + 9 && i < name.size() && name[i] == '.' ? e : -1;
+}
+
+std::vector<ParamSpec> expert_shard_table(const std::vector<ParamSpec>& table, int64_t E, int ranks, int rank) {
+  if (ranks <= 1) return table;
+  HMLA_CHECK(E > 0 && E % ranks == 0, ConfigError, "expert parallelism over ", ranks, " ranks needs n_routed_experts (",
+             E, ") to be a multiple of it: each rank holds a contiguous block of the experts");
+  const int64_t per = E / ranks, e0 = int64_t(rank) * per;
+  std::vector<ParamSpec> t, mine;
+  for (const ParamSpec& p : table) {
+    const int64_t e = routed_expert_of(p.name);
+    if (e < 0) t.push_back(p);
+    else if (e >= e0 && e < e0 + per) mine.push_back(p);
+  }
+  t.insert(t.end(), mine.begin(), mine.end());
   return t;
 }
 
@@ -215,8 +240,9 @@ void plan_int_tables_and_copy(MemoryPlan& plan, const ModelConfig& c, int64_t pa
 // the whole table holds num_hidden_layers x ~15 named entries (a MoE layer's 3 per expert more),
 // itself per-layer memory that may be built only once the plan has passed.
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
-                     DType compute) {
-  const int64_t total = count_parameters(c, has_indexer).total();
+                     DType compute, int64_t ep) {
+  const ParamCounts n = count_parameters(c, has_indexer);
+  const int64_t total = n.replicated + n.routed_experts / std::max<int64_t>(ep, 1);  // ep divides every layer's experts
   const RepeatedEntries entries = param_entries(c, has_indexer);
   const ParamSpec* big = nullptr;
   for (const RepeatedEntry& e : entries)
@@ -226,7 +252,8 @@ void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<b
   const int64_t copies = training ? 3 : 1;
   plan.add_bytes(training ? "the parameters, their gradients and the optimizer's moments" : "the parameters",
                  checked_product({{"parameters", total}, {"copies", copies}, {"bytes", 4}}, "the parameters"),
-                 std::to_string(total) + " values" + (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
+                 std::to_string(total) + " values" + (ep > 1 ? " (this rank's 1/" + std::to_string(ep) + " of the routed experts)" : "") +
+                     (training ? " x 3 copies" : "") + " of 4 bytes" + largest);
   plan_int_tables_and_copy(plan, c, total, compute);
 }
 

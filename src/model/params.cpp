@@ -241,11 +241,9 @@ ModelTensors model_tensors(const io::TensorMap& w, int64_t layers, bool tied) {
     };
     l.moe.gate = get(w, pre + "mlp.gate.weight");
     l.moe.e_score_correction_bias = get(w, pre + "mlp.gate.e_score_correction_bias");
-    for (int64_t e = 0; l.moe.gate.defined(); ++e) {  // the experts are numbered from 0, without gaps
-      SwigluTensors x = swiglu(pre + "mlp.experts." + std::to_string(e) + ".");
-      if (!x.gate_proj.defined()) break;
-      l.moe.experts.push_back(x);
-    }
+    // The router's rows number the experts; under expert parallelism another rank's are undefined.
+    for (int64_t e = 0; l.moe.gate.defined() && e < l.moe.gate.size(0); ++e)
+      l.moe.experts.push_back(swiglu(pre + "mlp.experts." + std::to_string(e) + "."));
     l.moe.shared = swiglu(pre + "mlp.shared_experts.");
     io::TensorMap attn;
     const std::string ap = pre + "self_attn.";

@@ -84,7 +84,10 @@ V4LayerTensors v4_block_tensors(const io::TensorMap& t, const ModelConfig& c, in
   MoeTensors& m = l.mlp.moe;
   m.gate = t.at(ffn + "gate.weight");
   m.e_score_correction_bias = maybe(t, ffn + "gate.bias");
-  for (int64_t e = 0; e < c.moe.n_routed_experts; ++e) m.experts.push_back(swiglu(t, ffn + "experts." + std::to_string(e) + "."));
+  for (int64_t e = 0; e < c.moe.n_routed_experts; ++e) {  // another expert-parallel rank's: undefined
+    const std::string at = ffn + "experts." + std::to_string(e) + ".";
+    m.experts.push_back(t.count(at + "w1.weight") ? swiglu(t, at) : SwigluTensors{});
+  }
   m.shared = swiglu(t, ffn + "shared_experts.");
   return l;
 }

@@ -27,9 +27,6 @@ struct RemoveUnlessKept {
   }
 };
 
-// The parameters as host tensors (one copy of the arena off a device; the arena itself on the CPU).
-io::TensorMap host_params(const Model& m) { return arena_views(m.table, m.arena.on(Device::cpu)); }
-
 void check_finite_weights(const io::TensorMap& params) {
   for (const auto& [name, t] : params)
     if (const int64_t i = first_non_finite(t); i >= 0)
@@ -72,20 +69,20 @@ std::string optimizer_shard_name(int rank, int ranks) {
 void save_checkpoint(const fs::path& ckroot, const std::string& name, const Model& m, const Optimizer& o,
                      const RunState& st, Comm& comm) {
   const bool root = comm.is_root();
+  const io::TensorMap params = root || m.ep ? host_params(m) : io::TensorMap{};  // under EP every rank sends its experts
   const fs::path dir = ckroot / name, tmp = ckroot / ("." + name + ".tmp"), old = ckroot / ("." + name + ".old");
   RemoveUnlessKept cleanup{root ? tmp : fs::path()};
   cleanup.kept = !root;  // the other ranks only add their files
   if (root) {
-    const io::TensorMap params = host_params(m);
     check_finite_weights(params);
     fs::remove_all(tmp);
     fs::create_directories(tmp);  // the first checkpoint also creates checkpoints/
     save_model_config((tmp / "config.json").string(), m.cfg);
     save_model_weights(tmp.string(), m, params);  // parameters, integer tables (I64), the kept MTP tensors
-    if (!o.sharded()) io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
+    if (!o.state_per_rank()) io::save_safetensors((tmp / "optimizer.safetensors").string(), host_tensors(o.state()));
     io::write_file_atomic((tmp / "state.json").string(), run_state_json(st));
   }
-  if (o.sharded()) {  // each rank its own moments, keyed by name, once the root made the directory
+  if (o.state_per_rank()) {  // each rank its own moments, keyed by name, once the root made the directory
     comm.barrier();
     io::save_safetensors((tmp / optimizer_shard_name(comm.rank(), comm.size())).string(), host_tensors(o.state()));
     comm.barrier();
@@ -122,28 +119,27 @@ io::TensorMap load_optimizer_state(const fs::path& dir) {
   return all;
 }
 
-void save_final_model(const fs::path& out, const Model& model) {
-  const io::TensorMap params = host_params(model);
+void save_final_model(const fs::path& out, const Model& model, const io::TensorMap& params) {
   check_finite_weights(params);
   save_model_config((out / "config.json").string(), model.cfg);
   save_model_weights(out.string(), model, params);
 }
 
-RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev) {
+RunStart start_fresh(const Programme& pr, const ModelConfig& cfg, Device dev, Comm* ep) {
   RunStart s;
   if (!pr.init_checkpoint.empty()) {
     CheckpointTensors ck = read_checkpoint(pr.init_checkpoint, cfg);
-    s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
+    s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev, ep);
     s.initialised = load_checkpoint_into_model(s.model, std::move(ck), pr.init_checkpoint, pr.seed).size();
   } else {
-    s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev);
+    s.model = build_model(cfg, std::vector<bool>(cfg.num_hidden_layers, false), dev, ep);
     init_model(s.model, pr.seed);
   }
   return s;
 }
 
 RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const RunInputs& in, Device dev,
-                            std::ostream& log) {
+                            std::ostream& log, Comm* ep) {
   const fs::path out(opt.out_dir), dir = latest_checkpoint(out / "checkpoints");
   const std::string name = dir.filename().string();
   const ModelConfig saved = load_model_config((dir / "config.json").string());
@@ -159,7 +155,7 @@ RunStart resume_from_latest(const Programme& pr, const TrainOptions& opt, const 
   ModelConfig cfg = in.cfg;
   cfg.layer_modes = saved.layer_modes;
   CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
-  s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev);
+  s.model = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), dev, ep);
   s.initialised = load_checkpoint_into_model(s.model, std::move(ck), (dir / "model.safetensors").string(), pr.seed).size();
   s.opt_state = load_optimizer_state(dir);
   log << "resuming " << name << " at phase " << s.st.phase << ", step " << s.st.step << "\n";

@@ -61,33 +61,49 @@ double lr_at(const OptimSettings& o, double base, int64_t step) {
   return base * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * p)));
 }
 
-Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp, Comm* shard_over)
-    : o_(o), indexer_only_(indexer_only), train_mtp_(train_mtp), table_(m.table), shard_(shard_over) {
+Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, bool train_mtp, GradGroups groups)
+    : o_(o), indexer_only_(indexer_only), train_mtp_(train_mtp), groups_(groups), ep_(m.ep), table_(m.table),
+      full_table_(full_param_table(m)) {
   HMLA_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError, "optimizer '", o.optimizer,
              "': use adamw or muon");
-  if (!shard_) {
+  HMLA_CHECK(!groups_.shard || groups_.all, ConfigError, "a sharded optimizer needs the group its gradients are summed over");
+  HMLA_CHECK(!m.ep || (groups_.all && groups_.experts), ConfigError,
+             "a model whose experts are sharded needs the groups its gradients are summed over");
+  if (!m.ep) groups_.experts = nullptr;
+  const size_t first_expert = m.ep ? m.first_expert : table_.size();
+  segs_.push_back({groups_.all, 0, first_expert});
+  if (groups_.experts) segs_.push_back({groups_.experts, first_expert, table_.size()});
+  for (Segment& g : segs_)
+    for (size_t i = g.first; i < g.end; ++i) g.numel += shape_numel(table_[i].shape);
+  if (!sharded()) {
     m_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
     v_arena_ = Tensor::zeros({m.arena.numel()}, DType::f32, m.device());
     m_ = arena_views(table_, m_arena_);
     v_ = arena_views(table_, v_arena_);
     return;
   }
-  std::vector<bool> trained;
-  for (const ParamSpec& p : table_) trained.push_back(updates(p));
-  plan_ = shard_plan(table_, trained, shard_->size(), shard_->rank());
   std::vector<ParamSpec> kept;  // the moments this rank keeps: its tensors that the phase updates
-  for (size_t i = 0; i < table_.size(); ++i)
-    if (plan_.mine(i) && trained[i]) kept.push_back(table_[i]);
+  int64_t at = 0;
+  for (Segment& g : segs_) {
+    const std::vector<ParamSpec> part(table_.begin() + ptrdiff_t(g.first), table_.begin() + ptrdiff_t(g.end));
+    std::vector<bool> trained;
+    for (const ParamSpec& p : part) trained.push_back(updates(p));
+    g.plan = shard_plan(part, trained, g.comm->size(), g.comm->rank());
+    g.at = at;
+    at += g.plan.arena_numel();
+    g.gshard = Tensor::zeros({g.plan.block}, DType::f32, m.device());
+    const int64_t base = int64_t(g.plan.rank) * g.plan.block;
+    for (size_t i = 0; i < part.size(); ++i) {
+      if (!g.plan.mine(i)) continue;
+      if (trained[i]) kept.push_back(part[i]);
+      const int64_t from = g.plan.offset[i] - base;
+      gowned_[part[i].name] = g.gshard.slice(0, from, from + shape_numel(part[i].shape)).view(part[i].shape);
+    }
+  }
   m_arena_ = Tensor::zeros({table_numel(kept)}, DType::f32, m.device());
   v_arena_ = Tensor::zeros({table_numel(kept)}, DType::f32, m.device());
   m_ = arena_views(kept, m_arena_);
   v_ = arena_views(kept, v_arena_);
-  gshard_ = Tensor::zeros({plan_.block}, DType::f32, m.device());
-  const int64_t base = int64_t(plan_.rank) * plan_.block;
-  for (size_t i = 0; i < table_.size(); ++i)
-    if (plan_.mine(i))
-      gowned_[table_[i].name] = gshard_.slice(0, plan_.offset[i] - base, plan_.offset[i] - base +
-                                                                             shape_numel(table_[i].shape)).view(table_[i].shape);
 }
 
 bool Optimizer::updates(const ParamSpec& p) const {
@@ -103,11 +119,29 @@ OptimStats Optimizer::step(Model& m, io::TensorMap& grads, int64_t step) {
   return stats_of(stats.to_vector<double>(), step);
 }
 
+void Optimizer::allreduce_gradients(const Tensor& garena) {
+  HMLA_CHECK(!sharded() && garena.numel() == table_numel(table_), Error,
+             "allreduce_gradients needs an unsharded optimizer and a gradient arena of the model's table");
+  int64_t at = 0;
+  for (const Segment& g : segs_) {
+    if (g.comm) g.comm->allreduce_sum(garena.data<float>() + at, g.numel, garena.device());
+    at += g.numel;
+  }
+}
+
 void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const Tensor& stats, const Tensor& bad) {
   HMLA_CHECK(!sharded(), Error, "a sharded optimizer steps by launch_sharded_step");
   auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
-  group_sum_squares(table_, grads, false, slot(kStatSsBackbone));
-  group_sum_squares(table_, grads, true, slot(kStatSsIndexer));
+  if (segs_.size() > 1) {  // expert parallelism: each rank's block's squares, summed over the EP group first
+    const std::vector<ParamSpec> experts(table_.begin() + ptrdiff_t(segs_[1].first), table_.end());
+    group_sum_squares(experts, grads, false, slot(kStatSsBackbone));
+    group_sum_squares(experts, grads, true, slot(kStatSsIndexer));
+    static_assert(kStatSsIndexer == kStatSsBackbone + 1, "the two sums of squares are one all-reduce");
+    ep_->allreduce_sum(stats.data<double>() + kStatSsBackbone, 2, stats.device());
+  }
+  const std::vector<ParamSpec> replicated(table_.begin(), table_.begin() + ptrdiff_t(segs_[0].end));
+  group_sum_squares(replicated, grads, false, slot(kStatSsBackbone));
+  group_sum_squares(replicated, grads, true, slot(kStatSsIndexer));
   // The norms, the clip scales and the gate on the device: with a non-finite loss (bad) or norm
   // every update below leaves weights and moments as they were, so a non-finite gradient never
   // reaches the parameters although the host learns of it only after the launches.
@@ -118,37 +152,52 @@ void Optimizer::launch_step(Model& m, io::TensorMap& grads, int64_t step, const 
 
 void Optimizer::launch_sharded_step(Model& m, const Tensor& garena, int64_t step, const Tensor& stats,
                                     const Tensor& bad) {
-  HMLA_CHECK(sharded() && garena.numel() == plan_.arena_numel(), Error,
+  HMLA_CHECK(sharded() && garena.numel() == grad_arena_numel(m), Error,
              "launch_sharded_step needs a sharded optimizer and its owner-ordered gradient arena");
   const Device dev = m.device();
-  // Each value reaches its owner summed over the group (the sums that the unsharded all-reduce
+  // Each value reaches its owner summed over its group (the sums that the unsharded all-reduce
   // makes, in the reduce-scatter's order), and only there.
-  shard_->reduce_scatter_sum(garena.data<float>(), gshard_.data<float>(), plan_.block, dev);
+  for (const Segment& g : segs_)
+    g.comm->reduce_scatter_sum(garena.data<float>() + g.at, g.gshard.data<float>(), g.plan.block, dev);
   std::vector<ParamSpec> owned;
-  for (size_t i = 0; i < table_.size(); ++i)
-    if (plan_.mine(i)) owned.push_back(table_[i]);
+  for (const ParamSpec& p : table_)
+    if (gowned_.count(p.name)) owned.push_back(p);
   auto slot = [&stats](StatSlot k) { return stats.slice(0, k, k + 1); };
   group_sum_squares(owned, gowned_, false, slot(kStatSsBackbone));
   group_sum_squares(owned, gowned_, true, slot(kStatSsIndexer));
   static_assert(kStatSsIndexer == kStatSsBackbone + 1, "the two sums of squares are one all-reduce");
-  shard_->allreduce_sum(stats.data<double>() + kStatSsBackbone, 2, dev);  // the global norms' squares
+  // The global norms' squares: every tensor has one owner in the whole grid (an expert's among the
+  // ranks holding its block), so the owners' sums over the grid count each once.
+  groups_.all->allreduce_sum(stats.data<double>() + kStatSsBackbone, 2, dev);
   stats_clip(stats, bad, o_.clip_backbone, o_.clip_indexer);                // the same gate on every rank
   update(m, gowned_, step, stats);
   // The owners' weights into their blocks (the gradients there are spent), gathered through the
-  // arena into every rank's parameters: each rank ends the step holding the whole model.
-  for (size_t i = 0; i < table_.size(); ++i)
-    if (plan_.mine(i) && updates(table_[i])) gowned_.at(table_[i].name).copy_from(m.params.at(table_[i].name));
-  shard_->allgather(gshard_.data<float>(), garena.data<float>(), plan_.block * int64_t(sizeof(float)), dev);
-  const io::TensorMap gathered = shard_views(table_, plan_, garena);
-  for (size_t i = 0; i < table_.size(); ++i)
-    if (!plan_.mine(i) && updates(table_[i])) m.params.at(table_[i].name).copy_from(gathered.at(table_[i].name));
+  // arena into every rank's parameters: each rank ends the step holding its whole table.
+  for (const ParamSpec& p : owned)
+    if (updates(p)) gowned_.at(p.name).copy_from(m.params.at(p.name));
+  for (const Segment& g : segs_)
+    g.comm->allgather(g.gshard.data<float>(), garena.data<float>() + g.at, g.plan.block * int64_t(sizeof(float)), dev);
+  const io::TensorMap gathered = grad_views(garena);
+  for (const ParamSpec& p : table_)
+    if (!gowned_.count(p.name) && updates(p)) m.params.at(p.name).copy_from(gathered.at(p.name));
   refresh_compute_weights(m);
 }
 
-int64_t Optimizer::grad_arena_numel(const Model& m) const { return sharded() ? plan_.arena_numel() : m.arena.numel(); }
+int64_t Optimizer::grad_arena_numel(const Model& m) const {
+  if (!sharded()) return m.arena.numel();
+  int64_t n = 0;
+  for (const Segment& g : segs_) n += g.plan.arena_numel();
+  return n;
+}
 
 io::TensorMap Optimizer::grad_views(const Tensor& arena) const {
-  return sharded() ? shard_views(table_, plan_, arena) : arena_views(table_, arena);
+  if (!sharded()) return arena_views(table_, arena);
+  io::TensorMap views;
+  for (const Segment& g : segs_) {
+    const std::vector<ParamSpec> part(table_.begin() + ptrdiff_t(g.first), table_.begin() + ptrdiff_t(g.end));
+    views.merge(shard_views(part, g.plan, arena.slice(0, g.at, g.at + g.plan.arena_numel())));
+  }
+  return views;
 }
 
 void Optimizer::update(Model& m, const io::TensorMap& grads, int64_t step, const Tensor& stats) {
@@ -190,34 +239,43 @@ OptimStats Optimizer::stats_of(const std::vector<double>& s, int64_t step) const
 }
 
 io::TensorMap Optimizer::state() const {
-  if (!sharded()) return {{"optimizer.m", m_arena_}, {"optimizer.v", v_arena_}};
+  if (!state_per_rank()) return {{"optimizer.m", m_arena_}, {"optimizer.v", v_arena_}};
   io::TensorMap s;
-  for (const auto& [name, t] : m_) s["m." + name] = t, s["v." + name] = v_.at(name);
+  auto add = [&](const std::string& name) { s["m." + name] = m_.at(name), s["v." + name] = v_.at(name); };
+  if (sharded()) {
+    for (const auto& [name, t] : m_) add(name);
+    return s;
+  }
+  // Unsharded: every copy of a tensor holds the same moments; its group's rank 0 writes those the
+  // phase trains (the sharded layout's tensors).
+  for (const Segment& g : segs_)
+    for (size_t i = g.first; i < g.end && g.comm->rank() == 0; ++i)
+      if (updates(table_[i])) add(table_[i].name);
   return s;
 }
 
 void Optimizer::load_state(const io::TensorMap& s, const std::string& what) {
-  if (s.count("optimizer.m") || s.count("optimizer.v")) {  // one arena per moment, in table order
-    const int64_t n = table_numel(table_);
+  if (s.count("optimizer.m") || s.count("optimizer.v")) {  // one arena per moment, in the whole table's order
+    const int64_t n = table_numel(full_table_);
     for (const char* name : {"optimizer.m", "optimizer.v"}) {
       auto it = s.find(name);
       HMLA_CHECK(it != s.end() && it->second.numel() == n && it->second.dtype() == DType::f32, IoError, what,
                  ": optimizer state '", name, "' is missing or does not match the model");
     }
-    if (!sharded()) {
+    if (!state_per_rank()) {
       m_arena_.copy_from(s.at("optimizer.m").view({m_arena_.numel()}));
       v_arena_.copy_from(s.at("optimizer.v").view({v_arena_.numel()}));
       return;
     }
-    const io::TensorMap fm = arena_views(table_, s.at("optimizer.m").view({n}));
-    const io::TensorMap fv = arena_views(table_, s.at("optimizer.v").view({n}));
+    const io::TensorMap fm = arena_views(full_table_, s.at("optimizer.m").view({n}));
+    const io::TensorMap fv = arena_views(full_table_, s.at("optimizer.v").view({n}));
     for (auto& [name, t] : m_) t.copy_from(fm.at(name)), v_.at(name).copy_from(fv.at(name));
     return;
   }
-  // Keyed by name (a sharded run's files, merged): every tensor this optimizer updates must be
-  // there; the others' moments are zero in any run (they never move within the phase).
+  // Keyed by name (per-rank files, merged): every tensor this optimizer updates must be there; the
+  // others' moments are zero in any run (they never move within the phase).
   std::map<std::string, const ParamSpec*> known;
-  for (const ParamSpec& p : table_) known["m." + p.name] = &p, known["v." + p.name] = &p;
+  for (const ParamSpec& p : full_table_) known["m." + p.name] = &p, known["v." + p.name] = &p;
   for (const auto& [key, t] : s) {
     auto it = known.find(key);
     HMLA_CHECK(it != known.end() && t.dtype() == DType::f32 && t.shape() == it->second->shape, IoError, what,

@@ -14,7 +14,8 @@ RankGrid set_up_rank_grid(const Programme& pr, int cp_ranks, int ep_ranks) {
              " data-parallel replicas (", comm.size(), " ranks / --cp ", cp_ranks, ")");
   // EP groups: replicas [g E, (g + 1) E) at the same CP rank, ordered by replica.
   RankGrid grid{comm, comm.split(dp_rank, cp_rank), dp, dp_rank,
-                comm.split((dp_rank / ep_ranks) * cp_ranks + cp_rank, dp_rank % ep_ranks)};
+                comm.split((dp_rank / ep_ranks) * cp_ranks + cp_rank, dp_rank % ep_ranks),
+                comm.split(dp_rank % ep_ranks, comm.rank())};
   for (const PhaseSettings& ph : pr.phases) {
     HMLA_CHECK(ph.micro_batches % dp == 0, ConfigError, pr.path, ": phase '", ph.name, "' has micro_batches = ",
                ph.micro_batches, ", which the ", dp, " data-parallel ranks must divide");

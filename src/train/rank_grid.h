@@ -16,7 +16,12 @@ struct RankGrid {
   // Expert parallelism (--ep E): E consecutive data-parallel replicas of the same context-parallel
   // rank split each MoE layer's routed experts (DESIGN.md section 8); one rank: no EP.
   Comm ep;
+  // The ranks holding the same block of experts as this one (the same EP rank in every EP group,
+  // at every CP rank): world / E ranks, over which its experts' gradients are summed.
+  Comm experts;
   bool root() const { return world.is_root(); }
+  // Expert parallelism's group for the model (build_model's `ep`); null without EP.
+  Comm* model_ep() { return ep.size() > 1 ? &ep : nullptr; }
 };
 
 // Checks that --cp divides the ranks and every phase's seq_len, that the data-parallel replicas

@@ -29,7 +29,7 @@ std::vector<bool> hybrid_mask(const Programme& pr, int64_t layers) {
 // Checks every phase's plan against the budget; returns one line per phase for the console:
 // parameters with their gradients and moments, and a micro-batch's activations (lower bounds).
 std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, const std::vector<bool>& hybrid,
-                                   int cp, Device dev) {
+                                   int cp, int ep, Device dev) {
   std::ostringstream lines;
   for (const PhaseSettings& ph : pr.phases) {
     ModelConfig pc = cfg;
@@ -39,14 +39,14 @@ std::string check_programme_memory(const Programme& pr, const ModelConfig& cfg, 
     const std::string where = pr.path + ": phase '" + ph.name + "'";
     MemoryPlan step, eval;
     const DType compute = compute_dtype(dev);  // the activations' and the weight copy's element sizes
-    plan_parameters(step, pc, indexer, true, compute);
+    plan_parameters(step, pc, indexer, true, compute, ep);  // --ep: this rank's block of the experts
     const int64_t params = step.total();
     plan_activations(step, pc, {"batch / micro_batches", ph.batch / ph.micro_batches}, s, true, compute,
                      ph.recompute_attention);
     step.check(where + ": a training step", dev);
     lines << "memory plan [" << ph.name << "]: parameters, gradients and moments " << format_bytes(double(params))
           << ", activations of a micro-batch >= " << format_bytes(double(step.total() - params)) << "\n";
-    plan_parameters(eval, pc, indexer, false, compute);
+    plan_parameters(eval, pc, indexer, false, compute, ep);
     plan_activations(eval, pc, {"eval_rows", ph.eval_rows}, s, false, compute);
     eval.check(where + ": the held-out evaluation", dev);
   }
@@ -139,12 +139,12 @@ void set_modes(ModelConfig& c, const std::vector<bool>& hybrid, LayerMode mode) 
   for (size_t L = 0; L < hybrid.size(); ++L) c.layer_modes[L] = hybrid[L] ? mode : LayerMode::mha;
 }
 
-RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev) {
+RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev, int ep_ranks) {
   RunInputs in;
   in.cfg = load_model_config(pr.model_config, LayerModesFrom::programme);
   train_mtp_layers(pr, in.cfg);
   in.hybrid = hybrid_mask(pr, in.cfg.num_hidden_layers);
-  in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, dev);
+  in.memory_plan = check_programme_memory(pr, in.cfg, in.hybrid, cp_ranks, ep_ranks, dev);
   TokenData data = load_token_data(pr.data_dir);  // refuses a pair from two prepare-data runs
   // The data's ids were checked against the vocab_size its files record; that must fit the model.
   HMLA_CHECK(data.vocab_size <= in.cfg.vocab_size, ConfigError, pr.data_dir, ": the data's tokenizer (",

@@ -22,8 +22,8 @@ struct RunInputs {
 
 // Reads and checks what the run needs: the data's vocabulary fits the model's, the hybrid layers
 // exist, every phase's training step and held-out evaluation fit in memory (MemoryPlan; a rank
-// under --cp holds seq_len / cp rows); then the data.
-RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev);
+// under --cp holds seq_len / cp rows, one under --ep its block of the routed experts); then the data.
+RunInputs load_run_inputs(const Programme& pr, int cp_ranks, Device dev, int ep_ranks = 1);
 
 // Each phase's model, as the run builds it: the config in the phase's modes (the MTP layers
 // parameters where a phase trains them) and the layers that carry indexer tensors.

@@ -127,19 +127,12 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
   if (mass) so.attn_mass = all_stats.slice(0, at_mass, at_mass + 12).view({3, 4});
   double tokens = 0;
   int64_t ep_bytes = -1;
-  {
-    // The step's MoE layers over the EP group (Mlp::ep): every rank of it runs the same count of
-    // micro-batches (micro_batches % DP == 0), so their exchanges pair up.
-    struct EpScope {
-      Model& m;
-      ~EpScope() { m.ep = nullptr; }
-    } scope{model};
-    const int64_t ep0 = grid.ep.bytes_sent();
-    if (grid.ep.size() > 1) model.ep = &grid.ep;
-    for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
-      tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
-    if (grid.ep.size() > 1) ep_bytes = grid.ep.bytes_sent() - ep0;
-  }
+  // Under expert parallelism (Model::ep) every rank of the EP group runs the same count of
+  // micro-batches (micro_batches % DP == 0), so their MoE layers' exchanges pair up.
+  const int64_t ep0 = grid.ep.bytes_sent();
+  for (size_t i = grid.dp_rank; i < micro.size(); i += size_t(grid.dp))
+    tokens += double(model_step(model, micro[i], so, grads, grid.cp).tokens);
+  if (model.ep) ep_bytes = grid.ep.bytes_sent() - ep0;
   // Every rank must skip the update when any rank's loss is not finite. The gradient's
   // all-reduce carries a NaN loss's NaN gradient to every rank's norm, but not every non-finite
   // loss has one (an infinite KL where Q underflows has a finite gradient), so each rank's
@@ -151,7 +144,7 @@ StepResult train_step(RankGrid& grid, const PhaseSettings& ph, int64_t step, Mod
     grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
     optim.launch_sharded_step(model, garena, step, stats, bad);
   } else {
-    grid.world.allreduce_sum(garena.data<float>(), garena.numel(), garena.device());  // CP shares and DP replicas
+    optim.allreduce_gradients(garena);  // CP shares and DP replicas (an expert over the ranks holding it)
     grid.world.allreduce_sum(bad.data<float>(), 1, bad.device());
     optim.launch_step(model, grads, step, stats, bad);
   }

@@ -36,7 +36,7 @@ using namespace train;
 
 // A model for `cfg` carrying over every tensor of `old`; indexers new to it are initialised.
 Model rebuild(const Model& old, const ModelConfig& cfg, const std::vector<bool>& has_indexer, uint64_t seed, int& created) {
-  Model m = build_model(cfg, has_indexer, old.device());
+  Model m = build_model(cfg, has_indexer, old.device(), old.ep);
   m.kept = old.kept;  // the MTP layers, carried as read (params.h)
   for (const auto& [name, t] : old.ints) m.ints.at(name).copy_from(t);  // DeepSeek-V4's tid2eid
   created = 0;
@@ -130,7 +130,7 @@ Model phase_end_model(const Run& run, int64_t p, const Model& now) {
   const fs::path dir = run.ckroot / checkpoint_name(q, run.pr.phases[size_t(q)], "end");
   ModelConfig cfg = now.cfg;
   CheckpointTensors ck = read_checkpoint((dir / "model.safetensors").string(), cfg);
-  Model m = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), now.device());
+  Model m = build_model(cfg, checkpoint_indexers(cfg, ck.tensors), now.device(), now.ep);
   load_checkpoint_into_model(m, std::move(ck), (dir / "model.safetensors").string());
   run.log << "[" << run.pr.phases[size_t(p)].name << "] restarts from " << dir.filename().string()
           << " (its control arm ran from there)\n";
@@ -175,7 +175,7 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
   if (any_hybrid && !resumed && (ph.mode == LayerMode::mqa_full_causal || ph.mode == LayerMode::dsa_sparse))
     check_phase_equivalence(ph, model, run.in.hybrid, eval, run.grid.cp, run.log, run.metrics);
   Optimizer optim(model, ph.optim, ph.mode == LayerMode::dsa_warmup, ph.mtp_loss_coeff > 0,
-                  run.shard_optimizer ? &run.grid.world : nullptr);
+                  {&run.grid.world, model.ep ? &run.grid.experts : nullptr, run.shard_optimizer});
   if (resumed) optim.load_state(opt_state, "checkpoint");
   opt_state.clear();  // so that peak memory after a resume is an uninterrupted run's
   PackedLoader loader(run.in.train, ph.seq_len, loader_seed(run.pr, p));
@@ -199,13 +199,13 @@ void run_phase(const Run& run, int64_t p, Model& model, const RunState* resumed,
       throw Interrupted("interrupted at phase '" + ph.name + "' step " + std::to_string(step + 1) +
                         "; the last complete checkpoint is intact (resume with --resume)");
     const bool ckpt = ph.checkpoint_every > 0 && (step + 1) % ph.checkpoint_every == 0 && step + 1 < ph.steps;
-    if (ckpt && (root || optim.sharded()))  // sharded: every rank writes its moments
+    if (ckpt && (root || optim.state_per_rank()))  // sharded or expert parallel: every rank writes its moments
       save_checkpoint(run.ckroot, checkpoint_name(p, ph, "step" + std::to_string(step + 1)), model, optim,
                       {p, step + 1, loader.position(), run.in.fingerprint, run.metrics.bytes()}, run.grid.world);
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_phase).count();
   write_phase_end_row(run, ph, model, eval, losses, kls, seconds);
-  if (root || optim.sharded())
+  if (root || optim.state_per_rank())
     save_checkpoint(run.ckroot, checkpoint_name(p, ph, "end"), model, optim,
                     {p + 1, 0, {}, run.in.fingerprint, run.metrics.bytes()}, run.grid.world);
 }
@@ -277,11 +277,12 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   const Device dev = training_device(opt.device.empty() ? pr.device : opt.device);
   if (dev == Device::cuda) cuda_select_device(grid.world.rank());  // each rank its node's GPU, before any allocation
   check_attention_backend(pr, dev);  // then each phase's model carries it (enter_phase)
-  const RunInputs in = load_run_inputs(pr, opt.cp, dev);
+  const RunInputs in = load_run_inputs(pr, opt.cp, dev, opt.ep);
   check_expert_parallel(in.cfg, opt.ep, dev);
   const fs::path out(opt.out_dir);
   RunDir run_dir = claim_on_root(pr, opt, grid.world);  // checked; nothing written before begin_on_root
-  RunStart start = opt.resume ? resume_from_latest(pr, opt, in, dev, log) : start_fresh(pr, in.cfg, dev);
+  RunStart start = opt.resume ? resume_from_latest(pr, opt, in, dev, log, grid.model_ep())
+                              : start_fresh(pr, in.cfg, dev, grid.model_ep());
 
   begin_on_root(run_dir, grid.world, dev, in.tokenizer);  // every check passed: create, lock (until the run ends), mark
   std::vector<double> resumed_losses, resumed_kls;  // the current phase's steps before the resume
@@ -294,6 +295,12 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
   // Once every check has passed, so that an error stays the only line on stderr.
   if (const std::string hint = cpu_blas_hint(); !hint.empty()) log << hint << "\n";
   log << in.memory_plan;
+  if (start.model.ep) {
+    const int64_t held = start.model.arena.numel(), E = in.cfg.moe.n_routed_experts;
+    log << "expert parallel: each rank holds " << held << " parameter values (" << table_numel({start.model.table.begin(),
+           start.model.table.begin() + ptrdiff_t(start.model.first_expert)}) << " replicated and its " << E / opt.ep
+        << " of each MoE layer's " << E << " routed experts)\n";
+  }
   if (start.initialised > 0)
     log << "initialised " << start.initialised << " multi-token-prediction tensors the checkpoint does not hold\n";
   const Run run{pr, grid, in, out, out / "checkpoints", log, metrics, *sigint, opt.shard_optimizer};
@@ -304,10 +311,12 @@ void run_programme(const Programme& pr, const TrainOptions& opt, std::ostream& c
     else run_phase(run, p, model, nullptr, start.opt_state, {}, {});
   }
   sigint.reset();
+  // Under expert parallelism every rank sends its experts.
+  const io::TensorMap params = root || model.ep ? host_params(model) : io::TensorMap{};
   if (!root) return;
   metrics.close();
   const std::vector<PhaseSummary> summaries = summaries_from_metrics(pr, own_metrics(out / "metrics.jsonl"));
-  save_final_model(out, model);
+  save_final_model(out, model, params);
   print_summary_table(log, summaries);
   write_summary_json(out, summaries);
 }

@@ -16,6 +16,14 @@ namespace hmla {
 namespace {
 
 constexpr int64_t kE = 8, kW = 3;
+// Where the rows live: the CPU here; the emulated CUDA device in test_ep_emu (tests/cuda/emu), where
+// Comm's device path stages them through the host (that build has no NCCL: the collective itself is
+// MPI's) and the reorders are device copies.
+#ifdef HMLA_TEST_EP_ON_CUDA
+constexpr Device kDev = Device::cuda;
+#else
+constexpr Device kDev = Device::cpu;
+#endif
 
 int64_t rows_of(int q, int64_t e) { return (q * 7 + e * 3) % 5; }  // some zero, all uneven
 float value(int q, int64_t e, int64_t i, int64_t c) { return float(q * 10000 + e * 1000 + i * 10 + c); }
@@ -40,7 +48,7 @@ TEST(EpExchange, RowsReachTheirExpertsInRankOrderAndComeBack) {
   EXPECT_EQ(ep.bytes_sent() - before, (R - 1) * El * int64_t(sizeof(int64_t)));  // the counts
   for (int q = 0; q < R; ++q)
     for (int64_t j = 0; j < El; ++j) EXPECT_EQ(p.received[size_t(q * El + j)], rows_of(q, me * El + j));
-  const Tensor mine = sender_rows(me);
+  const Tensor mine = sender_rows(me).to(kDev);
   int64_t remote = 0;  // rows this rank sends to the others
   for (int64_t e = 0; e < kE; ++e)
     if (e / El != me) remote += rows_of(me, e);
@@ -53,6 +61,7 @@ TEST(EpExchange, RowsReachTheirExpertsInRankOrderAndComeBack) {
       for (int64_t i = 0; i < rows_of(q, me * El + j); ++i)
         for (int64_t c = 0; c < kW; ++c) want.push_back(value(q, me * El + j, i, c));
   ASSERT_EQ(got.numel(), int64_t(want.size()));
+  EXPECT_EQ(got.device(), kDev);
   EXPECT_EQ(got.to_vector<float>(), want);
   const Tensor back = ep_return(ep, p, got);
   EXPECT_EQ(back.to_vector<float>(), mine.to_vector<float>());
@@ -61,9 +70,11 @@ TEST(EpExchange, RowsReachTheirExpertsInRankOrderAndComeBack) {
 TEST(EpExchange, RefusesBadCountsAndRows) {
   Comm& ep = Comm::world();
   EXPECT_THROW(ep_plan(ep, std::vector<int64_t>(kE, -1)), ShapeError);
-  if (ep.size() > 1) EXPECT_THROW(ep_plan(ep, std::vector<int64_t>(size_t(ep.size() + 1), 0)), ConfigError);
+  if (ep.size() > 1) {
+    EXPECT_THROW(ep_plan(ep, std::vector<int64_t>(size_t(ep.size() + 1), 0)), ConfigError);
+  }
   const EpPlan p = ep_plan(ep, std::vector<int64_t>(kE, 1));  // every rank: one row per expert
-  EXPECT_THROW(ep_dispatch(ep, p, Tensor::zeros({kE + 1, kW}, DType::f32)), ShapeError);
+  EXPECT_THROW(ep_dispatch(ep, p, Tensor::zeros({kE + 1, kW}, DType::f32, kDev)), ShapeError);
   ep.barrier();
 }
 

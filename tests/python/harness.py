@@ -90,7 +90,11 @@ def compare_training(check, label, ref_dir, run_dir, rows, lr_over_eps, steps, s
       at most 2 (lr/eps) rows * eps more; x2 for the second-order effect of earlier differences.
       (With eps = 1e-8 an element whose gradient cancels to the f32 floor moves by a whole +-lr
       either way: weights are comparable only where the update is well-conditioned.)
-    moments=False skips the moments (a sharded run's are per-rank files, tests/python/mpi_zero.py)."""
+    A run's moments are its optimizer.safetensors arena, or (sharded or expert-parallel runs) its
+    per-rank files' tensors in name order: compared like with like only (a reference run with
+    --shard-optimizer on one rank writes per-rank files, and equals the unsharded run bit for bit,
+    tests/python/mpi_zero.py). moments=False skips them."""
+    import glob
     import json
     import numpy as np
     import safetensors_lite as st
@@ -123,9 +127,21 @@ def compare_training(check, label, ref_dir, run_dir, rows, lr_over_eps, steps, s
     names = [r["phase"] for r in steps_of(f"{ref_dir}/metrics.jsonl")]
     phases = sorted(p for p in os.listdir(f"{ref_dir}/checkpoints") if p.endswith("-end"))
     worst = 0.0  # the largest difference / bound over the phases
+    def first_moment(d, p):
+        f = f"{d}/checkpoints/{p}/optimizer.safetensors"
+        if os.path.exists(f):
+            return "arena", st.load(f)["optimizer.m"]
+        parts = {}
+        for g in sorted(glob.glob(f"{d}/checkpoints/{p}/optimizer-*-of-*.safetensors")):
+            parts.update(st.load(g))
+        names = sorted(k for k in parts if k.startswith("m."))
+        return "per-rank", np.concatenate([parts[k].ravel() for k in names]) if names else np.zeros(0, np.float32)
+
     for p in phases if moments else []:
-        a = st.load(f"{ref_dir}/checkpoints/{p}/optimizer.safetensors")["optimizer.m"]
-        b = st.load(f"{run_dir}/checkpoints/{p}/optimizer.safetensors")["optimizer.m"]
+        (ka, a), (kb, b) = first_moment(ref_dir, p), first_moment(run_dir, p)
+        if ka != kb or a.shape != b.shape:
+            check(f"{label}: {p}'s moments are comparable", False, f"({ka} {a.shape} vs {kb} {b.shape})")
+            continue
         mine = [i for i, n in enumerate(names) if same and n == p.split("-", 1)[1][: -len("-end")]]
         # The indexers' share of m's largest entry; 1 where only they train.
         share = [1.0 if m1[i, 2] == 0 else min(1.0, np.sqrt(a.size) * m1[i, 3] / m1[i, 2]) for i in mine]

@@ -27,6 +27,16 @@ std::string layer_prefix(int64_t layer);  // "model.layers.{L}."
 bool own_indexer(const ModelConfig& c, const std::vector<bool>& has_indexer, int64_t L);
 std::vector<ParamSpec> model_param_table(const ModelConfig& c, const std::vector<bool>& has_indexer);
 
+// Expert parallelism's storage (DESIGN.md section 8, docs/scale_out.md "Expert parallel"): the
+// routed expert a table name belongs to ("...experts.{e}.*": e; -1 for any other tensor, the shared
+// experts' included), and rank `rank` of `ranks`'s table: the entries every rank holds first, in
+// `table`'s order, then its block [rank E / ranks, (rank + 1) E / ranks) of every MoE layer's
+// routed experts (E = n_routed_experts; hash and MTP layers' included), in `table`'s order. So a
+// rank's expert gradients are one contiguous slice of its arenas, summed over other ranks than the
+// rest. One rank: `table` as it is.
+int64_t routed_expert_of(const std::string& name);
+std::vector<ParamSpec> expert_shard_table(const std::vector<ParamSpec>& table, int64_t E, int ranks, int rank);
+
 // Views of a table-ordered f32 arena, by name.
 io::TensorMap arena_views(const std::vector<ParamSpec>& table, const Tensor& arena);
 int64_t table_numel(const std::vector<ParamSpec>& table);
@@ -48,8 +58,9 @@ std::vector<ActSpec> activation_table(const ModelConfig& c, const ActRows& r, DT
 // the logits' gradient; recompute: without the attention cores). Lower bounds, each named by the
 // fields that drive it, for a device whose compute dtype is `compute` (the activations' element
 // sizes; a compute dtype other than f32 adds the weights' compute copy).
+// With ep > 1: one expert-parallel rank's (its block of the routed experts).
 void plan_parameters(MemoryPlan& plan, const ModelConfig& c, const std::vector<bool>& has_indexer, bool training,
-                     DType compute);
+                     DType compute, int64_t ep = 1);
 void plan_activations(MemoryPlan& plan, const ModelConfig& c, const SizeFactor& rows, const SizeFactor& s,
                       bool training, DType compute, bool recompute = false);
 // The part of it that is activation_table, to the byte for one rank (S = s; overflow-checked: it
@@ -59,11 +70,13 @@ void plan_activation_table(MemoryPlan& plan, const ModelConfig& c, const SizeFac
 
 struct Model {
   ModelConfig cfg;
-  // Expert parallelism's group for the MoE layers of a training step (train_step sets it for the
-  // step's forwards and backwards only; Mlp::ep); null: every expert on this rank.
+  // Expert parallelism's group (build_model's `ep`; Mlp::ep): this rank holds and computes only its
+  // block of the routed experts (expert_shard_table), and every forward's MoE layers exchange rows
+  // over the group, so every rank of it runs each forward. Null: every expert on this rank.
   Comm* ep = nullptr;
   std::vector<bool> has_indexer;  // per layer
-  std::vector<ParamSpec> table;
+  std::vector<ParamSpec> table;   // this rank's (expert_shard_table of model_param_table)
+  size_t first_expert = 0;        // under ep: the table's first routed expert (the rest are too); else table.size()
   Tensor arena;          // every parameter, f32, table order: the master weights
   io::TensorMap params;  // full name -> view into arena (the checkpoint boundary)
   ModelTensors w;        // the same views, typed (what the optimizer and the norms read)
@@ -109,16 +122,21 @@ struct Model {
   mutable std::map<std::string, Tensor> constants_;
 };
 
-// Allocates the arena (zeros, on `device`) for this config, MoE layers included (their experts run
-// on the CPU backend only so far). Throws ConfigError for a dense MLP without intermediate_size / a
-// model without vocab_size.
-Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device = Device::cpu);
+// Allocates the arena (zeros, on `device`) for this config, MoE layers included. With an expert-
+// parallel group `ep` of more than one rank, the arena holds this rank's table only (Model::ep;
+// ConfigError where ep does not divide n_routed_experts). Throws ConfigError for a dense MLP
+// without intermediate_size / a model without vocab_size.
+Model build_model(const ModelConfig& c, const std::vector<bool>& has_indexer, Device device = Device::cpu,
+                  Comm* ep = nullptr);
+// The whole model's table (every expert), whatever this rank holds.
+std::vector<ParamSpec> full_param_table(const Model& m);
 // The compute copy of the weights from the arena (one conversion on the device; nothing where
 // the compute dtype is f32). Call it after writing m.arena or m.params directly.
 void refresh_compute_weights(Model& m);
 
 // N(0, initializer_range) for matrices and embeddings, 1 for norm weights, 0 for biases and the
-// sink; indexer tensors per indexer_init_missing's rule.
+// sink; indexer tensors per indexer_init_missing's rule. Drawn over the whole table, so that an
+// expert-parallel rank's block holds what one rank's would.
 void init_model(Model& m, uint64_t seed);
 // The table's tensors absent from `have`, each initialised by init_model's rule from its own
 // stream (seeded by `seed` and its name); returns how many. The phases' new indexers on V4 stacks.
@@ -126,7 +144,8 @@ int init_missing_tensors(Model& m, const io::TensorMap& have, uint64_t seed);
 // The same rule for the named tensors only (in table order, from their own generator of `seed`):
 // a checkpoint's missing MTP layers or MTP indexers (load_checkpoint_into_model's `initialised`).
 void init_tensors(Model& m, const std::vector<std::string>& names, uint64_t seed);
-// Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened).
+// Copies checkpoint tensors in (names and shapes must match the table; bf16 is widened; under
+// expert parallelism the other ranks' experts are checked by name and skipped).
 // Tensors in `skip_missing` may be absent from the checkpoint (they keep their current values).
 void load_into_model(Model& m, const io::TensorMap& tensors, const std::string& what,
                      const std::vector<std::string>& may_be_missing = {});
@@ -150,7 +169,13 @@ std::vector<int32_t> expert_table(const Tensor& t, const Shape& need, int64_t E,
 // never picks it.
 void save_model_weights(const std::string& dir, const Model& m, const io::TensorMap& host_params,
                         int64_t max_shard_bytes = 0);
+// The same from host_params(m): under expert parallelism every rank of the group calls it, and the
+// group's rank 0 writes (the others write nothing).
 void save_model_weights(const std::string& dir, const Model& m, int64_t max_shard_bytes = 0);
+// The whole model's parameters as host tensors by name (one copy of the arena off a device). Under
+// expert parallelism (Model::ep) a collective of the EP group: every rank calls it; the group's
+// rank 0 gets every rank's experts (each rank's arena tail, gathered), the others their own table.
+io::TensorMap host_params(const Model& m);
 
 // load_into_model of ck.tensors, then ck.kept into m.kept (counted first, as host memory, by a
 // memory plan: IoError/MemoryError before it is moved in). Where the model trains its MTP layers
