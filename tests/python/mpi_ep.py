@@ -20,7 +20,8 @@ the EP group too):
   same bounds).
 A rank that kept every expert fails the count; one that wrote the replicated moments too fails the
 disjointness (and the loader refuses such a checkpoint); a gather that misplaced a block fails the
-weights; an initialisation or load that gave a rank another block fails all of it."""
+weights; an initialisation or load that gave a rank another block fails all of it. The same
+comparison runs on GLM-5 (glm5 below)."""
 import glob
 import json
 import os
@@ -108,11 +109,62 @@ phases:
             f.write("0-pre-step2\n")
         return train(ranks, dst, "--resume", *extra)
 
+    # Both groups at once: --cp 2 --ep 2 with ZeRO-1 on four ranks (the experts sharded over the two
+    # CP ranks holding their block, the rest over all four).
+    if train(4, "cp2ep2z", "--cp", "2", "--ep", "2", "--shard-optimizer"):
+        compare("cp2 ep2 ZeRO-1 vs one rank", "cp2ep2z")
+    glm5(check, a)
     for src, dst, ranks, extra in (("ep2", "ep2to4", 4, ["--ep", "4"]), ("ep2", "ep2to1", 1, ["--shard-optimizer"]),
                                    ("one", "oneto2", 2, ["--ep", "2", "--shard-optimizer"])):
         if resume(src, dst, ranks, *extra):
             compare(f"resume {src} -> {ranks} rank(s) {' '.join(extra)}", dst)
     check.exit()
+
+
+def glm5(check, a):
+    """GLM-5 (glm_moe_dsa: IndexShare, group-limited routing over 4 groups) under `--ep 2` on two
+    ranks against one, from `hmla init`'s draw with mpi_moe's prepared router (a small gate and
+    correction biases 0.1 apart, so no routing decision can flip under reassociation; the groups
+    too, which are picked by their experts' biased scores)."""
+    w = a.workdir
+    cfg = f"{HERE}/../../configs/glm5_tiny.json"
+    r = subprocess.run([a.hmla, "init", "--config", cfg, "--out", f"{w}/glm5_init", "--seed", "3"],
+                       capture_output=True, text=True, timeout=120)
+    check("GLM-5: hmla init", r.returncode == 0, r.stderr[-300:])
+    if r.returncode:
+        return
+    import numpy as np
+    c = json.load(open(cfg))
+    E, rng = c["n_routed_experts"], np.random.default_rng(29)
+    init = st.load(f"{w}/glm5_init/model.safetensors")
+    for n in list(init):
+        if n.endswith(".mlp.gate.weight"):
+            init[n] = (0.002 * rng.standard_normal(init[n].shape)).astype(np.float32)
+        elif n.endswith(".mlp.gate.e_score_correction_bias"):
+            init[n] = (0.1 * rng.permutation(E)).astype(np.float32)
+    st.save(f"{w}/glm5_init.safetensors", init)
+    prog = f"{w}/glm5.yaml"
+    with open(prog, "w") as f:
+        f.write(f"""model: {cfg}
+data: {HERE}/../../data/demo
+seed: 5
+init_checkpoint: {w}/glm5_init.safetensors
+base: {{batch: 4, micro_batches: 2, seq_len: 64, lr: {LR}, indexer_lr: {LR}, eps: 1.0, log_every: 1,
+        eval_rows: 2}}
+phases:
+  - {{name: pre, mode: mha, steps: 2}}
+  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
+  - {{name: warm, mode: dsa_warmup, steps: 2}}
+  - {{name: sparse, mode: dsa_sparse, steps: 2}}
+""")
+    runs = {"glm5_one": [a.hmla, "train", prog, "--out", f"{w}/glm5_one", "--shard-optimizer"],
+            "glm5_ep2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/glm5_ep2", "--ep", "2"]}
+    res = {k: subprocess.run(cmd, capture_output=True, text=True, timeout=300) for k, cmd in runs.items()}
+    for k, r in res.items():
+        check(f"GLM-5 {k} runs", r.returncode == 0, r.stderr[-400:])
+    if not any(r.returncode for r in res.values()):
+        compare_training(check, "GLM-5 ep2 vs one rank", f"{w}/glm5_one", f"{w}/glm5_ep2", rows=4 * 64,
+                         lr_over_eps=LR, steps=7, seq_len=64)
 
 
 if __name__ == "__main__":
