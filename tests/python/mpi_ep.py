@@ -113,6 +113,11 @@ phases:
     # CP ranks holding their block, the rest over all four).
     if train(4, "cp2ep2z", "--cp", "2", "--ep", "2", "--shard-optimizer"):
         compare("cp2 ep2 ZeRO-1 vs one rank", "cp2ep2z")
+    # A rank that fails ends the whole EP job with its message (app/cmd_train.cpp's test seam).
+    bad = subprocess.run(mpirun(2) + ["-x", "HMLA_TEST_FAIL_RANK=1", a.hmla, "train", prog, "--out", f"{w}/bad",
+                                      "--ep", "2"], capture_output=True, text=True, timeout=120)
+    check("ep2: a failing rank ends the job with its message",
+          bad.returncode != 0 and "injected failure on rank 1" in bad.stderr, f"exit {bad.returncode}")
     glm5(check, a)
     for src, dst, ranks, extra in (("ep2", "ep2to4", 4, ["--ep", "4"]), ("ep2", "ep2to1", 1, ["--shard-optimizer"]),
                                    ("one", "oneto2", 2, ["--ep", "2", "--shard-optimizer"])):
