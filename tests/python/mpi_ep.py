@@ -33,7 +33,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import safetensors_lite as st  # noqa: E402
 from harness import Checker, compare_training, parse_args  # noqa: E402
-from mpi_moe import LR, MODEL, init_checkpoint, mpirun  # noqa: E402
+from mpi_moe import LR, MODEL, init_checkpoint, mpirun, prepare_routers  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS, SEQ, STEPS = 8 * 48, 48, 8
@@ -44,25 +44,31 @@ def expert_of(name):
     return int(m.group(1)) if m else -1
 
 
+def programme(path, model, seed, init, batch, micro, seq, pre_steps, checkpoint_every):
+    """The four phases from `init` at lr LR (the pre phase's checkpoint_every: 0 for none); its path."""
+    ck = f", checkpoint_every: {checkpoint_every}" if checkpoint_every else ""
+    with open(path, "w") as f:
+        f.write(f"""model: {model}
+data: {HERE}/../../data/demo
+seed: {seed}
+init_checkpoint: {init}
+base: {{batch: {batch}, micro_batches: {micro}, seq_len: {seq}, lr: {LR}, indexer_lr: {LR}, eps: 1.0, log_every: 1,
+        eval_rows: 2}}
+phases:
+  - {{name: pre, mode: mha, steps: {pre_steps}{ck}}}
+  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
+  - {{name: warm, mode: dsa_warmup, steps: 2}}
+  - {{name: sparse, mode: dsa_sparse, steps: 2}}
+""")
+    return path
+
+
 def main():
     a = parse_args(__doc__)
     w = a.workdir
     check = Checker()
     init_checkpoint(f"{w}/init.safetensors")
-    prog = f"{w}/p.yaml"
-    with open(prog, "w") as f:
-        f.write(f"""model: {MODEL}
-data: {HERE}/../../data/demo
-seed: 6
-init_checkpoint: {w}/init.safetensors
-base: {{batch: 8, micro_batches: 4, seq_len: {SEQ}, lr: {LR}, indexer_lr: {LR}, eps: 1.0, log_every: 1,
-        eval_rows: 2}}
-phases:
-  - {{name: pre, mode: mha, steps: 3, checkpoint_every: 2}}
-  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
-  - {{name: warm, mode: dsa_warmup, steps: 2}}
-  - {{name: sparse, mode: dsa_sparse, steps: 2}}
-""")
+    prog = programme(f"{w}/p.yaml", MODEL, 6, f"{w}/init.safetensors", 8, 4, SEQ, 3, 2)
     E = json.load(open(MODEL))["n_routed_experts"]
 
     def train(ranks, out, *extra):
@@ -139,29 +145,10 @@ def glm5(check, a):
     if r.returncode:
         return
     import numpy as np
-    c = json.load(open(cfg))
-    E, rng = c["n_routed_experts"], np.random.default_rng(29)
     init = st.load(f"{w}/glm5_init/model.safetensors")
-    for n in list(init):
-        if n.endswith(".mlp.gate.weight"):
-            init[n] = (0.002 * rng.standard_normal(init[n].shape)).astype(np.float32)
-        elif n.endswith(".mlp.gate.e_score_correction_bias"):
-            init[n] = (0.1 * rng.permutation(E)).astype(np.float32)
+    prepare_routers(init, json.load(open(cfg)), np.random.default_rng(29))
     st.save(f"{w}/glm5_init.safetensors", init)
-    prog = f"{w}/glm5.yaml"
-    with open(prog, "w") as f:
-        f.write(f"""model: {cfg}
-data: {HERE}/../../data/demo
-seed: 5
-init_checkpoint: {w}/glm5_init.safetensors
-base: {{batch: 4, micro_batches: 2, seq_len: 64, lr: {LR}, indexer_lr: {LR}, eps: 1.0, log_every: 1,
-        eval_rows: 2}}
-phases:
-  - {{name: pre, mode: mha, steps: 2}}
-  - {{name: mqa, mode: mqa_full_causal, steps: 1}}
-  - {{name: warm, mode: dsa_warmup, steps: 2}}
-  - {{name: sparse, mode: dsa_sparse, steps: 2}}
-""")
+    prog = programme(f"{w}/glm5.yaml", cfg, 5, f"{w}/glm5_init.safetensors", 4, 2, 64, 2, 0)
     runs = {"glm5_one": [a.hmla, "train", prog, "--out", f"{w}/glm5_one", "--shard-optimizer"],
             "glm5_ep2": mpirun(2) + [a.hmla, "train", prog, "--out", f"{w}/glm5_ep2", "--ep", "2"]}
     res = {k: subprocess.run(cmd, capture_output=True, text=True, timeout=300) for k, cmd in runs.items()}
