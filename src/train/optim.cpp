@@ -71,8 +71,13 @@ Optimizer::Optimizer(const Model& m, const OptimSettings& o, bool indexer_only, 
              "a model whose experts are sharded needs the groups its gradients are summed over");
   if (!m.ep) groups_.experts = nullptr;
   const size_t first_expert = m.ep ? m.first_expert : table_.size();
-  segs_.push_back({groups_.all, 0, first_expert});
-  if (groups_.experts) segs_.push_back({groups_.experts, first_expert, table_.size()});
+  auto segment = [](Comm* comm, size_t first, size_t end) {
+    Segment g;
+    g.comm = comm, g.first = first, g.end = end;
+    return g;
+  };
+  segs_.push_back(segment(groups_.all, 0, first_expert));
+  if (groups_.experts) segs_.push_back(segment(groups_.experts, first_expert, table_.size()));
   for (Segment& g : segs_)
     for (size_t i = g.first; i < g.end; ++i) g.numel += shape_numel(table_[i].shape);
   if (!sharded()) {

@@ -328,8 +328,9 @@ TEST(CsaKlInputs, RefusesBadShapesDtypesAndTables) {
 TEST(CsaKlShards, QueryRowsAtAnOffsetMeetTheOracle) {
   for (const CsaKlRow& r : op_cases::csa_kl_rows())
     for (int64_t shards : {2, 3}) EXPECT_EQ(op_cases::check(r, kCpu, shards), "") << r.name << " in " << shards;
-  if (cuda_backend() && cuda_device_count() > 0)
+  if (cuda_backend() && cuda_device_count() > 0) {
     for (const CsaKlRow& r : op_cases::csa_kl_rows()) EXPECT_EQ(op_cases::check(r, Device::cuda, 3), "") << r.name << " on CUDA";
+  }
 }
 
 }  // namespace

@@ -301,7 +301,9 @@ void swiglu_case(const On& on, const NnCase& row) {
   swiglu_bwd(on.t({n}, DY), on.t({n}, G), on.t({n}, U), dg, du, row.limit);
   int clamped_g = 0, clamped_u = 0;
   for (int64_t i = 0; i < n; ++i) clamped_g += L > 0 && G[i] > L, clamped_u += L > 0 && std::abs(U[i]) > L;
-  if (L > 0) EXPECT_TRUE(clamped_g > 0 && clamped_u > 0) << "the row exercises both clamps";
+  if (L > 0) {
+    EXPECT_TRUE(clamped_g > 0 && clamped_u > 0) << "the row exercises both clamps";
+  }
   auto out = [&](int which) {
     return [&, which](auto z) {
       using T = decltype(z);

@@ -42,8 +42,6 @@
 #include <string>
 #include <vector>
 
-#include <csetjmp>
-#include <ucontext.h>
 
 #include "sanitize.h"
 #include "hmla/core/tensor.h"  // hmla::bf16 conversions (round to nearest even, as __float2bfloat16_rn)
@@ -70,7 +68,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 
 namespace hmla::emu {
 
-// One block at a time; its threads are fibers (ucontext) on the calling OS thread, switched at
+// One block at a time; its threads are fibers on the calling OS thread, switched at
 // barriers, in the schedule's order each round. A fiber runs until it reaches a barrier or ends; a
 // barrier releases its waiters when every live thread of its scope (block or warp) has arrived;
 // threads that have ended count as arrived. No runnable fiber while some wait is a divergent
@@ -82,12 +80,50 @@ struct AsyncCopy {
   unsigned n, valid;
 };
 
+// A switch between fibers saves the callee-saved registers on the running stack, stores its stack
+// pointer at *from, loads `to` and pops the same registers there: a call that returns on the other
+// stack. Nothing else: ucontext's switches make a signal-mask system call each, and glibc's
+// longjmp walks the thread's cleanup handlers; either cost more than most emulated threads' work.
+#if !defined(__x86_64__)
+#error "the SIMT emulator's fiber switch (hmla_emu_switch) is x86-64 assembly"
+#endif
+extern "C" void hmla_emu_switch(void** from, void* to);
+asm(R"(
+  .pushsection .text.hmla_emu_switch,"axG",@progbits,hmla_emu_switch,comdat
+  .weak hmla_emu_switch
+  .type hmla_emu_switch,@function
+hmla_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size hmla_emu_switch, .-hmla_emu_switch
+  .popsection
+)");
+
+// A fiber's stack, kept across launches (a training step launches hundreds of kernels), with the
+// one fiber that lives on it: thread after thread, it runs a kernel's body to the end, then waits
+// for the next thread given this stack (fiber_main). `sp` is where it was switched out.
+struct FiberStack {
+  std::unique_ptr<char[]> mem;
+  void* sp = nullptr;
+};
+
 struct Fiber {
-  ucontext_t uc;   // for the first entry
-  jmp_buf jb;      // every later switch: _setjmp/_longjmp, no signal-mask system call
-  char* stack = nullptr;  // from stack_pool()
+  FiberStack* stack = nullptr;  // from stack_pool()
   dim3 thread;
-  bool done = false, started = false;
+  bool done = false;
   unsigned collectives = 0;  // warp collectives this thread has made (the deposit buffer's parity)
   const void* waiting = nullptr;  // the scope whose barrier it waits at
   // cp.async: the copies issued since the last commit, and the committed groups not yet waited
@@ -119,7 +155,7 @@ struct Launch {
   Scope block_scope;
   std::vector<Warp> warps;
   std::vector<unsigned char> smem;
-  jmp_buf main;
+  void* main = nullptr;  // the scheduler's stack pointer while a fiber runs
   unsigned cur = 0;
   const std::function<void()>* body = nullptr;
   bool racecheck = false;
@@ -198,25 +234,28 @@ inline void wait_at(Scope& s) {
     return;
   }
   f.waiting = &s;
-  if (_setjmp(f.jb) == 0) _longjmp(g_launch->main, 1);
+  hmla_emu_switch(&f.stack->sp, g_launch->main);
 }
 
 inline void block_barrier() { wait_at(g_launch->block_scope); }
 inline int next_collective() { return int(self().collectives++ & 1u); }
 inline void warp_barrier() { wait_at(g_launch->warp_scopes[self().thread.x / 32]); }
 
-inline void fiber_entry() {
-  Launch& L = *g_launch;
-  (*L.body)();
-  thread_stops();
-  Fiber& f = self();
-  f.done = true;
-  Scope& w = L.warp_scopes[f.thread.x / 32];
-  --w.alive;
-  --L.block_scope.alive;
-  release_if_complete(w);
-  release_if_complete(L.block_scope);
-  _longjmp(L.main, 1);
+// A fiber's life: thread after thread of whichever launch is current when it is switched to.
+[[noreturn]] inline void fiber_main() {
+  for (;;) {
+    Launch& L = *g_launch;
+    (*L.body)();
+    thread_stops();
+    Fiber& f = self();
+    f.done = true;
+    Scope& w = L.warp_scopes[f.thread.x / 32];
+    --w.alive;
+    --L.block_scope.alive;
+    release_if_complete(w);
+    release_if_complete(L.block_scope);
+    hmla_emu_switch(&f.stack->sp, L.main);
+  }
 }
 
 // Launches do not nest (a kernel cannot launch one), so one pool of stacks serves every launch.
@@ -228,12 +267,26 @@ inline void fiber_entry() {
     }                                                                                  \
   } while (0)
 
-// Fiber stacks, kept across launches (a training step launches hundreds of kernels; allocating
-// and zeroing 256 KiB per thread each time would dominate the emulated run).
-constexpr size_t kStackBytes = 256 << 10;
-inline char* stack_pool(unsigned i) {
-  static std::vector<std::unique_ptr<char[]>> pool;
-  while (pool.size() <= i) pool.emplace_back(new char[kStackBytes]);
+// Fiber stacks, kept across launches (allocating and zeroing 256 KiB per thread each time would
+// dominate the emulated run). Stacks a whole number of pages apart would start in the same cache
+// sets, and a round over a block's threads would then miss on every switch: each stack starts a
+// different number of cache lines (17 i, modulo 64 KiB) above its base. A new stack holds the
+// frame hmla_emu_switch pops: six zero registers, then fiber_main as the return address, above it
+// a null one (fiber_main never returns) that leaves rsp + 8 16-byte aligned at its entry, as a call.
+constexpr size_t kStackBytes = 256 << 10, kColourBytes = 64 << 10;
+inline FiberStack* stack_pool(unsigned i) {
+  static std::vector<std::unique_ptr<FiberStack>> pool;
+  while (pool.size() <= i) {
+    auto s = std::make_unique<FiberStack>();
+    s->mem.reset(new char[kStackBytes + kColourBytes]);
+    const size_t colour = (17 * 64 * pool.size()) % kColourBytes;
+    const uintptr_t top = (reinterpret_cast<uintptr_t>(s->mem.get()) + kStackBytes + colour) & ~uintptr_t(15);
+    void** frame = reinterpret_cast<void**>(top) - 8;
+    std::fill(frame, frame + 8, nullptr);
+    frame[6] = reinterpret_cast<void*>(&fiber_main);
+    s->sp = frame;
+    pool.push_back(std::move(s));
+  }
   return pool[i].get();
 }
 
@@ -251,16 +304,11 @@ inline void run_block(Launch& L, dim3 b, size_t smem, const Schedule& sched) {
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = L.fibers[t];
     f.thread = dim3(t);
-    f.done = f.started = false;
+    f.done = false;
     f.collectives = 0;
     f.waiting = nullptr;
     f.cp_open.clear();
     f.cp_groups.clear();
-    getcontext(&f.uc);
-    f.uc.uc_stack.ss_sp = f.stack;
-    f.uc.uc_stack.ss_size = kStackBytes;
-    f.uc.uc_link = nullptr;
-    makecontext(&f.uc, fiber_entry, 0);
     L.block_scope.members.push_back(t);
     Scope& w = L.warp_scopes[t / 32];
     ++w.alive;
@@ -276,11 +324,7 @@ inline void run_block(Launch& L, dim3 b, size_t smem, const Schedule& sched) {
       if (f.done || f.waiting) continue;
       L.cur = t;
       if (L.racecheck) L.shadow.thread_runs();
-      if (_setjmp(L.main) == 0) {
-        if (f.started) _longjmp(f.jb, 1);
-        f.started = true;
-        setcontext(&f.uc);
-      }
+      hmla_emu_switch(&L.main, f.stack->sp);
       ran = true;
     }
     live = 0;
